@@ -1,0 +1,55 @@
+// Reduction kernels on host memory: elementwise, every NCCL datatype x op.
+//
+// Pure functions with no communicator state. Half, bfloat16 and fp8 are
+// widened to float, combined, and rounded back to nearest-even once per
+// output element; integers wrap on overflow like NCCL. The implementation
+// picks AVX-512 / AVX2 / portable code once, at first use, from the CPU.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "nccl.h"
+
+namespace meshccl::kernels {
+
+// The elementwise operator of a reduction. Avg reduces as Sum; the caller
+// divides once at the end (divide()). PreMulSum reduces as Sum after each rank
+// scaled its own input (scale()).
+enum class ReduceOp : uint8_t { Sum = 0, Prod = 1, Max = 2, Min = 3 };
+
+// Size in bytes of one element; 0 for an invalid datatype.
+size_t dtype_size(ncclDataType_t dt);
+const char* dtype_name(ncclDataType_t dt);  // "float", "bfloat16", ... as nccl-tests names them
+
+// dst[i] = a[i] op b[i] for i < count. dst may alias a or b.
+void reduce2(ncclDataType_t dt, ReduceOp op, void* dst, const void* a, const void* b, size_t count);
+
+// dst[i] = op over srcs[0..nsrc)[i], accumulated in the widened type and
+// rounded once. nsrc >= 1; dst may alias any src. Used by the direct
+// shared-memory algorithms, which read every peer's buffer in one pass.
+void reduce_n(ncclDataType_t dt, ReduceOp op, void* dst, const void* const* srcs, int nsrc,
+              size_t count);
+
+// dst[i] = src[i] / divisor (integers: truncating division like C; floats:
+// divided in float/double and rounded to nearest-even). For ncclAvg.
+void divide(ncclDataType_t dt, void* dst, const void* src, size_t count, int divisor);
+
+// dst[i] = src[i] * scalar, where scalar points to one element of dt. For
+// ncclRedOpCreatePreMulSum.
+void scale(ncclDataType_t dt, void* dst, const void* src, size_t count, const void* scalar);
+
+// Which implementation is in use: "avx512", "avx2" or "portable".
+const char* isa_name();
+
+// Scalar conversions shared with tests and tools (round to nearest even).
+float half_to_float(uint16_t h);
+uint16_t float_to_half(float f);
+float bf16_to_float(uint16_t b);
+uint16_t float_to_bf16(float f);
+float e4m3_to_float(uint8_t v);
+uint8_t float_to_e4m3(float f);  // saturates to +-448 (OCP e4m3fn has no infinity)
+float e5m2_to_float(uint8_t v);
+uint8_t float_to_e5m2(float f);
+
+}  // namespace meshccl::kernels
