@@ -1,0 +1,174 @@
+// Entry points of the reduction kernels: argument screening, one table lookup
+// per call, and the choice of implementation made once per process.
+#define MESHCCL_KERNEL_NS portable
+#include "collectives/kernels/reduce.h"
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "collectives/kernels/convert.h"
+#include "collectives/kernels/table.h"
+
+namespace meshccl::kernels {
+
+namespace {
+
+const KernelTable* table_by_name(const char* name) {
+  if (std::strcmp(name, "portable") == 0) return &portable_table();
+#if MESHCCL_KERNELS_X86
+  if (std::strcmp(name, "avx2") == 0) return &avx2_table();
+  if (std::strcmp(name, "avx512") == 0) return &avx512_table();
+#endif
+  return nullptr;
+}
+
+const KernelTable* best_table() {
+#if MESHCCL_KERNELS_X86
+  if (isa_supported("avx512")) return &avx512_table();
+  if (isa_supported("avx2")) return &avx2_table();
+#endif
+  return &portable_table();
+}
+
+// MESHCCL_KERNEL_ISA=portable|avx2|avx512 (unset or "auto": the best this CPU
+// runs) forces an implementation, for tests and for comparing them. The
+// kernels have no logger of their own, so a bad value is reported on stderr.
+const KernelTable* initial_table() {
+  const char* want = std::getenv("MESHCCL_KERNEL_ISA");
+  if (want == nullptr || *want == '\0' || std::strcmp(want, "auto") == 0) return best_table();
+  const KernelTable* t = table_by_name(want);
+  const KernelTable* best = best_table();
+  if (t == nullptr) {
+    std::fprintf(stderr, "meshccl: MESHCCL_KERNEL_ISA=%s is not one of portable, avx2, avx512, auto; using %s\n",
+                 want, best->name);
+    return best;
+  }
+  if (!isa_supported(want)) {
+    std::fprintf(stderr, "meshccl: MESHCCL_KERNEL_ISA=%s is not supported by this CPU; using %s\n", want,
+                 best->name);
+    return best;
+  }
+  return t;
+}
+
+std::atomic<const KernelTable*> g_table{nullptr};
+
+const KernelTable& table() {
+  const KernelTable* t = g_table.load(std::memory_order_acquire);
+  if (t == nullptr) [[unlikely]] {
+    const KernelTable* fresh = initial_table();
+    // A racing first call, or select_isa(), may have set it already; keep theirs.
+    if (g_table.compare_exchange_strong(t, fresh, std::memory_order_acq_rel)) t = fresh;
+  }
+  return *t;
+}
+
+bool valid(ncclDataType_t dt, ReduceOp op) {
+  return static_cast<unsigned>(dt) < kNumTypes && static_cast<unsigned>(op) < kNumOps;
+}
+
+}  // namespace
+
+bool isa_supported(const char* name) {
+  if (std::strcmp(name, "portable") == 0) return true;
+#if MESHCCL_KERNELS_X86
+  if (std::strcmp(name, "avx2") == 0) {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  }
+  if (std::strcmp(name, "avx512") == 0) {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("f16c");
+  }
+#endif
+  return false;
+}
+
+bool select_isa(const char* name) {
+  if (name == nullptr) return false;
+  const KernelTable* t = table_by_name(name);
+  if (t == nullptr || !isa_supported(name)) return false;
+  g_table.store(t, std::memory_order_release);
+  return true;
+}
+
+const char* isa_name() { return table().name; }
+
+size_t dtype_size(ncclDataType_t dt) {
+  switch (dt) {
+    case ncclInt8:
+    case ncclUint8:
+    case ncclFloat8e4m3:
+    case ncclFloat8e5m2:
+      return 1;
+    case ncclFloat16:
+    case ncclBfloat16:
+      return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32:
+      return 4;
+    case ncclInt64:
+    case ncclUint64:
+    case ncclFloat64:
+      return 8;
+    default:
+      return 0;
+  }
+}
+
+const char* dtype_name(ncclDataType_t dt) {
+  switch (dt) {
+    case ncclInt8: return "int8";
+    case ncclUint8: return "uint8";
+    case ncclInt32: return "int32";
+    case ncclUint32: return "uint32";
+    case ncclInt64: return "int64";
+    case ncclUint64: return "uint64";
+    case ncclFloat16: return "half";
+    case ncclFloat32: return "float";
+    case ncclFloat64: return "double";
+    case ncclBfloat16: return "bfloat16";
+    case ncclFloat8e4m3: return "f8e4m3";
+    case ncclFloat8e5m2: return "f8e5m2";
+    default: return "invalid";
+  }
+}
+
+// The runtime validates datatypes and ops before it gets here; an invalid one
+// (or a missing buffer) is ignored rather than allowed to crash a progress thread.
+void reduce2(ncclDataType_t dt, ReduceOp op, void* dst, const void* a, const void* b, size_t count) {
+  if (count == 0 || !valid(dt, op) || dst == nullptr || a == nullptr || b == nullptr) return;
+  table().reduce2[dt][static_cast<int>(op)](dst, a, b, count);
+}
+
+void reduce_n(ncclDataType_t dt, ReduceOp op, void* dst, const void* const* srcs, int nsrc, size_t count) {
+  if (count == 0 || !valid(dt, op) || dst == nullptr || srcs == nullptr || nsrc < 1) return;
+  for (int k = 0; k < nsrc; ++k) {
+    if (srcs[k] == nullptr) return;
+  }
+  table().reduce_n[dt][static_cast<int>(op)](dst, srcs, nsrc, count);
+}
+
+void divide(ncclDataType_t dt, void* dst, const void* src, size_t count, int divisor) {
+  if (count == 0 || !valid(dt, ReduceOp::Sum) || dst == nullptr || src == nullptr) return;
+  table().divide[dt](dst, src, count, divisor);
+}
+
+void scale(ncclDataType_t dt, void* dst, const void* src, size_t count, const void* scalar) {
+  if (count == 0 || !valid(dt, ReduceOp::Sum) || dst == nullptr || src == nullptr || scalar == nullptr) return;
+  table().scale[dt](dst, src, count, scalar);
+}
+
+float half_to_float(uint16_t h) { return portable::h2f(h); }
+uint16_t float_to_half(float f) { return portable::f2h(f); }
+float bf16_to_float(uint16_t b) { return portable::b2f(b); }
+uint16_t float_to_bf16(float f) { return portable::f2b(f); }
+float e4m3_to_float(uint8_t v) { return portable::e4m3_2f(v); }
+uint8_t float_to_e4m3(float f) { return portable::f2e4m3(f); }
+float e5m2_to_float(uint8_t v) { return portable::e5m2_2f(v); }
+uint8_t float_to_e5m2(float f) { return portable::f2e5m2(f); }
+
+}  // namespace meshccl::kernels

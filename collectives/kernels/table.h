@@ -1,0 +1,38 @@
+// The per-ISA kernel tables: one typed function per (datatype, op), chosen
+// once per call by reduce.cpp, so no loop ever switches on a datatype.
+#pragma once
+
+#include <cstddef>
+
+#include "collectives/kernels/reduce.h"
+
+namespace meshccl::kernels {
+
+constexpr int kNumTypes = 12;
+constexpr int kNumOps = 4;
+
+using Reduce2Fn = void (*)(void* dst, const void* a, const void* b, size_t count);
+using ReduceNFn = void (*)(void* dst, const void* const* srcs, int nsrc, size_t count);
+using DivideFn = void (*)(void* dst, const void* src, size_t count, int divisor);
+using ScaleFn = void (*)(void* dst, const void* src, size_t count, const void* scalar);
+
+struct KernelTable {
+  const char* name;
+  Reduce2Fn reduce2[kNumTypes][kNumOps];
+  ReduceNFn reduce_n[kNumTypes][kNumOps];
+  DivideFn divide[kNumTypes];
+  ScaleFn scale[kNumTypes];
+};
+
+const KernelTable& portable_table();
+const KernelTable& avx2_table();    // built on x86 only
+const KernelTable& avx512_table();  // built on x86 only
+
+// Internal selector for tests and tools. Chooses "portable", "avx2" or
+// "avx512" for every later call in the process; returns false (and changes
+// nothing) when the name is unknown or this CPU cannot run that code.
+bool select_isa(const char* name);
+// Whether this CPU can run the named implementation.
+bool isa_supported(const char* name);
+
+}  // namespace meshccl::kernels
