@@ -1,0 +1,380 @@
+// Launcher integration: meshcclGetLaunchInfo and meshcclCommInitFromEnv.
+//
+// Who this process is comes from the launcher's variables (meshrun, Open MPI,
+// MPICH/PMI, Slurm, in that order). How rank 0's ncclUniqueId reaches the
+// others: with MESHCCL_COMM_ID every rank builds the same id itself (the
+// address is fixed, rank 0 hosts the root there); otherwise rank 0 publishes
+// the id in a file (MESHCCL_COMM_FILE, or a per-job file under /tmp) that the
+// other ranks poll for. Only the public NCCL API is used to create the
+// communicator, so this file is exactly what a user would write by hand.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "meshccl.h"
+#include "util/log.h"
+#include "util/param.h"
+#include "util/status.h"
+
+namespace meshccl {
+namespace {
+
+struct LaunchInfo {
+  int rank = 0;
+  int nranks = 1;
+  int local_rank = 0;
+  const char* launcher = "none";
+};
+
+// The variables each launcher sets, in order of preference: meshrun's come
+// first so that a meshrun job started inside an MPI or Slurm allocation still
+// sees its own ranks.
+struct LauncherVars {
+  const char* name;
+  const char* rank;
+  const char* size;
+  const char* local_rank;
+};
+constexpr LauncherVars kLaunchers[] = {
+    {"meshrun", "MESHCCL_RANK", "MESHCCL_NRANKS", "MESHCCL_LOCAL_RANK"},
+    {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
+    {"PMI (MPICH)", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"},
+    {"Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
+};
+
+constexpr const char* kIdHeader = "meshccl-id 1";
+constexpr int kDefaultTimeoutS = 300;
+
+bool parse_int(const char* text, int* value) {
+  if (text == nullptr || *text < '0' || *text > '9') return false;
+  errno = 0;
+  char* end = nullptr;
+  long v = std::strtol(text, &end, 10);
+  if (errno != 0 || *end != '\0' || v > 1 << 30) return false;
+  *value = static_cast<int>(v);
+  return true;
+}
+
+Status launch_info(LaunchInfo* out) {
+  for (const LauncherVars& l : kLaunchers) {
+    const char* rank_s = std::getenv(l.rank);
+    if (rank_s == nullptr) continue;
+    const char* size_s = std::getenv(l.size);
+    if (size_s == nullptr)
+      return MC_ERROR(ncclInvalidUsage, "%s is set (%s) but %s is not: cannot tell the job size", l.rank,
+                      l.name, l.size);
+    LaunchInfo info;
+    info.launcher = l.name;
+    if (!parse_int(size_s, &info.nranks) || info.nranks < 1)
+      return MC_ERROR(ncclInvalidUsage, "%s=\"%s\" is not a valid number of ranks (%s)", l.size, size_s, l.name);
+    if (!parse_int(rank_s, &info.rank) || info.rank >= info.nranks)
+      return MC_ERROR(ncclInvalidUsage, "%s=\"%s\" is not a rank in [0, %d) (%s)", l.rank, rank_s, info.nranks,
+                      l.name);
+    // A launcher that does not say which ranks share the host: every rank is
+    // then taken to be on one host, which is right for single-host jobs.
+    info.local_rank = info.rank;
+    if (const char* local_s = std::getenv(l.local_rank)) {
+      if (!parse_int(local_s, &info.local_rank) || info.local_rank >= info.nranks)
+        return MC_ERROR(ncclInvalidUsage, "%s=\"%s\" is not a local rank in [0, %d) (%s)", l.local_rank, local_s,
+                        info.nranks, l.name);
+    }
+    *out = info;
+    return kOk;
+  }
+  *out = LaunchInfo{};
+  return kOk;
+}
+
+std::string file_safe(const std::string& s) {
+  std::string out = s;
+  for (char& c : out) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+              c == '-' || c == '_';
+    if (!ok) c = '_';
+  }
+  return out;
+}
+
+// Start time of a process in clock ticks since boot, "" if unknown. Together
+// with the pid it names a process uniquely even after the pid is reused.
+std::string process_start_time(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "re");
+  if (f == nullptr) return "";
+  char buf[1024];
+  size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  // Fields after the command name (which may hold spaces and parentheses):
+  // state is field 3, starttime field 22.
+  const char* p = std::strrchr(buf, ')');
+  if (p == nullptr) return "";
+  ++p;
+  for (int field = 3; field < 22; ++field) {
+    p = std::strchr(p + 1, ' ');
+    if (p == nullptr) return "";
+  }
+  ++p;
+  size_t len = std::strspn(p, "0123456789");
+  return std::string(p, len);
+}
+
+// Names the job the same way in every rank on a host.
+std::string job_key() {
+  if (const char* v = std::getenv("OMPI_MCA_ess_base_jobid")) return "ompi-" + file_safe(v);
+  if (const char* v = std::getenv("PMIX_NAMESPACE")) return "pmix-" + file_safe(v);
+  if (const char* v = std::getenv("SLURM_JOB_ID")) {
+    const char* step = std::getenv("SLURM_STEP_ID");
+    return "slurm-" + file_safe(v) + "." + file_safe(step ? step : "0");
+  }
+  // Ranks started by one launcher process on this host share their parent.
+  pid_t ppid = ::getppid();
+  std::string start = process_start_time(ppid);
+  return "ppid-" + std::to_string(ppid) + (start.empty() ? "" : "-" + start);
+}
+
+std::string comm_file_path() {
+  const char* v = param_env(Param::CommFile);
+  if (v != nullptr && *v != '\0') return v;
+  return "/tmp/meshccl-" + job_key() + ".id";
+}
+
+int timeout_s() {
+  int64_t t = param_int(Param::Timeout);
+  return t > 0 ? static_cast<int>(std::min<int64_t>(t, 1 << 30)) : kDefaultTimeoutS;
+}
+
+std::string to_hex(const ncclUniqueId& id) {
+  static const char digits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * sizeof id.internal);
+  for (char c : id.internal) {
+    auto b = static_cast<unsigned char>(c);
+    out += digits[b >> 4];
+    out += digits[b & 15];
+  }
+  return out;
+}
+
+bool from_hex(const std::string& hex, ncclUniqueId* id) {
+  if (hex.size() != 2 * sizeof id->internal) return false;
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  for (size_t i = 0; i < sizeof id->internal; ++i) {
+    int hi = nibble(hex[2 * i]);
+    int lo = nibble(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    id->internal[i] = static_cast<char>(hi << 4 | lo);
+  }
+  return true;
+}
+
+// Every rank counts its meshcclCommInitFromEnv calls; the count travels in
+// the file so that a rank creating its second communicator never picks up
+// the id of the first one, still on disk while rank 0 finishes that init.
+std::atomic<unsigned long> g_generation{0};
+
+// Written to a temporary file and renamed, so readers see all of it or nothing.
+Status publish_id(const std::string& path, unsigned long generation, const ncclUniqueId& id) {
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  std::string text = std::string(kIdHeader) + " " + std::to_string(generation) + " " + to_hex(id) + "\n";
+  // 0600: the id carries the job's secret.
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return MC_ERROR(ncclSystemError, "meshcclCommInitFromEnv: cannot create %s: %s (set MESHCCL_COMM_FILE to a "
+                    "writable path)", tmp.c_str(), std::strerror(errno));
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t w = ::write(fd, text.data() + done, text.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return MC_ERROR(ncclSystemError, "meshcclCommInitFromEnv: cannot write %s: %s", tmp.c_str(), std::strerror(e));
+    }
+    done += static_cast<size_t>(w);
+  }
+  if (::close(fd) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    int e = errno;
+    ::unlink(tmp.c_str());
+    return MC_ERROR(ncclSystemError, "meshcclCommInitFromEnv: cannot publish the id in %s: %s", path.c_str(),
+                    std::strerror(e));
+  }
+  return kOk;
+}
+
+enum class ReadResult { kReady, kAbsent, kStale };
+
+// Reads the id file once. A file from an earlier communicator of this job
+// counts as stale (rank 0 replaces it); a file from a later one, or one that
+// is not an id file at all, is an error.
+Status read_id(const std::string& path, unsigned long generation, ncclUniqueId* id, ReadResult* result) {
+  *result = ReadResult::kAbsent;
+  FILE* f = std::fopen(path.c_str(), "re");
+  if (f == nullptr) {
+    if (errno == ENOENT) return kOk;
+    return MC_ERROR(ncclSystemError, "meshcclCommInitFromEnv: cannot read %s: %s", path.c_str(),
+                    std::strerror(errno));
+  }
+  char buf[512] = {};
+  size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  std::string text(buf, n);
+  std::string header = std::string(kIdHeader) + " ";
+  size_t sp = text.find(' ', header.size());
+  unsigned long gen = 0;
+  bool ok = text.compare(0, header.size(), header) == 0 && sp != std::string::npos;
+  if (ok) {
+    std::string gen_s = text.substr(header.size(), sp - header.size());
+    char* end = nullptr;
+    gen = std::strtoul(gen_s.c_str(), &end, 10);
+    ok = !gen_s.empty() && *end == '\0';
+  }
+  std::string hex = ok ? text.substr(sp + 1) : "";
+  while (!hex.empty() && (hex.back() == '\n' || hex.back() == '\r')) hex.pop_back();
+  if (!ok || !from_hex(hex, id))
+    return MC_ERROR(ncclInvalidUsage, "meshcclCommInitFromEnv: %s is not a meshccl id file (remove it, or point "
+                    "MESHCCL_COMM_FILE elsewhere)", path.c_str());
+  if (gen < generation) {
+    *result = ReadResult::kStale;
+    return kOk;
+  }
+  if (gen > generation)
+    return MC_ERROR(ncclInvalidUsage, "meshcclCommInitFromEnv: %s holds the id of communicator #%lu of this job "
+                    "but this rank is creating #%lu: every rank must call meshcclCommInitFromEnv the same number "
+                    "of times", path.c_str(), gen, generation);
+  *result = ReadResult::kReady;
+  return kOk;
+}
+
+Status wait_for_id(const std::string& path, unsigned long generation, int rank, ncclUniqueId* id) {
+  using Clock = std::chrono::steady_clock;
+  const int limit = timeout_s();
+  const auto deadline = Clock::now() + std::chrono::seconds(limit);
+  // Rank 0 usually publishes within milliseconds; back off to a gentle poll
+  // for jobs whose ranks start far apart.
+  auto pause = std::chrono::milliseconds(1);
+  const auto max_pause = std::chrono::milliseconds(50);
+  ReadResult r = ReadResult::kAbsent;
+  for (;;) {
+    MC_TRY(read_id(path, generation, id, &r));
+    if (r == ReadResult::kReady) return kOk;
+    if (Clock::now() >= deadline) break;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, max_pause);
+  }
+  return MC_ERROR(ncclSystemError, "meshcclCommInitFromEnv: rank %d waited %d s (MESHCCL_TIMEOUT) for rank 0 to "
+                  "publish the id in %s%s; is rank 0 running, and do all ranks see that path? (multi-host jobs: "
+                  "set MESHCCL_COMM_ID or a shared MESHCCL_COMM_FILE)", rank, limit, path.c_str(),
+                  r == ReadResult::kStale ? " (only an earlier communicator's id was there)" : "");
+}
+
+// Id files of non-blocking inits cannot be removed when the call returns (the
+// other ranks may not have read them yet): they go at exit.
+std::mutex g_leftover_mu;
+std::vector<std::string>* g_leftovers = nullptr;
+
+void remove_leftovers() {
+  std::lock_guard<std::mutex> lock(g_leftover_mu);
+  if (g_leftovers == nullptr) return;
+  for (const auto& p : *g_leftovers) ::unlink(p.c_str());
+  g_leftovers->clear();
+}
+
+void remove_at_exit(const std::string& path) {
+  std::lock_guard<std::mutex> lock(g_leftover_mu);
+  if (g_leftovers == nullptr) {
+    g_leftovers = new std::vector<std::string>();  // outlives static destructors run before atexit handlers
+    std::atexit(remove_leftovers);
+  }
+  g_leftovers->push_back(path);
+}
+
+Status comm_init_from_env(ncclComm_t* comm, ncclConfig_t* config) {
+  if (comm == nullptr) return MC_ERROR(ncclInvalidArgument, "meshcclCommInitFromEnv: comm is NULL");
+  *comm = nullptr;
+  LaunchInfo info;
+  MC_TRY(launch_info(&info));
+  const unsigned long generation = ++g_generation;
+
+  ncclUniqueId id{};
+  const char* comm_id = param_env(Param::CommId);
+  bool fixed_address = comm_id != nullptr && *comm_id != '\0';
+  std::string path;
+  if (fixed_address || info.nranks == 1) {
+    // The id encodes the fixed address, so every rank derives the same one.
+    MC_TRY(ncclGetUniqueId(&id));
+  } else {
+    path = comm_file_path();
+    if (info.rank == 0) {
+      MC_TRY(ncclGetUniqueId(&id));
+      MC_TRY(publish_id(path, generation, id));
+    } else {
+      MC_TRY(wait_for_id(path, generation, info.rank, &id));
+    }
+  }
+  MC_INFO(kInit, "meshcclCommInitFromEnv: rank %d of %d (local rank %d) from %s; id %s%s", info.rank, info.nranks,
+          info.local_rank, info.launcher, fixed_address ? "built from MESHCCL_COMM_ID" : path.empty() ? "local"
+                                                                                          : "via file ",
+          path.c_str());
+
+  ncclResult_t res = ncclCommInitRankConfig(comm, info.nranks, id, info.rank, config);
+  if (info.rank == 0 && !path.empty()) {
+    // Once init completes every rank has read the id. A non-blocking init
+    // returns before that, so its file goes at exit instead.
+    if (res == ncclInProgress)
+      remove_at_exit(path);
+    else
+      ::unlink(path.c_str());
+  }
+  return res;
+}
+
+}  // namespace
+}  // namespace meshccl
+
+extern "C" __attribute__((visibility("default"))) ncclResult_t meshcclGetLaunchInfo(int* rank, int* nranks,
+                                                                                    int* localRank) {
+  try {
+    meshccl::LaunchInfo info;
+    meshccl::Status s = meshccl::launch_info(&info);
+    if (!s.ok()) return s.code();
+    if (rank != nullptr) *rank = info.rank;
+    if (nranks != nullptr) *nranks = info.nranks;
+    if (localRank != nullptr) *localRank = info.local_rank;
+    return ncclSuccess;
+  } catch (const std::bad_alloc&) {
+    return MC_ERROR(ncclSystemError, "meshcclGetLaunchInfo: out of memory").code();
+  } catch (...) {
+    return MC_ERROR(ncclInternalError, "meshcclGetLaunchInfo: unexpected exception").code();
+  }
+}
+
+extern "C" __attribute__((visibility("default"))) ncclResult_t meshcclCommInitFromEnv(ncclComm_t* comm,
+                                                                                      ncclConfig_t* config) {
+  try {
+    return meshccl::comm_init_from_env(comm, config).code();
+  } catch (const std::bad_alloc&) {
+    return MC_ERROR(ncclSystemError, "meshcclCommInitFromEnv: out of memory").code();
+  } catch (...) {
+    return MC_ERROR(ncclInternalError, "meshcclCommInitFromEnv: unexpected exception").code();
+  }
+}
