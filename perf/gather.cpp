@@ -1,0 +1,47 @@
+// gather_perf: ncclGather to the root of one global sequence; non-roots must
+// find their recv buffer untouched. busbw = algbw * (n-1)/n.
+#include <cstring>
+
+#include "engine/coll.h"
+
+namespace {
+
+using namespace perf;
+
+Counts GetCounts(size_t bytes, size_t elt, int n) {
+  Counts c;
+  const size_t base = AlignedBase(bytes, elt, n);
+  c.send_count = c.param_count = base;
+  c.recv_count = base * n;
+  c.send_inplace_offset = base;
+  return c;
+}
+
+double AlgBytes(const Counts& c, size_t elt, int) { return static_cast<double>(c.recv_count * elt); }
+double BusFactor(int n) { return static_cast<double>(n - 1) / n; }
+
+void Init(const InitArgs& a) {
+  const size_t base = a.counts->send_count;
+  const size_t elt = a.spec->type->size;
+  FillInput(*a.spec, 0, a.rank * base, base, a.send);
+  if (a.rank == a.root) {
+    FillInput(*a.spec, 0, 0, a.counts->recv_count, a.expected);
+    return;
+  }
+  std::memset(a.expected, 0, a.counts->recv_count * elt);
+  if (a.in_place)  // its input sits inside its own (unused) recv buffer
+    FillInput(*a.spec, 0, a.rank * base, base, static_cast<char*>(a.expected) + a.rank * base * elt);
+}
+
+ncclResult_t Call(const CallArgs& a) {
+  if (a.counts->param_count == 0) return ncclSuccess;
+  return ncclGather(a.send, a.recv, a.counts->param_count, a.type->type, a.root, a.comm,
+                    a.stream);
+}
+
+const CollTest kTest{"Gather", false, true, false, true, GetCounts, AlgBytes, BusFactor, Init,
+                     Call, nullptr};
+
+}  // namespace
+
+int main(int argc, char** argv) { return perf::RunMain(kTest, argc, argv); }
