@@ -1,0 +1,226 @@
+// Single-rank engine: whole-model gradient check, learning, checkpoints and
+// resume, command-line errors. Nothing here links meshccl.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "cli.h"
+#include "engine.h"
+
+using namespace meshtrain;
+namespace fs = std::filesystem;
+
+namespace {
+
+Corpus test_corpus(int seq) { return Corpus::load(MESHTRAIN_TEST_CORPUS, seq); }
+
+TrainConfig tiny_config() {
+  TrainConfig c;
+  c.model.vocab = 256;
+  c.model.seq = 16;
+  c.model.layers = 2;
+  c.model.d_model = 32;
+  c.model.heads = 4;
+  c.micro_batch = 2;
+  c.grad_accum = 2;
+  c.steps = 30;
+  c.optim.lr = 3e-3f;
+  c.optim.warmup = 3;
+  c.optim.total_steps = c.steps;
+  return c;
+}
+
+fs::path fresh_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("meshtrain_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  return d;
+}
+
+// d loss / d param against central differences for every tensor of a small model.
+void gradient_check(bool tied) {
+  ModelConfig m;
+  m.vocab = 11;
+  m.seq = 5;
+  m.layers = 2;
+  m.d_model = 8;
+  m.heads = 2;
+  m.tied = tied;
+  const int B = 2, N = B * m.seq;
+  Stage st(m, Layout{}, Coords{}, B, 1);
+  std::mt19937 g(9);
+  std::vector<int32_t> tok(N), tgt(N);
+  for (int i = 0; i < N; i++) tok[i] = static_cast<int32_t>(g() % m.vocab), tgt[i] = static_cast<int32_t>(g() % m.vocab);
+  // Larger weights than the 0.02 init, so every path carries signal.
+  std::normal_distribution<float> d(0.0f, 0.3f);
+  for (auto& p : st.params) p += d(g);
+  st.zero_grads();
+  st.forward(0, tok.data(), tgt.data());
+  st.backward(0, 1.0f, {});
+  const std::vector<float> analytic = st.grads;
+  for (const auto& s : st.specs()) {
+    const size_t stride = s.size > 24 ? s.size / 23 : 1;
+    for (size_t i = 0; i < s.size; i += stride) {
+      float& p = st.params[s.offset + i];
+      const float old = p, eps = 1e-2f;
+      p = old + eps;
+      const double lp = st.forward(0, tok.data(), tgt.data());
+      p = old - eps;
+      const double lm = st.forward(0, tok.data(), tgt.data());
+      p = old;
+      const double num = (lp - lm) / (2 * eps);
+      const double a = analytic[s.offset + i];
+      EXPECT_NEAR(a, num, 2e-3 + 2e-2 * std::fabs(num)) << s.name << "[" << i << "]";
+    }
+  }
+}
+
+}  // namespace
+
+TEST(Model, GradientCheckTied) { gradient_check(true); }
+TEST(Model, GradientCheckUntied) { gradient_check(false); }
+
+TEST(Model, InitialLossIsNearUniform) {
+  TrainConfig c = tiny_config();
+  const Corpus corpus = test_corpus(c.model.seq);
+  Engine e(c, 0, Comms{}, corpus);
+  const float val = e.validate();
+  EXPECT_NEAR(val, std::log(256.0f), 0.15f);
+}
+
+TEST(Engine, SingleRankLearns) {
+  TrainConfig c = tiny_config();
+  const Corpus corpus = test_corpus(c.model.seq);
+  Engine e(c, 0, Comms{}, corpus);
+  const float val0 = e.validate();
+  float first = 0, last = 0;
+  for (int s = 0; s < c.steps; s++) {
+    const StepStats r = e.train_step(s);
+    ASSERT_TRUE(std::isfinite(r.loss));
+    EXPECT_EQ(r.comm_wait, 0.0);
+    if (s == 0) first = r.loss;
+    last = r.loss;
+  }
+  EXPECT_LT(last, first - 1.0f) << "first " << first << " last " << last;
+  EXPECT_LT(e.validate(), val0 - 1.0f);
+}
+
+TEST(Engine, ResumeGivesTheSameLosses) {
+  TrainConfig c = tiny_config();
+  c.steps = 8;
+  c.optim.total_steps = 8;
+  const Corpus corpus = test_corpus(c.model.seq);
+  std::vector<float> straight;
+  std::vector<float> params;
+  {
+    Engine e(c, 0, Comms{}, corpus);
+    for (int s = 0; s < c.steps; s++) straight.push_back(e.train_step(s).loss);
+    params = e.stage().params;
+  }
+  const fs::path dir = fresh_dir("resume");
+  c.ckpt_dir = dir.string();
+  {
+    Engine e(c, 0, Comms{}, corpus);
+    EXPECT_EQ(e.load_checkpoint(), 0);  // nothing there yet
+    for (int s = 0; s < 4; s++) ASSERT_EQ(e.train_step(s).loss, straight[s]);
+    e.save_checkpoint(3);
+  }
+  EXPECT_TRUE(fs::exists(dir / "latest"));
+  EXPECT_TRUE(fs::exists(dir / "step_00000003" / "rank_00000.bin"));
+  for (const auto& f : fs::recursive_directory_iterator(dir)) {
+    EXPECT_EQ(f.path().extension(), f.is_directory() ? "" : (f.path().filename() == "latest" ? "" : ".bin"))
+        << f.path();
+  }
+  {
+    Engine e(c, 0, Comms{}, corpus);
+    const int start = e.load_checkpoint();
+    ASSERT_EQ(start, 4);
+    for (int s = start; s < c.steps; s++) EXPECT_EQ(e.train_step(s).loss, straight[s]) << "step " << s;
+    EXPECT_EQ(e.stage().params, params);
+  }
+  fs::remove_all(dir);
+}
+
+TEST(Engine, CheckpointErrorsAreClear) {
+  TrainConfig c = tiny_config();
+  const Corpus corpus = test_corpus(c.model.seq);
+  const fs::path dir = fresh_dir("ckpt_err");
+  c.ckpt_dir = dir.string();
+  {
+    Engine e(c, 0, Comms{}, corpus);
+    e.train_step(0);
+    e.save_checkpoint(0);
+  }
+  TrainConfig other = c;
+  other.model.d_model = 64;
+  {
+    Engine e(other, 0, Comms{}, corpus);
+    try {
+      e.load_checkpoint();
+      ADD_FAILURE() << "loaded a checkpoint of another model";
+    } catch (const std::runtime_error& err) {
+      EXPECT_NE(std::string(err.what()).find("different model configuration"), std::string::npos);
+    }
+  }
+  // A shard cut short (a crash mid-write never renames, but a damaged disk might).
+  const fs::path shard = dir / "step_00000000" / "rank_00000.bin";
+  fs::resize_file(shard, fs::file_size(shard) / 2);
+  {
+    Engine e(c, 0, Comms{}, corpus);
+    EXPECT_THROW(e.load_checkpoint(), std::runtime_error);
+  }
+  fs::remove(shard);
+  {
+    Engine e(c, 0, Comms{}, corpus);
+    EXPECT_THROW(e.load_checkpoint(), std::runtime_error);
+  }
+  fs::remove_all(dir);
+}
+
+TEST(Engine, CorpusTooShortIsAnError) {
+  EXPECT_THROW(Corpus::from_bytes(std::vector<uint8_t>(50, 'a'), 16), std::runtime_error);
+  EXPECT_THROW(Corpus::load("/nonexistent/kjv.txt", 16), std::runtime_error);
+}
+
+TEST(Engine, DataIsDeterministicAndSplit) {
+  const Corpus corpus = test_corpus(16);
+  std::vector<int32_t> a(16), b(16), ta(16), tb(16);
+  corpus.train_sequence(1, 5, 3, 16, a.data(), ta.data());
+  corpus.train_sequence(1, 5, 3, 16, b.data(), tb.data());
+  EXPECT_EQ(a, b);
+  for (int t = 0; t + 1 < 16; t++) EXPECT_EQ(ta[t], a[t + 1]);
+  corpus.train_sequence(1, 6, 3, 16, b.data(), tb.data());
+  EXPECT_NE(a, b);
+  EXPECT_GT(corpus.split(), corpus.size() / 2);
+}
+
+TEST(Cli, ParsesAndRejects) {
+  auto parse = [](std::vector<std::string> args, CliOptions* o) {
+    std::vector<char*> argv;
+    static std::string prog = "meshtrain";
+    argv.push_back(prog.data());
+    for (auto& a : args) argv.push_back(a.data());
+    return parse_cli(static_cast<int>(argv.size()), argv.data(), o);
+  };
+  CliOptions o;
+  EXPECT_EQ(parse({"--dp", "2", "--pp", "2", "--tp", "2", "--layers", "8", "--d-model", "256",
+                   "--heads", "8", "--seq", "128", "--micro-batch", "4", "--grad-accum", "4",
+                   "--steps", "200", "--schedule", "gpipe"},
+                  &o),
+            "");
+  EXPECT_EQ(o.train.layout.world(), 8);
+  EXPECT_EQ(o.train.global_batch(), 32);
+  EXPECT_EQ(o.train.schedule, PipeSchedule::GPipe);
+  CliOptions b;
+  EXPECT_NE(parse({"--dp", "x"}, &b).find("needs an integer"), std::string::npos);
+  CliOptions c;
+  EXPECT_NE(parse({"--bogus"}, &c).find("unknown option"), std::string::npos);
+  CliOptions d;
+  EXPECT_NE(parse({"--schedule", "zigzag"}, &d).find("gpipe or 1f1b"), std::string::npos);
+  CliOptions e;
+  EXPECT_NE(parse({"--resume"}, &e).find("--ckpt-dir"), std::string::npos);
+  CliOptions f;
+  EXPECT_NE(parse({"--steps"}, &f).find("needs a value"), std::string::npos);
+}

@@ -1,0 +1,26 @@
+// Command line of meshtrain.
+#pragma once
+
+#include <string>
+
+#include "engine.h"
+
+namespace meshtrain {
+
+struct CliOptions {
+  TrainConfig train;
+  std::string data = "data/kjv.txt";
+  bool resume = false;
+  int blas_threads = 0;   // 0: all cores for one rank, 1 per rank otherwise
+  int sample_chars = 0;   // generate this much text after training (pp = tp = 1)
+  std::string prompt = "And God said";
+  float temperature = 0.8f;
+  int log_every = 1;
+  bool help = false;
+};
+
+// Parses argv into opts; returns an empty string on success, else the error.
+std::string parse_cli(int argc, char** argv, CliOptions* opts);
+const char* cli_usage();
+
+}  // namespace meshtrain

@@ -1,0 +1,334 @@
+#include "engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <stdexcept>
+
+namespace meshtrain {
+
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+struct CkptHeader {
+  char magic[8];
+  int32_t version, dp, pp, tp, rank;
+  int32_t vocab, seq, layers, d_model, heads, tied;
+  uint64_t seed;
+  int32_t step, pad;
+  uint64_t nparams;
+};
+constexpr char kMagic[8] = {'M', 'T', 'C', 'K', 'P', 'T', '1', '\0'};
+
+std::string step_dir(int step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%08d", step);
+  return buf;
+}
+
+std::string rank_file(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "rank_%05d.bin", rank);
+  return buf;
+}
+
+}  // namespace
+
+Engine::Engine(const TrainConfig& cfg, int rank, const Comms& comms, const Corpus& corpus)
+    : cfg_(cfg), rank_(rank), me_(coords_of(rank, cfg.layout)), comms_(comms), corpus_(corpus),
+      opt_(0) {
+  const Layout& l = cfg_.layout;
+  for (PipeSchedule s : {cfg_.schedule}) {
+    slots_ = std::max(slots_, max_in_flight(stage_ops(s, l.pp, me_.pp, cfg_.grad_accum)));
+  }
+  // Forward-only runs (validation) receive micro-batch i+1 while i is still
+  // being sent, so a pipelined stage needs two slots even when training needs one.
+  if (l.pp > 1) slots_ = std::max(slots_, 2);
+  stage_ = std::make_unique<Stage>(cfg_.model, l, me_, cfg_.micro_batch, slots_);
+  stage_->tp_comm = comms_.tp;
+  opt_ = AdamW(stage_->params.size());
+  const size_t N = static_cast<size_t>(cfg_.micro_batch) * cfg_.model.seq;
+  tokens_.assign(N, 0);
+  targets_.assign(N, 0);
+}
+
+double Engine::comm_seconds() const {
+  double t = 0.0;
+  std::set<const Comm*> seen;
+  for (const Comm* c : {comms_.world, comms_.dp, comms_.pp, comms_.tp, comms_.embed}) {
+    if (c && seen.insert(c).second) t += c->wait_seconds;
+  }
+  return t;
+}
+
+void Engine::load_micro(bool train, int step, int micro, int m, int32_t* tokens,
+                        int32_t* targets) {
+  const int B = cfg_.micro_batch, T = cfg_.model.seq;
+  for (int b = 0; b < B; b++) {
+    const int index = (me_.dp * m + micro) * B + b;
+    if (train) {
+      corpus_.train_sequence(cfg_.data_seed, step, index, T, tokens + b * T, targets + b * T);
+    } else {
+      corpus_.val_sequence(index, cfg_.layout.dp * m * B, T, tokens + b * T, targets + b * T);
+    }
+  }
+}
+
+void Engine::run_schedule(PipeSchedule sched, int m, bool train, int step, double* loss_sum) {
+  const int p = cfg_.layout.pp, s = me_.pp;
+  Stage& st = *stage_;
+  const auto ops = stage_ops(sched, p, s, m);
+  const auto groups = stage_groups(ops, p, s);
+  int last_backward = -1;
+  for (size_t k = 0; k < ops.size(); k++) {
+    if (!ops[k].forward) last_backward = static_cast<int>(k);
+  }
+  std::vector<int> slot_of(m, -1);
+  std::vector<int> free_slots;
+  for (int i = slots_ - 1; i >= 0; i--) free_slots.push_back(i);
+  auto take_slot = [&](int micro) {
+    if (slot_of[micro] < 0) {
+      if (free_slots.empty()) throw std::logic_error("pipeline schedule exceeds its slots");
+      slot_of[micro] = free_slots.back();
+      free_slots.pop_back();
+    }
+    return slot_of[micro];
+  };
+  auto release = [&](int micro) {
+    free_slots.push_back(slot_of[micro]);
+    slot_of[micro] = -1;
+  };
+
+  auto ready = [&](size_t lo) {
+    if (!comms_.dp) return;
+    if (launched_lo_ - lo >= cfg_.bucket_elems) {
+      comms_.dp->all_reduce_async(st.grads.data() + lo, launched_lo_ - lo, ReduceOp::Avg);
+      launched_lo_ = lo;
+    }
+  };
+
+  std::vector<P2POp> p2p;
+  std::vector<int> release_after;  // forward-only: slots whose output is being sent
+  for (size_t k = 0; k <= ops.size(); k++) {
+    p2p.clear();
+    for (const PipeMsg& msg : groups[k]) {
+      P2POp op;
+      op.send = msg.send;
+      op.count = st.act_size();
+      op.peer = msg.peer;
+      if (msg.send) {
+        op.buf = msg.grad ? const_cast<float*>(st.grad_out())
+                          : const_cast<float*>(st.output(slot_of[msg.micro]));
+      } else {
+        op.buf = msg.grad ? st.grad_in_buffer() : st.input_buffer(take_slot(msg.micro));
+      }
+      p2p.push_back(op);
+    }
+    if (!p2p.empty()) comms_.pp->exchange(p2p.data(), static_cast<int>(p2p.size()));
+    for (int micro : release_after) release(micro);
+    release_after.clear();
+    if (k == ops.size()) break;
+
+    const PipeOp& op = ops[k];
+    if (op.forward) {
+      const int slot = take_slot(op.micro);
+      load_micro(train, step, op.micro, m, tokens_.data(), targets_.data());
+      const float loss = st.forward(slot, tokens_.data(), targets_.data());
+      if (st.last()) *loss_sum += loss;
+      if (sched == PipeSchedule::ForwardOnly) release_after.push_back(op.micro);
+    } else {
+      const bool final_pass = static_cast<int>(k) == last_backward;
+      st.backward(slot_of[op.micro], 1.0f / m,
+                  final_pass ? std::function<void(size_t)>(ready) : std::function<void(size_t)>());
+      release(op.micro);
+    }
+  }
+}
+
+StepStats Engine::train_step(int step) {
+  const double t0 = now();
+  const double c0 = comm_seconds();
+  Stage& st = *stage_;
+  const int m = cfg_.grad_accum;
+  st.zero_grads();
+  launched_lo_ = st.grads.size();
+
+  double loss_sum = 0.0;
+  run_schedule(cfg_.schedule, m, true, step, &loss_sum);
+
+  if (comms_.dp) {
+    if (launched_lo_ > 0) comms_.dp->all_reduce_async(st.grads.data(), launched_lo_, ReduceOp::Avg);
+    comms_.dp->wait_async();
+  }
+  if (comms_.embed) {
+    for (const auto& s : st.specs()) {
+      if (s.name == "wte") comms_.embed->all_reduce(st.grads.data() + s.offset, s.size, ReduceOp::Sum);
+    }
+  }
+
+  // Global gradient norm: tensor-parallel slices and stages hold disjoint parts;
+  // data-parallel replicas hold the same (averaged) gradients.
+  float sq = static_cast<float>(local_grad_sq(st.grads, st.specs()));
+  if (comms_.tp) comms_.tp->all_reduce(&sq, 1, ReduceOp::Sum);
+  if (comms_.pp) comms_.pp->all_reduce(&sq, 1, ReduceOp::Sum);
+  const double norm = std::sqrt(static_cast<double>(sq));
+  const float lr = lr_at(cfg_.optim, step);
+  opt_.update(st.params, st.grads, st.specs(), cfg_.optim, lr, step + 1, clip_scale(cfg_.optim, norm));
+
+  float loss = st.last() ? static_cast<float>(loss_sum / m) : 0.0f;
+  if (comms_.pp) comms_.pp->all_reduce(&loss, 1, ReduceOp::Sum);
+  if (comms_.dp) comms_.dp->all_reduce(&loss, 1, ReduceOp::Avg);
+
+  StepStats r;
+  r.step = step;
+  r.loss = loss;
+  r.lr = lr;
+  r.grad_norm = static_cast<float>(norm);
+  r.seconds = now() - t0;
+  r.comm_wait = comm_seconds() - c0;
+  r.tokens_per_s = cfg_.global_batch() * static_cast<double>(cfg_.model.seq) / r.seconds;
+  return r;
+}
+
+float Engine::validate() {
+  const int B = cfg_.micro_batch;
+  const int m = std::max(1, cfg_.val_sequences / (cfg_.layout.dp * B));
+  double loss_sum = 0.0;
+  run_schedule(PipeSchedule::ForwardOnly, m, false, 0, &loss_sum);
+  float loss = stage_->last() ? static_cast<float>(loss_sum / m) : 0.0f;
+  if (comms_.pp) comms_.pp->all_reduce(&loss, 1, ReduceOp::Sum);
+  if (comms_.dp) comms_.dp->all_reduce(&loss, 1, ReduceOp::Avg);
+  return loss;
+}
+
+void Engine::barrier() {
+  if (!comms_.world) return;
+  float x = 1.0f;
+  comms_.world->all_reduce(&x, 1, ReduceOp::Sum);
+}
+
+void Engine::save_checkpoint(int step) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(cfg_.ckpt_dir) / step_dir(step);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (!fs::is_directory(dir)) {
+    throw std::runtime_error("cannot create checkpoint directory " + dir.string());
+  }
+  const fs::path final_path = dir / rank_file(rank_);
+  const fs::path tmp_path = final_path.string() + ".tmp";
+  {
+    CkptHeader h{};
+    std::memcpy(h.magic, kMagic, sizeof kMagic);
+    const Layout& l = cfg_.layout;
+    const ModelConfig& mc = cfg_.model;
+    h.version = 1;
+    h.dp = l.dp, h.pp = l.pp, h.tp = l.tp, h.rank = rank_;
+    h.vocab = mc.vocab, h.seq = mc.seq, h.layers = mc.layers, h.d_model = mc.d_model;
+    h.heads = mc.heads, h.tied = mc.tied, h.seed = mc.seed;
+    h.step = step;
+    h.nparams = stage_->params.size();
+    std::ofstream f(tmp_path, std::ios::binary | std::ios::trunc);
+    f.write(reinterpret_cast<const char*>(&h), sizeof h);
+    const std::streamsize bytes = static_cast<std::streamsize>(h.nparams * sizeof(float));
+    f.write(reinterpret_cast<const char*>(stage_->params.data()), bytes);
+    f.write(reinterpret_cast<const char*>(opt_.m.data()), bytes);
+    f.write(reinterpret_cast<const char*>(opt_.v.data()), bytes);
+    f.flush();
+    if (!f) throw std::runtime_error("writing checkpoint shard " + tmp_path.string() + " failed");
+  }
+  fs::rename(tmp_path, final_path);
+  barrier();  // every shard of this step exists before `latest` names it
+  if (rank_ == 0) {
+    const fs::path latest = fs::path(cfg_.ckpt_dir) / "latest";
+    const fs::path tmp = latest.string() + ".tmp";
+    {
+      std::ofstream f(tmp, std::ios::trunc);
+      f << step_dir(step) << "\n";
+      if (!f) throw std::runtime_error("writing " + tmp.string() + " failed");
+    }
+    fs::rename(tmp, latest);
+  }
+  barrier();
+}
+
+int Engine::load_checkpoint() {
+  namespace fs = std::filesystem;
+  const fs::path latest = fs::path(cfg_.ckpt_dir) / "latest";
+  std::ifstream lf(latest);
+  if (!lf) return 0;
+  std::string name;
+  lf >> name;
+  const fs::path path = fs::path(cfg_.ckpt_dir) / name / rank_file(rank_);
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error("checkpoint shard " + path.string() + " is missing");
+  CkptHeader h{};
+  f.read(reinterpret_cast<char*>(&h), sizeof h);
+  const Layout& l = cfg_.layout;
+  const ModelConfig& mc = cfg_.model;
+  if (!f || std::memcmp(h.magic, kMagic, sizeof kMagic) != 0 || h.version != 1) {
+    throw std::runtime_error(path.string() + " is not a meshtrain checkpoint shard");
+  }
+  if (h.dp != l.dp || h.pp != l.pp || h.tp != l.tp || h.rank != rank_) {
+    throw std::runtime_error(path.string() + " was written by rank " + std::to_string(h.rank) +
+                             " of a " + std::to_string(h.dp) + "x" + std::to_string(h.pp) + "x" +
+                             std::to_string(h.tp) + " layout; this run cannot resume from it");
+  }
+  if (h.vocab != mc.vocab || h.seq != mc.seq || h.layers != mc.layers ||
+      h.d_model != mc.d_model || h.heads != mc.heads || h.tied != mc.tied ||
+      h.nparams != stage_->params.size()) {
+    throw std::runtime_error(path.string() + " holds a different model configuration");
+  }
+  const std::streamsize bytes = static_cast<std::streamsize>(h.nparams * sizeof(float));
+  f.read(reinterpret_cast<char*>(stage_->params.data()), bytes);
+  f.read(reinterpret_cast<char*>(opt_.m.data()), bytes);
+  f.read(reinterpret_cast<char*>(opt_.v.data()), bytes);
+  if (!f) throw std::runtime_error(path.string() + " is truncated");
+  return h.step + 1;
+}
+
+std::string Engine::sample(const std::string& prompt, int length, float temperature,
+                           uint64_t seed) {
+  if (cfg_.layout.pp != 1 || cfg_.layout.tp != 1) {
+    throw std::runtime_error("sampling needs the whole model on one rank (pp = tp = 1)");
+  }
+  const int T = cfg_.model.seq, V = cfg_.model.vocab;
+  std::vector<int32_t> ctx(prompt.begin(), prompt.end());
+  if (ctx.empty()) ctx.push_back('\n');
+  std::string out;
+  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
+  std::vector<int32_t> zeros(tokens_.size(), 0);
+  std::vector<double> probs(V);
+  for (int i = 0; i < length; i++) {
+    const size_t start = ctx.size() > static_cast<size_t>(T) ? ctx.size() - T : 0;
+    const int n = static_cast<int>(ctx.size() - start);
+    std::fill(tokens_.begin(), tokens_.end(), 0);
+    std::copy(ctx.begin() + start, ctx.end(), tokens_.begin());
+    stage_->forward(0, tokens_.data(), zeros.data());
+    const float* logits = stage_->logits(0, 0, n - 1);
+    int next = 0;
+    if (temperature <= 0.0f) {
+      next = static_cast<int>(std::max_element(logits, logits + V) - logits);
+    } else {
+      const float mx = *std::max_element(logits, logits + V);
+      double sum = 0.0;
+      for (int v = 0; v < V; v++) sum += probs[v] = std::exp((logits[v] - mx) / temperature);
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      double u = static_cast<double>(state >> 11) * 0x1.0p-53 * sum;
+      for (next = 0; next < V - 1 && u >= probs[next]; next++) u -= probs[next];
+    }
+    ctx.push_back(next);
+    out.push_back(static_cast<char>(next));
+  }
+  return out;
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,98 @@
+// The training loop of one rank: pipeline schedule over micro-batches,
+// data-parallel gradient buckets overlapped with backward, clipping, AdamW,
+// validation and sharded checkpoints. With dp = pp = tp = 1 every Comm pointer
+// is null and the engine never calls meshccl.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm.h"
+#include "data.h"
+#include "grid.h"
+#include "model.h"
+#include "optim.h"
+#include "schedule.h"
+
+namespace meshtrain {
+
+struct TrainConfig {
+  ModelConfig model;
+  Layout layout;
+  OptimConfig optim;
+  int micro_batch = 4;   // sequences per micro-batch
+  int grad_accum = 1;    // micro-batches per data-parallel rank per step
+  int steps = 10;
+  PipeSchedule schedule = PipeSchedule::OneFOneB;
+  size_t bucket_elems = size_t(1) << 18;  // data-parallel all-reduce bucket (floats)
+  uint64_t data_seed = 1234;
+  int val_every = 0;      // 0: never
+  int val_sequences = 16; // global, split over data-parallel ranks
+  std::string ckpt_dir;   // empty: no checkpoints
+  int ckpt_every = 0;
+
+  int global_batch() const { return layout.dp * micro_batch * grad_accum; }
+};
+
+// Communicators of one rank, null where the dimension has size 1 (world is
+// null only for a single-rank job, embed only without a tied split embedding).
+struct Comms {
+  Comm* world = nullptr;
+  Comm* dp = nullptr;
+  Comm* pp = nullptr;
+  Comm* tp = nullptr;
+  Comm* embed = nullptr;
+};
+
+struct StepStats {
+  int step = 0;
+  float loss = 0;        // mean over the global batch (known on every rank)
+  float lr = 0;
+  float grad_norm = 0;   // before clipping
+  double seconds = 0;
+  double comm_wait = 0;  // seconds this rank was blocked on communication
+  double tokens_per_s = 0;
+};
+
+class Engine {
+ public:
+  Engine(const TrainConfig& cfg, int rank, const Comms& comms, const Corpus& corpus);
+
+  // Runs 0-based step `step` (its data and learning rate depend only on it).
+  StepStats train_step(int step);
+  // Mean validation loss over cfg.val_sequences held-out sequences.
+  float validate();
+  // Writes step's checkpoint: every rank its shard (temporary name, then
+  // rename), then rank 0 points `latest` at it once all shards exist.
+  void save_checkpoint(int step);
+  // Loads the checkpoint `latest` names; returns the number of steps done, or
+  // 0 when there is none. Throws on a shard that does not fit this run.
+  int load_checkpoint();
+  // Greedy/temperature sampling from the model (needs pp == tp == 1).
+  std::string sample(const std::string& prompt, int length, float temperature, uint64_t seed);
+
+  Stage& stage() { return *stage_; }
+  const AdamW& optimizer() const { return opt_; }
+  const Coords& coords() const { return me_; }
+  int rank() const { return rank_; }
+
+ private:
+  double comm_seconds() const;
+  void run_schedule(PipeSchedule sched, int m, bool train, int step, double* loss_sum);
+  void load_micro(bool train, int step, int micro, int m, int32_t* tokens, int32_t* targets);
+  void barrier();
+
+  TrainConfig cfg_;
+  int rank_;
+  Coords me_;
+  Comms comms_;
+  const Corpus& corpus_;
+  std::unique_ptr<Stage> stage_;
+  AdamW opt_;
+  int slots_ = 1;
+  std::vector<int32_t> tokens_, targets_;
+  size_t launched_lo_ = 0;
+};
+
+}  // namespace meshtrain

@@ -1,0 +1,80 @@
+#include "schedule.h"
+
+#include <algorithm>
+#include <set>
+
+namespace meshtrain {
+
+bool parse_schedule(const std::string& s, PipeSchedule* out) {
+  if (s == "gpipe") {
+    *out = PipeSchedule::GPipe;
+  } else if (s == "1f1b") {
+    *out = PipeSchedule::OneFOneB;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+const char* schedule_name(PipeSchedule s) {
+  switch (s) {
+    case PipeSchedule::GPipe: return "gpipe";
+    case PipeSchedule::OneFOneB: return "1f1b";
+    case PipeSchedule::ForwardOnly: return "forward";
+  }
+  return "?";
+}
+
+std::vector<PipeOp> stage_ops(PipeSchedule sched, int p, int s, int m) {
+  std::vector<PipeOp> ops;
+  if (sched == PipeSchedule::ForwardOnly || sched == PipeSchedule::GPipe) {
+    for (int i = 0; i < m; i++) ops.push_back({true, i});
+    if (sched == PipeSchedule::GPipe) {
+      for (int i = m - 1; i >= 0; i--) ops.push_back({false, i});
+    }
+    return ops;
+  }
+  const int warmup = std::min(p - s - 1, m);
+  int f = 0, b = 0;
+  for (; f < warmup; f++) ops.push_back({true, f});
+  while (f < m) {
+    ops.push_back({true, f++});
+    ops.push_back({false, b++});
+  }
+  while (b < m) ops.push_back({false, b++});
+  return ops;
+}
+
+int max_in_flight(const std::vector<PipeOp>& ops) {
+  std::set<int> live;
+  int most = 0;
+  for (const auto& op : ops) {
+    if (op.forward) {
+      live.insert(op.micro);
+      most = std::max(most, static_cast<int>(live.size()));
+    } else {
+      live.erase(op.micro);
+    }
+  }
+  return most;
+}
+
+std::vector<std::vector<PipeMsg>> stage_groups(const std::vector<PipeOp>& ops, int p, int s) {
+  std::vector<std::vector<PipeMsg>> groups(ops.size() + 1);
+  for (size_t k = 0; k <= ops.size(); k++) {
+    auto& g = groups[k];
+    if (k > 0) {  // output of op k-1
+      const PipeOp& prev = ops[k - 1];
+      if (prev.forward && s < p - 1) g.push_back({true, false, prev.micro, s + 1});
+      if (!prev.forward && s > 0) g.push_back({true, true, prev.micro, s - 1});
+    }
+    if (k < ops.size()) {  // input of op k
+      const PipeOp& op = ops[k];
+      if (op.forward && s > 0) g.push_back({false, false, op.micro, s - 1});
+      if (!op.forward && s < p - 1) g.push_back({false, true, op.micro, s + 1});
+    }
+  }
+  return groups;
+}
+
+}  // namespace meshtrain
