@@ -1,0 +1,92 @@
+// Helpers every transport plugin shares: logging through the host's logger,
+// settings, time, peer liveness. Only transport.h, the C/C++ standard library
+// and POSIX, so that a plugin can also be built as a loadable module.
+#ifndef MESHCCL_PLUGINS_COMMON_PLUGIN_UTIL_H_
+#define MESHCCL_PLUGINS_COMMON_PLUGIN_UTIL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <new>
+
+#include "meshccl/transport.h"
+
+namespace meshccl::plugin {
+
+// The host's logger may be absent (a minimal host); never crash on that.
+#define MPLUG_LOG(host, level, fmt, ...)                                         \
+  do {                                                                           \
+    const meshccl_transport_host_v1_t* mplug_h_ = (host);                        \
+    if (mplug_h_ != nullptr && mplug_h_->log != nullptr)                         \
+      mplug_h_->log((level), __FILE__, __LINE__, fmt __VA_OPT__(, ) __VA_ARGS__); \
+  } while (0)
+#define MPLUG_WARN(host, fmt, ...) MPLUG_LOG(host, MESHCCL_LOG_WARN, fmt __VA_OPT__(, ) __VA_ARGS__)
+#define MPLUG_INFO(host, fmt, ...) MPLUG_LOG(host, MESHCCL_LOG_INFO, fmt __VA_OPT__(, ) __VA_ARGS__)
+#define MPLUG_TRACE(host, fmt, ...) MPLUG_LOG(host, MESHCCL_LOG_TRACE, fmt __VA_OPT__(, ) __VA_ARGS__)
+
+// Propagates a failed meshccl_tresult_t; no hidden control flow beyond return.
+#define MPLUG_CHECK(expr)                                        \
+  do {                                                           \
+    meshccl_tresult_t mplug_r_ = static_cast<meshccl_tresult_t>(expr); \
+    if (mplug_r_ != MESHCCL_T_SUCCESS) return mplug_r_;          \
+  } while (0)
+
+// Validates what init receives; logs and returns INTERNAL_ERROR on misuse.
+[[nodiscard]] meshccl_tresult_t check_host(const meshccl_transport_host_v1_t* host, const char* plugin);
+
+// Reads a byte-size setting ("65536", "64K", "1M", "2G"). Unset leaves *out
+// alone; a malformed value or one outside [lo, hi] is logged and refused.
+[[nodiscard]] meshccl_tresult_t param_size(const meshccl_transport_host_v1_t* host,
+                                           const char* name, uint64_t lo, uint64_t hi,
+                                           uint64_t* out);
+// Pure parser behind param_size; false on malformed input.
+bool parse_size(const char* text, uint64_t* out);
+
+const char* param_str(const meshccl_transport_host_v1_t* host, const char* name);
+
+uint64_t now_ns();
+
+// 64 random bits for handle nonces (getrandom, with a time/pid fallback).
+uint64_t random_u64();
+
+// True while the process exists and has not exited. kill(pid, 0) alone is not
+// enough: an exited child that its parent has not reaped yet is a zombie that
+// still answers kill, so /proc/<pid>/stat is read as well.
+bool pid_alive(int32_t pid);
+
+// Rate limiter for liveness checks: a stalled request checks its peer at most
+// once per interval, because the check costs syscalls.
+class PeerWatch {
+ public:
+  static constexpr uint64_t kIntervalNs = 50'000'000;
+  // True when a check is due now (and records that one happened).
+  bool due() {
+    uint64_t t = now_ns();
+    if (t - last_ns_ < kIntervalNs) return false;
+    last_ns_ = t;
+    return true;
+  }
+
+ private:
+  uint64_t last_ns_ = 0;
+};
+
+// Runs a C entry point's body so that no C++ exception crosses the C
+// boundary: running out of memory is an OS failure, anything else a bug.
+template <class F>
+int guarded(const meshccl_transport_host_v1_t* host, const char* where, F&& body) noexcept {
+  try {
+    return static_cast<int>(body());
+  } catch (const std::bad_alloc&) {
+    MPLUG_WARN(host, "%s: out of memory", where);
+    return MESHCCL_T_SYSTEM_ERROR;
+  } catch (...) {
+    MPLUG_WARN(host, "%s: unexpected exception", where);
+    return MESHCCL_T_INTERNAL_ERROR;
+  }
+}
+
+constexpr uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+}  // namespace meshccl::plugin
+
+#endif  // MESHCCL_PLUGINS_COMMON_PLUGIN_UTIL_H_

@@ -1,0 +1,393 @@
+// Receiver end of an shm connection: drains the ring (matching or queueing
+// each message), and completes rendezvous transfers with one copy straight
+// from the sender's memory, in chunks so that one huge receive cannot starve
+// the others.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+
+#include "plugins/shm/shm_comm.h"
+
+namespace meshccl::plugin::shm {
+namespace {
+
+void finish(Request* r, meshccl_tresult_t result) {
+  r->state = State::kDone;
+  r->result = result;
+}
+
+void set_slot(RecvComm* c, uint32_t slot, SlotState st) {
+  c->seg->slots[slot].v.store(st, std::memory_order_release);
+}
+
+void release_region(Request* r) {
+  if (r->region != nullptr) --r->region->users;
+  r->region = nullptr;
+}
+
+void unmap_region(Region& g) {
+  munmap(g.base, g.len);
+  g = Region{};
+}
+
+// Ends a matched rendezvous (kCopy or kStream) on the receiver's side.
+void end_rdv(RecvComm* c, Request* r, meshccl_tresult_t result) {
+  c->active.remove(r);
+  if (r->state == State::kStream) c->by_slot[r->slot] = nullptr;
+  release_region(r);
+  set_slot(c, r->slot, result == MESHCCL_T_SUCCESS ? kSlotDone : kSlotFailed);
+  finish(r, result);
+}
+
+// The sender's memfd region, mapped once and kept for later messages.
+Region* map_region(RecvComm* c, const RdvDesc& d, uint64_t size) {
+  const meshccl_transport_host_v1_t* host = c->ctx->host;
+  uint64_t end = d.region_offset + size;
+  Region* slot = nullptr;
+  for (Region& g : c->regions) {
+    if (g.base == nullptr) {
+      if (slot == nullptr) slot = &g;
+      continue;
+    }
+    if (g.pid != d.region_pid || g.fd != d.region_fd) continue;
+    if (g.ino == d.region_ino && g.dev == d.region_dev && end <= g.len && end >= size) {
+      g.last_use = ++c->region_clock;
+      return &g;
+    }
+    // The fd now names another file (or the file grew): the old mapping only
+    // keeps freed memory alive.
+    if (g.users == 0) {
+      unmap_region(g);
+      if (slot == nullptr) slot = &g;
+    }
+  }
+  if (c->regions_refused) return nullptr;
+  if (slot == nullptr) {  // evict the least recently used idle mapping
+    for (Region& g : c->regions)
+      if (g.users == 0 && (slot == nullptr || g.last_use < slot->last_use)) slot = &g;
+    if (slot == nullptr) return nullptr;
+    unmap_region(*slot);
+  }
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/fd/%d", d.region_pid, d.region_fd);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == EACCES || errno == EPERM) {
+      c->regions_refused = true;
+      MPLUG_INFO(host, "shm: cannot open %s (%s); reading peer buffers with process_vm_readv", path,
+                 std::strerror(errno));
+    }
+    return nullptr;
+  }
+  struct stat st;
+  void* base = MAP_FAILED;
+  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_ino) == d.region_ino &&
+      static_cast<uint64_t>(st.st_dev) == d.region_dev && static_cast<uint64_t>(st.st_size) >= end &&
+      end >= size)
+    base = mmap(nullptr, st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) return nullptr;
+  *slot = Region{d.region_pid, d.region_fd, d.region_ino, d.region_dev,
+                 static_cast<unsigned char*>(base), static_cast<uint64_t>(st.st_size), 0, ++c->region_clock};
+  MPLUG_INFO(host, "shm: mapped shared region of pid %d fd %d (%" PRIu64 " bytes)", d.region_pid,
+             d.region_fd, slot->len);
+  return slot;
+}
+
+void start_stream(RecvComm* c, Request* r) {
+  r->state = State::kStream;
+  r->offset = 0;
+  release_region(r);
+  c->by_slot[r->slot] = r;
+  set_slot(c, r->slot, kSlotStream);
+}
+
+// A receive matched a rendezvous: pick how to read the payload.
+void start_rdv(RecvComm* c, Request* r, uint64_t size, uint32_t slot, const RdvDesc& d) {
+  if (size > r->size) {
+    MPLUG_WARN(c->ctx->host, "shm: message of %" PRIu64 " bytes (tag %" PRIu64 ") does not fit the %" PRIu64
+               "-byte receive buffer", size, r->tag, r->size);
+    set_slot(c, slot, kSlotTrunc);
+    finish(r, MESHCCL_T_INVALID_USAGE);
+    return;
+  }
+  r->nbytes = size;
+  r->slot = slot;
+  r->offset = 0;
+  r->desc = d;
+  r->region = nullptr;
+  r->state = State::kCopy;
+  c->active.push_back(r);
+  if (d.pid == c->ctx->pid) {
+    r->how = Copy::kMemcpy;
+    r->src = reinterpret_cast<const unsigned char*>(d.addr);
+  } else if (d.has_region != 0 && (r->region = map_region(c, d, size)) != nullptr) {
+    ++r->region->users;
+    r->how = Copy::kRegion;
+    r->src = r->region->base + d.region_offset;
+  } else if (c->ctx->cma && !c->cma_refused) {
+    r->how = Copy::kCma;
+  } else {
+    start_stream(c, r);
+  }
+}
+
+// Copies one chunk of a kCopy rendezvous.
+void copy_chunk(RecvComm* c, Request* r) {
+  uint64_t n = std::min(c->ctx->copy_chunk, r->nbytes - r->offset);
+  if (r->how == Copy::kCma) {
+    iovec local{r->data + r->offset, n};
+    iovec remote{reinterpret_cast<void*>(r->desc.addr + r->offset), n};
+    ssize_t got = process_vm_readv(r->desc.pid, &local, 1, &remote, 1, 0);
+    if (got < 0) {
+      int err = errno;
+      if (err == EPERM || err == ENOSYS) {
+        c->cma_refused = true;
+        MPLUG_INFO(c->ctx->host, "shm: process_vm_readv refused (%s); peers stream large messages",
+                   std::strerror(err));
+        start_stream(c, r);
+        return;
+      }
+      bool gone = err == ESRCH || !pid_alive(r->desc.pid);
+      MPLUG_WARN(c->ctx->host, "shm: reading %" PRIu64 " bytes from pid %d failed: %s", n, r->desc.pid,
+                 gone ? "the sender process died" : std::strerror(err));
+      end_rdv(c, r, err == EFAULT || gone ? MESHCCL_T_REMOTE_ERROR : MESHCCL_T_SYSTEM_ERROR);
+      return;
+    }
+    n = static_cast<uint64_t>(got);
+  } else {
+    std::memcpy(r->data + r->offset, r->src + r->offset, n);
+  }
+  // A sender that closed may have freed the buffer while we read it.
+  if (c->seg->hdr.sender_closed.load(std::memory_order_acquire) != 0) {
+    end_rdv(c, r, MESHCCL_T_REMOTE_ERROR);
+    return;
+  }
+  r->offset += n;
+  if (r->offset == r->nbytes) end_rdv(c, r, MESHCCL_T_SUCCESS);
+}
+
+void deliver(RecvComm* c, Request* r, const void* payload, uint64_t size) {
+  if (size > r->size) {
+    MPLUG_WARN(c->ctx->host, "shm: message of %" PRIu64 " bytes (tag %" PRIu64 ") does not fit the %" PRIu64
+               "-byte receive buffer", size, r->tag, r->size);
+    finish(r, MESHCCL_T_INVALID_USAGE);
+    return;
+  }
+  if (size != 0) std::memcpy(r->data, payload, size);
+  r->nbytes = size;
+  finish(r, MESHCCL_T_SUCCESS);
+}
+
+void corrupt(RecvComm* c, const char* what) {
+  if (c->broken == MESHCCL_T_SUCCESS)
+    MPLUG_WARN(c->ctx->host, "shm: corrupt ring from pid %d: %s", c->peer_pid, what);
+  c->broken = MESHCCL_T_INTERNAL_ERROR;
+}
+
+// Handles one record; false when it is malformed.
+bool on_record(RecvComm* c, const RecHdr& h, const unsigned char* payload, uint64_t room) {
+  switch (h.type) {
+    case kRecEager: {
+      if (h.size > room) return false;
+      if (Request* r = c->posted.take_tag(h.tag)) {
+        deliver(c, r, payload, h.size);
+        return true;
+      }
+      Unexpected* u = c->unex.get();
+      BufferPool::Buf b = c->bufs.get(h.size);
+      if (u == nullptr || (h.size != 0 && b.ptr == nullptr)) {
+        MPLUG_WARN(c->ctx->host, "shm: out of memory queueing a %" PRIu64 "-byte message", h.size);
+        if (u != nullptr) c->unex.put(u);
+        c->broken = MESHCCL_T_SYSTEM_ERROR;
+        return true;
+      }
+      if (h.size != 0) std::memcpy(b.ptr, payload, h.size);
+      *u = Unexpected{};
+      u->tag = h.tag;
+      u->size = h.size;
+      u->buf = b;
+      c->unexpected.push_back(u);
+      return true;
+    }
+    case kRecRts: {
+      if (h.slot >= kSlots || sizeof(RdvDesc) > room) return false;
+      RdvDesc d;
+      std::memcpy(&d, payload, sizeof(d));
+      if (Request* r = c->posted.take_tag(h.tag)) {
+        start_rdv(c, r, h.size, h.slot, d);
+        return true;
+      }
+      Unexpected* u = c->unex.get();
+      if (u == nullptr) {
+        c->broken = MESHCCL_T_SYSTEM_ERROR;
+        return true;
+      }
+      *u = Unexpected{};
+      u->tag = h.tag;
+      u->size = h.size;
+      u->rdv = true;
+      u->slot = h.slot;
+      u->desc = d;
+      c->unexpected.push_back(u);
+      return true;
+    }
+    case kRecData: {
+      if (h.slot >= kSlots || h.size > room) return false;
+      Request* r = c->by_slot[h.slot];
+      if (r == nullptr) return true;  // its receive already failed
+      if (h.offset > r->nbytes || h.size > r->nbytes - h.offset) return false;
+      std::memcpy(r->data + h.offset, payload, h.size);
+      r->offset += h.size;
+      if (r->offset == r->nbytes) end_rdv(c, r, MESHCCL_T_SUCCESS);
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
+// Consumes everything the sender has published. Returns whether any record
+// was consumed.
+bool drain(RecvComm* c) {
+  bool moved = false;
+  while (c->broken == MESHCCL_T_SUCCESS) {
+    if (c->tail == c->head_cache) {
+      c->head_cache = c->seg->head.v.load(std::memory_order_acquire);
+      if (c->tail == c->head_cache) break;
+      if (c->head_cache - c->tail > c->cap) {
+        corrupt(c, "write position out of range");
+        break;
+      }
+    }
+    uint64_t off = c->tail % c->cap;
+    const unsigned char* rec = c->ring + off;
+    RecHdr h;
+    std::memcpy(&h, rec, sizeof(h));  // a private copy: the header is peer-written memory
+    uint64_t contiguous = std::min(c->cap - off, c->head_cache - c->tail);
+    if (contiguous < sizeof(RecHdr)) {
+      corrupt(c, "misaligned write position");
+      break;
+    }
+    uint64_t bytes = 0;
+    if (h.type == kRecPad) {
+      bytes = c->cap - off;
+    } else {
+      uint64_t room = contiguous - sizeof(RecHdr);
+      if (!on_record(c, h, rec + sizeof(RecHdr), room)) {
+        corrupt(c, "malformed record");
+        break;
+      }
+      bytes = record_bytes(h.type == kRecRts ? sizeof(RdvDesc) : h.size);
+    }
+    if (bytes > contiguous) {
+      corrupt(c, "record overruns the write position");
+      break;
+    }
+    c->tail += bytes;
+    c->seg->tail.v.store(c->tail, std::memory_order_release);
+    moved = true;
+  }
+  return moved;
+}
+
+void fail_pending(RecvComm* c, meshccl_tresult_t result) {
+  for (Request* r; (r = c->posted.pop_front()) != nullptr;) finish(r, result);
+  while (!c->active.empty()) end_rdv(c, c->active.front(), result);
+}
+
+void progress(RecvComm* c) {
+  if (c->broken != MESHCCL_T_SUCCESS || c->peer_gone != MESHCCL_T_SUCCESS) return;
+  if (drain(c) || (c->posted.empty() && c->active.empty())) return;
+  const char* why = nullptr;
+  if (c->seg->hdr.sender_closed.load(std::memory_order_acquire) != 0)
+    why = "the sender closed the connection";
+  else if (c->watch.due() && !pid_alive(c->peer_pid))
+    why = "the sender process died";
+  if (why == nullptr) return;
+  drain(c);  // whatever it published before it went away is still good
+  c->peer_gone = MESHCCL_T_REMOTE_ERROR;
+  if (!c->posted.empty() || !c->active.empty())
+    MPLUG_WARN(c->ctx->host, "shm: receive from pid %d failed: %s", c->peer_pid, why);
+  fail_pending(c, MESHCCL_T_REMOTE_ERROR);
+}
+
+void release(RecvComm* c, Request* r) {
+  r->magic = 0;
+  c->reqs.put(r);
+}
+
+}  // namespace
+
+meshccl_tresult_t recv_post(RecvComm* c, void* data, size_t size, uint64_t tag, void** request) {
+  progress(c);
+  if (c->broken != MESHCCL_T_SUCCESS) {
+    fail_pending(c, c->broken);
+    return c->broken;
+  }
+  Request* r = c->reqs.get();
+  if (r == nullptr) return MESHCCL_T_SYSTEM_ERROR;
+  r->magic = kReqMagic;
+  r->kind = Kind::kRecv;
+  r->result = MESHCCL_T_SUCCESS;
+  r->comm = c;
+  r->tag = tag;
+  r->data = static_cast<unsigned char*>(data);
+  r->size = size;
+  if (Unexpected* u = c->unexpected.take_tag(tag)) {
+    if (!u->rdv) {
+      deliver(c, r, u->buf.ptr, u->size);
+      c->bufs.put(u->buf);
+    } else if (c->peer_gone != MESHCCL_T_SUCCESS) {
+      finish(r, c->peer_gone);  // its sender can no longer vouch for the buffer
+    } else {
+      start_rdv(c, r, u->size, u->slot, u->desc);
+    }
+    c->unex.put(u);
+  } else if (c->peer_gone != MESHCCL_T_SUCCESS) {
+    release(c, r);
+    MPLUG_WARN(c->ctx->host, "shm: receive (tag %" PRIu64 ") posted after pid %d went away", tag, c->peer_pid);
+    return c->peer_gone;
+  } else {
+    r->state = State::kPosted;
+    c->posted.push_back(r);
+  }
+  *request = r;
+  return MESHCCL_T_SUCCESS;
+}
+
+meshccl_tresult_t recv_test(Request* r, int* done, size_t* size) {
+  auto* c = static_cast<RecvComm*>(r->comm);
+  if (r->state != State::kDone) progress(c);
+  if (r->state == State::kCopy) copy_chunk(c, r);
+  if (r->state != State::kDone && c->broken != MESHCCL_T_SUCCESS) fail_pending(c, c->broken);
+  if (r->state != State::kDone) {
+    *done = 0;
+    return MESHCCL_T_SUCCESS;
+  }
+  meshccl_tresult_t result = r->result;
+  *done = 1;
+  if (size != nullptr) *size = result == MESHCCL_T_SUCCESS ? r->nbytes : 0;
+  release(c, r);
+  return result;
+}
+
+void recv_close(RecvComm* c) {
+  c->seg->hdr.receiver_closed.store(1, std::memory_order_release);
+  for (Region& g : c->regions)
+    if (g.base != nullptr) unmap_region(g);
+  for (Unexpected* u; (u = c->unexpected.pop_front()) != nullptr;) c->bufs.put(u->buf);
+  munmap(c->seg, c->map_bytes);
+  c->magic = 0;
+  delete c;
+}
+
+}  // namespace meshccl::plugin::shm

@@ -1,0 +1,343 @@
+// Moving frames over a connected socket: the sender gathers queued frames
+// into one sendmsg; the receiver parses headers from a staging buffer and
+// reads large payloads straight into the matched receive buffer. Every call
+// does what the socket allows without blocking and resumes partial frames
+// on the next call.
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstring>
+
+#include "plugins/socket/socket_comm.h"
+
+namespace meshccl::plugin::socket {
+namespace {
+
+constexpr int kMaxIov = 64;
+// The kernel moves at most ~2 GiB per call; one iovec stays below that.
+constexpr uint64_t kMaxIovBytes = 1ull << 30;
+// Payloads this large skip the staging buffer.
+constexpr uint64_t kDirect = 64u << 10;
+// Bytes one receive progress call may consume, so a huge frame that keeps
+// streaming in does not keep the caller away from its other requests.
+constexpr uint64_t kRecvBudget = 16u << 20;
+
+void finish(Request* r, meshccl_tresult_t result) {
+  r->state = State::kDone;
+  r->result = result;
+}
+
+bool peer_vanished(int err) {
+  return err == EPIPE || err == ECONNRESET || err == ENOTCONN || err == ETIMEDOUT || err == EHOSTUNREACH ||
+         err == ENETUNREACH || err == ECONNABORTED;
+}
+
+// ---- sender ------------------------------------------------------------------
+
+void send_fail_all(SendComm* c, meshccl_tresult_t result, const char* why) {
+  if (c->broken == MESHCCL_T_SUCCESS)
+    MPLUG_WARN(c->ctx->host, "socket: send to %s failed: %s", c->peer.c_str(), why);
+  c->broken = result;
+  for (Request* r; (r = c->queue.pop_front()) != nullptr;) finish(r, result);
+}
+
+void send_progress(SendComm* c) {
+  while (c->broken == MESHCCL_T_SUCCESS && !c->queue.empty()) {
+    iovec iov[kMaxIov];
+    int n = 0;
+    uint64_t total = 0;
+    for (Request* r = c->queue.front(); r != nullptr && n + 2 <= kMaxIov; r = r->next) {
+      uint64_t off = r->done;
+      if (off < sizeof(FrameHdr)) {
+        iov[n++] = {reinterpret_cast<unsigned char*>(&r->hdr) + off, sizeof(FrameHdr) - off};
+        total += sizeof(FrameHdr) - off;
+        off = sizeof(FrameHdr);
+      }
+      uint64_t poff = off - sizeof(FrameHdr);
+      if (poff < r->size) {
+        uint64_t len = std::min(r->size - poff, kMaxIovBytes);
+        iov[n++] = {r->data + poff, len};
+        total += len;
+        if (poff + len < r->size || total >= kMaxIovBytes) break;  // the rest goes in a later call
+      }
+    }
+    msghdr m{};
+    m.msg_iov = iov;
+    m.msg_iovlen = static_cast<size_t>(n);
+    ssize_t w = sendmsg(c->fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (w < 0) {
+      int err = errno;
+      if (err == EINTR) continue;
+      if (err == EAGAIN || err == EWOULDBLOCK) return;
+      send_fail_all(c, peer_vanished(err) ? MESHCCL_T_REMOTE_ERROR : MESHCCL_T_SYSTEM_ERROR, std::strerror(err));
+      return;
+    }
+    uint64_t left = static_cast<uint64_t>(w);
+    while (!c->queue.empty()) {
+      Request* r = c->queue.front();
+      uint64_t frame = sizeof(FrameHdr) + r->size;
+      uint64_t take = std::min(frame - r->done, left);
+      r->done += take;
+      left -= take;
+      if (r->done < frame) break;
+      c->queue.pop_front();
+      finish(r, MESHCCL_T_SUCCESS);
+    }
+    if (static_cast<uint64_t>(w) < total) return;  // socket buffer full
+  }
+}
+
+// ---- receiver ----------------------------------------------------------------
+
+void warn_trunc(RecvComm* c, uint64_t size, const Request* r) {
+  MPLUG_WARN(c->ctx->host, "socket: message of %" PRIu64 " bytes (tag %" PRIu64 ") from %s does not fit the %" PRIu64
+             "-byte receive buffer", size, r->tag, c->peer.c_str(), r->size);
+}
+
+void drop_unexpected(RecvComm* c, Unexpected* u) {
+  c->unexpected.remove(u);
+  c->bufs.put(u->buf);
+  c->unex.put(u);
+}
+
+// A frame header arrived: find where its payload goes.
+meshccl_tresult_t begin_frame(RecvComm* c, const FrameHdr& h) {
+  c->in_frame = true;
+  c->size = h.size;
+  c->got = 0;
+  c->dest = nullptr;
+  c->cur_req = nullptr;
+  c->cur_unex = nullptr;
+  if (Request* r = c->posted.take_tag(h.tag)) {
+    if (h.size > r->size) {
+      warn_trunc(c, h.size, r);
+      finish(r, MESHCCL_T_INVALID_USAGE);  // the payload is read and dropped
+      return MESHCCL_T_SUCCESS;
+    }
+    r->state = State::kActive;
+    c->cur_req = r;
+    c->dest = r->data;
+    return MESHCCL_T_SUCCESS;
+  }
+  Unexpected* u = c->unex.get();
+  BufferPool::Buf b = c->bufs.get(h.size);
+  if (u == nullptr || (h.size != 0 && b.ptr == nullptr)) {
+    MPLUG_WARN(c->ctx->host, "socket: out of memory queueing a %" PRIu64 "-byte message from %s", h.size,
+               c->peer.c_str());
+    if (u != nullptr) c->unex.put(u);
+    c->bufs.put(b);
+    return MESHCCL_T_SYSTEM_ERROR;
+  }
+  *u = Unexpected{};
+  u->tag = h.tag;
+  u->size = h.size;
+  u->buf = b;
+  c->unexpected.push_back(u);
+  c->cur_unex = u;
+  c->dest = static_cast<unsigned char*>(b.ptr);
+  return MESHCCL_T_SUCCESS;
+}
+
+void end_frame(RecvComm* c) {
+  if (c->cur_req != nullptr) {
+    c->cur_req->nbytes = c->size;
+    finish(c->cur_req, MESHCCL_T_SUCCESS);
+  }
+  if (c->cur_unex != nullptr) c->cur_unex->complete = true;
+  c->in_frame = false;
+  c->cur_req = nullptr;
+  c->cur_unex = nullptr;
+  c->dest = nullptr;
+}
+
+// The stream ended or broke: nothing more will arrive.
+void recv_gone(RecvComm* c, meshccl_tresult_t result, const char* why) {
+  bool waiting = c->in_frame || !c->posted.empty();
+  if (c->in_frame) {
+    if (c->cur_req != nullptr) finish(c->cur_req, result);
+    if (c->cur_unex != nullptr) drop_unexpected(c, c->cur_unex);
+    c->in_frame = false;
+    c->cur_req = nullptr;
+    c->cur_unex = nullptr;
+  }
+  for (Request* r; (r = c->posted.pop_front()) != nullptr;) finish(r, result);
+  c->peer_gone = result;
+  if (waiting) MPLUG_WARN(c->ctx->host, "socket: receive from %s failed: %s", c->peer.c_str(), why);
+}
+
+// recv() into buf; returns bytes read, 0 when nothing is available now, -1
+// when the stream is over (the comm is then marked gone).
+ssize_t read_some(RecvComm* c, void* buf, size_t len) {
+  for (;;) {
+    ssize_t n = recv(c->fd, buf, len, MSG_DONTWAIT);
+    if (n > 0) return n;
+    if (n == 0) {
+      recv_gone(c, MESHCCL_T_REMOTE_ERROR,
+                c->in_frame ? "the sender closed the connection in the middle of a message"
+                            : "the sender closed the connection");
+      return -1;
+    }
+    int err = errno;
+    if (err == EINTR) continue;
+    if (err == EAGAIN || err == EWOULDBLOCK) return 0;
+    recv_gone(c, peer_vanished(err) ? MESHCCL_T_REMOTE_ERROR : MESHCCL_T_SYSTEM_ERROR, std::strerror(err));
+    return -1;
+  }
+}
+
+void recv_progress(RecvComm* c) {
+  uint64_t budget = kRecvBudget;
+  while (c->peer_gone == MESHCCL_T_SUCCESS && budget > 0) {
+    size_t avail = c->stage_len - c->stage_pos;
+    if (!c->in_frame) {
+      if (avail >= sizeof(FrameHdr)) {
+        FrameHdr h;
+        std::memcpy(&h, c->stage.get() + c->stage_pos, sizeof(h));
+        c->stage_pos += sizeof(h);
+        if (meshccl_tresult_t res = begin_frame(c, h); res != MESHCCL_T_SUCCESS) {
+          recv_gone(c, res, "out of memory");
+          return;
+        }
+        continue;
+      }
+      std::memmove(c->stage.get(), c->stage.get() + c->stage_pos, avail);
+      c->stage_pos = 0;
+      c->stage_len = avail;
+      ssize_t n = read_some(c, c->stage.get() + avail, RecvComm::kStage - avail);
+      if (n <= 0) return;
+      c->stage_len += static_cast<size_t>(n);
+      budget -= std::min<uint64_t>(budget, static_cast<uint64_t>(n));
+      continue;
+    }
+    uint64_t left = c->size - c->got;
+    if (left == 0) {
+      end_frame(c);
+      continue;
+    }
+    if (avail > 0) {
+      uint64_t n = std::min<uint64_t>(avail, left);
+      if (c->dest != nullptr) std::memcpy(c->dest + c->got, c->stage.get() + c->stage_pos, n);
+      c->stage_pos += n;
+      c->got += n;
+      continue;
+    }
+    c->stage_pos = c->stage_len = 0;
+    ssize_t n;
+    if (c->dest != nullptr && left >= kDirect) {
+      n = read_some(c, c->dest + c->got, std::min(left, budget));
+      if (n > 0) c->got += static_cast<uint64_t>(n);
+    } else {
+      n = read_some(c, c->stage.get(), RecvComm::kStage);
+      if (n > 0) c->stage_len = static_cast<size_t>(n);
+    }
+    if (n <= 0) return;
+    budget -= std::min<uint64_t>(budget, static_cast<uint64_t>(n));
+  }
+}
+
+template <class Comm>
+void release(Comm* c, Request* r) {
+  r->magic = 0;
+  c->reqs.put(r);
+}
+
+template <class Comm>
+Request* new_request(Comm* c, Kind kind, void* data, size_t size, uint64_t tag) {
+  Request* r = c->reqs.get();
+  if (r == nullptr) return nullptr;
+  r->magic = kReqMagic;
+  r->kind = kind;
+  r->result = MESHCCL_T_SUCCESS;
+  r->comm = c;
+  r->tag = tag;
+  r->data = static_cast<unsigned char*>(data);
+  r->size = size;
+  return r;
+}
+
+template <class Comm>
+meshccl_tresult_t finish_test(Comm* c, Request* r, int* done, size_t* size, uint64_t bytes) {
+  meshccl_tresult_t result = r->result;
+  *done = 1;
+  if (size != nullptr) *size = result == MESHCCL_T_SUCCESS ? bytes : 0;
+  release(c, r);
+  return result;
+}
+
+}  // namespace
+
+meshccl_tresult_t send_post(SendComm* c, const void* data, size_t size, uint64_t tag, void** request) {
+  if (c->broken != MESHCCL_T_SUCCESS) return c->broken;
+  Request* r = new_request(c, Kind::kSend, const_cast<void*>(data), size, tag);
+  if (r == nullptr) return MESHCCL_T_SYSTEM_ERROR;
+  r->state = State::kQueued;
+  r->done = 0;
+  r->hdr = FrameHdr{tag, size};
+  c->queue.push_back(r);
+  send_progress(c);
+  *request = r;
+  return MESHCCL_T_SUCCESS;
+}
+
+meshccl_tresult_t send_test(Request* r, int* done, size_t* size) {
+  auto* c = static_cast<SendComm*>(r->comm);
+  if (r->state != State::kDone) send_progress(c);
+  if (r->state != State::kDone) {
+    *done = 0;
+    return MESHCCL_T_SUCCESS;
+  }
+  return finish_test(c, r, done, size, r->size);
+}
+
+meshccl_tresult_t recv_post(RecvComm* c, void* data, size_t size, uint64_t tag, void** request) {
+  recv_progress(c);
+  Request* r = new_request(c, Kind::kRecv, data, size, tag);
+  if (r == nullptr) return MESHCCL_T_SYSTEM_ERROR;
+  if (Unexpected* u = c->unexpected.take_tag(tag)) {
+    if (u->size > size) {
+      warn_trunc(c, u->size, r);
+      finish(r, MESHCCL_T_INVALID_USAGE);
+      if (u == c->cur_unex) {  // still arriving: drop the rest as it comes
+        c->cur_unex = nullptr;
+        c->dest = nullptr;
+      }
+    } else if (u->complete) {
+      if (u->size != 0) std::memcpy(r->data, u->buf.ptr, u->size);
+      r->nbytes = u->size;
+      finish(r, MESHCCL_T_SUCCESS);
+    } else {
+      // Still arriving: move what is here and let the rest land in place.
+      if (c->got != 0) std::memcpy(r->data, u->buf.ptr, c->got);
+      r->state = State::kActive;
+      c->cur_unex = nullptr;
+      c->cur_req = r;
+      c->dest = r->data;
+    }
+    c->bufs.put(u->buf);
+    c->unex.put(u);
+  } else if (c->peer_gone != MESHCCL_T_SUCCESS) {
+    release(c, r);
+    MPLUG_WARN(c->ctx->host, "socket: receive (tag %" PRIu64 ") posted after %s went away", tag, c->peer.c_str());
+    return c->peer_gone;
+  } else {
+    r->state = State::kPosted;
+    c->posted.push_back(r);
+  }
+  *request = r;
+  return MESHCCL_T_SUCCESS;
+}
+
+meshccl_tresult_t recv_test(Request* r, int* done, size_t* size) {
+  auto* c = static_cast<RecvComm*>(r->comm);
+  if (r->state != State::kDone) recv_progress(c);
+  if (r->state != State::kDone) {
+    *done = 0;
+    return MESHCCL_T_SUCCESS;
+  }
+  return finish_test(c, r, done, size, r->nbytes);
+}
+
+}  // namespace meshccl::plugin::socket
