@@ -13,6 +13,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "options.h"
@@ -305,7 +306,8 @@ TEST(Meshrun, RankKilledBySignalGives128PlusSignal) {
 
 TEST(Meshrun, RanksIgnoringSigtermAreKilledAfterTheGracePeriod) {
   ScratchDir dir;
-  Result r = run({"--timeout", "0.5", "-n", "2", g_helper, "ignore-term", dir.path()},
+  // The timeout leaves the ranks ample time to start, even on a loaded machine.
+  Result r = run({"--timeout", "1.5", "-n", "2", g_helper, "ignore-term", dir.path()},
                  {"MESHCCL_KILL_GRACE=0.5"});
   EXPECT_EQ(r.status, 124);
   EXPECT_EQ(dir.count("pid"), 2);
@@ -315,7 +317,7 @@ TEST(Meshrun, RanksIgnoringSigtermAreKilledAfterTheGracePeriod) {
 
 TEST(Meshrun, TimeoutKillsTheJob) {
   ScratchDir dir;
-  Result r = run({"--timeout", "1", "-n", "3", g_helper, "sleep", "30", dir.path()});
+  Result r = run({"--timeout", "2", "-n", "3", g_helper, "sleep", "30", dir.path()});
   EXPECT_EQ(r.status, 124);
   EXPECT_NE(r.err.find("timeout"), std::string::npos) << r.err;
   EXPECT_EQ(dir.count("pid"), 3);
@@ -341,6 +343,35 @@ TEST(Meshrun, ForwardsSigintAndSigterm) {
     EXPECT_EQ(dir.count("done"), 0);
     expect_all_gone(dir);
   }
+}
+
+bool signal_pending(pid_t pid, int sig) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("ShdPnd:", 0) != 0) continue;
+    unsigned long long mask = std::stoull(line.substr(7), nullptr, 16);
+    return (mask >> (sig - 1)) & 1;
+  }
+  return false;
+}
+
+TEST(Meshrun, SecondSignalKillsAtOnce) {
+  ScratchDir dir;
+  // The grace period outlasts the ranks' sleep: only the second signal can
+  // stop them before they finish.
+  Meshrun m({"-n", "2", g_helper, "ignore-term", dir.path()}, {"MESHCCL_KILL_GRACE=100"});
+  ASSERT_TRUE(dir.wait_for("pid", 2));
+  ::kill(m.pid(), SIGTERM);
+  // Two pending SIGTERMs merge into one: send the second only once meshrun has
+  // taken the first (it leaves the process's pending set, ShdPnd).
+  for (int i = 0; i < 2000 && signal_pending(m.pid(), SIGTERM); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ::kill(m.pid(), SIGTERM);
+  Result r = m.wait();
+  EXPECT_EQ(r.status, 128 + SIGTERM);
+  EXPECT_EQ(dir.count("done"), 0);
+  expect_all_gone(dir);
 }
 
 TEST(Meshrun, RanksReceiveTheForwardedSignal) {
@@ -369,7 +400,7 @@ TEST(Meshrun, ChildrenOfRanksDieWithTheJob) {
   // A grandchild that left the rank's process group (setsid) is still reached.
   for (const char* how : {"sleep", "setsid"}) {
     ScratchDir dir;
-    Result r = run({"--timeout", "1", "-n", "2", g_helper, "orphan", how, dir.path()});
+    Result r = run({"--timeout", "2", "-n", "2", g_helper, "orphan", how, dir.path()});
     EXPECT_EQ(r.status, 124) << how;
     EXPECT_EQ(dir.count("child"), 2) << how;
     EXPECT_EQ(dir.count("child-done") + dir.count("done"), 0) << how;
