@@ -609,6 +609,11 @@ int Job::run() {
 }  // namespace meshrun
 
 int main(int argc, char** argv) {
+  // With stdin, stdout or stderr closed, the descriptors meshrun opens would
+  // take their numbers and be handed to the ranks as such.
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) < 0 && ::open("/dev/null", O_RDWR) < 0) return 1;
+  }
   meshrun::Options opt;
   std::string err = meshrun::parse_options(argc, argv, &opt);
   if (!err.empty()) {
