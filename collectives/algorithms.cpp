@@ -1,0 +1,33 @@
+#include "collectives/algorithms.h"
+
+namespace meshccl {
+
+const std::vector<Algorithm>& algorithm_table() {
+  static const std::vector<Algorithm> table = {
+      {"ring", OpKind::AllReduce, build_ring_allreduce},
+      {"ring", OpKind::AllGather, build_ring_allgather},
+      {"ring", OpKind::ReduceScatter, build_ring_reduce_scatter},
+      {"chain", OpKind::Broadcast, build_chain_broadcast},
+      {"chain", OpKind::Reduce, build_chain_reduce},
+      {"pairwise", OpKind::AlltoAll, build_pairwise_alltoall},
+      {"direct", OpKind::Gather, build_direct_gather},
+      {"direct", OpKind::Scatter, build_direct_scatter},
+      {"p2p", OpKind::Send, build_p2p},
+      {"p2p", OpKind::Recv, build_p2p},
+  };
+  return table;
+}
+
+namespace detail {
+size_t chunk_elems(const OpDesc& op, size_t largest_piece, int phases) {
+  size_t es = op.elem();
+  size_t ce = op.chunk_bytes / es;
+  if (ce == 0) ce = 1;
+  // Tags are 24 bits: phases * chunks must stay below 2^23.
+  const size_t max_chunks = (size_t{1} << 23) / static_cast<size_t>(phases > 0 ? phases : 1);
+  if (largest_piece / ce >= max_chunks) ce = largest_piece / max_chunks + 1;
+  return ce;
+}
+}  // namespace detail
+
+}  // namespace meshccl

@@ -1,0 +1,34 @@
+// Pipelined chain broadcast: root -> root+1 -> ... -> root-1, chunk by chunk,
+// so every link carries the data once and the chain fills like a pipeline.
+#include <algorithm>
+
+#include "collectives/algorithms.h"
+
+namespace meshccl {
+
+using detail::at;
+
+Status build_chain_broadcast(const OpDesc& op, Plan* plan) {
+  const int n = op.nranks;
+  const size_t es = op.elem(), bytes = op.count * es;
+  plan->algorithm = "chain";
+  const int pos = (op.rank - op.root + n) % n;
+  const int prev = (op.rank + n - 1) % n, next = (op.rank + 1) % n;
+  if (pos == 0) plan->copy(op.recvbuff, op.sendbuff, bytes);  // no-op in place
+  if (n == 1 || bytes == 0) return kOk;
+  const size_t ce = detail::chunk_elems(op, op.count, 1);
+  const size_t nchunks = (op.count + ce - 1) / ce;
+  for (size_t c = 0; c < nchunks; ++c) {
+    const size_t lo = c * ce, len = (std::min(op.count, lo + ce) - lo) * es;
+    const uint32_t tag = static_cast<uint32_t>(c);
+    if (pos == 0) {
+      plan->send(next, tag, at(op.sendbuff, lo, es), len);
+      continue;
+    }
+    Plan::StepId got = plan->recv(prev, tag, at(op.recvbuff, lo, es), len);
+    if (pos < n - 1) plan->send(next, tag, at(static_cast<const void*>(op.recvbuff), lo, es), len, {got});
+  }
+  return kOk;
+}
+
+}  // namespace meshccl

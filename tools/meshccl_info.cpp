@@ -1,0 +1,38 @@
+// meshccl_info: version, build features, transports and every setting with its
+// current value.
+#include <cstdio>
+#include <string>
+
+#include "meshccl.h"
+#include "meshccl_config.h"
+#include "collectives/kernels/reduce.h"
+#include "transport/registry.h"
+#include "util/param.h"
+
+int main(int argc, char** argv) {
+  if (argc > 1 && (std::string(argv[1]) == "-h" || std::string(argv[1]) == "--help")) {
+    std::printf("usage: meshccl_info\nPrints the meshccl version, build features, transports and settings.\n");
+    return 0;
+  }
+  int v = 0;
+  ncclGetVersion(&v);
+  std::printf("meshccl %s (NCCL API %d.%d.%d, version code %d)\n\n", MESHCCL_VERSION_STRING, NCCL_MAJOR, NCCL_MINOR,
+              NCCL_PATCH, v);
+  std::printf("Build features\n");
+  std::printf("  %-10s %s\n", "cuda", MESHCCL_HAVE_CUDA ? "yes" : "no");
+  std::printf("  %-10s %s\n", "hwloc", MESHCCL_HAVE_HWLOC ? "yes" : "no");
+  std::printf("  %-10s %s\n", "ucx", MESHCCL_HAVE_UCX ? "yes" : "no");
+  std::printf("  %-10s %s\n", "ofi", MESHCCL_HAVE_OFI ? "yes" : "no");
+  std::printf("  %-10s %s\n\n", "kernels", meshccl::kernels::isa_name());
+  std::printf("Transports\n");
+  for (const std::string& t : meshccl::available_transports()) std::printf("  %s\n", t.c_str());
+  std::printf("\nSettings (environment value, else default)\n");
+  for (const meshccl::ParamInfo& p : meshccl::all_params()) {
+    const char* env = std::getenv(p.name);
+    if (env == nullptr && p.alias) env = std::getenv(p.alias);
+    std::printf("  %s=%s%s\n", p.name, env ? env : p.default_value, env ? "  (set)" : "");
+    if (p.alias) std::printf("      alias %s\n", p.alias);
+    std::printf("      %s\n", p.help);
+  }
+  return 0;
+}

@@ -1,0 +1,436 @@
+// Entry points for communicator life and queries.
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "api/export.h"
+#include "api/group.h"
+#include "api/validate.h"
+#include "comm/comm.h"
+#include "comm/unique_id.h"
+#include "util/log.h"
+#include "util/wait.h"
+
+using namespace meshccl;
+
+namespace {
+
+// Keeps a communicator from being freed while this thread is inside it.
+struct UseGuard {
+  ncclComm* c;
+  explicit UseGuard(ncclComm* comm) : c(comm) { ++c->users; }
+  ~UseGuard() { --c->users; }
+};
+
+Status new_comm(const char* fn, ncclComm** out, int nranks, int rank, const ncclConfig_t* config) {
+  if (out == nullptr) return MC_ERROR(ncclInvalidArgument, "%s : comm argument is NULL", fn);
+  *out = nullptr;
+  if (nranks < 1) return MC_ERROR(ncclInvalidArgument, "%s : invalid nranks %d", fn, nranks);
+  if (rank < 0 || rank >= nranks) return MC_ERROR(ncclInvalidArgument, "%s : invalid rank %d (nranks %d)", fn, rank, nranks);
+  CommConfig cfg;
+  MC_TRY(parse_config(config, &cfg, nullptr));
+  auto* c = new ncclComm();
+  c->config = cfg;
+  c->rank = rank;
+  c->nranks = nranks;
+  comm_register(c);
+  *out = c;
+  return kOk;
+}
+
+void drop_comm(ncclComm* c) {
+  comm_unregister(c);
+  comm_free(c);
+}
+
+// Runs body now (blocking comm) or on the comm's async thread (non-blocking:
+// returns ncclInProgress; ncclCommGetAsyncError reports the outcome).
+template <typename F>
+Status run_maybe_async(ncclComm* c, F body) {
+  if (c->config.blocking) {
+    Status s = body();
+    c->async_error.store(s.code());
+    return s;
+  }
+  c->async_error.store(ncclInProgress);
+  if (c->async_thread.joinable()) c->async_thread.join();
+  c->async_thread = std::thread([c, body] {
+    Status s = body();
+    if (!s.ok()) c->state.store(ncclComm::State::Failed);
+    c->async_error.store(s.code());
+  });
+  return Status(ncclInProgress);
+}
+
+Status init_rank_config(ncclComm** comm, int nranks, const ncclUniqueId& id, int rank, const ncclConfig_t* config) {
+  ncclComm* c = nullptr;
+  MC_TRY(new_comm("ncclCommInitRankConfig", &c, nranks, rank, config));
+  *comm = c;
+  if (in_group()) {
+    c->async_error.store(ncclInProgress);
+    group_record_init(PendingInit{c, nranks, id, rank});
+    return kOk;
+  }
+  Status s = run_maybe_async(c, [c, nranks, id, rank] { return comm_init_rank(c, nranks, id, rank); });
+  if (!s.ok() && s.code() != ncclInProgress) {
+    drop_comm(c);
+    *comm = nullptr;
+  }
+  return s;
+}
+
+}  // namespace
+
+MESHCCL_EXPORT ncclResult_t pncclGetUniqueId(ncclUniqueId* id) {
+  return api_guard("ncclGetUniqueId", [&]() -> Status {
+    if (id == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclGetUniqueId : uniqueId is NULL");
+    return id_create(id);
+  });
+}
+
+MESHCCL_EXPORT ncclResult_t pncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
+                                                   ncclConfig_t* config) {
+  return api_guard("ncclCommInitRankConfig", [&] { return init_rank_config(comm, nranks, commId, rank, config); });
+}
+
+MESHCCL_EXPORT ncclResult_t pncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
+  return api_guard("ncclCommInitRank", [&] { return init_rank_config(comm, nranks, commId, rank, nullptr); });
+}
+
+MESHCCL_EXPORT ncclResult_t pncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
+                                                     ncclUniqueId* commIds, ncclConfig_t* config) {
+  return api_guard("ncclCommInitRankScalable", [&]() -> Status {
+    if (nId < 1 || commIds == nullptr)
+      return MC_ERROR(ncclInvalidArgument, "ncclCommInitRankScalable : need at least one id (nId %d)", nId);
+    // One rendezvous is enough at the scales meshccl targets: every rank uses
+    // the first id, which all ranks hold.
+    return init_rank_config(newcomm, nranks, commIds[0], myrank, config);
+  });
+}
+
+MESHCCL_EXPORT ncclResult_t pncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
+  return api_guard("ncclCommInitAll", [&]() -> Status {
+    if (comms == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclCommInitAll : comms is NULL");
+    if (ndev < 1) return MC_ERROR(ncclInvalidArgument, "ncclCommInitAll : invalid ndev %d", ndev);
+    if (devlist != nullptr)
+      for (int i = 0; i < ndev; ++i)
+        if (devlist[i] < 0) return MC_ERROR(ncclInvalidArgument, "ncclCommInitAll : invalid device %d", devlist[i]);
+    ncclUniqueId id;
+    MC_TRY(id_create(&id));
+    std::vector<ncclComm*> cs(ndev, nullptr);
+    for (int i = 0; i < ndev; ++i) {
+      Status s = new_comm("ncclCommInitAll", &cs[i], ndev, i, nullptr);
+      if (!s.ok()) {
+        for (ncclComm* c : cs)
+          if (c) drop_comm(c);
+        return s;
+      }
+    }
+    std::vector<Status> results(ndev);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < ndev; ++i)
+      threads.emplace_back([&, i] { results[i] = comm_init_rank(cs[i], ndev, id, i); });
+    for (auto& t : threads) t.join();
+    for (int i = 0; i < ndev; ++i) {
+      if (!results[i].ok()) {
+        for (ncclComm* c : cs) drop_comm(c);
+        for (int j = 0; j < ndev; ++j) comms[j] = nullptr;
+        return results[i];
+      }
+    }
+    for (int i = 0; i < ndev; ++i) {
+      cs[i]->async_error.store(ncclSuccess);
+      cs[i]->cuda_dev = devlist ? devlist[i] : -1;
+      comms[i] = cs[i];
+    }
+    return kOk;
+  });
+}
+
+MESHCCL_EXPORT ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+                                          ncclConfig_t* config) {
+  return api_guard("ncclCommSplit", [&]() -> Status {
+    if (newcomm == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclCommSplit : newcomm is NULL");
+    *newcomm = nullptr;
+    MC_TRY(check_comm("ncclCommSplit", comm));
+    UseGuard use(comm);
+    CommConfig cfg;
+    MC_TRY(parse_config(config, &cfg, &comm->config));
+    ncclComm* child = nullptr;
+    if (color >= 0) {
+      child = new ncclComm();
+      child->config = cfg;
+      comm_register(child);
+      child->async_error.store(ncclInProgress);
+    }
+    *newcomm = child;
+    auto body = [comm, color, key, child]() -> Status {
+      Status s = comm_split(comm, color, key, child);
+      if (child) {
+        if (!s.ok()) child->state.store(ncclComm::State::Failed);
+        child->async_error.store(s.code());
+      }
+      return s;
+    };
+    if (comm->config.blocking) {
+      Status s = body();
+      if (!s.ok() && child) {
+        drop_comm(child);
+        *newcomm = nullptr;
+      }
+      return s;
+    }
+    // Non-blocking: the parent reports progress; the child's own state too.
+    comm->async_error.store(ncclInProgress);
+    if (comm->async_thread.joinable()) comm->async_thread.join();
+    ++comm->users;
+    comm->async_thread = std::thread([comm, body] {
+      Status s = body();
+      comm->async_error.store(s.code());
+      --comm->users;
+    });
+    return Status(ncclInProgress);
+  });
+}
+
+MESHCCL_EXPORT ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
+                                           ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
+  (void)config;
+  return api_guard("ncclCommShrink", [&]() -> Status {
+    MC_TRY(check_comm_handle("ncclCommShrink", comm));
+    if (newcomm == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclCommShrink : newcomm is NULL");
+    if (excludeRanksCount < 0 || (excludeRanksCount > 0 && excludeRanksList == nullptr))
+      return MC_ERROR(ncclInvalidArgument, "ncclCommShrink : invalid exclude list");
+    if (shrinkFlags != NCCL_SHRINK_DEFAULT && shrinkFlags != NCCL_SHRINK_ABORT)
+      return MC_ERROR(ncclInvalidArgument, "ncclCommShrink : invalid flags 0x%x", shrinkFlags);
+    return MC_ERROR(ncclInvalidUsage, "ncclCommShrink : not supported by meshccl yet; use ncclCommSplit on a healthy communicator");
+  });
+}
+
+MESHCCL_EXPORT ncclResult_t pncclCommFinalize(ncclComm_t comm) {
+  return api_guard("ncclCommFinalize", [&]() -> Status {
+    MC_TRY(check_comm("ncclCommFinalize", comm));
+    ++comm->users;
+    Status s = run_maybe_async(comm, [comm] {
+      Status r = comm_finalize(comm);
+      --comm->users;
+      return r;
+    });
+    return s;
+  });
+}
+
+namespace {
+Status teardown(const char* fn, ncclComm* comm, bool abort) {
+  if (comm == nullptr) return kOk;
+  if (!comm_is_live(comm)) return MC_ERROR(ncclInvalidArgument, "%s : comm %p has already been destroyed", fn, static_cast<void*>(comm));
+  if (abort) comm->abort_flag.store(true);
+  if (comm->async_thread.joinable()) comm->async_thread.join();
+  if (!abort && comm->engine) {
+    // Implicit finalize (local part): let enqueued work finish.
+    Backoff backoff;
+    Deadline dl = Deadline::from_timeout_param();
+    while (comm->pending_ops.load() > 0 && !dl.expired()) comm->engine->progress() ? backoff.progress() : backoff.idle();
+    if (comm->pending_ops.load() > 0) comm->abort_flag.store(true);
+  }
+  comm_unregister(comm);
+  Backoff backoff;
+  while (comm->users.load() > 0) backoff.idle();  // callers notice the abort flag promptly
+  MC_INFO(kInit, "comm %p rank %d nranks %d - %s COMPLETE", static_cast<void*>(comm), comm->rank, comm->nranks,
+          abort ? "Abort" : "Destroy");
+  comm_free(comm);
+  return kOk;
+}
+}  // namespace
+
+MESHCCL_EXPORT ncclResult_t pncclCommDestroy(ncclComm_t comm) {
+  return api_guard("ncclCommDestroy", [&] { return teardown("ncclCommDestroy", comm, false); });
+}
+
+MESHCCL_EXPORT ncclResult_t pncclCommAbort(ncclComm_t comm) {
+  return api_guard("ncclCommAbort", [&] { return teardown("ncclCommAbort", comm, true); });
+}
+
+MESHCCL_EXPORT ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags) {
+  return api_guard("ncclCommRevoke", [&]() -> Status {
+    MC_TRY(check_comm_handle("ncclCommRevoke", comm));
+    if (revokeFlags != NCCL_REVOKE_DEFAULT)
+      return MC_ERROR(ncclInvalidArgument, "ncclCommRevoke : revokeFlags must be 0 (got %d)", revokeFlags);
+    comm->abort_flag.store(true);  // in-flight waits end; new collectives see the comm as failed
+    Backoff backoff;
+    Deadline dl = Deadline::from_timeout_param();
+    while (comm->pending_ops.load() > 0 && !dl.expired()) backoff.idle();
+    comm->async_error.store(ncclInvalidUsage);
+    set_last_error("communicator was revoked");
+    return kOk;
+  });
+}
+
+MESHCCL_EXPORT ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
+  return api_guard("ncclCommGetAsyncError", [&]() -> Status {
+    MC_TRY(check_comm_handle("ncclCommGetAsyncError", comm));
+    if (asyncError == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclCommGetAsyncError : asyncError is NULL");
+    ncclResult_t e = static_cast<ncclResult_t>(comm->async_error.load());
+    if (e == ncclSuccess && comm->engine) e = comm->engine->fatal().code();
+    *asyncError = e;
+    return kOk;
+  });
+}
+
+MESHCCL_EXPORT ncclResult_t pncclCommCount(const ncclComm_t comm, int* count) {
+  return api_guard("ncclCommCount", [&]() -> Status {
+    MC_TRY(check_comm_handle("ncclCommCount", comm));
+    if (count == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclCommCount : count is NULL");
+    *count = comm->nranks;
+    return kOk;
+  });
+}
+
+MESHCCL_EXPORT ncclResult_t pncclCommCuDevice(const ncclComm_t comm, int* device) {
+  return api_guard("ncclCommCuDevice", [&]() -> Status {
+    MC_TRY(check_comm_handle("ncclCommCuDevice", comm));
+    if (device == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclCommCuDevice : device is NULL");
+    *device = comm->cuda_dev;
+    return kOk;
+  });
+}
+
+MESHCCL_EXPORT ncclResult_t pncclCommUserRank(const ncclComm_t comm, int* rank) {
+  return api_guard("ncclCommUserRank", [&]() -> Status {
+    MC_TRY(check_comm_handle("ncclCommUserRank", comm));
+    if (rank == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclCommUserRank : rank is NULL");
+    *rank = comm->rank;
+    return kOk;
+  });
+}
+
+namespace {
+struct Registration {
+  uint32_t magic = 0x52454749;  // "REGI"
+  ncclComm* comm;
+  void* buff;
+  size_t size;
+};
+}  // namespace
+
+MESHCCL_EXPORT ncclResult_t pncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void** handle) {
+  return api_guard("ncclCommRegister", [&]() -> Status {
+    MC_TRY(check_comm("ncclCommRegister", comm));
+    if (handle == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclCommRegister : handle is NULL");
+    if (buff == nullptr && size > 0) return MC_ERROR(ncclInvalidArgument, "ncclCommRegister : buff is NULL");
+    // Host buffers need no pinning; shareable ones (ncclMemAlloc) are found
+    // by the transports on their own. The handle records the range.
+    *handle = new Registration{0x52454749, comm, buff, size};
+    return kOk;
+  });
+}
+
+MESHCCL_EXPORT ncclResult_t pncclCommDeregister(const ncclComm_t comm, void* handle) {
+  return api_guard("ncclCommDeregister", [&]() -> Status {
+    MC_TRY(check_comm_handle("ncclCommDeregister", comm));
+    auto* r = static_cast<Registration*>(handle);
+    if (r == nullptr || r->magic != 0x52454749 || r->comm != comm)
+      return MC_ERROR(ncclInvalidArgument, "ncclCommDeregister : handle %p was not registered with comm %p", handle,
+                      static_cast<void*>(comm));
+    r->magic = 0;
+    delete r;
+    return kOk;
+  });
+}
+
+struct ncclWindow_vidmem {
+  uint32_t magic;
+  ncclComm* comm;
+  void* buff;
+  size_t size;
+  int flags;
+};
+
+MESHCCL_EXPORT ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win,
+                                                   int winFlags) {
+  return api_guard("ncclCommWindowRegister", [&]() -> Status {
+    MC_TRY(check_comm("ncclCommWindowRegister", comm));
+    if (win == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclCommWindowRegister : win is NULL");
+    if (buff == nullptr || size == 0) return MC_ERROR(ncclInvalidArgument, "ncclCommWindowRegister : empty buffer");
+    if (reinterpret_cast<uintptr_t>(buff) % NCCL_WIN_REQUIRED_ALIGNMENT != 0)
+      return MC_ERROR(ncclInvalidArgument, "ncclCommWindowRegister : buffer %p is not %d-byte aligned (use ncclMemAlloc)",
+                      buff, NCCL_WIN_REQUIRED_ALIGNMENT);
+    if (winFlags & ~NCCL_WIN_COLL_SYMMETRIC)
+      return MC_ERROR(ncclInvalidArgument, "ncclCommWindowRegister : invalid flags 0x%x", winFlags);
+    *win = new ncclWindow_vidmem{0x57494e44, comm, buff, size, winFlags};
+    return kOk;
+  });
+}
+
+MESHCCL_EXPORT ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
+  return api_guard("ncclCommWindowDeregister", [&]() -> Status {
+    MC_TRY(check_comm_handle("ncclCommWindowDeregister", comm));
+    if (win == nullptr || win->magic != 0x57494e44 || win->comm != comm)
+      return MC_ERROR(ncclInvalidArgument, "ncclCommWindowDeregister : window %p does not belong to comm %p",
+                      static_cast<void*>(win), static_cast<void*>(comm));
+    win->magic = 0;
+    delete win;
+    return kOk;
+  });
+}
+
+MESHCCL_EXPORT ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
+                                                     ncclScalarResidence_t residence, ncclComm_t comm) {
+  return api_guard("ncclRedOpCreatePreMulSum", [&]() -> Status {
+    MC_TRY(check_comm_handle("ncclRedOpCreatePreMulSum", comm));
+    if (op == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclRedOpCreatePreMulSum : op is NULL");
+    if (scalar == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclRedOpCreatePreMulSum : scalar is NULL");
+    MC_TRY(check_dtype("ncclRedOpCreatePreMulSum", datatype));
+    if (residence != ncclScalarDevice && residence != ncclScalarHostImmediate)
+      return MC_ERROR(ncclInvalidArgument, "ncclRedOpCreatePreMulSum : invalid residence %d", static_cast<int>(residence));
+    std::lock_guard<std::mutex> lock(comm->ops_mu);
+    size_t idx = 0;
+    while (idx < comm->dyn_ops.size() && comm->dyn_ops[idx].in_use) ++idx;
+    if (idx == comm->dyn_ops.size()) comm->dyn_ops.emplace_back();
+    DynamicOp& d = comm->dyn_ops[idx];
+    d = DynamicOp{};
+    d.in_use = true;
+    d.dtype = datatype;
+    d.residence = residence;
+    if (residence == ncclScalarHostImmediate) std::memcpy(d.value, scalar, kernels::dtype_size(datatype));
+    else d.ptr = scalar;
+    *op = static_cast<ncclRedOp_t>(static_cast<int>(ncclNumOps) + static_cast<int>(idx));
+    return kOk;
+  });
+}
+
+MESHCCL_EXPORT ncclResult_t pncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
+  return api_guard("ncclRedOpDestroy", [&]() -> Status {
+    MC_TRY(check_comm_handle("ncclRedOpDestroy", comm));
+    if (static_cast<int>(op) < static_cast<int>(ncclNumOps))
+      return MC_ERROR(ncclInvalidArgument, "ncclRedOpDestroy : operation %d is built in and cannot be destroyed", static_cast<int>(op));
+    std::lock_guard<std::mutex> lock(comm->ops_mu);
+    size_t idx = static_cast<size_t>(op) - ncclNumOps;
+    if (idx >= comm->dyn_ops.size() || !comm->dyn_ops[idx].in_use)
+      return MC_ERROR(ncclInvalidArgument, "ncclRedOpDestroy : operation %d is unknown to this communicator", static_cast<int>(op));
+    comm->dyn_ops[idx].in_use = false;
+    return kOk;
+  });
+}
+
+MESHCCL_WEAK_ALIAS(ncclGetUniqueId)
+MESHCCL_WEAK_ALIAS(ncclCommInitRankConfig)
+MESHCCL_WEAK_ALIAS(ncclCommInitRank)
+MESHCCL_WEAK_ALIAS(ncclCommInitRankScalable)
+MESHCCL_WEAK_ALIAS(ncclCommInitAll)
+MESHCCL_WEAK_ALIAS(ncclCommSplit)
+MESHCCL_WEAK_ALIAS(ncclCommShrink)
+MESHCCL_WEAK_ALIAS(ncclCommFinalize)
+MESHCCL_WEAK_ALIAS(ncclCommDestroy)
+MESHCCL_WEAK_ALIAS(ncclCommAbort)
+MESHCCL_WEAK_ALIAS(ncclCommRevoke)
+MESHCCL_WEAK_ALIAS(ncclCommGetAsyncError)
+MESHCCL_WEAK_ALIAS(ncclCommCount)
+MESHCCL_WEAK_ALIAS(ncclCommCuDevice)
+MESHCCL_WEAK_ALIAS(ncclCommUserRank)
+MESHCCL_WEAK_ALIAS(ncclCommRegister)
+MESHCCL_WEAK_ALIAS(ncclCommDeregister)
+MESHCCL_WEAK_ALIAS(ncclCommWindowRegister)
+MESHCCL_WEAK_ALIAS(ncclCommWindowDeregister)
+MESHCCL_WEAK_ALIAS(ncclRedOpCreatePreMulSum)
+MESHCCL_WEAK_ALIAS(ncclRedOpDestroy)

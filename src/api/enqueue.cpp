@@ -1,0 +1,43 @@
+#include "api/enqueue.h"
+
+#include "api/group.h"
+#include "api/validate.h"
+#include "sched/stream.h"
+#include "util/log.h"
+#include "util/param.h"
+
+namespace meshccl {
+
+namespace {
+constexpr uint64_t kP2PBit = uint64_t{1} << 63;
+constexpr int kStepBits = 24;
+constexpr uint64_t kSeqMask = (uint64_t{1} << 39) - 1;
+}  // namespace
+
+Status enqueue(ncclComm* comm, OpDesc& desc, cudaStream_t stream) {
+  meshcclStream* s = nullptr;
+  MC_TRY(resolve_stream(op_kind_name(desc.kind), stream, &s));
+  desc.rank = comm->rank;
+  desc.nranks = comm->nranks;
+  desc.chunk_bytes = static_cast<size_t>(param_int(Param::ChunkSize));
+  if (desc.chunk_bytes == 0) desc.chunk_bytes = 512 * 1024;
+  MC_TRACE(kColl, "%s: opCount %llu sendbuff %p recvbuff %p count %zu datatype %d root %d peer %d comm %p [nranks=%d] stream %p",
+           op_kind_name(desc.kind), static_cast<unsigned long long>(comm->coll_seq), desc.sendbuff, desc.recvbuff,
+           desc.count, static_cast<int>(desc.dtype), desc.root, desc.peer, static_cast<void*>(comm), comm->nranks,
+           static_cast<void*>(stream));
+  // Empty operations are dropped after the checks, on every rank alike.
+  if (desc.count == 0) return kOk;
+  uint64_t tag;
+  if (desc.kind == OpKind::Send) tag = kP2PBit | ((comm->send_seq[desc.peer]++ & kSeqMask) << kStepBits);
+  else if (desc.kind == OpKind::Recv) tag = kP2PBit | ((comm->recv_seq[desc.peer]++ & kSeqMask) << kStepBits);
+  else tag = (comm->coll_seq++ & kSeqMask) << kStepBits;
+  PendingOp op{comm, desc, s, tag};
+  if (in_group()) {
+    group_record(op);
+    return kOk;
+  }
+  std::vector<PendingOp> ops{op};
+  return launch(ops);
+}
+
+}  // namespace meshccl

@@ -1,0 +1,142 @@
+#include "comm/bootstrap.h"
+
+#include <cstring>
+
+#include "util/log.h"
+
+namespace meshccl {
+
+namespace {
+struct Greeting {
+  uint32_t magic;
+  uint8_t secret[kSecretBytes];
+  int32_t from;
+};
+struct Frame {
+  uint32_t tag;
+  uint32_t size;
+};
+constexpr uint32_t kMaxFrame = 1u << 30;
+}  // namespace
+
+Bootstrap::Bootstrap(int rank, int nranks, Socket listener, std::vector<SockAddr> peers,
+                     const uint8_t secret[kSecretBytes], AbortFlag abort)
+    : rank_(rank),
+      nranks_(nranks),
+      listener_(std::move(listener)),
+      peers_(std::move(peers)),
+      abort_(abort),
+      send_(nranks),
+      recv_(nranks) {
+  std::memcpy(secret_, secret, kSecretBytes);
+}
+
+Status Bootstrap::send_conn(int peer, const Socket** out) {
+  if (!send_[peer].valid()) {
+    Deadline dl = Deadline::from_timeout_param();
+    Socket s;
+    MC_TRY(socket_connect(peers_[peer], dl, abort_, &s));
+    Greeting g{kIdMagic, {}, rank_};
+    std::memcpy(g.secret, secret_, kSecretBytes);
+    MC_TRY(socket_send_all(s, &g, sizeof(g), dl, abort_));
+    send_[peer] = std::move(s);
+  }
+  *out = &send_[peer];
+  return kOk;
+}
+
+Status Bootstrap::recv_conn(int peer, const Socket** out, Deadline dl) {
+  while (!recv_[peer].valid()) {
+    Socket s;
+    Status st = socket_accept(listener_, dl, abort_, &s);
+    if (!st.ok())
+      return MC_ERROR(st.code(), "rank %d: bootstrap: rank %d never connected", rank_, peer);
+    Greeting g{};
+    if (!socket_recv_all(s, &g, sizeof(g), Deadline::after(10), abort_).ok() || g.magic != kIdMagic ||
+        std::memcmp(g.secret, secret_, kSecretBytes) != 0 || g.from < 0 || g.from >= nranks_ ||
+        recv_[g.from].valid()) {
+      MC_WARN("rank %d: bootstrap: refused a connection without this communicator's secret", rank_);
+      continue;
+    }
+    recv_[g.from] = std::move(s);
+  }
+  *out = &recv_[peer];
+  return kOk;
+}
+
+Status Bootstrap::send(int peer, uint32_t tag, const void* data, size_t size) {
+  if (peer < 0 || peer >= nranks_ || size > kMaxFrame)
+    return MC_ERROR(ncclInternalError, "bootstrap send: bad peer %d or size %zu", peer, size);
+  const Socket* s = nullptr;
+  MC_TRY(send_conn(peer, &s));
+  Deadline dl = Deadline::from_timeout_param();
+  Frame f{tag, static_cast<uint32_t>(size)};
+  MC_TRY(socket_send_all(*s, &f, sizeof(f), dl, abort_));
+  if (size > 0) MC_TRY(socket_send_all(*s, data, size, dl, abort_));
+  return kOk;
+}
+
+Status Bootstrap::recv(int peer, uint32_t tag, void* data, size_t size) {
+  if (peer < 0 || peer >= nranks_)
+    return MC_ERROR(ncclInternalError, "bootstrap recv: bad peer %d", peer);
+  auto key = std::make_pair(peer, tag);
+  auto it = unexpected_.find(key);
+  if (it != unexpected_.end() && !it->second.empty()) {
+    std::vector<char> msg = std::move(it->second.front());
+    it->second.pop_front();
+    if (msg.size() != size)
+      return MC_ERROR(ncclInvalidUsage, "bootstrap: rank %d sent %zu bytes, expected %zu (mismatched calls?)", peer, msg.size(), size);
+    std::memcpy(data, msg.data(), size);
+    return kOk;
+  }
+  Deadline dl = Deadline::from_timeout_param();
+  const Socket* s = nullptr;
+  MC_TRY(recv_conn(peer, &s, dl));
+  for (;;) {
+    Frame f{};
+    Status st = socket_recv_all(*s, &f, sizeof(f), dl, abort_);
+    if (!st.ok()) return MC_ERROR(st.code(), "rank %d: bootstrap: lost rank %d", rank_, peer);
+    if (f.size > kMaxFrame) return MC_ERROR(ncclRemoteError, "bootstrap: malformed frame from rank %d", peer);
+    if (f.tag == tag) {
+      if (f.size != size)
+        return MC_ERROR(ncclInvalidUsage, "bootstrap: rank %d sent %u bytes, expected %zu (mismatched calls?)", peer, f.size, size);
+      if (size > 0) MC_TRY(socket_recv_all(*s, data, size, dl, abort_));
+      return kOk;
+    }
+    std::vector<char> msg(f.size);
+    if (f.size > 0) MC_TRY(socket_recv_all(*s, msg.data(), f.size, dl, abort_));
+    unexpected_[std::make_pair(peer, f.tag)].push_back(std::move(msg));
+  }
+}
+
+Status Bootstrap::allgather(void* all, size_t block) {
+  uint32_t tag = collective_tag_++;
+  if (nranks_ == 1) return kOk;
+  char* base = static_cast<char*>(all);
+  int next = (rank_ + 1) % nranks_, prev = (rank_ + nranks_ - 1) % nranks_;
+  for (int step = 0; step < nranks_ - 1; ++step) {
+    int send_block = (rank_ - step + nranks_) % nranks_;
+    int recv_block = (rank_ - step - 1 + 2 * nranks_) % nranks_;
+    MC_TRY(send(next, tag, base + send_block * block, block));
+    MC_TRY(recv(prev, tag, base + recv_block * block, block));
+  }
+  return kOk;
+}
+
+Status Bootstrap::barrier() {
+  std::vector<char> bytes(nranks_);
+  return allgather(bytes.data(), 1);
+}
+
+bool Bootstrap::peer_closed(int peer) const {
+  if (peer < 0 || peer >= nranks_) return false;
+  return (recv_[peer].valid() && socket_peer_closed(recv_[peer]));
+}
+
+Status Bootstrap::new_listener(Socket* out, SockAddr* addr) const {
+  SockAddr at = peers_[rank_];
+  at.set_port(0);
+  return socket_listen(at, out, addr);
+}
+
+}  // namespace meshccl

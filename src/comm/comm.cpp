@@ -1,0 +1,120 @@
+#include "comm/comm.h"
+
+#include <cstring>
+#include <mutex>
+#include <unordered_set>
+
+#include "util/log.h"
+#include "util/param.h"
+
+using meshccl::Status;
+
+Status ncclComm::check_peers() {
+  for (int p = 0; p < nranks; ++p) {
+    if (p == rank) continue;
+    const meshccl::PeerInfo& info = peers[p];
+    if (info.machine_hash == peers[rank].machine_hash) {
+      if (!meshccl::pid_alive(info.pid))
+        return MC_ERROR(ncclRemoteError, "rank %d: peer rank %d (pid %d) has exited", rank, p, info.pid);
+    } else if (bootstrap && bootstrap->peer_closed(p)) {
+      return MC_ERROR(ncclRemoteError, "rank %d: lost the connection to rank %d on %s", rank, p, info.host_id);
+    }
+  }
+  return meshccl::kOk;
+}
+
+namespace meshccl {
+
+namespace {
+struct CommRegistry {
+  std::mutex mu;
+  std::unordered_set<const ncclComm*> live;
+};
+CommRegistry& registry() {
+  static CommRegistry* r = new CommRegistry();
+  return *r;
+}
+}  // namespace
+
+void comm_register(ncclComm* c) {
+  std::lock_guard<std::mutex> lock(registry().mu);
+  registry().live.insert(c);
+}
+
+void comm_unregister(ncclComm* c) {
+  std::lock_guard<std::mutex> lock(registry().mu);
+  registry().live.erase(c);
+}
+
+bool comm_is_live(const ncclComm* c) {
+  std::lock_guard<std::mutex> lock(registry().mu);
+  return registry().live.count(c) != 0;
+}
+
+Status parse_config(const ncclConfig_t* in, CommConfig* out, const CommConfig* inherit) {
+  *out = inherit ? *inherit : CommConfig{};
+  if (in != nullptr) {
+    if (in->magic != 0xcafebeef)
+      return MC_ERROR(ncclInvalidArgument, "ncclConfig_t was not initialized with NCCL_CONFIG_INITIALIZER (magic 0x%x)", in->magic);
+    // Copy only what the caller's header knew about; newer fields keep defaults.
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    size_t n = in->size < sizeof(cfg) ? in->size : sizeof(cfg);
+    if (n < offsetof(ncclConfig_t, blocking))
+      return MC_ERROR(ncclInvalidArgument, "ncclConfig_t size %zu is too small", in->size);
+    std::memcpy(&cfg, in, n);
+    unsigned v = cfg.version;
+    auto reset_int = [](int& f) { f = NCCL_CONFIG_UNDEF_INT; };
+    if (v < NCCL_VERSION(2, 14, 0)) reset_int(cfg.blocking);
+    if (v < NCCL_VERSION(2, 17, 0)) {
+      reset_int(cfg.cgaClusterSize);
+      reset_int(cfg.minCTAs);
+      reset_int(cfg.maxCTAs);
+      cfg.netName = nullptr;
+    }
+    if (v < NCCL_VERSION(2, 18, 0)) reset_int(cfg.splitShare);
+    if (v < NCCL_VERSION(2, 25, 0)) reset_int(cfg.trafficClass);
+    if (v < NCCL_VERSION(2, 27, 0)) {
+      cfg.commName = nullptr;
+      reset_int(cfg.collnetEnable);
+      reset_int(cfg.CTAPolicy);
+      reset_int(cfg.shrinkShare);
+      reset_int(cfg.nvlsCTAs);
+    }
+    if (v < NCCL_VERSION(2, 28, 0)) {
+      reset_int(cfg.nChannelsPerNetPeer);
+      reset_int(cfg.nvlinkCentricSched);
+    }
+    auto check01 = [](int f, const char* name) -> Status {
+      if (f != NCCL_CONFIG_UNDEF_INT && f != 0 && f != 1)
+        return MC_ERROR(ncclInvalidArgument, "ncclConfig_t.%s = %d is invalid (0 or 1)", name, f);
+      return kOk;
+    };
+    MC_TRY(check01(cfg.blocking, "blocking"));
+    MC_TRY(check01(cfg.splitShare, "splitShare"));
+    MC_TRY(check01(cfg.collnetEnable, "collnetEnable"));
+    MC_TRY(check01(cfg.shrinkShare, "shrinkShare"));
+    MC_TRY(check01(cfg.nvlinkCentricSched, "nvlinkCentricSched"));
+    if (cfg.cgaClusterSize != NCCL_CONFIG_UNDEF_INT && (cfg.cgaClusterSize < 0 || cfg.cgaClusterSize > 8))
+      return MC_ERROR(ncclInvalidArgument, "ncclConfig_t.cgaClusterSize = %d is invalid (0..8)", cfg.cgaClusterSize);
+    if (cfg.minCTAs != NCCL_CONFIG_UNDEF_INT && cfg.minCTAs <= 0)
+      return MC_ERROR(ncclInvalidArgument, "ncclConfig_t.minCTAs = %d is invalid (> 0)", cfg.minCTAs);
+    if (cfg.maxCTAs != NCCL_CONFIG_UNDEF_INT &&
+        (cfg.maxCTAs <= 0 || (cfg.minCTAs != NCCL_CONFIG_UNDEF_INT && cfg.maxCTAs < cfg.minCTAs)))
+      return MC_ERROR(ncclInvalidArgument, "ncclConfig_t.maxCTAs = %d is invalid (> 0 and >= minCTAs)", cfg.maxCTAs);
+    if (cfg.CTAPolicy != NCCL_CONFIG_UNDEF_INT && (cfg.CTAPolicy < 0 || cfg.CTAPolicy > 2))
+      return MC_ERROR(ncclInvalidArgument, "ncclConfig_t.CTAPolicy = %d is invalid (0..2)", cfg.CTAPolicy);
+    if (cfg.nChannelsPerNetPeer != NCCL_CONFIG_UNDEF_INT && (cfg.nChannelsPerNetPeer < 1 || cfg.nChannelsPerNetPeer > 64))
+      return MC_ERROR(ncclInvalidArgument, "ncclConfig_t.nChannelsPerNetPeer = %d is invalid (1..64)", cfg.nChannelsPerNetPeer);
+    if (cfg.nvlsCTAs != NCCL_CONFIG_UNDEF_INT && cfg.nvlsCTAs <= 0)
+      return MC_ERROR(ncclInvalidArgument, "ncclConfig_t.nvlsCTAs = %d is invalid (> 0)", cfg.nvlsCTAs);
+    if (cfg.blocking != NCCL_CONFIG_UNDEF_INT) out->blocking = cfg.blocking != 0;
+    if (cfg.splitShare != NCCL_CONFIG_UNDEF_INT) out->split_share = cfg.splitShare != 0;
+    if (cfg.commName != nullptr) out->name = cfg.commName;
+    if (cfg.netName != nullptr) out->net_name = cfg.netName;
+  }
+  const char* env = param_env(Param::CommBlocking);
+  if (env != nullptr && *env != '\0') out->blocking = std::atoi(env) != 0;
+  return kOk;
+}
+
+}  // namespace meshccl

@@ -1,0 +1,182 @@
+// Communicator life: init (rendezvous, bootstrap, connections), split,
+// finalize and free.
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "comm/comm.h"
+#include "meshccl_config.h"
+#include "util/log.h"
+#include "util/param.h"
+
+namespace meshccl {
+
+namespace {
+
+bool is_loopback(const SockAddr& a) {
+  if (a.ss.ss_family == AF_INET) {
+    auto* s = reinterpret_cast<const sockaddr_in*>(&a.ss);
+    return (ntohl(s->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (a.ss.ss_family == AF_INET6) {
+    auto* s = reinterpret_cast<const sockaddr_in6*>(&a.ss);
+    return IN6_IS_ADDR_LOOPBACK(&s->sin6_addr);
+  }
+  return false;
+}
+
+// Where this rank's bootstrap listens: next to the root when it is on
+// loopback (a one-host job), else the configured interface.
+Status bootstrap_listen_addr(const SockAddr& root, SockAddr* out) {
+  if (is_loopback(root)) {
+    *out = root;
+    out->set_port(0);
+    return kOk;
+  }
+  std::string ifname;
+  return pick_interface(out, &ifname);
+}
+
+void print_version_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (log_level() >= LogLevel::Version)
+      log_msg(LogLevel::Version, kInit, __FILE__, __LINE__, "NCCL version 2.28.9+meshccl-%s", MESHCCL_VERSION_STRING);
+  });
+}
+
+Status finish_setup(ncclComm* comm) {
+  MC_TRY(Mesh::connect_all(*comm->bootstrap, comm->peers, &comm->abort_flag, &comm->mesh));
+  comm->engine = std::make_unique<Engine>(comm->rank, comm->mesh.get(), &comm->abort_flag,
+                                          [comm] { return comm->check_peers(); });
+  comm->send_seq.assign(comm->nranks, 0);
+  comm->recv_seq.assign(comm->nranks, 0);
+  comm->state.store(ncclComm::State::Ready);
+  MC_INFO(kInit, "comm %p rank %d nranks %d host %s commId 0x%llx - Init COMPLETE", static_cast<void*>(comm),
+          comm->rank, comm->nranks, comm->peers[comm->rank].host_id,
+          static_cast<unsigned long long>(comm->comm_hash));
+  return kOk;
+}
+
+}  // namespace
+
+Status comm_init_rank(ncclComm* comm, int nranks, const ncclUniqueId& id, int rank) {
+  print_version_once();
+  IdContents c{};
+  SockAddr root;
+  MC_TRY(id_decode(id, &c, &root));
+  comm->rank = rank;
+  comm->nranks = nranks;
+  comm->comm_hash = hash64(c.secret, kSecretBytes);
+  MC_INFO(kInit, "ncclCommInitRank comm %p rank %d nranks %d - Init START", static_cast<void*>(comm), rank, nranks);
+  if ((c.flags & kIdFixedAddress) && rank == 0) {
+    SockAddr bound;
+    MC_TRY(root_start(root, c.secret, &bound));
+  }
+  SockAddr at, bound;
+  MC_TRY(bootstrap_listen_addr(root, &at));
+  Socket listener;
+  MC_TRY(socket_listen(at, &listener, &bound));
+  PeerInfo mine = local_peer_info();
+  mine.rank = rank;
+  std::memcpy(&mine.bootstrap_addr, &bound.ss, sizeof(bound.ss));
+  MC_TRY(root_exchange(root, c.secret, nranks, rank, mine, &comm->peers, &comm->abort_flag));
+  std::vector<SockAddr> addrs(nranks);
+  for (int r = 0; r < nranks; ++r) {
+    std::memcpy(&addrs[r].ss, &comm->peers[r].bootstrap_addr, sizeof(sockaddr_storage));
+    addrs[r].len = addrs[r].ss.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+  }
+  comm->bootstrap = std::make_unique<Bootstrap>(rank, nranks, std::move(listener), std::move(addrs), c.secret,
+                                                &comm->abort_flag);
+  return finish_setup(comm);
+}
+
+Status comm_split(ncclComm* parent, int color, int key, ncclComm* child) {
+  struct Entry {
+    int32_t color;
+    int32_t key;
+    int32_t valid;
+    int32_t pad;
+    sockaddr_storage addr;
+  };
+  const int n = parent->nranks;
+  std::vector<Entry> all(n);
+  Entry& me = all[parent->rank];
+  std::memset(&me, 0, sizeof(me));
+  me.color = color;
+  me.key = key;
+  me.valid = color >= 0 || color == NCCL_SPLIT_NOCOLOR;
+  Socket listener;
+  SockAddr addr;
+  if (color >= 0) {
+    MC_TRY(parent->bootstrap->new_listener(&listener, &addr));
+    std::memcpy(&me.addr, &addr.ss, sizeof(addr.ss));
+  }
+  MC_TRY(parent->bootstrap->allgather(all.data(), sizeof(Entry)));
+  uint32_t seq = parent->split_seq++;
+  for (int r = 0; r < n; ++r) {
+    if (!all[r].valid) {
+      if (r == parent->rank)
+        return MC_ERROR(ncclInvalidArgument, "ncclCommSplit : invalid color %d (must be >= 0 or NCCL_SPLIT_NOCOLOR)", color);
+      return MC_ERROR(ncclInvalidUsage, "ncclCommSplit : rank %d passed an invalid color %d", r, all[r].color);
+    }
+  }
+  if (color < 0) return kOk;
+  std::vector<int> members;
+  for (int r = 0; r < n; ++r)
+    if (all[r].color == color) members.push_back(r);
+  std::stable_sort(members.begin(), members.end(),
+                   [&](int a, int b) { return all[a].key < all[b].key; });  // ties keep parent order
+  const int cn = static_cast<int>(members.size());
+  int crank = static_cast<int>(std::find(members.begin(), members.end(), parent->rank) - members.begin());
+  child->rank = crank;
+  child->nranks = cn;
+  uint8_t secret[kSecretBytes];
+  uint64_t h1 = hash64(parent->bootstrap->secret(), kSecretBytes, 0x5b17 + seq);
+  uint64_t h2 = hash64(&color, sizeof(color), h1);
+  std::memcpy(secret, &h1, 8);
+  std::memcpy(secret + 8, &h2, 8);
+  child->comm_hash = hash64(secret, kSecretBytes);
+  std::vector<SockAddr> addrs(cn);
+  child->peers.resize(cn);
+  for (int i = 0; i < cn; ++i) {
+    int pr = members[i];
+    std::memcpy(&addrs[i].ss, &all[pr].addr, sizeof(sockaddr_storage));
+    addrs[i].len = addrs[i].ss.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    child->peers[i] = parent->peers[pr];
+    child->peers[i].rank = i;
+    std::memcpy(&child->peers[i].bootstrap_addr, &all[pr].addr, sizeof(sockaddr_storage));
+  }
+  child->bootstrap = std::make_unique<Bootstrap>(crank, cn, std::move(listener), std::move(addrs), secret,
+                                                 &child->abort_flag);
+  MC_INFO(kInit, "ncclCommSplit comm %p color %d key %d -> rank %d of %d", static_cast<void*>(parent), color, key,
+          crank, cn);
+  return finish_setup(child);
+}
+
+Status comm_finalize(ncclComm* comm) {
+  if (comm->engine) {
+    Backoff backoff;
+    Deadline dl = Deadline::from_timeout_param();
+    while (comm->engine->active() > 0) {
+      if (comm->abort_flag.load()) return MC_ERROR(ncclInvalidUsage, "ncclCommFinalize : communicator aborted");
+      if (dl.expired()) return MC_ERROR(ncclRemoteError, "ncclCommFinalize : operations still pending after MESHCCL_TIMEOUT");
+      comm->engine->progress() ? backoff.progress() : backoff.idle();
+    }
+    MC_TRY(comm->engine->fatal());
+  }
+  if (comm->bootstrap) MC_TRY(comm->bootstrap->barrier());
+  comm->state.store(ncclComm::State::Finalized);
+  return kOk;
+}
+
+void comm_free(ncclComm* comm) {
+  if (comm->async_thread.joinable()) comm->async_thread.join();
+  comm->mesh.reset();  // closes transports first: nothing can touch our buffers after this
+  comm->engine.reset();
+  comm->bootstrap.reset();
+  delete comm;
+}
+
+}  // namespace meshccl

@@ -1,0 +1,195 @@
+#include "comm/unique_id.h"
+
+#include <arpa/inet.h>
+#include <sys/random.h>
+
+#include <array>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "util/log.h"
+#include "util/param.h"
+
+namespace meshccl {
+
+namespace {
+
+struct Hello {
+  uint32_t magic;
+  uint8_t secret[kSecretBytes];
+  int32_t nranks;
+  int32_t rank;
+  PeerInfo info;
+};
+
+struct Reply {
+  int32_t status;  // ncclResult_t
+  char message[200];
+};
+
+void addr_to_id(const SockAddr& a, IdContents* c) {
+  c->family = a.ss.ss_family;
+  if (a.ss.ss_family == AF_INET) {
+    auto* s = reinterpret_cast<const sockaddr_in*>(&a.ss);
+    c->port = s->sin_port;
+    std::memcpy(c->addr, &s->sin_addr, 4);
+  } else {
+    auto* s = reinterpret_cast<const sockaddr_in6*>(&a.ss);
+    c->port = s->sin6_port;
+    std::memcpy(c->addr, &s->sin6_addr, 16);
+  }
+}
+
+void send_reply(const Socket& s, ncclResult_t code, const std::string& msg) {
+  Reply r{};
+  r.status = code;
+  std::strncpy(r.message, msg.c_str(), sizeof(r.message) - 1);
+  (void)socket_send_all(s, &r, sizeof(r), Deadline::after(5), nullptr);
+}
+
+// Serves one rendezvous, then exits. Runs detached: it owns its sockets.
+void root_main(Socket listener, std::array<uint8_t, kSecretBytes> secret) {
+  Deadline dl = Deadline::from_timeout_param();
+  std::vector<Socket> conns;
+  std::vector<PeerInfo> infos;
+  int nranks = -1;
+  int joined = 0;
+  while (nranks < 0 || joined < nranks) {
+    Socket c;
+    Status s = socket_accept(listener, dl, nullptr, &c);
+    if (!s.ok()) {
+      MC_WARN("bootstrap root: only %d of %d ranks joined before MESHCCL_TIMEOUT", joined, nranks);
+      return;  // sockets close; waiting ranks see the error
+    }
+    Hello h{};
+    if (!socket_recv_all(c, &h, sizeof(h), Deadline::after(10), nullptr).ok()) {
+      MC_WARN("bootstrap root: dropped a connection that sent no valid greeting");
+      continue;
+    }
+    if (h.magic != kIdMagic || std::memcmp(h.secret, secret.data(), kSecretBytes) != 0) {
+      MC_WARN("bootstrap root: refused a connection that did not present this id's secret");
+      continue;
+    }
+    std::string err;
+    if (h.nranks <= 0 || h.nranks > (1 << 20)) err = "invalid nranks " + std::to_string(h.nranks);
+    else if (nranks >= 0 && h.nranks != nranks)
+      err = "rank " + std::to_string(h.rank) + " passed nranks=" + std::to_string(h.nranks) +
+            " but other ranks passed " + std::to_string(nranks);
+    else if (h.rank < 0 || h.rank >= h.nranks)
+      err = "rank " + std::to_string(h.rank) + " out of range for nranks " + std::to_string(h.nranks);
+    if (err.empty() && nranks < 0) {
+      nranks = h.nranks;
+      conns.resize(nranks);
+      infos.resize(nranks);
+    }
+    if (err.empty() && conns[h.rank].valid()) err = "rank " + std::to_string(h.rank) + " joined twice";
+    if (!err.empty()) {
+      MC_WARN("bootstrap root: %s", err.c_str());
+      send_reply(c, ncclInvalidUsage, err);
+      for (auto& other : conns)
+        if (other.valid()) send_reply(other, ncclInvalidUsage, err);
+      return;
+    }
+    conns[h.rank] = std::move(c);
+    infos[h.rank] = h.info;
+    ++joined;
+  }
+  for (int r = 0; r < nranks; ++r) {
+    Reply ok{};
+    ok.status = ncclSuccess;
+    if (!socket_send_all(conns[r], &ok, sizeof(ok), Deadline::after(30), nullptr).ok() ||
+        !socket_send_all(conns[r], infos.data(), sizeof(PeerInfo) * nranks, Deadline::after(30), nullptr).ok())
+      MC_WARN("bootstrap root: could not send the rank table to rank %d", r);
+  }
+  MC_INFO(kBootstrap, "bootstrap root: %d ranks joined", nranks);
+}
+
+}  // namespace
+
+Status root_start(const SockAddr& at, const uint8_t secret[kSecretBytes], SockAddr* bound) {
+  Socket listener;
+  MC_TRY(socket_listen(at, &listener, bound));
+  std::array<uint8_t, kSecretBytes> sec;
+  std::memcpy(sec.data(), secret, kSecretBytes);
+  std::thread(root_main, std::move(listener), sec).detach();
+  return kOk;
+}
+
+Status id_create(ncclUniqueId* id) {
+  std::memset(id, 0, sizeof(*id));
+  IdContents c{};
+  c.magic = kIdMagic;
+  c.version = 1;
+  std::string fixed = param_str(Param::CommId);
+  SockAddr addr;
+  if (!fixed.empty()) {
+    MC_TRY(parse_host_port(fixed, &addr));
+    c.flags = kIdFixedAddress;
+    // Every rank builds the same id from the same variable, so the secret is
+    // derived from it rather than random.
+    uint64_t h1 = hash64(fixed.data(), fixed.size(), 1), h2 = hash64(fixed.data(), fixed.size(), 2);
+    std::memcpy(c.secret, &h1, 8);
+    std::memcpy(c.secret + 8, &h2, 8);
+  } else {
+    if (getrandom(c.secret, kSecretBytes, 0) != kSecretBytes)
+      return MC_ERROR(ncclSystemError, "ncclGetUniqueId : getrandom failed");
+    SockAddr at;
+    std::string ifname;
+    MC_TRY(pick_interface(&at, &ifname));
+    MC_TRY(root_start(at, c.secret, &addr));
+    MC_INFO(kBootstrap, "Bootstrap: root listening on %s:%s", ifname.c_str(), addr.str().c_str());
+  }
+  addr_to_id(addr, &c);
+  std::memcpy(id->internal, &c, sizeof(c));
+  return kOk;
+}
+
+Status id_decode(const ncclUniqueId& id, IdContents* out, SockAddr* root) {
+  std::memcpy(out, id.internal, sizeof(*out));
+  if (out->magic != kIdMagic || (out->family != AF_INET && out->family != AF_INET6))
+    return MC_ERROR(ncclInvalidArgument, "invalid ncclUniqueId (not created by ncclGetUniqueId)");
+  std::memset(&root->ss, 0, sizeof(root->ss));
+  if (out->family == AF_INET) {
+    auto* s = reinterpret_cast<sockaddr_in*>(&root->ss);
+    s->sin_family = AF_INET;
+    s->sin_port = out->port;
+    std::memcpy(&s->sin_addr, out->addr, 4);
+    root->len = sizeof(sockaddr_in);
+  } else {
+    auto* s = reinterpret_cast<sockaddr_in6*>(&root->ss);
+    s->sin6_family = AF_INET6;
+    s->sin6_port = out->port;
+    std::memcpy(&s->sin6_addr, out->addr, 16);
+    root->len = sizeof(sockaddr_in6);
+  }
+  return kOk;
+}
+
+Status root_exchange(const SockAddr& root, const uint8_t secret[kSecretBytes], int nranks, int rank,
+                     const PeerInfo& mine, std::vector<PeerInfo>* all, AbortFlag abort) {
+  Deadline dl = Deadline::from_timeout_param();
+  Socket s;
+  MC_TRY(socket_connect(root, dl, abort, &s));
+  Hello h{};
+  h.magic = kIdMagic;
+  std::memcpy(h.secret, secret, kSecretBytes);
+  h.nranks = nranks;
+  h.rank = rank;
+  h.info = mine;
+  MC_TRY(socket_send_all(s, &h, sizeof(h), dl, abort));
+  Reply r{};
+  Status st = socket_recv_all(s, &r, sizeof(r), dl, abort);
+  if (!st.ok())
+    return MC_ERROR(st.code(), "rank %d: bootstrap rendezvous with %s failed (not all %d ranks joined?)",
+                    rank, root.str().c_str(), nranks);
+  if (r.status != ncclSuccess) {
+    r.message[sizeof(r.message) - 1] = '\0';
+    return MC_ERROR(static_cast<ncclResult_t>(r.status), "bootstrap: %s", r.message);
+  }
+  all->resize(nranks);
+  MC_TRY(socket_recv_all(s, all->data(), sizeof(PeerInfo) * nranks, dl, abort));
+  return kOk;
+}
+
+}  // namespace meshccl

@@ -1,0 +1,101 @@
+#include "sched/plan.h"
+
+namespace meshccl {
+
+const char* op_kind_name(OpKind k) {
+  switch (k) {
+    case OpKind::AllReduce: return "AllReduce";
+    case OpKind::Broadcast: return "Broadcast";
+    case OpKind::Reduce: return "Reduce";
+    case OpKind::AllGather: return "AllGather";
+    case OpKind::ReduceScatter: return "ReduceScatter";
+    case OpKind::AlltoAll: return "AlltoAll";
+    case OpKind::Gather: return "Gather";
+    case OpKind::Scatter: return "Scatter";
+    case OpKind::Send: return "Send";
+    case OpKind::Recv: return "Recv";
+  }
+  return "?";
+}
+
+Plan::StepId Plan::add(Step s, std::initializer_list<StepId> deps) {
+  s.dep_begin = static_cast<uint32_t>(deps_.size());
+  s.dep_count = static_cast<uint32_t>(deps.size());
+  for (StepId d : deps) deps_.push_back(d);
+  steps_.push_back(s);
+  return static_cast<StepId>(steps_.size() - 1);
+}
+
+Plan::StepId Plan::send(int peer, uint32_t tag, const void* src, size_t bytes, std::initializer_list<StepId> deps) {
+  Step s{StepKind::Send};
+  s.peer = peer;
+  s.tag = tag;
+  s.src = src;
+  s.bytes = bytes;
+  return add(s, deps);
+}
+
+Plan::StepId Plan::recv(int peer, uint32_t tag, void* dst, size_t bytes, std::initializer_list<StepId> deps) {
+  Step s{StepKind::Recv};
+  s.peer = peer;
+  s.tag = tag;
+  s.dst = dst;
+  s.bytes = bytes;
+  return add(s, deps);
+}
+
+Plan::StepId Plan::recv_reduce(int peer, uint32_t tag, void* tmp, void* dst, const void* src, size_t count,
+                               std::initializer_list<StepId> deps) {
+  Step s{StepKind::RecvReduce};
+  s.peer = peer;
+  s.tag = tag;
+  s.tmp = tmp;
+  s.dst = dst;
+  s.src = src;
+  s.count = count;
+  s.bytes = count * kernels::dtype_size(dtype);
+  return add(s, deps);
+}
+
+Plan::StepId Plan::copy(void* dst, const void* src, size_t bytes, std::initializer_list<StepId> deps) {
+  Step s{StepKind::Copy};
+  s.dst = dst;
+  s.src = src;
+  s.bytes = bytes;
+  return add(s, deps);
+}
+
+Plan::StepId Plan::reduce(void* dst, const void* a, const void* b, size_t count, std::initializer_list<StepId> deps) {
+  Step s{StepKind::Reduce};
+  s.dst = dst;
+  s.src = a;
+  s.src2 = b;
+  s.count = count;
+  return add(s, deps);
+}
+
+Plan::StepId Plan::divide(void* dst, const void* src, size_t count, std::initializer_list<StepId> deps) {
+  Step s{StepKind::Divide};
+  s.dst = dst;
+  s.src = src;
+  s.count = count;
+  return add(s, deps);
+}
+
+Plan::StepId Plan::scale(void* dst, const void* src, size_t count, std::initializer_list<StepId> deps) {
+  Step s{StepKind::Scale};
+  s.dst = dst;
+  s.src = src;
+  s.count = count;
+  return add(s, deps);
+}
+
+void* Plan::scratch(size_t bytes) {
+  size_t off = (scratch_bytes_ + 63) & ~size_t{63};
+  scratch_bytes_ = off + bytes;
+  return reinterpret_cast<void*>(kScratchBase + off);
+}
+
+void Plan::add_dep(StepId step, StepId dep) { late_deps_.emplace_back(step, dep); }
+
+}  // namespace meshccl

@@ -1,0 +1,134 @@
+#include "transport/mesh.h"
+
+#include <array>
+#include <cstring>
+
+#include "util/log.h"
+#include "util/param.h"
+#include "util/wait.h"
+
+namespace meshccl {
+
+namespace {
+constexpr uint32_t kTagHandle = 0x7e57a000u;
+}
+
+Mesh::~Mesh() {
+  for (Link& l : links_) {
+    if (l.transport == nullptr) continue;
+    l.transport->close_send(l.send);
+    l.transport->close_recv(l.recv);
+  }
+  links_.clear();
+  transports_.clear();  // finalizes the plugin contexts
+}
+
+const char* Mesh::transport_name(int peer) const {
+  const Link& l = links_[peer];
+  return l.transport ? l.transport->name() : "self";
+}
+
+Status Mesh::connect_all(Bootstrap& bs, const std::vector<PeerInfo>& peers,
+                         const std::atomic<bool>* abort, std::unique_ptr<Mesh>* out) {
+  const int n = bs.nranks(), me = bs.rank();
+  std::unique_ptr<Mesh> mesh(new Mesh());
+  mesh->links_.resize(n);
+  if (n == 1) {
+    *out = std::move(mesh);
+    return kOk;
+  }
+
+  // The same choice on both sides of a pair: it depends only on the pair.
+  std::string forced = param_str(Param::Transport);
+  bool shm_off = param_int(Param::ShmDisable) != 0;
+  Transport* shm = nullptr;
+  Transport* net = nullptr;
+  auto get = [&](const std::string& name, Transport** slot) -> Status {
+    if (*slot != nullptr) return kOk;
+    const meshccl_transport_v1_t* api = nullptr;
+    MC_TRY(find_transport(name, &api));
+    std::unique_ptr<Transport> t;
+    MC_TRY(Transport::open(api, me, n, &t));
+    *slot = t.get();
+    mesh->transports_.push_back(std::move(t));
+    return kOk;
+  };
+  for (int p = 0; p < n; ++p) {
+    if (p == me) continue;
+    bool same_machine = peers[p].machine_hash == peers[me].machine_hash;
+    bool same_host = same_machine && peers[p].host_hash == peers[me].host_hash;
+    if (!forced.empty()) {
+      if (forced == "shm" && !same_machine)
+        return MC_ERROR(ncclInvalidUsage, "MESHCCL_TRANSPORT=shm but rank %d runs on another machine (%s)", p, peers[p].host_id);
+      MC_TRY(get(forced, forced == "shm" ? &shm : &net));
+      mesh->links_[p].transport = forced == "shm" ? shm : net;
+    } else if (same_host && !shm_off) {
+      MC_TRY(get("shm", &shm));
+      mesh->links_[p].transport = shm;
+    } else {
+      MC_TRY(get("socket", &net));
+      mesh->links_[p].transport = net;
+    }
+  }
+
+  // Receive side listens for each peer and ships the handle; send side
+  // connects with the handle it got.
+  std::vector<void*> listens(n, nullptr);
+  std::vector<std::array<char, MESHCCL_TRANSPORT_HANDLE_BYTES>> mine(n), theirs(n);
+  Status st = kOk;
+  for (int p = 0; p < n && st.ok(); ++p) {
+    if (p == me) continue;
+    std::memset(mine[p].data(), 0, MESHCCL_TRANSPORT_HANDLE_BYTES);
+    st = mesh->links_[p].transport->listen(mine[p].data(), &listens[p]);
+  }
+  for (int k = 1; k < n && st.ok(); ++k) {
+    int to = (me + k) % n, from = (me - k + n) % n;
+    st = bs.send(to, kTagHandle, mine[to].data(), MESHCCL_TRANSPORT_HANDLE_BYTES);
+    if (st.ok()) st = bs.recv(from, kTagHandle, theirs[from].data(), MESHCCL_TRANSPORT_HANDLE_BYTES);
+  }
+  Deadline dl = Deadline::from_timeout_param();
+  Backoff backoff;
+  int pending = st.ok() ? 2 * (n - 1) : 0;
+  while (st.ok() && pending > 0) {
+    bool moved = false;
+    for (int p = 0; p < n && st.ok(); ++p) {
+      if (p == me) continue;
+      Link& l = mesh->links_[p];
+      if (l.send == nullptr) {
+        st = l.transport->connect(theirs[p].data(), &l.send);
+        if (l.send != nullptr) --pending, moved = true;
+      }
+      if (st.ok() && l.recv == nullptr) {
+        st = l.transport->accept(listens[p], &l.recv);
+        if (l.recv != nullptr) --pending, moved = true;
+      }
+    }
+    if (!st.ok()) break;
+    if (abort != nullptr && abort->load()) st = MC_ERROR(ncclInvalidUsage, "connection setup aborted");
+    else if (dl.expired()) st = MC_ERROR(ncclRemoteError, "rank %d: connections to peers not established within MESHCCL_TIMEOUT", me);
+    moved ? backoff.progress() : backoff.idle();
+  }
+  for (int p = 0; p < n; ++p)
+    if (listens[p] != nullptr) mesh->links_[p].transport->close_listen(listens[p]);
+  MC_TRY(st);
+  for (int p = 0; p < n; ++p)
+    if (p != me) MC_INFO(kInit, "rank %d <-> rank %d via %s", me, p, mesh->links_[p].transport->name());
+  *out = std::move(mesh);
+  return kOk;
+}
+
+Status Mesh::isend(int peer, const void* data, size_t size, uint64_t tag, Request* r) {
+  Link& l = links_[peer];
+  r->transport = l.transport;
+  r->handle = nullptr;
+  return l.transport->isend(l.send, data, size, tag, &r->handle);
+}
+
+Status Mesh::irecv(int peer, void* data, size_t size, uint64_t tag, Request* r) {
+  Link& l = links_[peer];
+  r->transport = l.transport;
+  r->handle = nullptr;
+  return l.transport->irecv(l.recv, data, size, tag, &r->handle);
+}
+
+}  // namespace meshccl

@@ -1,0 +1,180 @@
+#include "transport/registry.h"
+
+#include <dirent.h>
+#include <dlfcn.h>
+
+#include <cstdarg>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "mem/memalloc.h"
+#include "meshccl_config.h"
+#include "plugins/builtin.h"
+#include "util/log.h"
+#include "util/param.h"
+
+namespace meshccl {
+
+namespace {
+
+void host_log(int level, const char* file, int line, const char* fmt, ...) {
+  LogLevel l = level == MESHCCL_LOG_WARN   ? LogLevel::Warn
+               : level == MESHCCL_LOG_INFO ? LogLevel::Info
+                                           : LogLevel::Trace;
+  if (!log_enabled(l, kNet) && l != LogLevel::Warn) return;
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  log_msg(l, kNet, file, line, "%s", msg);
+}
+
+const char* host_get_param(const char* name) { return param_by_name(name); }
+
+int host_find_shared(const void* ptr, size_t size, meshccl_shared_region_v1_t* out) {
+  return mem_find_shared(ptr, size, out) ? 1 : 0;
+}
+
+const meshccl_transport_v1_t* const kBuiltin[] = {&meshccl_transport_shm, &meshccl_transport_socket};
+
+std::vector<std::string> plugin_dirs() {
+  std::vector<std::string> dirs;
+  std::string path = param_str(Param::PluginPath);
+  size_t pos = 0;
+  while (!path.empty() && pos <= path.size()) {
+    size_t end = path.find(':', pos);
+    if (end == std::string::npos) end = path.size();
+    if (end > pos) dirs.push_back(path.substr(pos, end - pos));
+    pos = end + 1;
+  }
+  // Next to this library, then the install location.
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&host_log), &info) != 0 && info.dli_fname != nullptr) {
+    std::string lib = info.dli_fname;
+    size_t slash = lib.rfind('/');
+    if (slash != std::string::npos) {
+      dirs.push_back(lib.substr(0, slash));
+      dirs.push_back(lib.substr(0, slash) + "/plugins");
+    }
+  }
+  dirs.push_back(MESHCCL_PLUGIN_DIR);
+  return dirs;
+}
+
+}  // namespace
+
+Status find_transport(const std::string& name, const meshccl_transport_v1_t** out) {
+  for (const meshccl_transport_v1_t* t : kBuiltin) {
+    if (name == t->name) {
+      *out = t;
+      return kOk;
+    }
+  }
+  static std::mutex mu;
+  static std::map<std::string, const meshccl_transport_v1_t*> loaded;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = loaded.find(name);
+  if (it != loaded.end()) {
+    *out = it->second;
+    return kOk;
+  }
+  std::string file = "libmeshccl-transport-" + name + ".so";
+  std::string tried;
+  for (const std::string& dir : plugin_dirs()) {
+    std::string path = dir + "/" + file;
+    void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (h == nullptr) {
+      tried += " " + path;
+      continue;
+    }
+    auto* api = static_cast<const meshccl_transport_v1_t*>(dlsym(h, "meshccl_transport_v1"));
+    if (api == nullptr || api->version != MESHCCL_TRANSPORT_V1) {
+      dlclose(h);
+      return MC_ERROR(ncclInvalidUsage, "%s does not export a meshccl_transport_v1 interface", path.c_str());
+    }
+    loaded[name] = api;
+    *out = api;
+    return kOk;
+  }
+  return MC_ERROR(ncclInvalidUsage, "transport \"%s\" is neither built in (shm, socket) nor found as a plugin (tried%s)", name.c_str(), tried.c_str());
+}
+
+std::vector<std::string> available_transports() {
+  std::vector<std::string> names;
+  for (const meshccl_transport_v1_t* t : kBuiltin) names.push_back(t->name);
+  for (const std::string& dir : plugin_dirs()) {
+    DIR* d = opendir(dir.c_str());
+    if (d == nullptr) continue;
+    while (dirent* e = readdir(d)) {
+      std::string n = e->d_name;
+      const std::string pre = "libmeshccl-transport-", suf = ".so";
+      if (n.size() > pre.size() + suf.size() && n.compare(0, pre.size(), pre) == 0 &&
+          n.compare(n.size() - suf.size(), suf.size(), suf) == 0)
+        names.push_back(n.substr(pre.size(), n.size() - pre.size() - suf.size()) + " (" + dir + ")");
+    }
+    closedir(d);
+  }
+  return names;
+}
+
+Status Transport::open(const meshccl_transport_v1_t* api, int rank, int nranks,
+                       std::unique_ptr<Transport>* out) {
+  static meshccl_transport_host_v1_t host_template = {
+      MESHCCL_TRANSPORT_V1, host_log, host_get_param, host_find_shared, 0, 0};
+  // The plugin keeps the pointer until finalize: one static per (rank,nranks)
+  // would race across communicators, so each context gets its own copy.
+  auto* host = new meshccl_transport_host_v1_t(host_template);
+  host->rank = rank;
+  host->nranks = nranks;
+  void* ctx = nullptr;
+  int rc = api->init(host, &ctx);
+  if (rc != MESHCCL_T_SUCCESS) {
+    delete host;
+    return MC_ERROR(static_cast<ncclResult_t>(rc), "transport %s: init failed (code %d)", api->name, rc);
+  }
+  std::unique_ptr<Transport> t(new Transport(api, ctx));
+  t->host_.reset(host);
+  rc = api->properties(ctx, 0, &t->props_);
+  if (rc != MESHCCL_T_SUCCESS) return t->check(rc, "properties");
+  *out = std::move(t);
+  return kOk;
+}
+
+Transport::~Transport() {
+  if (ctx_ != nullptr) api_->finalize(ctx_);
+}
+
+Status Transport::check(int rc, const char* what) const {
+  if (rc == MESHCCL_T_SUCCESS) return kOk;
+  ncclResult_t code = rc == MESHCCL_T_REMOTE_ERROR    ? ncclRemoteError
+                      : rc == MESHCCL_T_INVALID_USAGE ? ncclInvalidUsage
+                      : rc == MESHCCL_T_SYSTEM_ERROR  ? ncclSystemError
+                                                      : ncclInternalError;
+  return MC_ERROR(code, "transport %s: %s failed (%s)", api_->name, what,
+                  code == ncclRemoteError ? "peer exited or connection lost" : "see the lines above");
+}
+
+Status Transport::listen(void* handle, void** lc) { return check(api_->listen(ctx_, 0, handle, lc), "listen"); }
+Status Transport::connect(const void* handle, void** sc) { return check(api_->connect(ctx_, 0, handle, sc), "connect"); }
+Status Transport::accept(void* lc, void** rc) { return check(api_->accept(lc, rc), "accept"); }
+Status Transport::isend(void* sc, const void* data, size_t size, uint64_t tag, void** req) {
+  return check(api_->isend(sc, data, size, tag, nullptr, req), "send");
+}
+Status Transport::irecv(void* rc, void* data, size_t size, uint64_t tag, void** req) {
+  return check(api_->irecv(rc, data, size, tag, nullptr, req), "receive");
+}
+Status Transport::test(void* req, bool* done, size_t* size) {
+  int d = 0;
+  size_t sz = 0;
+  int rc = api_->test(req, &d, &sz);
+  *done = d != 0;
+  if (size) *size = sz;
+  return check(rc, "transfer");
+}
+void Transport::close_send(void* c) { if (c) api_->close_send(c); }
+void Transport::close_recv(void* c) { if (c) api_->close_recv(c); }
+void Transport::close_listen(void* c) { if (c) api_->close_listen(c); }
+
+}  // namespace meshccl

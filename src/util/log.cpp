@@ -1,0 +1,186 @@
+#include "util/log.h"
+
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cctype>
+#include <chrono>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <mutex>
+#include <string>
+
+#include "util/param.h"
+#include "util/status.h"
+
+namespace meshccl {
+
+namespace {
+
+struct LogState {
+  std::mutex mu;
+  bool initialized = false;
+  LogLevel level = LogLevel::None;
+  uint32_t subsys = 0;
+  FILE* out = stdout;
+  char host[64] = "";
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  std::string last_error;
+};
+
+LogState& state() {
+  static LogState* s = new LogState();  // never destroyed: logging works during exit
+  return *s;
+}
+
+std::atomic<int> g_level{-1};  // cached level; -1 = not initialized
+std::atomic<uint32_t> g_subsys{0};
+
+uint32_t parse_subsys(const std::string& spec) {
+  struct Name {
+    const char* name;
+    uint32_t bit;
+  };
+  static const Name names[] = {
+      {"INIT", kInit}, {"COLL", kColl}, {"P2P", kP2P}, {"SHM", kShm}, {"NET", kNet},
+      {"GRAPH", kGraph}, {"TUNE", kTune}, {"TUNING", kTune}, {"ENV", kEnv}, {"ALLOC", kAlloc},
+      {"CALL", kCall}, {"BOOTSTRAP", kBootstrap}, {"REG", kReg}, {"SCHED", kSched}, {"ALL", kAllSubsys},
+  };
+  bool invert = !spec.empty() && spec[0] == '^';
+  uint32_t mask = 0;
+  size_t pos = invert ? 1 : 0;
+  while (pos <= spec.size()) {
+    size_t end = spec.find(',', pos);
+    if (end == std::string::npos) end = spec.size();
+    std::string tok = spec.substr(pos, end - pos);
+    for (auto& c : tok) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    for (const Name& n : names)
+      if (tok == n.name) mask |= n.bit;
+    pos = end + 1;
+  }
+  return invert ? ~mask : mask;
+}
+
+void init_locked(LogState& s) {
+  if (s.initialized) return;
+  s.initialized = true;
+  std::string lvl = param_str(Param::Debug);
+  for (auto& c : lvl) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (lvl == "VERSION") s.level = LogLevel::Version;
+  else if (lvl == "WARN") s.level = LogLevel::Warn;
+  else if (lvl == "INFO") s.level = LogLevel::Info;
+  else if (lvl == "TRACE") s.level = LogLevel::Trace;
+  else s.level = LogLevel::None;
+  s.subsys = parse_subsys(param_str(Param::DebugSubsys));
+  if (gethostname(s.host, sizeof(s.host) - 1) != 0) std::strcpy(s.host, "unknown");
+  if (char* dot = std::strchr(s.host, '.')) *dot = '\0';
+  std::string file = param_str(Param::DebugFile);
+  if (!file.empty() && s.level > LogLevel::None) {
+    std::string path;
+    for (size_t i = 0; i < file.size(); ++i) {
+      if (file[i] == '%' && i + 1 < file.size() && file[i + 1] == 'h') {
+        path += s.host;
+        ++i;
+      } else if (file[i] == '%' && i + 1 < file.size() && file[i + 1] == 'p') {
+        path += std::to_string(getpid());
+        ++i;
+      } else {
+        path += file[i];
+      }
+    }
+    if (FILE* f = std::fopen(path.c_str(), "w")) s.out = f;
+  }
+  g_subsys.store(s.subsys);
+  g_level.store(static_cast<int>(s.level));
+}
+
+}  // namespace
+
+LogLevel log_level() {
+  int l = g_level.load(std::memory_order_relaxed);
+  if (l < 0) {
+    LogState& s = state();
+    std::lock_guard<std::mutex> lock(s.mu);
+    init_locked(s);
+    l = static_cast<int>(s.level);
+  }
+  return static_cast<LogLevel>(l);
+}
+
+bool log_enabled(LogLevel level, uint32_t subsys) {
+  if (log_level() < level) return false;
+  return level <= LogLevel::Warn || (g_subsys.load(std::memory_order_relaxed) & subsys) != 0;
+}
+
+void log_reset() {
+  LogState& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.out != stdout && s.out != nullptr) std::fclose(s.out);
+  s.out = stdout;
+  s.initialized = false;
+  g_level.store(-1);
+}
+
+void log_msg(LogLevel level, uint32_t subsys, const char* file, int line, const char* fmt, ...) {
+  char msg[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+
+  LogState& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  init_locked(s);
+  if (level == LogLevel::Warn) s.last_error = msg;
+  if (s.level < level) return;
+  if (level > LogLevel::Warn && (s.subsys & subsys) == 0) return;
+  const char* base = std::strrchr(file, '/');
+  base = base ? base + 1 : file;
+  long tid = syscall(SYS_gettid);
+  if (level == LogLevel::Warn) {
+    char ts[64];
+    std::time_t now = std::time(nullptr);
+    std::tm tm;
+    localtime_r(&now, &tm);
+    std::strftime(ts, sizeof(ts), "[%F %T] ", &tm);
+    std::fprintf(s.out, "\n%s%s:%d:%ld [0] %s:%d NCCL WARN %s\n", ts, s.host, getpid(), tid, base,
+                 line, msg);
+  } else if (level == LogLevel::Trace) {
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s.start)
+                    .count();
+    std::fprintf(s.out, "%s:%d:%ld [0] %f %s:%d NCCL TRACE %s\n", s.host, getpid(), tid, ms, base,
+                 line, msg);
+  } else if (level == LogLevel::Version) {
+    std::fprintf(s.out, "%s\n", msg);
+  } else {
+    std::fprintf(s.out, "%s:%d:%ld [0] NCCL INFO %s\n", s.host, getpid(), tid, msg);
+  }
+  std::fflush(s.out);
+}
+
+std::string last_error() {
+  LogState& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.last_error;
+}
+
+void set_last_error(const std::string& msg) {
+  LogState& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.last_error = msg;
+}
+
+Status error_at(const char* file, int line, ncclResult_t code, const char* fmt, ...) {
+  char msg[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  log_msg(LogLevel::Warn, kAllSubsys, file, line, "%s", msg);
+  return Status(code);
+}
+
+}  // namespace meshccl

@@ -1,0 +1,68 @@
+// The algorithms: each turns one operation into a Plan for one rank. Pure
+// functions of (operation, rank, nranks) — no I/O — so they are testable in
+// isolation and every rank builds the matching half of each exchange.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sched/plan.h"
+#include "util/status.h"
+
+namespace meshccl {
+
+struct OpDesc {
+  OpKind kind = OpKind::AllReduce;
+  const void* sendbuff = nullptr;
+  void* recvbuff = nullptr;
+  size_t count = 0;  // per NCCL's definition for the collective
+  ncclDataType_t dtype = ncclFloat32;
+  kernels::ReduceOp op = kernels::ReduceOp::Sum;
+  bool avg = false;     // divide by nranks at the end
+  bool premul = false;  // scale own input by `scalar` first
+  alignas(8) unsigned char scalar[8] = {};
+  int root = 0;
+  int peer = -1;
+  int rank = 0;
+  int nranks = 1;
+  size_t chunk_bytes = 512 * 1024;
+  size_t elem() const { return kernels::dtype_size(dtype); }
+};
+
+using BuildFn = Status (*)(const OpDesc&, Plan*);
+
+struct Algorithm {
+  const char* name;
+  OpKind kind;
+  BuildFn build;
+};
+
+// Every algorithm, one entry per (name, collective).
+const std::vector<Algorithm>& algorithm_table();
+
+// Picks an algorithm (MESHCCL_ALGO / NCCL_ALGO first) and builds the plan.
+Status make_plan(const OpDesc& op, std::unique_ptr<Plan>* out);
+
+// Builders, one per file.
+Status build_p2p(const OpDesc& op, Plan* plan);
+Status build_ring_allreduce(const OpDesc& op, Plan* plan);
+Status build_ring_allgather(const OpDesc& op, Plan* plan);
+Status build_ring_reduce_scatter(const OpDesc& op, Plan* plan);
+Status build_chain_broadcast(const OpDesc& op, Plan* plan);
+Status build_chain_reduce(const OpDesc& op, Plan* plan);
+Status build_pairwise_alltoall(const OpDesc& op, Plan* plan);
+Status build_direct_gather(const OpDesc& op, Plan* plan);
+Status build_direct_scatter(const OpDesc& op, Plan* plan);
+
+// Shared helpers for builders.
+namespace detail {
+// [begin, end) of block b when `count` elements are cut into n balanced blocks.
+inline size_t block_begin(size_t count, int n, int b) { return count * static_cast<size_t>(b) / static_cast<size_t>(n); }
+// Elements per chunk, large enough that a plan's tags fit in 24 bits.
+size_t chunk_elems(const OpDesc& op, size_t largest_piece, int phases);
+inline char* at(void* base, size_t elems, size_t es) { return static_cast<char*>(base) + elems * es; }
+inline const char* at(const void* base, size_t elems, size_t es) { return static_cast<const char*>(base) + elems * es; }
+}  // namespace detail
+
+}  // namespace meshccl

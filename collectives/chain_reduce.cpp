@@ -1,0 +1,64 @@
+// Pipelined chain reduce toward the root: the rank farthest from the root
+// sends its input, each rank on the way folds in its own and passes it on.
+// Non-root receive buffers are never touched.
+#include <algorithm>
+#include <vector>
+
+#include "collectives/algorithms.h"
+
+namespace meshccl {
+
+using detail::at;
+
+Status build_chain_reduce(const OpDesc& op, Plan* plan) {
+  const int n = op.nranks;
+  const size_t es = op.elem(), count = op.count;
+  plan->algorithm = "chain";
+  const int pos = (op.rank - op.root + n) % n;
+  const int toward = (op.rank + n - 1) % n, from = (op.rank + 1) % n;
+  const void* in = op.sendbuff;
+  std::vector<Plan::StepId> pre;
+  if (op.premul) {
+    void* scaled = pos == 0 ? op.recvbuff : plan->scratch(count * es);
+    pre.push_back(plan->scale(scaled, op.sendbuff, count));
+    in = scaled;
+  }
+  auto after_pre = [&](Plan::StepId s) {
+    for (Plan::StepId p : pre) plan->add_dep(s, p);
+    return s;
+  };
+  if (n == 1) {
+    if (!op.premul) plan->copy(op.recvbuff, op.sendbuff, count * es);
+    return kOk;
+  }
+  if (count == 0) return kOk;
+  const size_t ce = detail::chunk_elems(op, count, 1);
+  const size_t nchunks = (count + ce - 1) / ce;
+  const int kSlots = 8;
+  void* tmp = pos < n - 1 ? plan->scratch(kSlots * ce * es) : nullptr;
+  void* acc = (pos > 0 && pos < n - 1) ? plan->scratch(kSlots * ce * es) : nullptr;
+  constexpr Plan::StepId kNone = ~Plan::StepId{0};
+  std::vector<Plan::StepId> sends(nchunks, kNone), rrs(nchunks, kNone);
+  for (size_t c = 0; c < nchunks; ++c) {
+    const size_t lo = c * ce, len = std::min(count, lo + ce) - lo;
+    const uint32_t tag = static_cast<uint32_t>(c);
+    const size_t slot = c % kSlots;
+    if (pos == n - 1) {  // farthest: just send
+      after_pre(plan->send(toward, tag, at(in, lo, es), len * es));
+      continue;
+    }
+    void* t = static_cast<char*>(tmp) + slot * ce * es;
+    void* dst = pos == 0 ? at(op.recvbuff, lo, es) : static_cast<char*>(acc) + slot * ce * es;
+    Plan::StepId rr = after_pre(plan->recv_reduce(from, tag, t, dst, at(in, lo, es), len));
+    if (c >= static_cast<size_t>(kSlots)) {
+      plan->add_dep(rr, rrs[c - kSlots]);
+      if (pos > 0) plan->add_dep(rr, sends[c - kSlots]);  // acc slot still being sent
+    }
+    rrs[c] = rr;
+    if (pos > 0) sends[c] = plan->send(toward, tag, dst, len * es, {rr});
+    else if (op.avg) plan->divide(dst, dst, len, {rr});
+  }
+  return kOk;
+}
+
+}  // namespace meshccl

@@ -1,0 +1,73 @@
+// Ring ReduceScatter: n-1 steps; at step k a rank forwards the partial sum of
+// block r-k-1 and folds its own input into block r-k-2, so after n-1 steps it
+// holds block r fully reduced. Partial sums live in two scratch blocks used
+// alternately by step parity.
+#include <algorithm>
+#include <vector>
+
+#include "collectives/algorithms.h"
+
+namespace meshccl {
+
+using detail::at;
+
+Status build_ring_reduce_scatter(const OpDesc& op, Plan* plan) {
+  const int n = op.nranks, r = op.rank;
+  const size_t es = op.elem(), rc = op.count;
+  plan->algorithm = "ring";
+  const void* in = op.sendbuff;
+  std::vector<Plan::StepId> pre;
+  if (op.premul) {
+    void* scaled = plan->scratch(rc * n * es);
+    pre.push_back(plan->scale(scaled, op.sendbuff, rc * n));
+    in = scaled;
+  }
+  auto after_pre = [&](Plan::StepId s) {
+    for (Plan::StepId p : pre) plan->add_dep(s, p);
+    return s;
+  };
+  if (n == 1) {
+    Plan::StepId s = plan->copy(op.recvbuff, in, rc * es);
+    after_pre(s);
+    return kOk;
+  }
+  if (rc == 0) return kOk;
+  const size_t ce = detail::chunk_elems(op, rc, 2 * n);
+  const size_t nchunks = (rc + ce - 1) / ce;
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  auto seg = [&](int s) { return static_cast<size_t>(((s % n) + n) % n); };
+  const int kSlots = 8;
+  void* slots = plan->scratch(static_cast<size_t>(kSlots) * ce * es);
+  void* acc[2] = {plan->scratch(rc * es), plan->scratch(rc * es)};
+  constexpr Plan::StepId kNone = ~Plan::StepId{0};
+  std::vector<Plan::StepId> sends((n - 1) * nchunks, kNone), rrs((n - 1) * nchunks, kNone);
+  std::vector<Plan::StepId> slot_last(kSlots, kNone);
+  size_t slot_use = 0;
+  for (int k = 0; k < n - 1; ++k) {
+    for (size_t c = 0; c < nchunks; ++c) {
+      const size_t lo = c * ce, len = std::min(rc, lo + ce) - lo;
+      const uint32_t tag = static_cast<uint32_t>(k * nchunks + c);
+      // Forward block r-k-1: own input at step 0, else the partial sum from step k-1.
+      const void* src = k == 0 ? at(in, seg(r - 1) * rc + lo, es) : at(static_cast<const void*>(acc[(k - 1) % 2]), lo, es);
+      Plan::StepId s = plan->send(next, tag, src, len * es);
+      if (k == 0) after_pre(s);
+      else plan->add_dep(s, rrs[(k - 1) * nchunks + c]);
+      sends[k * nchunks + c] = s;
+      // Fold own input into block r-k-2; the last step writes the output.
+      const bool last = k == n - 2;
+      void* dst = last ? at(op.recvbuff, lo, es) : at(acc[k % 2], lo, es);
+      int slot = static_cast<int>(slot_use++ % kSlots);
+      void* tmp = static_cast<char*>(slots) + static_cast<size_t>(slot) * ce * es;
+      Plan::StepId rr = plan->recv_reduce(prev, tag, tmp, dst, at(in, seg(r - k - 2) * rc + lo, es), len);
+      after_pre(rr);
+      if (slot_last[slot] != kNone) plan->add_dep(rr, slot_last[slot]);
+      slot_last[slot] = rr;
+      if (k >= 2) plan->add_dep(rr, sends[(k - 1) * nchunks + c]);  // acc[k%2] was read by send k-1
+      rrs[k * nchunks + c] = rr;
+      if (last && op.avg) plan->divide(dst, dst, len, {rr});
+    }
+  }
+  return kOk;
+}
+
+}  // namespace meshccl

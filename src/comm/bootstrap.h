@@ -1,0 +1,58 @@
+// Per-communicator out-of-band channel over TCP: tagged messages between any
+// two ranks (connections made on first use and kept), allgather and barrier.
+// Used at init, split and finalize, never on the data path. One thread at a
+// time.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "comm/unique_id.h"
+#include "util/socket.h"
+#include "util/status.h"
+
+namespace meshccl {
+
+class Bootstrap {
+ public:
+  // listener: this rank's listening socket (its address is in peers[rank]).
+  Bootstrap(int rank, int nranks, Socket listener, std::vector<SockAddr> peers,
+            const uint8_t secret[kSecretBytes], AbortFlag abort);
+
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+
+  Status send(int peer, uint32_t tag, const void* data, size_t size);
+  // Receives exactly `size` bytes sent with the same tag by peer.
+  Status recv(int peer, uint32_t tag, void* data, size_t size);
+  // all holds nranks blocks of `block` bytes; this rank's block is filled.
+  Status allgather(void* all, size_t block);
+  Status barrier();
+  // Non-blocking: a connection with peer exists and the peer closed it.
+  bool peer_closed(int peer) const;
+
+  // A listening socket on the same interface as this bootstrap (for a child
+  // communicator of a split).
+  Status new_listener(Socket* out, SockAddr* addr) const;
+  const uint8_t* secret() const { return secret_; }
+
+ private:
+  Status send_conn(int peer, const Socket** out);
+  Status recv_conn(int peer, const Socket** out, Deadline dl);
+
+  int rank_;
+  int nranks_;
+  Socket listener_;
+  std::vector<SockAddr> peers_;
+  uint8_t secret_[kSecretBytes];
+  AbortFlag abort_;
+  std::vector<Socket> send_;
+  std::vector<Socket> recv_;
+  std::map<std::pair<int, uint32_t>, std::deque<std::vector<char>>> unexpected_;
+  uint32_t collective_tag_ = 0x80000000u;  // allgather/barrier rounds
+};
+
+}  // namespace meshccl

@@ -1,0 +1,89 @@
+// The communicator. Each subsystem owns its state in its own object; the
+// communicator holds them and the little that is shared (rank, config,
+// sequence numbers, error state).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/bootstrap.h"
+#include "comm/identity.h"
+#include "nccl.h"
+#include "sched/engine.h"
+#include "transport/mesh.h"
+#include "util/status.h"
+
+namespace meshccl {
+
+struct CommConfig {
+  bool blocking = true;
+  bool split_share = false;
+  std::string name;
+  std::string net_name;
+};
+
+// Reduction operators made by ncclRedOpCreatePreMulSum.
+struct DynamicOp {
+  bool in_use = false;
+  ncclDataType_t dtype = ncclFloat32;
+  ncclScalarResidence_t residence = ncclScalarHostImmediate;
+  alignas(8) unsigned char value[8] = {};  // host-immediate scalar
+  const void* ptr = nullptr;               // device-residence scalar, read at each use
+};
+
+}  // namespace meshccl
+
+struct ncclComm {
+  enum class State { Initializing, Ready, Finalized, Failed };
+
+  int rank = -1;
+  int nranks = 0;
+  int cuda_dev = -1;
+  uint64_t comm_hash = 0;  // for logs: same on every rank
+  meshccl::CommConfig config;
+  std::atomic<State> state{State::Initializing};
+  std::atomic<int> async_error{ncclSuccess};  // ncclInProgress while a non-blocking call runs
+  std::atomic<bool> abort_flag{false};
+  std::atomic<int> users{0};        // threads inside the library on this comm
+  std::atomic<int> pending_ops{0};  // enqueued, not yet completed
+
+  std::vector<meshccl::PeerInfo> peers;
+  std::unique_ptr<meshccl::Bootstrap> bootstrap;
+  std::unique_ptr<meshccl::Mesh> mesh;
+  std::unique_ptr<meshccl::Engine> engine;
+  std::thread async_thread;  // non-blocking init/split/finalize
+
+  // Ordered on every rank the same way, so they name operations identically.
+  uint64_t coll_seq = 0;
+  std::vector<uint64_t> send_seq, recv_seq;  // per peer
+  uint32_t split_seq = 0;
+
+  std::mutex ops_mu;
+  std::vector<meshccl::DynamicOp> dyn_ops;
+
+  // Known-dead peers, checked while operations wait.
+  meshccl::Status check_peers();
+};
+
+namespace meshccl {
+
+// Registry of live communicators, so a destroyed handle is recognised.
+void comm_register(ncclComm* c);
+void comm_unregister(ncclComm* c);
+bool comm_is_live(const ncclComm* c);
+
+// Init paths (collective). Blocking.
+Status comm_init_rank(ncclComm* comm, int nranks, const ncclUniqueId& id, int rank);
+Status comm_split(ncclComm* parent, int color, int key, ncclComm* child /* may be null: NOCOLOR */);
+Status comm_finalize(ncclComm* comm);
+// Frees everything without talking to peers.
+void comm_free(ncclComm* comm);
+// Applies the config rules of NCCL (size/version/magic, ranges, env overrides).
+Status parse_config(const ncclConfig_t* in, CommConfig* out, const CommConfig* inherit);
+
+}  // namespace meshccl

@@ -1,0 +1,29 @@
+// Who a rank is and where it runs, exchanged by every rank at init.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "util/socket.h"
+
+namespace meshccl {
+
+// Fixed-size, trivially copyable: sent as bytes through the bootstrap.
+struct PeerInfo {
+  int32_t rank;
+  int32_t pid;
+  int32_t cuda_dev;
+  int32_t reserved;
+  uint64_t host_hash;     // equal = same (possibly emulated) host: MESHCCL_HOSTID
+  uint64_t machine_hash;  // equal = same kernel and pid namespace: pids are comparable
+  char host_id[64];       // for logs
+  sockaddr_storage bootstrap_addr;
+};
+
+// This process's identity (rank and bootstrap address left for the caller).
+PeerInfo local_peer_info();
+uint64_t hash64(const void* data, size_t size, uint64_t seed = 0x9e3779b97f4a7c15ull);
+// True when a process with this pid exists on this machine (kill(pid, 0)).
+bool pid_alive(int32_t pid);
+
+}  // namespace meshccl

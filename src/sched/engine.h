@@ -1,0 +1,92 @@
+// The progress engine of one communicator. Operations are submitted as plans;
+// whoever waits drives progress (the calling thread for a NULL stream, a host
+// stream's worker otherwise) — one thread at a time, others back off. Steps of
+// more urgent operations (lower priority value) are started first.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "sched/plan.h"
+#include "transport/mesh.h"
+#include "util/status.h"
+
+namespace meshccl {
+
+// Reusable scratch buffers: allocated once, kept for the communicator's life.
+class ScratchPool {
+ public:
+  std::vector<unsigned char>* acquire(size_t bytes);
+  void release(std::vector<unsigned char>* buf);
+  ~ScratchPool();
+
+ private:
+  std::mutex mu_;
+  std::vector<std::vector<unsigned char>*> free_;
+};
+
+// Completion of one submitted operation, shared by the engine and waiters.
+struct OpHandle {
+  std::atomic<bool> done{false};
+  Status status;  // valid once done
+};
+
+class PlanRun;
+
+class Engine {
+ public:
+  // liveness: called when an operation makes no progress for a while; returns
+  // an error when a peer is known dead.
+  Engine(int rank, Mesh* mesh, std::atomic<bool>* abort, std::function<Status()> liveness);
+  ~Engine();
+
+  // tag_base: unique per operation and identical on every rank (see api/enqueue).
+  std::shared_ptr<OpHandle> submit(std::unique_ptr<Plan> plan, uint64_t tag_base, int priority);
+  // One pass over the active operations; false when nothing moved or another
+  // thread holds the engine.
+  bool progress();
+  // Drives progress until op completes, with timeout and liveness checks.
+  Status wait(OpHandle& op);
+  // Same, but returns after max_us even if op is not done.
+  void wait_for(OpHandle& op, double max_us);
+  // Marks the communicator failed: every active and later operation ends with `s`.
+  void fail_all(Status s);
+  Status fatal() const { return Status(static_cast<ncclResult_t>(fatal_.load())); }
+  ScratchPool& scratch() { return scratch_; }
+  size_t active() const { return nactive_.load(); }
+
+  // Self-transfers (peer == rank) are matched here by tag.
+  struct SelfEntry {
+    PlanRun* run;
+    uint32_t step;
+    void* dst;
+    const void* src;
+    size_t bytes;
+  };
+  void self_post(bool is_send, uint64_t tag, SelfEntry e);
+
+ private:
+  void progress_locked(bool* moved);
+  void complete_run(PlanRun* run, Status s);
+
+  int rank_;
+  Mesh* mesh_;
+  std::atomic<bool>* abort_;
+  std::function<Status()> liveness_;
+  ScratchPool scratch_;
+  std::mutex mu_;  // held by the thread driving progress
+  std::mutex incoming_mu_;
+  std::vector<std::unique_ptr<PlanRun>> incoming_;
+  std::vector<std::unique_ptr<PlanRun>> active_;  // sorted by priority, then submission
+  std::atomic<size_t> nactive_{0};
+  std::atomic<int> fatal_{ncclSuccess};
+  std::map<uint64_t, std::vector<SelfEntry>> self_sends_, self_recvs_;
+  std::vector<std::unique_ptr<PlanRun>> graveyard_;
+  std::atomic<double> last_progress_us_{0};
+};
+
+}  // namespace meshccl

@@ -1,0 +1,96 @@
+// A plan is what one rank does for one operation: a small DAG of steps from a
+// fixed vocabulary. Algorithms (collectives/) build plans; the engine runs
+// them and never decides topology.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "collectives/kernels/reduce.h"
+#include "nccl.h"
+
+namespace meshccl {
+
+enum class StepKind : uint8_t {
+  Send,        // send bytes at src to peer
+  Recv,        // receive bytes from peer into dst
+  RecvReduce,  // receive into a scratch slot, then dst = src op slot
+  Copy,        // dst = src (bytes)
+  Reduce,      // dst = src op src2 (count elements)
+  Divide,      // dst = src / divisor (ncclAvg), count elements
+  Scale,       // dst = src * scalar (PreMulSum), count elements
+};
+
+struct Step {
+  StepKind kind;
+  int32_t peer = -1;
+  uint32_t tag = 0;   // distinguishes messages of one operation between one pair
+  void* tmp = nullptr;  // RecvReduce: where the message lands before reducing
+  void* dst = nullptr;
+  const void* src = nullptr;
+  const void* src2 = nullptr;
+  size_t bytes = 0;
+  size_t count = 0;
+  uint32_t dep_begin = 0;  // deps[dep_begin, dep_begin + dep_count)
+  uint32_t dep_count = 0;
+};
+
+enum class OpKind : uint8_t {
+  AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AlltoAll, Gather, Scatter, Send, Recv,
+};
+const char* op_kind_name(OpKind k);
+
+class Plan {
+ public:
+  using StepId = uint32_t;
+
+  // Step builders; deps are earlier step ids.
+  StepId send(int peer, uint32_t tag, const void* src, size_t bytes, std::initializer_list<StepId> deps = {});
+  StepId recv(int peer, uint32_t tag, void* dst, size_t bytes, std::initializer_list<StepId> deps = {});
+  // dst = src op (received data); the message lands in tmp first.
+  StepId recv_reduce(int peer, uint32_t tag, void* tmp, void* dst, const void* src, size_t count,
+                     std::initializer_list<StepId> deps = {});
+  StepId copy(void* dst, const void* src, size_t bytes, std::initializer_list<StepId> deps = {});
+  StepId reduce(void* dst, const void* a, const void* b, size_t count, std::initializer_list<StepId> deps = {});
+  StepId divide(void* dst, const void* src, size_t count, std::initializer_list<StepId> deps = {});
+  StepId scale(void* dst, const void* src, size_t count, std::initializer_list<StepId> deps = {});
+  // Add a dependency after the fact (the step must not have started).
+  void add_dep(StepId step, StepId dep);
+
+  // Reserves scratch memory (from the communicator's pool, bound when the plan
+  // starts). Returns a placeholder pointer usable in any step field; offsets
+  // from it stay valid within the reservation.
+  void* scratch(size_t bytes);
+  size_t scratch_bytes() const { return scratch_bytes_; }
+  static bool is_scratch(const void* p) { return reinterpret_cast<uintptr_t>(p) >= kScratchBase; }
+  static size_t scratch_offset(const void* p) { return reinterpret_cast<uintptr_t>(p) - kScratchBase; }
+
+  // Reduction parameters shared by every reducing step of the plan.
+  ncclDataType_t dtype = ncclFloat32;
+  kernels::ReduceOp op = kernels::ReduceOp::Sum;
+  int divisor = 1;
+  alignas(8) unsigned char scalar[8] = {};  // PreMulSum scalar, one element of dtype
+
+  OpKind kind = OpKind::AllReduce;
+  std::string algorithm;  // for logs and traces
+
+  const std::vector<Step>& steps() const { return steps_; }
+  std::vector<Step>& steps() { return steps_; }
+  const std::vector<uint32_t>& deps() const { return deps_; }
+  size_t size() const { return steps_.size(); }
+
+ private:
+  StepId add(Step s, std::initializer_list<StepId> deps);
+  std::vector<Step> steps_;
+  std::vector<uint32_t> deps_;
+  std::vector<std::pair<StepId, StepId>> late_deps_;
+  // Placeholders live in the upper half of the address space, which user
+  // pointers never reach on Linux.
+  static constexpr uintptr_t kScratchBase = uintptr_t{1} << 63;
+  size_t scratch_bytes_ = 0;
+  friend class PlanRun;
+};
+
+}  // namespace meshccl

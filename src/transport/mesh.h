@@ -1,0 +1,46 @@
+// The connections of one communicator: for every peer, a send and a receive
+// connection over the transport chosen for that pair (shm between processes
+// of one host, a network transport otherwise, MESHCCL_TRANSPORT to force).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "comm/bootstrap.h"
+#include "comm/identity.h"
+#include "transport/registry.h"
+
+namespace meshccl {
+
+struct Request {
+  Transport* transport = nullptr;
+  void* handle = nullptr;
+};
+
+class Mesh {
+ public:
+  ~Mesh();
+  // Collective over the communicator: builds every connection, in bounded time.
+  static Status connect_all(Bootstrap& bootstrap, const std::vector<PeerInfo>& peers,
+                            const std::atomic<bool>* abort, std::unique_ptr<Mesh>* out);
+
+  // r->handle == nullptr after success means "busy, retry".
+  Status isend(int peer, const void* data, size_t size, uint64_t tag, Request* r);
+  Status irecv(int peer, void* data, size_t size, uint64_t tag, Request* r);
+  static Status test(Request& r, bool* done, size_t* size) {
+    return r.transport->test(r.handle, done, size);
+  }
+  const char* transport_name(int peer) const;
+
+ private:
+  Mesh() = default;
+  struct Link {
+    Transport* transport = nullptr;
+    void* send = nullptr;
+    void* recv = nullptr;
+  };
+  std::vector<std::unique_ptr<Transport>> transports_;
+  std::vector<Link> links_;
+};
+
+}  // namespace meshccl

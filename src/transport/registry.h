@@ -1,0 +1,55 @@
+// The transports a communicator can use: the built-in C plugins (shm, socket)
+// and loadable ones (libmeshccl-transport-<name>.so), each wrapped in a small
+// C++ class that turns plugin error codes into Status with a message.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshccl/transport.h"
+#include "util/status.h"
+
+namespace meshccl {
+
+class Transport {
+ public:
+  ~Transport();
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+
+  // Creates the plugin context for one communicator.
+  static Status open(const meshccl_transport_v1_t* api, int rank, int nranks,
+                     std::unique_ptr<Transport>* out);
+
+  const char* name() const { return api_->name; }
+  const meshccl_transport_props_v1_t& props() const { return props_; }
+
+  Status listen(void* handle, void** listen_comm);
+  Status connect(const void* handle, void** send_comm);  // *send_comm null: retry
+  Status accept(void* listen_comm, void** recv_comm);    // *recv_comm null: retry
+  // *request null: busy, retry later.
+  Status isend(void* send_comm, const void* data, size_t size, uint64_t tag, void** request);
+  Status irecv(void* recv_comm, void* data, size_t size, uint64_t tag, void** request);
+  Status test(void* request, bool* done, size_t* size);
+  void close_send(void* c);
+  void close_recv(void* c);
+  void close_listen(void* c);
+
+ private:
+  Transport(const meshccl_transport_v1_t* api, void* ctx) : api_(api), ctx_(ctx) {}
+  Status check(int rc, const char* what) const;
+
+  const meshccl_transport_v1_t* api_;
+  void* ctx_;
+  meshccl_transport_props_v1_t props_{};
+  std::unique_ptr<meshccl_transport_host_v1_t> host_;
+};
+
+// Finds a transport by name: built-in first, then a loadable module.
+Status find_transport(const std::string& name, const meshccl_transport_v1_t** out);
+// Names of the built-in transports and of loadable modules found on the
+// search path (for meshccl_info).
+std::vector<std::string> available_transports();
+
+}  // namespace meshccl

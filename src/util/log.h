@@ -1,0 +1,54 @@
+// Logging in NCCL's line format, controlled by MESHCCL_DEBUG (alias NCCL_DEBUG):
+//   [time] host:pid:tid [dev] NCCL INFO <msg>
+//   [time] host:pid:tid [dev] file:line NCCL WARN <msg>
+// Every WARN also becomes the process's "last error" (ncclGetLastError).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace meshccl {
+
+enum class LogLevel : int { None = 0, Version = 1, Warn = 2, Info = 3, Trace = 4 };
+
+// Subsystems for MESHCCL_DEBUG_SUBSYS filtering of INFO/TRACE lines.
+enum LogSubsys : uint32_t {
+  kInit = 1u << 0,
+  kColl = 1u << 1,
+  kP2P = 1u << 2,
+  kShm = 1u << 3,
+  kNet = 1u << 4,
+  kGraph = 1u << 5,
+  kTune = 1u << 6,
+  kEnv = 1u << 7,
+  kAlloc = 1u << 8,
+  kCall = 1u << 9,
+  kBootstrap = 1u << 10,
+  kReg = 1u << 11,
+  kSched = 1u << 12,
+  kAllSubsys = 0xffffffffu,
+};
+
+LogLevel log_level();
+bool log_enabled(LogLevel level, uint32_t subsys);
+void log_msg(LogLevel level, uint32_t subsys, const char* file, int line, const char* fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+// Re-read the debug settings at the next log line (ncclResetDebugInit).
+void log_reset();
+// Text of the last WARN in this process ("" if none).
+std::string last_error();
+void set_last_error(const std::string& msg);
+
+}  // namespace meshccl
+
+#define MC_WARN(...) ::meshccl::log_msg(::meshccl::LogLevel::Warn, ::meshccl::kAllSubsys, __FILE__, __LINE__, __VA_ARGS__)
+#define MC_INFO(subsys, ...)                                                          \
+  do {                                                                                \
+    if (::meshccl::log_enabled(::meshccl::LogLevel::Info, (subsys)))                  \
+      ::meshccl::log_msg(::meshccl::LogLevel::Info, (subsys), __FILE__, __LINE__, __VA_ARGS__); \
+  } while (0)
+#define MC_TRACE(subsys, ...)                                                         \
+  do {                                                                                \
+    if (::meshccl::log_enabled(::meshccl::LogLevel::Trace, (subsys)))                 \
+      ::meshccl::log_msg(::meshccl::LogLevel::Trace, (subsys), __FILE__, __LINE__, __VA_ARGS__); \
+  } while (0)

@@ -1,0 +1,37 @@
+// Typed access to the settings declared in params.def.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace meshccl {
+
+enum class Param {
+#define MESHCCL_PARAM(id, name, alias, def, help) id,
+#include "util/params.def"
+#undef MESHCCL_PARAM
+  Count
+};
+
+struct ParamInfo {
+  const char* name;
+  const char* alias;  // nullptr when NCCL has no such knob
+  const char* default_value;
+  const char* help;
+};
+
+const ParamInfo& param_info(Param p);
+const std::vector<ParamInfo>& all_params();
+
+// The environment value (name, then alias) or nullptr when neither is set.
+const char* param_env(Param p);
+// The value in force: environment, else default.
+std::string param_str(Param p);
+// Integer value; a malformed value logs a WARN once and yields the default.
+int64_t param_int(Param p);
+// Lookup by name or alias ("MESHCCL_X" / "NCCL_X"); unknown names fall back to
+// getenv(name). For plugins (get_param).
+const char* param_by_name(const char* name);
+
+}  // namespace meshccl
