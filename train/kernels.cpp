@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -26,9 +27,7 @@ inline float vexp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
+  const float scale = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
   return p * scale;
 }
 

@@ -1,0 +1,233 @@
+// The equivalence test: every dp x pp x tp layout, run over meshccl with one
+// thread per rank, gives the single-process losses and parameters; resume in a
+// parallel layout; and a real multi-process job under meshrun.
+#include <gtest/gtest.h>
+
+#include <cblas.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "harness.h"
+#include "nccl_comm.h"
+
+using namespace meshtrain;
+using namespace meshtrain::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Small enough that all layouts together take a few minutes on 2 cores.
+TrainConfig base_config() {
+  TrainConfig c;
+  c.model.vocab = 256;
+  c.model.seq = 16;
+  c.model.layers = 4;
+  c.model.d_model = 32;
+  c.model.heads = 4;
+  c.micro_batch = 2;
+  c.steps = 20;
+  c.optim.lr = 2e-3f;
+  c.optim.warmup = 4;
+  c.optim.total_steps = c.steps;
+  c.bucket_elems = 4096;  // several buckets per backward, to exercise the overlap path
+  c.val_sequences = 12;
+  return c;
+}
+constexpr int kGlobalBatch = 12;  // divisible by every dp used below (1, 2, 3) times 2
+
+TrainConfig with_layout(Layout l, PipeSchedule s) {
+  TrainConfig c = base_config();
+  c.layout = l;
+  c.schedule = s;
+  c.grad_accum = kGlobalBatch / (l.dp * c.micro_batch);
+  return c;
+}
+
+const Corpus& corpus() {
+  static const Corpus c = Corpus::load(MESHTRAIN_TEST_CORPUS, 16);
+  return c;
+}
+
+CommFactory meshccl_comms(const TrainConfig& cfg) {
+  ncclUniqueId id;
+  check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  const int n = cfg.layout.world();
+  return [id, n, cfg](int rank, Comms* out) -> std::shared_ptr<void> {
+    ncclComm_t world = nullptr;
+    check_nccl(ncclCommInitRank(&world, n, id, rank), "ncclCommInitRank");
+    auto rc = std::make_shared<RankComms>(split_comms(world, cfg.layout, cfg.model.tied));
+    *out = rc->view();
+    return rc;
+  };
+}
+
+const RunResult& reference(bool tied) {
+  static std::map<bool, RunResult> cache;
+  auto it = cache.find(tied);
+  if (it == cache.end()) {
+    TrainConfig c = with_layout({1, 1, 1}, PipeSchedule::OneFOneB);
+    c.model.tied = tied;
+    it = cache.emplace(tied, run_threads(c, corpus(), nullptr)).first;
+  }
+  return it->second;
+}
+
+// fp32 tolerances: reductions in a different order (tensor-parallel partial
+// sums, data-parallel averages, micro-batch accumulation) differ in the last
+// bits, and 20 AdamW steps carry that along.
+constexpr double kLossTol = 2e-4;   // relative, per step
+constexpr double kParamTol = 1e-3;  // relative Frobenius norm, per tensor
+
+void expect_equivalent(const RunResult& got, const RunResult& ref, const char* what) {
+  ASSERT_EQ(got.error, "") << what;
+  ASSERT_EQ(got.losses.size(), ref.losses.size());
+  double worst = 0;
+  for (size_t s = 0; s < ref.losses.size(); s++) {
+    const double rel = std::fabs(got.losses[s] - ref.losses[s]) / std::fabs(ref.losses[s]);
+    worst = std::max(worst, rel);
+    EXPECT_LT(rel, kLossTol) << what << " step " << s << ": " << got.losses[s] << " vs "
+                             << ref.losses[s];
+  }
+  EXPECT_LT(ref.losses.back(), ref.losses.front() - 0.5f) << "the reference run did not learn";
+  ASSERT_EQ(got.params.size(), ref.params.size()) << what;
+  double worst_p = 0;
+  const size_t real_vocab = static_cast<size_t>(base_config().model.vocab) * base_config().model.d_model;
+  for (const auto& [name, want] : ref.params) {
+    auto it = got.params.find(name);
+    ASSERT_NE(it, got.params.end()) << what << ": no tensor " << name;
+    const auto& have = it->second;
+    // Padded vocabulary rows depend on tp and never take part; compare real rows.
+    const size_t n = (name == "wte" || name == "lm_head") ? real_vocab : want.size();
+    ASSERT_GE(have.size(), n);
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < n; i++) {
+      diff += (have[i] - want[i]) * static_cast<double>(have[i] - want[i]);
+      norm += static_cast<double>(want[i]) * want[i];
+    }
+    const double rel = std::sqrt(diff / std::max(norm, 1e-30));
+    worst_p = std::max(worst_p, rel);
+    EXPECT_LT(rel, kParamTol) << what << ": tensor " << name;
+  }
+  ASSERT_EQ(got.val.size(), 1u);
+  EXPECT_NEAR(got.val[0], ref.val[0], 1e-3 * ref.val[0]) << what << " validation loss";
+  std::printf("[ %s ] worst loss rel diff %.2e, worst param rel diff %.2e, comm wait %.0f%% of "
+              "rank time\n",
+              what, worst, worst_p, 100.0 * got.comm_wait / got.seconds);
+}
+
+struct LayoutCase {
+  Layout layout;
+  PipeSchedule schedule;
+  bool tied = true;
+  int layers = 4;
+};
+
+std::string case_name(const LayoutCase& c) {
+  return std::to_string(c.layout.dp) + "x" + std::to_string(c.layout.pp) + "x" +
+         std::to_string(c.layout.tp) + "_" + schedule_name(c.schedule) +
+         (c.tied ? "" : "_untied");
+}
+
+class Equivalence : public ::testing::TestWithParam<LayoutCase> {
+ protected:
+  static void SetUpTestSuite() { openblas_set_num_threads(1); }
+};
+
+}  // namespace
+
+TEST_P(Equivalence, MatchesSingleProcess) {
+  const LayoutCase& lc = GetParam();
+  TrainConfig c = with_layout(lc.layout, lc.schedule);
+  c.model.tied = lc.tied;
+  const RunResult got = run_threads(c, corpus(), meshccl_comms(c));
+  expect_equivalent(got, reference(lc.tied), case_name(lc).c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, Equivalence,
+    ::testing::Values(LayoutCase{{2, 1, 1}, PipeSchedule::OneFOneB},
+                      LayoutCase{{1, 2, 1}, PipeSchedule::OneFOneB},
+                      LayoutCase{{1, 2, 1}, PipeSchedule::GPipe},
+                      LayoutCase{{1, 1, 2}, PipeSchedule::OneFOneB},
+                      LayoutCase{{2, 2, 1}, PipeSchedule::GPipe},
+                      LayoutCase{{2, 1, 2}, PipeSchedule::OneFOneB},
+                      LayoutCase{{1, 2, 2}, PipeSchedule::OneFOneB},
+                      LayoutCase{{2, 2, 2}, PipeSchedule::OneFOneB},
+                      LayoutCase{{3, 1, 1}, PipeSchedule::OneFOneB},
+                      LayoutCase{{1, 3, 1}, PipeSchedule::OneFOneB},  // 4 layers on 3 stages
+                      LayoutCase{{1, 2, 2}, PipeSchedule::GPipe, false}),
+    [](const ::testing::TestParamInfo<LayoutCase>& i) { return case_name(i.param); });
+
+TEST(ParallelResume, SameLossesAsAnUninterruptedRun) {
+  openblas_set_num_threads(1);
+  TrainConfig c = with_layout({2, 2, 2}, PipeSchedule::OneFOneB);
+  c.steps = 8;
+  c.optim.total_steps = 8;
+  const RunResult straight = run_threads(c, corpus(), meshccl_comms(c));
+  ASSERT_EQ(straight.error, "");
+  const fs::path dir = fs::temp_directory_path() / ("meshtrain_presume_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  c.ckpt_dir = dir.string();
+  const RunResult first = run_threads(c, corpus(), meshccl_comms(c), 0, 4, {},
+                                      [](Engine& e, int s) { if (s == 3) e.save_checkpoint(s); });
+  ASSERT_EQ(first.error, "");
+  for (int r = 0; r < 8; r++) {
+    char name[32];
+    std::snprintf(name, sizeof name, "rank_%05d.bin", r);
+    EXPECT_TRUE(fs::exists(dir / "step_00000003" / name)) << name;
+  }
+  int loaded = -1;
+  std::mutex mu;
+  const RunResult second = run_threads(c, corpus(), meshccl_comms(c), 4, 8, [&](Engine& e) {
+    const int s = e.load_checkpoint();
+    std::lock_guard<std::mutex> lock(mu);
+    loaded = s;
+  });
+  ASSERT_EQ(second.error, "");
+  EXPECT_EQ(loaded, 4);
+  for (int s = 0; s < 4; s++) {
+    EXPECT_EQ(first.losses[s], straight.losses[s]) << "step " << s;
+    EXPECT_EQ(second.losses[s], straight.losses[s + 4]) << "step " << s + 4;
+  }
+  for (const auto& [name, p] : straight.params) EXPECT_EQ(second.params.at(name), p) << name;
+  fs::remove_all(dir);
+}
+
+namespace {
+int run_cmd(const std::string& cmd, std::string* out) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return -1;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out->append(buf, n);
+  const int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+}  // namespace
+
+TEST(Meshrun, FourProcessJobTrains) {
+  std::string out;
+  const std::string cmd = std::string(MESHTRAIN_MESHRUN) + " -n 4 " + MESHTRAIN_BIN +
+                          " --dp 2 --pp 2 --tp 1 --layers 2 --d-model 32 --heads 4 --seq 16"
+                          " --micro-batch 2 --grad-accum 2 --steps 6 --val-every 3 --data " +
+                          MESHTRAIN_TEST_CORPUS;
+  ASSERT_EQ(run_cmd(cmd, &out), 0) << out;
+  EXPECT_NE(out.find("step     6/6"), std::string::npos) << out;
+  EXPECT_NE(out.find("summary:"), std::string::npos) << out;
+  EXPECT_NE(out.find("comm wait"), std::string::npos) << out;
+}
+
+TEST(Meshrun, ImpossibleLayoutIsRejected) {
+  std::string out;
+  const std::string cmd = std::string(MESHTRAIN_MESHRUN) + " -n 2 " + MESHTRAIN_BIN +
+                          " --dp 2 --pp 2 --steps 1 --data " + MESHTRAIN_TEST_CORPUS;
+  EXPECT_NE(run_cmd(cmd, &out), 0);
+  EXPECT_NE(out.find("but the job has 2 rank(s)"), std::string::npos) << out;
+  out.clear();
+  EXPECT_NE(run_cmd(std::string(MESHTRAIN_BIN) + " --tp 1 --heads 3 --d-model 32 --data " +
+                        MESHTRAIN_TEST_CORPUS, &out), 0);
+  EXPECT_NE(out.find("not divisible by heads"), std::string::npos) << out;
+}
