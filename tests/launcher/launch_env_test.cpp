@@ -331,6 +331,37 @@ TEST_F(Job, SlurmVariables) {
   EXPECT_TRUE(glob_files("/tmp/meshccl-slurm-" + job + ".4*").empty());
 }
 
+std::string find_in_path(const std::string& prog) {
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "";
+  size_t start = 0;
+  while (start < dirs.size()) {
+    size_t end = dirs.find(':', start);
+    if (end == std::string::npos) end = dirs.size();
+    std::string cand = dirs.substr(start, end - start) + "/" + prog;
+    if (::access(cand.c_str(), X_OK) == 0) return cand;
+    start = end + 1;
+  }
+  return "";
+}
+
+TEST_F(Job, RealOpenMpiMpirun) {
+  std::string mpirun = find_in_path("mpirun");
+  if (mpirun.empty()) GTEST_SKIP() << "no mpirun in PATH";
+  const std::vector<std::string> flags = {"--allow-run-as-root", "--oversubscribe", "-n"};
+  Result version = Process(mpirun, {"--version"}).wait();
+  if (version.out.find("Open MPI") == std::string::npos) GTEST_SKIP() << "mpirun is not Open MPI's";
+  std::vector<std::string> args = flags;
+  args.insert(args.end(), {"2", "/bin/true"});
+  Result probe = Process(mpirun, args).wait();
+  if (probe.status != 0) GTEST_SKIP() << "mpirun cannot start processes here:\n" << probe.err;
+
+  args = flags;
+  args.insert(args.end(), {"3", g_env_helper, "allreduce", "2"});
+  Result r = Process(mpirun, args).wait();
+  expect_ok(r, 3, "mpirun");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
