@@ -119,17 +119,18 @@ void reduce2_generic(void* dst, const void* a, const void* b, size_t count) {
   }
 }
 
-// Works a block at a time so every source streams through once and the
-// accumulator stays in L1; dst is written only after the block of every
-// source has been read, which is what makes dst == srcs[k] safe.
+// Elements [begin, end) of a reduction of nsrc sources, a block at a time so
+// every source streams through once and the accumulator stays in L1; dst is
+// written only after the block of every source has been read, which is what
+// makes dst == srcs[k] safe.
 template <class Tr, ReduceOp kOp>
-void reduce_n_generic(void* dst, const void* const* srcs, int nsrc, size_t count) {
+void reduce_n_range(void* dst, const void* const* srcs, int nsrc, size_t begin, size_t end) {
   using S = typename Tr::Store;
   using C = typename Tr::Compute;
   constexpr size_t kBlock = 512;
   C acc[kBlock];
-  for (size_t base = 0; base < count; base += kBlock) {
-    const size_t n = count - base < kBlock ? count - base : kBlock;
+  for (size_t base = begin; base < end; base += kBlock) {
+    const size_t n = end - base < kBlock ? end - base : kBlock;
     const void* s0 = static_cast<const unsigned char*>(srcs[0]) + base * sizeof(S);
     for (size_t i = 0; i < n; ++i) acc[i] = Tr::load(ld<S>(s0, i));
     for (int k = 1; k < nsrc; ++k) {
@@ -139,6 +140,11 @@ void reduce_n_generic(void* dst, const void* const* srcs, int nsrc, size_t count
     void* d = static_cast<unsigned char*>(dst) + base * sizeof(S);
     for (size_t i = 0; i < n; ++i) st<S>(d, i, Tr::store(acc[i]));
   }
+}
+
+template <class Tr, ReduceOp kOp>
+void reduce_n_generic(void* dst, const void* const* srcs, int nsrc, size_t count) {
+  reduce_n_range<Tr, kOp>(dst, srcs, nsrc, 0, count);
 }
 
 template <class Tr>
