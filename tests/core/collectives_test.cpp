@@ -1,0 +1,247 @@
+// Correctness matrix for every collective: ranks 1..8 (threads of one
+// process, real transports), counts 0/1/primes/non-multiples/large, every
+// datatype and reduction, roots other than 0, in-place and out-of-place.
+// Inputs are small integers so every datatype holds them exactly; expected
+// values are computed independently on each rank.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+#include "typed_values.h"
+
+using namespace meshccl_test;
+
+namespace {
+
+const ncclDataType_t kTypes[] = {ncclInt8,   ncclUint8,   ncclInt32,    ncclUint32,    ncclInt64,     ncclUint64,
+                                 ncclFloat16, ncclFloat32, ncclFloat64, ncclBfloat16, ncclFloat8e4m3, ncclFloat8e5m2};
+enum Red { kSum, kProd, kMax, kMin, kAvg, kPreMul };
+const Red kReds[] = {kSum, kProd, kMax, kMin, kAvg, kPreMul};
+
+bool is_signed(ncclDataType_t dt) { return dt == ncclInt8 || dt == ncclInt32 || dt == ncclInt64 || dt >= ncclFloat16; }
+
+double input(Red red, ncclDataType_t dt, int r, size_t i) {
+  switch (red) {
+    case kProd: return (r + i) % 5 == 0 ? 2 : 1;
+    case kMax:
+    case kMin: return static_cast<double>((r * 7 + i * 3) % 11) - (is_signed(dt) ? 5 : 0);
+    default: return static_cast<double>((r + 2 * i) % 3);
+  }
+}
+
+double scalar_of(int r) { return 1 + (r % 2); }
+
+double expected(Red red, ncclDataType_t dt, int n, size_t i) {
+  double acc = red == kProd ? 1 : (red == kMax ? -1e30 : red == kMin ? 1e30 : 0);
+  for (int r = 0; r < n; ++r) {
+    double v = stored(dt, input(red, dt, r, i));
+    switch (red) {
+      case kProd: acc = stored(dt, acc * v); break;
+      case kMax: acc = v > acc ? v : acc; break;
+      case kMin: acc = v < acc ? v : acc; break;
+      case kPreMul: acc += stored(dt, scalar_of(r) * v); break;
+      default: acc += v;
+    }
+  }
+  if (red == kAvg) acc = is_float(dt) ? acc / n : static_cast<double>(static_cast<int64_t>(acc) / n);
+  return red == kProd || red == kMax || red == kMin || !is_float(dt) ? stored(dt, acc) : acc;
+}
+
+ncclRedOp_t make_op(Red red, ncclDataType_t dt, int rank, ncclComm_t comm) {
+  switch (red) {
+    case kSum: return ncclSum;
+    case kProd: return ncclProd;
+    case kMax: return ncclMax;
+    case kMin: return ncclMin;
+    case kAvg: return ncclAvg;
+    case kPreMul: {
+      unsigned char s[8];
+      encode(dt, scalar_of(rank), s);
+      ncclRedOp_t op;
+      EXPECT_EQ(ncclRedOpCreatePreMulSum(&op, s, dt, ncclScalarHostImmediate, comm), ncclSuccess);
+      return op;
+    }
+  }
+  return ncclSum;
+}
+
+struct Buf {
+  ncclDataType_t dt;
+  std::vector<unsigned char> bytes;
+  Buf(ncclDataType_t t, size_t n) : dt(t), bytes(n * esize(t) + 1) {}
+  void* ptr(size_t elem = 0) { return bytes.data() + elem * esize(dt); }
+  double get(size_t i) const { return decode(dt, bytes.data() + i * esize(dt)); }
+  void set(size_t i, double v) { encode(dt, v, bytes.data() + i * esize(dt)); }
+};
+
+std::vector<size_t> counts_for(int n) {
+  std::vector<size_t> c = {0, 1, 7, 1021, static_cast<size_t>(n) * 97 + 3};
+  return c;
+}
+
+void check_allreduce(ncclComm_t comm, int n, int rank, bool in_place) {
+  for (ncclDataType_t dt : kTypes) {
+    for (Red red : kReds) {
+      for (size_t count : counts_for(n)) {
+        Buf send(dt, count), recv(dt, count);
+        for (size_t i = 0; i < count; ++i) send.set(i, input(red, dt, rank, i));
+        Buf& out = in_place ? send : recv;
+        ncclRedOp_t op = make_op(red, dt, rank, comm);
+        ASSERT_EQ(ncclAllReduce(send.ptr(), out.ptr(), count, dt, op, comm, nullptr), ncclSuccess)
+            << ncclGetLastError(nullptr);
+        if (red == kPreMul) ASSERT_EQ(ncclRedOpDestroy(op, comm), ncclSuccess);
+        for (size_t i = 0; i < count; ++i)
+          ASSERT_TRUE(close(dt, out.get(i), expected(red, dt, n, i)))
+              << "AllReduce n=" << n << " dt=" << dt << " red=" << red << " count=" << count << " i=" << i
+              << " got " << out.get(i) << " want " << expected(red, dt, n, i) << (in_place ? " in-place" : "");
+      }
+    }
+  }
+}
+
+void check_reduce_scatter(ncclComm_t comm, int n, int rank, bool in_place) {
+  for (ncclDataType_t dt : {ncclInt32, ncclFloat32, ncclBfloat16, ncclFloat8e4m3, ncclUint64}) {
+    for (Red red : kReds) {
+      for (size_t rc : {size_t{0}, size_t{1}, size_t{13}, size_t{1000}}) {
+        Buf send(dt, rc * n), recv(dt, rc);
+        for (size_t i = 0; i < rc * n; ++i) send.set(i, input(red, dt, rank, i));
+        void* out = in_place ? send.ptr(rank * rc) : recv.ptr();
+        ncclRedOp_t op = make_op(red, dt, rank, comm);
+        ASSERT_EQ(ncclReduceScatter(send.ptr(), out, rc, dt, op, comm, nullptr), ncclSuccess) << ncclGetLastError(nullptr);
+        if (red == kPreMul) ASSERT_EQ(ncclRedOpDestroy(op, comm), ncclSuccess);
+        const Buf& ob = in_place ? send : recv;
+        size_t off = in_place ? rank * rc : 0;
+        for (size_t i = 0; i < rc; ++i)
+          ASSERT_TRUE(close(dt, ob.get(off + i), expected(red, dt, n, rank * rc + i)))
+              << "ReduceScatter n=" << n << " dt=" << dt << " red=" << red << " rc=" << rc << " i=" << i;
+      }
+    }
+  }
+}
+
+void check_reduce(ncclComm_t comm, int n, int rank, bool in_place) {
+  for (ncclDataType_t dt : {ncclInt8, ncclFloat16, ncclFloat64}) {
+    for (Red red : kReds) {
+      for (int root : {0, n - 1, n / 2}) {
+        size_t count = 1021;
+        Buf send(dt, count), recv(dt, count);
+        for (size_t i = 0; i < count; ++i) {
+          send.set(i, input(red, dt, rank, i));
+          recv.set(i, 99);
+        }
+        Buf& out = in_place ? send : recv;
+        ncclRedOp_t op = make_op(red, dt, rank, comm);
+        ASSERT_EQ(ncclReduce(send.ptr(), out.ptr(), count, dt, op, root, comm, nullptr), ncclSuccess);
+        if (red == kPreMul) ASSERT_EQ(ncclRedOpDestroy(op, comm), ncclSuccess);
+        for (size_t i = 0; i < count; ++i) {
+          double want = rank == root ? expected(red, dt, n, i)
+                                     : (in_place ? stored(dt, input(red, dt, rank, i)) : stored(dt, 99));
+          ASSERT_TRUE(close(dt, out.get(i), want)) << "Reduce n=" << n << " root=" << root << " red=" << red << " i=" << i;
+        }
+      }
+    }
+  }
+}
+
+double pattern(int r, size_t i) { return static_cast<double>((r * 31 + i * 7) % 100); }
+
+void check_data_movement(ncclComm_t comm, int n, int rank, bool in_place) {
+  const ncclDataType_t dt = ncclFloat32;
+  for (size_t count : counts_for(n)) {
+    for (int root : {0, n - 1}) {  // Broadcast
+      Buf send(dt, count), recv(dt, count);
+      for (size_t i = 0; i < count; ++i) send.set(i, rank == root ? pattern(root, i) : -1);
+      Buf& out = in_place ? send : recv;
+      ASSERT_EQ(ncclBroadcast(send.ptr(), out.ptr(), count, dt, root, comm, nullptr), ncclSuccess);
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(out.get(i), pattern(root, i)) << "Broadcast root " << root;
+    }
+    {  // AllGather
+      Buf send(dt, count), recv(dt, count * n);
+      void* src = send.ptr();
+      if (in_place) src = recv.ptr(rank * count);
+      for (size_t i = 0; i < count; ++i) encode(dt, pattern(rank, i), static_cast<char*>(src) + i * 4);
+      ASSERT_EQ(ncclAllGather(src, recv.ptr(), count, dt, comm, nullptr), ncclSuccess);
+      for (int r = 0; r < n; ++r)
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(recv.get(r * count + i), pattern(r, i)) << "AllGather";
+    }
+    if (!in_place) {  // AlltoAll
+      Buf send(dt, count * n), recv(dt, count * n);
+      for (int p = 0; p < n; ++p)
+        for (size_t i = 0; i < count; ++i) send.set(p * count + i, pattern(rank * n + p, i));
+      ASSERT_EQ(ncclAlltoAll(send.ptr(), recv.ptr(), count, dt, comm, nullptr), ncclSuccess);
+      for (int p = 0; p < n; ++p)
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(recv.get(p * count + i), pattern(p * n + rank, i)) << "AlltoAll";
+    }
+    for (int root : {0, n - 1}) {  // Gather
+      Buf send(dt, count), recv(dt, count * n);
+      void* src = send.ptr();
+      if (in_place && rank == root) src = recv.ptr(root * count);
+      for (size_t i = 0; i < count; ++i) encode(dt, pattern(rank, i), static_cast<char*>(src) + i * 4);
+      ASSERT_EQ(ncclGather(src, recv.ptr(), count, dt, root, comm, nullptr), ncclSuccess);
+      if (rank == root)
+        for (int r = 0; r < n; ++r)
+          for (size_t i = 0; i < count; ++i) ASSERT_EQ(recv.get(r * count + i), pattern(r, i)) << "Gather";
+    }
+    for (int root : {0, n - 1}) {  // Scatter
+      Buf send(dt, count * n), recv(dt, count);
+      if (rank == root)
+        for (int r = 0; r < n; ++r)
+          for (size_t i = 0; i < count; ++i) send.set(r * count + i, pattern(r, i));
+      void* dst = (in_place && rank == root) ? send.ptr(root * count) : recv.ptr();
+      ASSERT_EQ(ncclScatter(send.ptr(), dst, count, dt, root, comm, nullptr), ncclSuccess);
+      for (size_t i = 0; i < count; ++i)
+        ASSERT_EQ(decode(dt, static_cast<char*>(dst) + i * 4), pattern(rank, i)) << "Scatter";
+    }
+  }
+}
+
+class Collectives : public ::testing::TestWithParam<int> {};
+
+TEST_P(Collectives, AllReduce) {
+  int n = GetParam();
+  run_ranks(n, [n](ncclComm_t comm, int rank) {
+    check_allreduce(comm, n, rank, false);
+    check_allreduce(comm, n, rank, true);
+  });
+}
+
+TEST_P(Collectives, ReduceScatterAndReduce) {
+  int n = GetParam();
+  run_ranks(n, [n](ncclComm_t comm, int rank) {
+    for (bool ip : {false, true}) {
+      check_reduce_scatter(comm, n, rank, ip);
+      check_reduce(comm, n, rank, ip);
+    }
+  });
+}
+
+TEST_P(Collectives, DataMovement) {
+  int n = GetParam();
+  run_ranks(n, [n](ncclComm_t comm, int rank) {
+    check_data_movement(comm, n, rank, false);
+    check_data_movement(comm, n, rank, true);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::Values(1, 2, 3, 4, 5, 7, 8),
+                         [](const auto& info) { return "n" + std::to_string(info.param); });
+
+// Large messages cross the chunking and the rendezvous paths.
+TEST(CollectivesLarge, AllReduceAndBroadcast17MiB) {
+  const size_t count = (17u << 20) / 4 + 3;
+  run_ranks(3, [count](ncclComm_t comm, int rank) {
+    std::vector<float> buf(count);
+    for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>((rank + i) % 5);
+    ASSERT_EQ(ncclAllReduce(buf.data(), buf.data(), count, ncclFloat, ncclSum, comm, nullptr), ncclSuccess);
+    for (size_t i = 0; i < count; ++i)
+      ASSERT_EQ(buf[i], static_cast<float>(i % 5 + (1 + i) % 5 + (2 + i) % 5)) << i;
+    std::vector<float> b(count, rank == 1 ? 3.5f : 0.f);
+    ASSERT_EQ(ncclBroadcast(b.data(), b.data(), count, ncclFloat, 1, comm, nullptr), ncclSuccess);
+    for (size_t i = 0; i < count; i += 4099) ASSERT_EQ(b[i], 3.5f);
+  });
+}
+
+}  // namespace

@@ -1,0 +1,559 @@
+// Ranks as separate processes (fork), and failure cases that only show up
+// across processes: a rank killed mid-job, abort from another thread, stray
+// connections to the bootstrap root, mismatched sizes, leaked descriptors.
+//
+// Children are forked before they create any thread and report through exit
+// codes and a shared anonymous mapping; GoogleTest assertions run only in the
+// parent. Every child is killed at a deadline, so no case can hang the suite.
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/unique_id.h"
+#include "meshccl.h"
+
+namespace {
+
+constexpr double kTimeout = 10;  // MESHCCL_TIMEOUT for every case
+constexpr double kChildDeadline = 30;
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+void set_timeout_env() { setenv("MESHCCL_TIMEOUT", "10", 1); }
+
+// What a child leaves for the parent, in memory shared across fork.
+struct Slot {
+  int result;      // an ncclResult_t the child wants checked
+  double seconds;  // how long the interesting call took
+  char message[256];
+};
+
+struct Child {
+  int rank;
+  pid_t pid;
+  int status = -1;          // waitpid status; -1 while running
+  double seconds = 0;       // from fork to exit
+  bool killed_at_deadline = false;
+};
+
+class SharedSlots {
+ public:
+  explicit SharedSlots(int n) : n_(n) {
+    void* p = mmap(nullptr, sizeof(Slot) * n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) std::abort();
+    slots_ = static_cast<Slot*>(p);
+    for (int i = 0; i < n; ++i) slots_[i] = Slot{-1, -1, {}};
+  }
+  ~SharedSlots() { munmap(slots_, sizeof(Slot) * n_); }
+  Slot& operator[](int i) { return slots_[i]; }
+
+ private:
+  int n_;
+  Slot* slots_;
+};
+
+// Forks n children; child r runs body(r) and exits with its return value.
+// Children still running after deadline_s are killed with SIGKILL.
+std::vector<Child> run_procs(int n, double deadline_s, const std::function<int(int)>& body) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::vector<Child> kids;
+  auto t0 = Clock::now();
+  for (int r = 0; r < n; ++r) {
+    pid_t pid = fork();
+    if (pid < 0) {
+      ADD_FAILURE() << "fork failed: " << std::strerror(errno);
+      break;
+    }
+    if (pid == 0) {
+      int code = 99;
+      try {
+        code = body(r);
+      } catch (...) {
+        code = 98;
+      }
+      std::fflush(stdout);
+      std::fflush(stderr);
+      _exit(code);
+    }
+    kids.push_back(Child{r, pid});
+  }
+  size_t done = 0;
+  while (done < kids.size()) {
+    bool late = since(t0) > deadline_s;
+    for (auto& k : kids) {
+      if (k.status != -1) continue;
+      if (late && !k.killed_at_deadline) {
+        kill(k.pid, SIGKILL);
+        k.killed_at_deadline = true;
+      }
+      int st = 0;
+      pid_t got = waitpid(k.pid, &st, late ? 0 : WNOHANG);
+      if (got == k.pid) {
+        k.status = st;
+        k.seconds = since(t0);
+        ++done;
+      }
+    }
+    if (done < kids.size()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return kids;
+}
+
+std::string describe(const Child& k) {
+  char buf[160];
+  if (k.killed_at_deadline)
+    std::snprintf(buf, sizeof(buf), "rank %d killed at the deadline after %.2f s", k.rank, k.seconds);
+  else if (WIFEXITED(k.status))
+    std::snprintf(buf, sizeof(buf), "rank %d exited %d after %.2f s", k.rank, WEXITSTATUS(k.status), k.seconds);
+  else if (WIFSIGNALED(k.status))
+    std::snprintf(buf, sizeof(buf), "rank %d died of signal %d after %.2f s", k.rank, WTERMSIG(k.status), k.seconds);
+  else
+    std::snprintf(buf, sizeof(buf), "rank %d status 0x%x", k.rank, k.status);
+  return buf;
+}
+
+bool exited_ok(const Child& k) { return !k.killed_at_deadline && WIFEXITED(k.status) && WEXITSTATUS(k.status) == 0; }
+
+// Child-side failure report: prints and yields the exit code.
+int fail(int code, int rank, const char* what, ncclResult_t res) {
+  std::fprintf(stderr, "rank %d: %s: %s (%s)\n", rank, what, ncclGetErrorString(res), ncclGetLastError(nullptr));
+  return code;
+}
+
+bool is_peer_failure(int r) { return r == ncclRemoteError || r == ncclSystemError || r == ncclInvalidUsage; }
+
+// ---------------------------------------------------------------------------
+// (a) Correct results with ranks as processes, over each transport mix.
+
+struct TransportCase {
+  const char* name;
+  const char* transport;  // MESHCCL_TRANSPORT, or nullptr
+  bool two_hosts;         // MESHCCL_HOSTID=host<rank/2>
+};
+
+class ProcessCollectives : public ::testing::TestWithParam<TransportCase> {};
+
+int collectives_child(const ncclUniqueId& id, int n, int rank, const TransportCase& tc) {
+  if (tc.transport) setenv("MESHCCL_TRANSPORT", tc.transport, 1);
+  if (tc.two_hosts) {
+    std::string host = "host" + std::to_string(rank / 2);
+    setenv("MESHCCL_HOSTID", host.c_str(), 1);
+  }
+  ncclComm_t comm = nullptr;
+  ncclResult_t res = ncclCommInitRank(&comm, n, id, rank);
+  if (res != ncclSuccess) return fail(10, rank, "ncclCommInitRank", res);
+
+  // Odd counts, so chunking leaves a remainder; sizes above the eager range.
+  const size_t count = 300007;
+  std::vector<float> buf(count);
+  for (size_t i = 0; i < count; ++i) buf[i] = float((rank + 1) * (i % 1000));
+  res = ncclAllReduce(buf.data(), buf.data(), count, ncclFloat, ncclSum, comm, nullptr);
+  if (res != ncclSuccess) return fail(11, rank, "ncclAllReduce", res);
+  const float scale = float(n * (n + 1) / 2);
+  for (size_t i = 0; i < count; ++i)
+    if (buf[i] != scale * float(i % 1000)) {
+      std::fprintf(stderr, "rank %d: allreduce[%zu] = %g, want %g\n", rank, i, buf[i], scale * float(i % 1000));
+      return 12;
+    }
+
+  const int root = n - 2;
+  std::vector<int64_t> bc(100003);
+  for (size_t i = 0; i < bc.size(); ++i) bc[i] = rank == root ? int64_t(i * 7 + 3) : -1;
+  res = ncclBroadcast(bc.data(), bc.data(), bc.size(), ncclInt64, root, comm, nullptr);
+  if (res != ncclSuccess) return fail(13, rank, "ncclBroadcast", res);
+  for (size_t i = 0; i < bc.size(); ++i)
+    if (bc[i] != int64_t(i * 7 + 3)) {
+      std::fprintf(stderr, "rank %d: broadcast[%zu] = %lld\n", rank, i, static_cast<long long>(bc[i]));
+      return 14;
+    }
+
+  const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+  std::vector<int32_t> out(50001), in(50001, -1);
+  for (size_t i = 0; i < out.size(); ++i) out[i] = int32_t(rank * 1000003 + i);
+  if ((res = ncclGroupStart()) != ncclSuccess) return fail(15, rank, "ncclGroupStart", res);
+  ncclResult_t rs = ncclSend(out.data(), out.size(), ncclInt32, next, comm, nullptr);
+  ncclResult_t rr = ncclRecv(in.data(), in.size(), ncclInt32, prev, comm, nullptr);
+  res = ncclGroupEnd();
+  if (rs != ncclSuccess) return fail(16, rank, "ncclSend", rs);
+  if (rr != ncclSuccess) return fail(16, rank, "ncclRecv", rr);
+  if (res != ncclSuccess) return fail(16, rank, "ncclGroupEnd", res);
+  for (size_t i = 0; i < in.size(); ++i)
+    if (in[i] != int32_t(prev * 1000003 + i)) {
+      std::fprintf(stderr, "rank %d: recv[%zu] = %d\n", rank, i, in[i]);
+      return 17;
+    }
+
+  res = ncclCommDestroy(comm);
+  if (res != ncclSuccess) return fail(18, rank, "ncclCommDestroy", res);
+  return 0;
+}
+
+TEST_P(ProcessCollectives, AllReduceBroadcastRing) {
+  set_timeout_env();
+  const TransportCase tc = GetParam();
+  const int n = 4;
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  auto kids = run_procs(n, kChildDeadline, [&](int r) { return collectives_child(id, n, r, tc); });
+  ASSERT_EQ(kids.size(), size_t(n));
+  for (auto& k : kids) EXPECT_TRUE(exited_ok(k)) << describe(k);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ProcessCollectives,
+                         ::testing::Values(TransportCase{"shm", nullptr, false},
+                                           TransportCase{"socket", "socket", false},
+                                           TransportCase{"two_hosts", nullptr, true}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// ---------------------------------------------------------------------------
+// (b) A rank dies between collectives: the survivors get an error long before
+// MESHCCL_TIMEOUT, abort, and exit cleanly.
+
+void killed_rank_case(const char* transport) {
+  set_timeout_env();
+  const int n = 4, victim = 3;
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  SharedSlots slots(n);
+  auto kids = run_procs(n, kChildDeadline, [&](int rank) {
+    if (transport) setenv("MESHCCL_TRANSPORT", transport, 1);
+    ncclComm_t comm = nullptr;
+    ncclResult_t res = ncclCommInitRank(&comm, n, id, rank);
+    if (res != ncclSuccess) return fail(10, rank, "ncclCommInitRank", res);
+    std::vector<float> buf(65536, 1.0f);
+    res = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, comm, nullptr);
+    if (res != ncclSuccess) return fail(11, rank, "first ncclAllReduce", res);
+    if (buf[0] != float(n)) return 12;
+    if (rank == victim) raise(SIGKILL);
+    auto t0 = Clock::now();
+    res = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, comm, nullptr);
+    slots[rank].seconds = since(t0);
+    slots[rank].result = res;
+    std::snprintf(slots[rank].message, sizeof(slots[rank].message), "%s", ncclGetLastError(nullptr));
+    ncclResult_t ab = ncclCommAbort(comm);
+    if (ab != ncclSuccess) return fail(13, rank, "ncclCommAbort", ab);
+    return 0;
+  });
+  ASSERT_EQ(kids.size(), size_t(n));
+  for (auto& k : kids) {
+    if (k.rank == victim) {
+      EXPECT_TRUE(!k.killed_at_deadline && WIFSIGNALED(k.status) && WTERMSIG(k.status) == SIGKILL) << describe(k);
+      continue;
+    }
+    EXPECT_TRUE(exited_ok(k)) << describe(k);
+    EXPECT_LT(k.seconds, 15.0) << describe(k);
+    const Slot& s = slots[k.rank];
+    EXPECT_TRUE(is_peer_failure(s.result)) << "rank " << k.rank << " second AllReduce returned " << s.result << " ("
+                                           << ncclGetErrorString(ncclResult_t(s.result)) << "): " << s.message;
+    // Noticed from the dead peer itself, not from the no-progress timeout.
+    EXPECT_LT(s.seconds, kTimeout / 2) << "rank " << k.rank << ": " << s.message;
+    std::printf("[ killed ] %s: rank %d second AllReduce -> %s after %.3f s: %s\n", transport ? transport : "shm",
+                k.rank, ncclGetErrorString(ncclResult_t(s.result)), s.seconds, s.message);
+  }
+}
+
+TEST(ProcessFailure, KilledRankShm) { killed_rank_case(nullptr); }
+TEST(ProcessFailure, KilledRankSocket) { killed_rank_case("socket"); }
+
+// ---------------------------------------------------------------------------
+// (c) ncclCommAbort from a second thread ends a collective blocked on a peer
+// that never joins.
+
+TEST(ProcessFailure, AbortFromAnotherThread) {
+  set_timeout_env();
+  const int n = 2;
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  SharedSlots slots(n);
+  auto kids = run_procs(n, kChildDeadline, [&](int rank) {
+    ncclComm_t comm = nullptr;
+    ncclResult_t res = ncclCommInitRank(&comm, n, id, rank);
+    if (res != ncclSuccess) return fail(10, rank, "ncclCommInitRank", res);
+    if (rank == 1) {
+      // Never joins the collective; outlives rank 0's abort.
+      std::this_thread::sleep_for(std::chrono::seconds(3));
+      ncclCommAbort(comm);
+      return 0;
+    }
+    std::thread aborter([comm] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      ncclCommAbort(comm);
+    });
+    std::vector<float> buf(1 << 16, 1.0f);
+    auto t0 = Clock::now();
+    res = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, comm, nullptr);
+    slots[rank].seconds = since(t0);
+    slots[rank].result = res;
+    std::snprintf(slots[rank].message, sizeof(slots[rank].message), "%s", ncclGetLastError(nullptr));
+    aborter.join();
+    return 0;
+  });
+  ASSERT_EQ(kids.size(), size_t(n));
+  for (auto& k : kids) EXPECT_TRUE(exited_ok(k)) << describe(k);
+  const Slot& s = slots[0];
+  EXPECT_NE(s.result, ncclSuccess);
+  EXPECT_NE(s.result, -1) << "rank 0 never returned from ncclAllReduce";
+  EXPECT_GE(s.seconds, 0.4) << "returned before the abort: " << s.message;
+  EXPECT_LT(s.seconds, 2.5) << "the abort did not end the wait: " << s.message;
+  std::printf("[ abort  ] AllReduce -> %s after %.3f s: %s\n", ncclGetErrorString(ncclResult_t(s.result)), s.seconds,
+              s.message);
+}
+
+// ---------------------------------------------------------------------------
+// (f) Ranks disagree on nranks: every rank gets an error, nobody hangs.
+
+TEST(ProcessFailure, MismatchedNranks) {
+  set_timeout_env();
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  SharedSlots slots(2);
+  auto kids = run_procs(2, kChildDeadline, [&](int rank) {
+    ncclComm_t comm = nullptr;
+    auto t0 = Clock::now();
+    ncclResult_t res = ncclCommInitRank(&comm, rank == 0 ? 2 : 3, id, rank);
+    slots[rank].seconds = since(t0);
+    slots[rank].result = res;
+    std::snprintf(slots[rank].message, sizeof(slots[rank].message), "%s", ncclGetLastError(nullptr));
+    if (res == ncclSuccess) ncclCommAbort(comm);
+    return 0;
+  });
+  ASSERT_EQ(kids.size(), size_t(2));
+  for (auto& k : kids) {
+    EXPECT_TRUE(exited_ok(k)) << describe(k);
+    const Slot& s = slots[k.rank];
+    EXPECT_NE(s.result, ncclSuccess) << "rank " << k.rank;
+    EXPECT_NE(s.result, -1) << "rank " << k.rank << " never returned";
+    EXPECT_LT(s.seconds, kTimeout + 2) << "rank " << k.rank;
+    std::printf("[mismatch] rank %d -> %s after %.3f s: %s\n", k.rank, ncclGetErrorString(ncclResult_t(s.result)),
+                s.seconds, s.message);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// (e) Stray connections to the bootstrap root.
+
+struct RootAddr {
+  sockaddr_storage ss{};
+  socklen_t len = 0;
+};
+
+RootAddr decode_root(const ncclUniqueId& id) {
+  meshccl::IdContents c;
+  std::memcpy(&c, id.internal, sizeof(c));
+  RootAddr a;
+  EXPECT_EQ(c.magic, meshccl::kIdMagic);
+  if (c.family == AF_INET) {
+    auto* s = reinterpret_cast<sockaddr_in*>(&a.ss);
+    s->sin_family = AF_INET;
+    s->sin_port = c.port;
+    std::memcpy(&s->sin_addr, c.addr, 4);
+    a.len = sizeof(sockaddr_in);
+  } else {
+    auto* s = reinterpret_cast<sockaddr_in6*>(&a.ss);
+    s->sin6_family = AF_INET6;
+    s->sin6_port = c.port;
+    std::memcpy(&s->sin6_addr, c.addr, 16);
+    a.len = sizeof(sockaddr_in6);
+  }
+  return a;
+}
+
+int stray_connect(const RootAddr& a) {
+  int fd = socket(a.ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&a.ss), a.len) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+void send_garbage(int fd, size_t bytes) {
+  std::vector<unsigned char> g(bytes);
+  for (size_t i = 0; i < bytes; ++i) g[i] = static_cast<unsigned char>(i * 131 + 7);
+  size_t off = 0;
+  while (off < bytes) {
+    ssize_t w = send(fd, g.data() + off, bytes - off, MSG_NOSIGNAL);
+    if (w <= 0) break;
+    off += size_t(w);
+  }
+}
+
+// Two ranks as threads; returns the slower init's duration, or -1 on failure.
+double init_two_ranks(const ncclUniqueId& id) {
+  std::vector<double> secs(2, -1);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      auto t0 = Clock::now();
+      ncclComm_t comm = nullptr;
+      ncclResult_t res = ncclCommInitRank(&comm, 2, id, r);
+      EXPECT_EQ(res, ncclSuccess) << "rank " << r << ": " << ncclGetLastError(nullptr);
+      if (res != ncclSuccess) return;
+      float v = float(r + 1);
+      EXPECT_EQ(ncclAllReduce(&v, &v, 1, ncclFloat, ncclSum, comm, nullptr), ncclSuccess);
+      EXPECT_EQ(v, 3.0f);
+      secs[r] = since(t0);
+      EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+    });
+  for (auto& t : ts) t.join();
+  return secs[0] < 0 || secs[1] < 0 ? -1 : std::max(secs[0], secs[1]);
+}
+
+TEST(StrayConnection, GarbageThenClose) {
+  set_timeout_env();
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  RootAddr a = decode_root(id);
+  for (size_t bytes : {size_t(1), size_t(64), size_t(4096)}) {
+    int fd = stray_connect(a);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    send_garbage(fd, bytes);
+    close(fd);
+  }
+  double s = init_two_ranks(id);
+  EXPECT_GE(s, 0);
+  std::printf("[ stray  ] garbage+close: init+allreduce took %.3f s\n", s);
+}
+
+// Garbage larger than the greeting: rejected on content, while still open.
+TEST(StrayConnection, LongGarbageHeldOpen) {
+  set_timeout_env();
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  int fd = stray_connect(decode_root(id));
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  send_garbage(fd, 4096);
+  double s = init_two_ranks(id);
+  close(fd);
+  EXPECT_GE(s, 0);
+  EXPECT_LT(s, kTimeout / 2);
+  std::printf("[ stray  ] long garbage held open: init+allreduce took %.3f s\n", s);
+}
+
+// A peer that sends a few bytes and then goes quiet must not hold up the
+// ranks that connect after it.
+TEST(StrayConnection, ShortGarbageHeldOpen) {
+  set_timeout_env();
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  int fd = stray_connect(decode_root(id));
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  send_garbage(fd, 16);
+  double s = init_two_ranks(id);
+  close(fd);
+  EXPECT_GE(s, 0);
+  EXPECT_LT(s, kTimeout / 2);
+  std::printf("[ stray  ] short garbage held open: init+allreduce took %.3f s\n", s);
+}
+
+// ---------------------------------------------------------------------------
+// (d) Creating and destroying communicators leaves no descriptors, mappings
+// or /dev/shm files behind.
+
+std::set<std::string> dir_entries(const char* path) {
+  std::set<std::string> out;
+  DIR* d = opendir(path);
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d))
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) out.insert(e->d_name);
+  closedir(d);
+  return out;
+}
+
+std::string fd_target(const std::string& fd) {
+  char buf[512];
+  std::string link = "/proc/self/fd/" + fd;
+  ssize_t n = readlink(link.c_str(), buf, sizeof(buf) - 1);
+  return n < 0 ? std::string("?") : std::string(buf, size_t(n));
+}
+
+std::multiset<std::string> open_fds() {
+  std::multiset<std::string> out;
+  for (const auto& fd : dir_entries("/proc/self/fd")) out.insert(fd_target(fd));
+  return out;
+}
+
+int memfd_mappings() {
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);)
+    if (line.find("memfd:meshccl") != std::string::npos) ++n;
+  return n;
+}
+
+std::string diff(const std::multiset<std::string>& before, const std::multiset<std::string>& after) {
+  std::string out;
+  for (const auto& s : after)
+    if (after.count(s) > before.count(s)) out += " +" + s;
+  for (const auto& s : before)
+    if (before.count(s) > after.count(s)) out += " -" + s;
+  return out;
+}
+
+TEST(Leaks, InitAllReduceDestroyRounds) {
+  set_timeout_env();
+  // The directory listing itself holds a descriptor while it runs: both
+  // samples include it.
+  auto fds_before = open_fds();
+  auto shm_before = dir_entries("/dev/shm");
+  int maps_before = memfd_mappings();
+  for (int round = 0; round < 3; ++round) {
+    ncclUniqueId id;
+    ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < 3; ++r)
+      ts.emplace_back([&, r] {
+        ncclComm_t comm = nullptr;
+        ncclResult_t res = ncclCommInitRank(&comm, 3, id, r);
+        EXPECT_EQ(res, ncclSuccess) << ncclGetLastError(nullptr);
+        if (res != ncclSuccess) return;
+        std::vector<double> buf(100000, double(r));
+        EXPECT_EQ(ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclDouble, ncclSum, comm, nullptr), ncclSuccess);
+        EXPECT_EQ(buf[99999], 3.0);
+        EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+      });
+    for (auto& t : ts) t.join();
+  }
+  // The bootstrap root thread closes its sockets after it has answered the
+  // ranks; give it a moment to finish.
+  std::multiset<std::string> fds_after;
+  for (int i = 0; i < 200; ++i) {
+    fds_after = open_fds();
+    if (fds_after.size() == fds_before.size()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(fds_after.size(), fds_before.size()) << "descriptors changed:" << diff(fds_before, fds_after);
+  EXPECT_EQ(memfd_mappings(), maps_before);
+  std::set<std::string> shm_after = dir_entries("/dev/shm");
+  std::string new_shm;
+  for (const auto& s : shm_after)
+    if (!shm_before.count(s)) new_shm += " " + s;
+  EXPECT_EQ(shm_after.size(), shm_before.size()) << "new in /dev/shm:" << new_shm;
+  std::printf("[ leaks  ] fds %zu -> %zu, memfd mappings %d -> %d, /dev/shm %zu -> %zu\n", fds_before.size(),
+              fds_after.size(), maps_before, memfd_mappings(), shm_before.size(), shm_after.size());
+}
+
+}  // namespace
