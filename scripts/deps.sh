@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the build and tests need, only those missing.
+# Sourced by scripts/demo and scripts/test.
+set -euo pipefail
+
+MESHCCL_PACKAGES=(
+  meson ninja-build pkgconf g++ libgtest-dev libgmock-dev libbenchmark-dev
+  libhwloc-dev libucx-dev libfabric-dev libopenblas-dev
+  libopenmpi-dev openmpi-bin libgloo-dev
+  bible-kjv bible-kjv-text iproute2 python3 python3-matplotlib
+)
+
+meshccl_install_deps() {
+  local missing=()
+  for p in "${MESHCCL_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -eq 0 ]; then return 0; fi
+  echo "Installing: ${missing[*]}"
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+# Configures (once) and builds into $1 with the given meson options.
+meshccl_build() {
+  local dir="$1"; shift
+  if [ ! -f "$dir/build.ninja" ]; then
+    meson setup "$dir" "$@"
+  fi
+  ninja -C "$dir" -j"$(nproc)"
+}
