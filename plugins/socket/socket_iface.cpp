@@ -109,9 +109,13 @@ std::string host_to_string(const sockaddr* sa) {
 std::string addr_to_string(const sockaddr* sa) {
   if (sa->sa_family == AF_INET)
     return host_to_string(sa) + ":" + std::to_string(ntohs(reinterpret_cast<const sockaddr_in*>(sa)->sin_port));
-  if (sa->sa_family == AF_INET6)
-    return "[" + host_to_string(sa) + "]:" +
-           std::to_string(ntohs(reinterpret_cast<const sockaddr_in6*>(sa)->sin6_port));
+  if (sa->sa_family == AF_INET6) {
+    std::string s = "[";
+    s += host_to_string(sa);
+    s += "]:";
+    s += std::to_string(ntohs(reinterpret_cast<const sockaddr_in6*>(sa)->sin6_port));
+    return s;
+  }
   return host_to_string(sa);
 }
 

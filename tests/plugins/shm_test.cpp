@@ -1,0 +1,301 @@
+// shm-specific behaviour: the three ways a rendezvous reads the sender's
+// memory (same process, a mapped shared region, process_vm_readv) and the
+// streamed fallback, ring wrap-around, handle validation, settings.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <vector>
+
+#include "plugins/builtin.h"
+#include "tests/plugins/test_host.h"
+
+namespace meshccl::test {
+namespace {
+
+const meshccl_transport_v1_t* const t = &meshccl_transport_shm;
+constexpr size_t kMiB = 1u << 20;
+
+struct Pair {
+  void* sctx = nullptr;
+  void* rctx = nullptr;
+  void* scomm = nullptr;
+  void* rcomm = nullptr;
+  bool open() {
+    return t->init(test_host(), &sctx) == 0 && t->init(test_host(), &rctx) == 0 &&
+           connect_pair(t, sctx, rctx, &scomm, &rcomm) == 0;
+  }
+  ~Pair() {
+    if (scomm != nullptr) t->close_send(scomm);
+    if (rcomm != nullptr) t->close_recv(rcomm);
+    if (sctx != nullptr) t->finalize(sctx);
+    if (rctx != nullptr) t->finalize(rctx);
+  }
+};
+
+// The child sends `sizes` (content seeded by index) from `src` buffers made by
+// make_src; the parent receives and checks them. Returns the child's status.
+int ReceiveFromChild(const std::vector<size_t>& sizes,
+                     const std::function<unsigned char*(size_t)>& make_src) {
+  Child child = spawn([&](int fd) -> int {
+    void* ctx = nullptr;
+    CHILD_CHECK(t->init(test_host(), &ctx) == MESHCCL_T_SUCCESS);
+    unsigned char handle[MESHCCL_TRANSPORT_HANDLE_BYTES];
+    CHILD_CHECK(read_all(fd, handle, sizeof(handle)));
+    void* scomm = nullptr;
+    CHILD_CHECK(connect_loop(t, ctx, handle, &scomm) == MESHCCL_T_SUCCESS);
+    std::vector<void*> reqs;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      unsigned char* src = make_src(sizes[k]);
+      fill(src, sizes[k], k);
+      void* s = nullptr;
+      CHILD_CHECK(t->isend(scomm, src, sizes[k], k % 2, nullptr, &s) == MESHCCL_T_SUCCESS);
+      reqs.push_back(s);
+    }
+    std::vector<int> res;
+    CHILD_CHECK(wait_all(t, reqs, &res));
+    for (int r : res) CHILD_CHECK(r == MESHCCL_T_SUCCESS);
+    CHILD_CHECK(t->close_send(scomm) == MESHCCL_T_SUCCESS);
+    CHILD_CHECK(t->finalize(ctx) == MESHCCL_T_SUCCESS);
+    return 0;
+  });
+  void* ctx = nullptr;
+  EXPECT_EQ(t->init(test_host(), &ctx), MESHCCL_T_SUCCESS);
+  unsigned char handle[MESHCCL_TRANSPORT_HANDLE_BYTES];
+  void* lcomm = nullptr;
+  void* rcomm = nullptr;
+  EXPECT_EQ(t->listen(ctx, 0, handle, &lcomm), MESHCCL_T_SUCCESS);
+  EXPECT_TRUE(write_all(child.fd, handle, sizeof(handle)));
+  EXPECT_EQ(accept_loop(t, lcomm, &rcomm), MESHCCL_T_SUCCESS);
+  t->close_listen(lcomm);
+  std::vector<std::vector<unsigned char>> dst;
+  std::vector<void*> reqs;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    dst.emplace_back(sizes[k]);
+    void* r = nullptr;
+    EXPECT_EQ(t->irecv(rcomm, dst.back().data(), sizes[k], k % 2, nullptr, &r), MESHCCL_T_SUCCESS);
+    reqs.push_back(r);
+  }
+  std::vector<int> res;
+  EXPECT_TRUE(wait_all(t, reqs, &res));
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    EXPECT_EQ(res[k], MESHCCL_T_SUCCESS) << "message " << k;
+    EXPECT_EQ(check(dst[k].data(), sizes[k], k), SIZE_MAX) << "message " << k;
+  }
+  t->close_recv(rcomm);
+  t->finalize(ctx);
+  return reap(child);
+}
+
+TEST(Shm, RendezvousWithProcessVmReadv) {
+  clear_log();
+  std::vector<std::vector<unsigned char>> keep;
+  auto heap = [&](size_t n) {
+    keep.emplace_back(n);
+    return keep.back().data();
+  };
+  EXPECT_EQ(ReceiveFromChild({3 * kMiB + 5, 100, 70000, 16 * kMiB}, heap), 0);
+  EXPECT_FALSE(logged("mapped shared region"));
+  EXPECT_FALSE(logged("process_vm_readv refused"));
+}
+
+TEST(Shm, RendezvousFromMappedSharedRegion) {
+  clear_log();
+  // The child sends out of one memfd region; the parent maps it once and
+  // copies from the mapping for every message.
+  std::unique_ptr<SharedBuffer> region;
+  size_t used = 0;
+  auto shared = [&](size_t n) {
+    if (region == nullptr) region = std::make_unique<SharedBuffer>(64 * kMiB);
+    unsigned char* p = region->data() + used;
+    used += (n + 4095) / 4096 * 4096;
+    return p;
+  };
+  EXPECT_EQ(ReceiveFromChild({5 * kMiB, 100, 200000, 3 * kMiB + 1}, shared), 0);
+  EXPECT_TRUE(logged("mapped shared region"));
+}
+
+TEST(Shm, StreamsThroughTheRingWithoutCma) {
+  ScopedEnv cma("MESHCCL_SHM_CMA", "0");
+  std::vector<std::vector<unsigned char>> keep;
+  auto heap = [&](size_t n) {
+    keep.emplace_back(n);
+    return keep.back().data();
+  };
+  EXPECT_EQ(ReceiveFromChild({64 * kMiB, 1, 300000, 2 * kMiB + 3, 0}, heap), 0);
+}
+
+// A tiny ring forces wrap-around padding, back-pressure on the sender, and
+// streamed chunks next to eager records.
+TEST(Shm, SmallRingManyMessages) {
+  ScopedEnv ring("MESHCCL_SHM_BUFFSIZE", "64K");
+  ScopedEnv eager("MESHCCL_SHM_EAGER", "8K");
+  ScopedEnv cma("MESHCCL_SHM_CMA", "0");
+  std::vector<size_t> sizes;
+  for (size_t i = 0; i < 600; ++i) sizes.push_back((i * 2654435761u) % 50000);
+  std::vector<std::vector<unsigned char>> keep;
+  auto heap = [&](size_t n) {
+    keep.emplace_back(n);
+    return keep.back().data();
+  };
+  EXPECT_EQ(ReceiveFromChild(sizes, heap), 0);
+}
+
+// One huge receive is copied a chunk per test(): a small message on another
+// connection completes while it is still under way.
+TEST(Shm, LargeCopyDoesNotStarveOtherConnections) {
+  Pair big, small;
+  ASSERT_TRUE(big.open());
+  ASSERT_TRUE(small.open());
+  std::vector<unsigned char> src(64 * kMiB, 1), dst(64 * kMiB);
+  void *bs, *br;
+  ASSERT_EQ(t->isend(big.scomm, src.data(), src.size(), 1, nullptr, &bs), MESHCCL_T_SUCCESS);
+  ASSERT_EQ(t->irecv(big.rcomm, dst.data(), dst.size(), 1, nullptr, &br), MESHCCL_T_SUCCESS);
+  int done = 0;
+  ASSERT_EQ(t->test(br, &done, nullptr), MESHCCL_T_SUCCESS);  // the copy starts
+  ASSERT_EQ(done, 0);
+  char a[64] = "ping", b[64] = {};
+  void *ss, *sr;
+  ASSERT_EQ(t->isend(small.scomm, a, sizeof(a), 2, nullptr, &ss), MESHCCL_T_SUCCESS);
+  ASSERT_EQ(t->irecv(small.rcomm, b, sizeof(b), 2, nullptr, &sr), MESHCCL_T_SUCCESS);
+  // Poll everything, as a host does; the small pair must finish first.
+  std::vector<void*> reqs = {br, bs, sr, ss};
+  std::vector<void*> order;
+  for (int spins = 0; order.size() < 4 && spins < 10'000'000; ++spins) {
+    for (void*& q : reqs) {
+      if (q == nullptr) continue;
+      ASSERT_EQ(t->test(q, &done, nullptr), MESHCCL_T_SUCCESS);
+      if (done) {
+        order.push_back(q);
+        q = nullptr;
+      }
+    }
+  }
+  ASSERT_EQ(order.size(), 4u);
+  EXPECT_TRUE(order[0] == sr || order[0] == ss);
+  EXPECT_TRUE(order[1] == sr || order[1] == ss);
+  EXPECT_STREQ(b, "ping");
+  EXPECT_EQ(dst[64 * kMiB - 1], 1);
+}
+
+TEST(Shm, StaleOrForeignHandlesAreRefused) {
+  void* ctx = nullptr;
+  ASSERT_EQ(t->init(test_host(), &ctx), MESHCCL_T_SUCCESS);
+  unsigned char handle[MESHCCL_TRANSPORT_HANDLE_BYTES];
+  void* lcomm = nullptr;
+  void* out = nullptr;
+
+  // Wrong nonce: the fd is right but the segment does not vouch for it.
+  ASSERT_EQ(t->listen(ctx, 0, handle, &lcomm), MESHCCL_T_SUCCESS);
+  unsigned char forged[MESHCCL_TRANSPORT_HANDLE_BYTES];
+  std::memcpy(forged, handle, sizeof(forged));
+  forged[24] ^= 0xff;  // inside the nonce
+  EXPECT_EQ(t->connect(ctx, 0, forged, &out), MESHCCL_T_INTERNAL_ERROR);
+  EXPECT_EQ(out, nullptr);
+  // A second sender for one listener.
+  ASSERT_EQ(connect_loop(t, ctx, handle, &out), MESHCCL_T_SUCCESS);
+  void* second = nullptr;
+  EXPECT_EQ(t->connect(ctx, 0, handle, &second), MESHCCL_T_INTERNAL_ERROR);
+  EXPECT_EQ(second, nullptr);
+  void* rcomm = nullptr;
+  ASSERT_EQ(accept_loop(t, lcomm, &rcomm), MESHCCL_T_SUCCESS);
+  EXPECT_EQ(t->accept(lcomm, &second), MESHCCL_T_INTERNAL_ERROR);
+  // After accept the listener's fd is closed: the same handle is stale.
+  EXPECT_EQ(t->connect(ctx, 0, handle, &second), MESHCCL_T_REMOTE_ERROR);
+  t->close_listen(lcomm);
+  t->close_send(out);
+  t->close_recv(rcomm);
+
+  // A handle naming a descriptor that is not a segment at all.
+  int pipefd[2];
+  ASSERT_EQ(pipe(pipefd), 0);
+  ASSERT_EQ(t->listen(ctx, 0, handle, &lcomm), MESHCCL_T_SUCCESS);
+  std::memcpy(forged, handle, sizeof(forged));
+  std::memcpy(forged + 12, &pipefd[0], sizeof(int));  // Handle::fd
+  EXPECT_NE(t->connect(ctx, 0, forged, &out), MESHCCL_T_SUCCESS);
+  close(pipefd[0]);
+  close(pipefd[1]);
+  t->close_listen(lcomm);
+  EXPECT_EQ(t->finalize(ctx), MESHCCL_T_SUCCESS);
+}
+
+TEST(Shm, BadSettingsAreRefused) {
+  void* ctx = nullptr;
+  {
+    ScopedEnv e("MESHCCL_SHM_EAGER", "lots");
+    EXPECT_EQ(t->init(test_host(), &ctx), MESHCCL_T_INVALID_USAGE);
+  }
+  {
+    ScopedEnv e("MESHCCL_SHM_BUFFSIZE", "4096");
+    EXPECT_EQ(t->init(test_host(), &ctx), MESHCCL_T_INVALID_USAGE);
+  }
+  {
+    ScopedEnv r("MESHCCL_SHM_BUFFSIZE", "1M");
+    ScopedEnv e("MESHCCL_SHM_EAGER", "1M");  // more than a quarter of the ring
+    EXPECT_EQ(t->init(test_host(), &ctx), MESHCCL_T_INVALID_USAGE);
+  }
+  {
+    ScopedEnv e("MESHCCL_SHM_CMA", "yes");
+    EXPECT_EQ(t->init(test_host(), &ctx), MESHCCL_T_INVALID_USAGE);
+  }
+  EXPECT_EQ(ctx, nullptr);
+  ScopedEnv e("MESHCCL_SHM_EAGER", "0");  // everything but empty messages by rendezvous
+  Pair p;
+  ASSERT_TRUE(p.open());
+  std::vector<unsigned char> src(10), dst(10);
+  fill(src.data(), 10, 3);
+  void *s, *r;
+  ASSERT_EQ(t->isend(p.scomm, src.data(), 10, 0, nullptr, &s), MESHCCL_T_SUCCESS);
+  ASSERT_EQ(t->irecv(p.rcomm, dst.data(), 10, 0, nullptr, &r), MESHCCL_T_SUCCESS);
+  std::vector<int> res;
+  ASSERT_TRUE(wait_all(t, {s, r}, &res));
+  EXPECT_EQ(res[0], MESHCCL_T_SUCCESS);
+  EXPECT_EQ(res[1], MESHCCL_T_SUCCESS);
+  EXPECT_EQ(check(dst.data(), 10, 3), SIZE_MAX);
+}
+
+// Segments are memfds: a SIGKILLed peer leaves nothing behind in /dev/shm.
+TEST(Shm, KilledPeerLeavesNoSharedMemoryFiles) {
+  auto before = dev_shm_entries();
+  Child child = spawn([&](int fd) -> int {
+    void* ctx = nullptr;
+    CHILD_CHECK(t->init(test_host(), &ctx) == MESHCCL_T_SUCCESS);
+    unsigned char handle[MESHCCL_TRANSPORT_HANDLE_BYTES];
+    void* lcomm = nullptr;
+    CHILD_CHECK(t->listen(ctx, 0, handle, &lcomm) == MESHCCL_T_SUCCESS);
+    CHILD_CHECK(write_all(fd, handle, sizeof(handle)));
+    void* rcomm = nullptr;
+    CHILD_CHECK(accept_loop(t, lcomm, &rcomm) == MESHCCL_T_SUCCESS);
+    CHILD_CHECK(write_all(fd, "r", 1));
+    sleep(60);
+    return 5;
+  });
+  void* ctx = nullptr;
+  ASSERT_EQ(t->init(test_host(), &ctx), MESHCCL_T_SUCCESS);
+  unsigned char handle[MESHCCL_TRANSPORT_HANDLE_BYTES];
+  ASSERT_TRUE(read_all(child.fd, handle, sizeof(handle)));
+  void* scomm = nullptr;
+  ASSERT_EQ(connect_loop(t, ctx, handle, &scomm), MESHCCL_T_SUCCESS);
+  char ready;
+  ASSERT_TRUE(read_all(child.fd, &ready, 1));
+  EXPECT_EQ(dev_shm_entries(), before);
+  kill(child.pid, SIGKILL);
+  EXPECT_EQ(reap(child), 128 + SIGKILL);
+  char msg[8] = {};
+  void* s = nullptr;
+  // Small sends are written into the (still mapped) ring and complete; a
+  // large one needs the dead receiver and fails.
+  std::vector<unsigned char> big(4 * kMiB);
+  ASSERT_EQ(t->isend(scomm, msg, sizeof(msg), 1, nullptr, &s), MESHCCL_T_SUCCESS);
+  EXPECT_EQ(wait_request(t, s), MESHCCL_T_SUCCESS);
+  int rc = t->isend(scomm, big.data(), big.size(), 1, nullptr, &s);
+  if (rc == MESHCCL_T_SUCCESS) rc = wait_request(t, s, nullptr, 10);
+  EXPECT_EQ(rc, MESHCCL_T_REMOTE_ERROR);
+  t->close_send(scomm);
+  t->finalize(ctx);
+  EXPECT_EQ(dev_shm_entries(), before);
+}
+
+}  // namespace
+}  // namespace meshccl::test
