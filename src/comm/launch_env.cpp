@@ -331,10 +331,11 @@ Status comm_init_from_env(ncclComm_t* comm, ncclConfig_t* config) {
       MC_TRY(wait_for_id(path, generation, info.rank, &id));
     }
   }
-  MC_INFO(kInit, "meshcclCommInitFromEnv: rank %d of %d (local rank %d) from %s; id %s%s", info.rank, info.nranks,
-          info.local_rank, info.launcher, fixed_address ? "built from MESHCCL_COMM_ID" : path.empty() ? "local"
-                                                                                          : "via file ",
-          path.c_str());
+  std::string via = fixed_address  ? std::string("built from MESHCCL_COMM_ID")
+                    : path.empty() ? std::string("not shared (one rank)")
+                                   : "via file " + path;
+  MC_INFO(kInit, "meshcclCommInitFromEnv: rank %d of %d (local rank %d) from %s; id %s", info.rank, info.nranks,
+          info.local_rank, info.launcher, via.c_str());
 
   ncclResult_t res = ncclCommInitRankConfig(comm, info.nranks, id, info.rank, config);
   if (info.rank == 0 && !path.empty()) {

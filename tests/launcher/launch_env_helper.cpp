@@ -56,8 +56,9 @@ int check_world(ncclComm_t comm, int rank, int nranks, bool nonblocking) {
   if (r != ncclSuccess) return fail("ncclAllReduce", r);
   const int ranks_sum = nranks * (nranks + 1) / 2;
   for (size_t i = 0; i < n; ++i) {
-    if (recv[i] != ranks_sum * static_cast<int>(i + 1)) {
-      std::fprintf(stderr, "allreduce: element %zu is %d, expected %d\n", i, recv[i], ranks_sum * static_cast<int>(i + 1));
+    int want = ranks_sum * static_cast<int>(i + 1);
+    if (recv[i] != want) {
+      std::fprintf(stderr, "allreduce: element %zu is %d, expected %d\n", i, recv[i], want);
       return 1;
     }
   }
