@@ -1,6 +1,6 @@
 // all_gather_perf: ncclAllGather of one global sequence, each rank owning a
 // block; busbw = algbw * (n-1)/n.
-#include "engine/coll.h"
+#include "coll.h"
 
 namespace {
 
@@ -28,7 +28,7 @@ ncclResult_t Call(const CallArgs& a) {
   return ncclAllGather(a.send, a.recv, a.counts->param_count, a.type->type, a.comm, a.stream);
 }
 
-const CollTest kTest{"AllGather", false, false, false, true, GetCounts, AlgBytes, BusFactor,
+const CollTest kTest{"AllGather", false, false, false, true, true, GetCounts, AlgBytes, BusFactor,
                      Init, Call, nullptr};
 
 }  // namespace

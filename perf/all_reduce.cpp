@@ -1,5 +1,5 @@
 // all_reduce_perf: ncclAllReduce; busbw = algbw * 2(n-1)/n.
-#include "engine/coll.h"
+#include "coll.h"
 
 namespace {
 
@@ -23,7 +23,7 @@ ncclResult_t Call(const CallArgs& a) {
   return ncclAllReduce(a.send, a.recv, a.counts->param_count, a.type->type, a.op, a.comm, a.stream);
 }
 
-const CollTest kTest{"AllReduce", true, false, false, true, GetCounts, AlgBytes, BusFactor,
+const CollTest kTest{"AllReduce", true, false, false, true, true, GetCounts, AlgBytes, BusFactor,
                      Init, Call, nullptr};
 
 }  // namespace

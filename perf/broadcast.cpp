@@ -1,5 +1,5 @@
 // broadcast_perf: ncclBroadcast from the root; busbw = algbw (the root's link bounds it).
-#include "engine/coll.h"
+#include "coll.h"
 
 namespace {
 
@@ -24,7 +24,7 @@ ncclResult_t Call(const CallArgs& a) {
                        a.stream);
 }
 
-const CollTest kTest{"Broadcast", false, true, false, true, GetCounts, AlgBytes, BusFactor,
+const CollTest kTest{"Broadcast", false, true, false, true, true, GetCounts, AlgBytes, BusFactor,
                      Init, Call, nullptr};
 
 }  // namespace

@@ -2,7 +2,7 @@
 // find their recv buffer untouched. busbw = algbw * (n-1)/n.
 #include <cstring>
 
-#include "engine/coll.h"
+#include "coll.h"
 
 namespace {
 
@@ -39,7 +39,7 @@ ncclResult_t Call(const CallArgs& a) {
                     a.stream);
 }
 
-const CollTest kTest{"Gather", false, true, false, true, GetCounts, AlgBytes, BusFactor, Init,
+const CollTest kTest{"Gather", false, true, false, true, true, GetCounts, AlgBytes, BusFactor, Init,
                      Call, nullptr};
 
 }  // namespace

@@ -3,7 +3,7 @@
 // algbw counts the (n-1) blocks each rank receives; busbw = algbw.
 #include <cstdio>
 
-#include "engine/coll.h"
+#include "coll.h"
 
 namespace {
 
@@ -64,7 +64,7 @@ bool Unsupported(int n, char* why, size_t len) {
   return true;
 }
 
-const CollTest kTest{"HyperCube", false, false, true, true, GetCounts, AlgBytes, BusFactor,
+const CollTest kTest{"HyperCube", false, false, true, true, true, GetCounts, AlgBytes, BusFactor,
                      Init, Call, Unsupported};
 
 }  // namespace

@@ -2,7 +2,7 @@
 // untouched. busbw = algbw.
 #include <cstring>
 
-#include "engine/coll.h"
+#include "coll.h"
 
 namespace {
 
@@ -30,7 +30,7 @@ ncclResult_t Call(const CallArgs& a) {
                     a.stream);
 }
 
-const CollTest kTest{"Reduce", true, true, false, true, GetCounts, AlgBytes, BusFactor, Init,
+const CollTest kTest{"Reduce", true, true, false, true, true, GetCounts, AlgBytes, BusFactor, Init,
                      Call, nullptr};
 
 }  // namespace

@@ -1,6 +1,6 @@
 // reduce_scatter_perf: ncclReduceScatter; rank r receives block r of the
 // reduction; busbw = algbw * (n-1)/n.
-#include "engine/coll.h"
+#include "coll.h"
 
 namespace {
 
@@ -29,7 +29,7 @@ ncclResult_t Call(const CallArgs& a) {
                            a.stream);
 }
 
-const CollTest kTest{"ReduceScatter", true, false, false, true, GetCounts, AlgBytes, BusFactor,
+const CollTest kTest{"ReduceScatter", true, false, false, true, true, GetCounts, AlgBytes, BusFactor,
                      Init, Call, nullptr};
 
 }  // namespace

@@ -1,6 +1,6 @@
 // scatter_perf: ncclScatter of one global sequence from the root, block r to
 // rank r; busbw = algbw * (n-1)/n.
-#include "engine/coll.h"
+#include "coll.h"
 
 namespace {
 
@@ -30,7 +30,7 @@ ncclResult_t Call(const CallArgs& a) {
                      a.stream);
 }
 
-const CollTest kTest{"Scatter", false, true, false, true, GetCounts, AlgBytes, BusFactor, Init,
+const CollTest kTest{"Scatter", false, true, false, true, true, GetCounts, AlgBytes, BusFactor, Init,
                      Call, nullptr};
 
 }  // namespace

@@ -1,6 +1,6 @@
 // sendrecv_perf: every rank sends to rank+1 and receives from rank-1 in one
 // group; busbw = algbw. In-place is timed but not verified (as nccl-tests).
-#include "engine/coll.h"
+#include "coll.h"
 
 namespace {
 
@@ -33,7 +33,7 @@ ncclResult_t Call(const CallArgs& a) {
 }
 
 // nccl-tests loops sendrecv over the -o ops too (the op only labels the row).
-const CollTest kTest{"SendRecv", true, false, false, false, GetCounts, AlgBytes, BusFactor,
+const CollTest kTest{"SendRecv", true, false, false, false, true, GetCounts, AlgBytes, BusFactor,
                      Init, Call, nullptr};
 
 }  // namespace

@@ -371,6 +371,11 @@ Status RunSizes(Thread& t, const TypeInfo& type, Op op, int root) {
       std::string line = RowStart(bytes, c.param_count, type.name, op_name, root_col);
       Measurement m[2];
       for (int ip = 0; ip < 2; ip++) {
+        if (ip == 1 && !test.in_place_defined) {
+          line += RowBodyNotRun();
+          m[ip].time_us = m[ip].algbw = m[ip].busbw = std::nan("");
+          continue;
+        }
         TESTCHECK(BenchTime(t, c, type, op, root, ip == 1, &m[ip]));
         line += RowBody(m[ip].time_us, m[ip].algbw, m[ip].busbw, m[ip].wrong);
         t.bw_sum += m[ip].busbw;

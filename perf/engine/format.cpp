@@ -126,6 +126,8 @@ std::string RowBody(double time_us, double algbw, double busbw, int64_t wrong) {
                  static_cast<double>(wrong));
 }
 
+std::string RowBodyNotRun() { return Sprintf("  %7s  %6s  %6s  %6s", "N/A", "N/A", "N/A", "N/A"); }
+
 std::string RowPerIter(double min_us, double max_us, double p99_us, double cv_pct) {
   return Sprintf("  %7s  %7s  %7s  %7s", FloatStr(min_us, 7).c_str(),
                  FloatStr(max_us, 7).c_str(), FloatStr(p99_us, 7).c_str(),

@@ -52,6 +52,8 @@ std::string RowStart(size_t bytes, size_t count, const char* type,
                      const char* op, int root);
 // One mode (out-of-place or in-place) of a row. wrong < 0 prints N/A.
 std::string RowBody(double time_us, double algbw, double busbw, int64_t wrong);
+// A mode that was not run: every column reads N/A, in the same widths.
+std::string RowBodyNotRun();
 // The per-iteration columns (-I 1) following one mode.
 std::string RowPerIter(double min_us, double max_us, double p99_us, double cv_pct);
 // The timestamp column of -S 1.

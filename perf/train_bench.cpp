@@ -1,0 +1,292 @@
+// train_bench: meshtrain throughput.
+//   1. sgemm rate (GFLOP/s) of the step's shapes and of a large square GEMM
+//      (OpenBLAS's practical peak here), 1 and 2 threads;
+//   2. one process, d_model 256, 4 layers, 4 heads, seq 128, batch 8: step time
+//      against the time of the same step's GEMMs alone;
+//   3. parallel layouts at 2, 4 and 8 ranks (one thread per rank over meshccl):
+//      tokens/s and the share of rank time spent waiting on communication.
+// Usage: train_bench [--steps N] [--quick] [--json PATH] [--data PATH]
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine.h"
+#include "nccl_comm.h"
+
+using namespace meshtrain;
+
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+struct Gemm {
+  bool ta, tb;
+  int M, N, K;
+};
+
+double gemm_seconds(const std::vector<Gemm>& gemms, int reps) {
+  size_t most = 0;
+  for (const auto& g : gemms) {
+    most = std::max({most, size_t(g.M) * g.K, size_t(g.K) * g.N, size_t(g.M) * g.N});
+  }
+  std::vector<float> a(most, 0.01f), b(most, 0.02f), c(most, 0.0f);
+  double best = 1e30;
+  for (int r = 0; r < reps; r++) {
+    const double t0 = now();
+    for (const auto& g : gemms) {
+      cblas_sgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans, g.tb ? CblasTrans : CblasNoTrans,
+                  g.M, g.N, g.K, 1.0f, a.data(), g.ta ? g.M : g.K, b.data(), g.tb ? g.K : g.N, 0.0f,
+                  c.data(), g.N);
+    }
+    best = std::min(best, now() - t0);
+  }
+  return best;
+}
+
+double flops(const std::vector<Gemm>& gemms) {
+  double f = 0;
+  for (const auto& g : gemms) f += 2.0 * g.M * g.N * g.K;
+  return f;
+}
+
+// Every sgemm one training step of the single-rank model issues, with its shape.
+std::vector<Gemm> step_gemms(const TrainConfig& c) {
+  const int N = c.micro_batch * c.model.seq, C = c.model.d_model, T = c.model.seq;
+  const int V = padded_vocab(c.model.vocab, 1), hs = C / c.model.heads;
+  std::vector<Gemm> g;
+  auto linear = [&](int IC, int OC) {
+    g.push_back({false, true, N, OC, IC});   // forward  X W^T
+    g.push_back({false, false, N, IC, OC});  // dX = dY W
+    g.push_back({true, false, OC, IC, N});   // dW = dY^T X
+  };
+  for (int l = 0; l < c.model.layers; l++) {
+    linear(C, 3 * C);
+    linear(C, C);
+    linear(C, 4 * C);
+    linear(4 * C, C);
+    for (int bh = 0; bh < c.micro_batch * c.model.heads; bh++) {
+      g.push_back({false, true, T, T, hs});   // scores
+      g.push_back({false, false, T, hs, T});  // P V
+      g.push_back({false, true, T, T, hs});   // dP
+      g.push_back({true, false, T, hs, T});   // dV
+      g.push_back({false, false, T, hs, T});  // dQ
+      g.push_back({true, false, T, hs, T});   // dK
+    }
+  }
+  linear(C, V);
+  return g;
+}
+
+struct LayoutResult {
+  double tokens_per_s = 0, wait_share = 0, step_ms = 0;
+  float loss = 0;
+  std::string error;
+};
+
+LayoutResult run_layout(TrainConfig cfg, const Corpus& corpus, int steps) {
+  const int n = cfg.layout.world();
+  cfg.steps = steps;
+  cfg.optim.total_steps = steps;
+  ncclUniqueId id{};
+  if (n > 1) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  std::mutex mu;
+  LayoutResult res;
+  double wait = 0, busy = 0, rank0_time = 0;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; r++) {
+    threads.emplace_back([&, r] {
+      try {
+        RankComms rc;  // a single rank runs without meshccl, as meshtrain does
+        if (n > 1) {
+          ncclComm_t world = nullptr;
+          check_nccl(ncclCommInitRank(&world, n, id, r), "ncclCommInitRank");
+          rc = split_comms(world, cfg.layout, cfg.model.tied);
+        }
+        Engine e(cfg, r, rc.view(), corpus);
+        e.train_step(0);  // warm-up: first touch of buffers, connections
+        double w = 0, t = 0;
+        float loss = 0;
+        for (int s = 1; s <= steps; s++) {
+          const StepStats st = e.train_step(s);
+          w += st.comm_wait;
+          t += st.seconds;
+          loss = st.loss;
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        wait += w;
+        busy += t;
+        if (r == 0) rank0_time = t, res.loss = loss;
+      } catch (const std::exception& ex) {
+        std::lock_guard<std::mutex> lock(mu);
+        res.error = ex.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (res.error.empty()) {
+    res.step_ms = 1e3 * rank0_time / steps;
+    res.tokens_per_s = cfg.global_batch() * double(cfg.model.seq) * steps / rank0_time;
+    res.wait_share = wait / busy;
+  }
+  return res;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int steps = 5;
+  bool quick = false;
+  std::string json, data = "data/kjv.txt";
+  for (int i = 1; i < argc; i++) {
+    const std::string a = argv[i];
+    if (a == "--steps" && i + 1 < argc) {
+      steps = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--quick") {
+      quick = true;
+    } else if (a == "--json" && i + 1 < argc) {
+      json = argv[++i];
+    } else if (a == "--data" && i + 1 < argc) {
+      data = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: train_bench [--steps N] [--quick] [--json PATH] [--data PATH]\n");
+      return 2;
+    }
+  }
+  std::string out = "{\n";
+  char line[512];
+
+  // 1. GEMM rates.
+  TrainConfig one;
+  one.model = ModelConfig{256, 128, 4, 256, 4, true, 42};
+  one.micro_batch = 8;
+  const auto gemms = step_gemms(one);
+  const std::vector<Gemm> square = {{false, false, 1024, 1024, 1024}};
+  std::printf("== sgemm (OpenBLAS) ==\n");
+  double step_gemm_s[3] = {0, 0, 0};
+  out += "  \"gemm\": [";
+  for (int threads : {1, 2}) {
+    openblas_set_num_threads(threads);
+    const double peak = flops(square) / gemm_seconds(square, quick ? 3 : 10) / 1e9;
+    step_gemm_s[threads] = gemm_seconds(gemms, quick ? 2 : 5);
+    const double rate = flops(gemms) / step_gemm_s[threads] / 1e9;
+    std::printf("%d thread(s): 1024^3 %.1f GFLOP/s (peak reference); the step's %zu GEMMs %.1f "
+                "GFLOP/s, %.1f ms\n",
+                threads, peak, gemms.size(), rate, step_gemm_s[threads] * 1e3);
+    std::snprintf(line, sizeof line,
+                  "%s{\"threads\": %d, \"peak_gflops\": %.2f, \"step_gemm_gflops\": %.2f, "
+                  "\"step_gemm_ms\": %.2f}",
+                  threads == 1 ? "" : ", ", threads, peak, rate, step_gemm_s[threads] * 1e3);
+    out += line;
+  }
+  out += "],\n";
+
+  Corpus corpus = [&] {
+    try {
+      return Corpus::load(data, 128);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "train_bench: %s\n", e.what());
+      std::exit(1);
+    }
+  }();
+
+  // 2. One process, both cores.
+  {
+    openblas_set_num_threads(2);
+    Engine e(one, 0, Comms{}, corpus);
+    e.train_step(0);
+    double best = 1e30, total = 0;
+    const int n = quick ? 2 : std::max(3, steps);
+    for (int s = 1; s <= n; s++) {
+      const double t = e.train_step(s).seconds;
+      best = std::min(best, t);
+      total += t;
+    }
+    std::printf("\n== one process, d_model 256, 4 layers, 4 heads, seq 128, batch 8, 2 threads ==\n");
+    std::printf("step: best %.1f ms, mean %.1f ms (%.0f tok/s); its GEMMs alone: %.1f ms; "
+                "best step / GEMM-only = %.2fx\n",
+                best * 1e3, total / n * 1e3, 1024 / (total / n), step_gemm_s[2] * 1e3,
+                best / step_gemm_s[2]);
+    std::snprintf(line, sizeof line,
+                  "  \"single\": {\"best_ms\": %.2f, \"mean_ms\": %.2f, \"gemm_only_ms\": %.2f, "
+                  "\"ratio\": %.3f},\n",
+                  best * 1e3, total / n * 1e3, step_gemm_s[2] * 1e3, best / step_gemm_s[2]);
+    out += line;
+  }
+
+  // 3. Layouts: one thread per rank, one BLAS thread each.
+  openblas_set_num_threads(1);
+  TrainConfig base;
+  base.model = ModelConfig{256, 64, 4, 128, 4, true, 42};
+  base.micro_batch = 4;
+  base.bucket_elems = size_t(1) << 16;
+  const int global = 16;
+  struct Case {
+    Layout l;
+    PipeSchedule s;
+    size_t bucket;
+    const char* note;
+  };
+  std::vector<Case> cases = {
+      {{1, 1, 1}, PipeSchedule::OneFOneB, 0, "one rank, 1 thread"},
+      {{2, 1, 1}, PipeSchedule::OneFOneB, 0, "buckets overlapped with backward"},
+      {{2, 1, 1}, PipeSchedule::OneFOneB, size_t(1) << 30, "one bucket after backward"},
+      {{1, 2, 1}, PipeSchedule::OneFOneB, 0, ""},
+      {{1, 2, 1}, PipeSchedule::GPipe, 0, ""},
+      {{1, 1, 2}, PipeSchedule::OneFOneB, 0, ""},
+      {{4, 1, 1}, PipeSchedule::OneFOneB, 0, ""},
+      {{2, 2, 1}, PipeSchedule::OneFOneB, 0, ""},
+      {{2, 1, 2}, PipeSchedule::OneFOneB, 0, ""},
+      {{1, 2, 2}, PipeSchedule::OneFOneB, 0, ""},
+      {{1, 4, 1}, PipeSchedule::OneFOneB, 0, ""},
+      {{2, 2, 2}, PipeSchedule::OneFOneB, 0, ""},
+      {{8, 1, 1}, PipeSchedule::OneFOneB, 0, ""},
+      {{2, 4, 1}, PipeSchedule::OneFOneB, 0, ""},
+  };
+  if (quick) cases.resize(6);
+  std::printf("\n== layouts: d_model 128, 4 layers, seq 64, micro-batch 4, global batch %d, "
+              "%d timed steps ==\n", global, steps);
+  std::printf("%-8s %-6s %9s %9s %10s  %s\n", "layout", "sched", "ms/step", "tok/s", "comm wait",
+              "note");
+  out += "  \"layouts\": [";
+  bool first = true;
+  for (const Case& k : cases) {
+    TrainConfig c = base;
+    c.layout = k.l;
+    c.schedule = k.s;
+    if (k.bucket) c.bucket_elems = k.bucket;
+    c.grad_accum = global / (k.l.dp * c.micro_batch);
+    const LayoutResult r = run_layout(c, corpus, steps);
+    char name[32];
+    std::snprintf(name, sizeof name, "%dx%dx%d", k.l.dp, k.l.pp, k.l.tp);
+    if (!r.error.empty()) {
+      std::printf("%-8s %-6s failed: %s\n", name, schedule_name(k.s), r.error.c_str());
+      continue;
+    }
+    std::printf("%-8s %-6s %9.1f %9.0f %9.1f%%  %s\n", name, schedule_name(k.s), r.step_ms,
+                r.tokens_per_s, 100 * r.wait_share, k.note);
+    std::fflush(stdout);
+    std::snprintf(line, sizeof line,
+                  "%s\n    {\"layout\": \"%s\", \"schedule\": \"%s\", \"note\": \"%s\", "
+                  "\"ms_per_step\": %.2f, \"tokens_per_s\": %.1f, \"comm_wait_share\": %.4f}",
+                  first ? "" : ",", name, schedule_name(k.s), k.note, r.step_ms, r.tokens_per_s,
+                  r.wait_share);
+    out += line;
+    first = false;
+  }
+  out += "\n  ]\n}\n";
+  if (!json.empty()) {
+    std::ofstream f(json);
+    f << out;
+  }
+  return 0;
+}
