@@ -120,7 +120,9 @@ std::string parse_options(int argc, const char* const* argv, Options* out) {
         return "--timeout needs a positive number of seconds, got '" + value + "'";
     } else {  // -x
       auto eq = value.find('=');
-      if (eq == std::string::npos) return "-x needs NAME=VALUE, got '" + value + "'";
+      if (eq == std::string::npos)
+        return "-x needs NAME=VALUE, got '" + value +
+               "' (variables already in meshrun's environment reach the ranks without -x)";
       std::string var = value.substr(0, eq);
       if (!is_env_name(var)) return "-x: '" + var + "' is not a valid variable name";
       opt.env.emplace_back(var, value.substr(eq + 1));
