@@ -113,10 +113,9 @@ void fail_all(SendComm* c, meshccl_tresult_t result, const char* why) {
 
 void progress(SendComm* c) {
   if (c->broken != MESHCCL_T_SUCCESS) return;
-  if (c->seg->hdr.receiver_closed.load(std::memory_order_acquire) != 0) {
-    fail_all(c, MESHCCL_T_REMOTE_ERROR, "the receiver closed the connection");
-    return;
-  }
+  // Read before the completion scan: transfers the receiver finished before
+  // closing still complete normally.
+  const bool closed = c->seg->hdr.receiver_closed.load(std::memory_order_acquire) != 0;
   bool moved = false;
   c->active.for_each([&](Request* r) {
     uint32_t st = c->seg->slots[r->slot].v.load(std::memory_order_acquire);
@@ -139,6 +138,11 @@ void progress(SendComm* c) {
       moved |= stream(c, r);
     }
   });
+  if (closed) {
+    if (!c->queue.empty() || !c->active.empty())
+      fail_all(c, MESHCCL_T_REMOTE_ERROR, "the receiver closed the connection");
+    return;
+  }
   while (!c->queue.empty()) {
     Request* r = c->queue.front();
     bool ok = r->size <= c->ctx->eager ? write_eager(c, r) : write_rts(c, r);
