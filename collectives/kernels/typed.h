@@ -162,25 +162,26 @@ void divide_generic(void* dst, const void* src, size_t count, int divisor) {
       for (size_t i = 0; i < count; ++i) st<S>(dst, i, static_cast<S>(W{0} - static_cast<W>(ld<S>(src, i))));
       return;
     }
-    if constexpr (std::is_signed_v<S>) {
-      const S q = static_cast<S>(divisor);
-      if (sizeof(S) < sizeof(int) && static_cast<int>(q) != divisor) {
-        // A divisor outside the type's range: |x| < |divisor|, so C gives 0.
-        for (size_t i = 0; i < count; ++i) st<S>(dst, i, S{0});
-        return;
-      }
-      for (size_t i = 0; i < count; ++i) st<S>(dst, i, static_cast<S>(ld<S>(src, i) / q));
-    } else {
+    if constexpr (std::is_unsigned_v<S>) {
       // An average over a rank count never divides by a negative number, and
       // C's conversion of one to unsigned would give nonsense: leave dst as is.
       if (divisor < 0) return;
-      if constexpr (sizeof(S) < sizeof(unsigned)) {
-        const unsigned q = static_cast<unsigned>(divisor);
-        for (size_t i = 0; i < count; ++i) st<S>(dst, i, static_cast<S>(ld<S>(src, i) / q));
-      } else {
-        const S q = static_cast<S>(divisor);
-        for (size_t i = 0; i < count; ++i) st<S>(dst, i, static_cast<S>(ld<S>(src, i) / q));
+    }
+    if constexpr (sizeof(S) <= 4) {
+      // Integer division does not vectorise; a floating-point one does, and
+      // is exact here: a quotient that is not an integer lies at least
+      // 1/|divisor| from one, far more than the rounding error of float (for
+      // 8-bit values) or double (for 32-bit values), so truncating the
+      // rounded quotient gives C's answer.
+      using F = std::conditional_t<(sizeof(S) == 1), float, double>;
+      using I = std::conditional_t<std::is_signed_v<S> || sizeof(S) == 1, int32_t, int64_t>;
+      const F q = static_cast<F>(divisor);
+      for (size_t i = 0; i < count; ++i) {
+        st<S>(dst, i, static_cast<S>(static_cast<I>(static_cast<F>(ld<S>(src, i)) / q)));
       }
+    } else {
+      const S q = static_cast<S>(divisor);
+      for (size_t i = 0; i < count; ++i) st<S>(dst, i, static_cast<S>(ld<S>(src, i) / q));
     }
   }
 }

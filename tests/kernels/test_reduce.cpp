@@ -234,6 +234,25 @@ TEST_P(KernelTest, DivideIntegersTruncateLikeC) {
       }
     }
   }
+  // Every 8-bit value by every divisor an average could use and then some.
+  int8_t all_s[256];
+  uint8_t all_u[256];
+  for (int i = 0; i < 256; ++i) {
+    all_s[i] = static_cast<int8_t>(i);
+    all_u[i] = static_cast<uint8_t>(i);
+  }
+  for (int q = -300; q <= 300; ++q) {
+    if (q == 0) continue;
+    int8_t ds[256];
+    mk::divide(ncclInt8, ds, all_s, 256, q);
+    for (int i = 0; i < 256; ++i) {
+      ASSERT_EQ(ds[i], static_cast<int8_t>(all_s[i] / q)) << int{all_s[i]} << " / " << q;
+    }
+    if (q < 0) continue;
+    uint8_t du[256];
+    mk::divide(ncclUint8, du, all_u, 256, q);
+    for (int i = 0; i < 256; ++i) ASSERT_EQ(du[i], all_u[i] / q) << int{all_u[i]} << " / " << q;
+  }
   // Spot values that a sign or rounding mistake would get wrong.
   int32_t v[4] = {-7, 7, -1, INT32_MIN};
   mk::divide(ncclInt32, v, v, 4, 2);
@@ -244,6 +263,18 @@ TEST_P(KernelTest, DivideIntegersTruncateLikeC) {
   int8_t m = INT8_MIN;
   mk::divide(ncclInt8, &m, &m, 1, -1);
   EXPECT_EQ(m, INT8_MIN);  // wraps like NCCL's integer arithmetic
+  int32_t big[6] = {INT32_MAX, INT32_MIN, INT32_MAX - 1, INT32_MIN + 1, 1000000007, -999999999};
+  for (int q : {2, 3, 7, 1000, 65537, INT32_MAX, -2, -7, INT32_MIN + 1}) {
+    int32_t out[6];
+    mk::divide(ncclInt32, out, big, 6, q);
+    for (int i = 0; i < 6; ++i) EXPECT_EQ(out[i], big[i] / q) << big[i] << " / " << q;
+  }
+  uint32_t ubig[3] = {UINT32_MAX, UINT32_MAX - 1, 0x80000001u};
+  for (int q : {1, 2, 3, 7, 65537, INT32_MAX}) {
+    uint32_t out[3];
+    mk::divide(ncclUint32, out, ubig, 3, q);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(out[i], ubig[i] / static_cast<uint32_t>(q)) << ubig[i] << " / " << q;
+  }
 }
 
 TEST_P(KernelTest, DivideFloatsRoundOnce) {
