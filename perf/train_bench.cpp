@@ -146,7 +146,11 @@ LayoutResult run_layout(TrainConfig cfg, const Corpus& corpus, int steps) {
 int main(int argc, char** argv) {
   int steps = 5;
   bool quick = false;
+#ifdef MESHTRAIN_BUILD_CORPUS
+  std::string json, data = MESHTRAIN_BUILD_CORPUS;
+#else
   std::string json, data = "data/kjv.txt";
+#endif
   for (int i = 1; i < argc; i++) {
     const std::string a = argv[i];
     if (a == "--steps" && i + 1 < argc) {

@@ -16,7 +16,8 @@ model:    --layers N --d-model N --heads N --seq N --vocab N --untied --seed N
 batch:    --micro-batch N --grad-accum N  (global batch = dp x micro-batch x grad-accum)
 optim:    --steps N --lr X --min-lr-ratio X --warmup N --weight-decay X --clip X
           --beta1 X --beta2 X
-data:     --data PATH (default data/kjv.txt, from scripts/get_corpus.sh) --data-seed N
+data:     --data PATH (default: $MESHTRAIN_DATA, data/kjv.txt, or the build's copy)
+          --data-seed N
           --val-every N --val-seqs N
 ckpt:     --ckpt-dir DIR --ckpt-every N --resume
 other:    --bucket-kb N (data-parallel bucket) --blas-threads N --log-every N

@@ -9,7 +9,7 @@ namespace meshtrain {
 
 struct CliOptions {
   TrainConfig train;
-  std::string data = "data/kjv.txt";
+  std::string data;  // empty: see corpus_path() in main.cpp
   bool resume = false;
   int blas_threads = 0;   // 0: all cores for one rank, 1 per rank otherwise
   int sample_chars = 0;   // generate this much text after training (pp = tp = 1)

@@ -297,36 +297,56 @@ int Engine::load_checkpoint() {
 
 std::string Engine::sample(const std::string& prompt, int length, float temperature,
                            uint64_t seed) {
-  if (cfg_.layout.pp != 1 || cfg_.layout.tp != 1) {
-    throw std::runtime_error("sampling needs the whole model on one rank (pp = tp = 1)");
-  }
   const int T = cfg_.model.seq, V = cfg_.model.vocab;
+  Stage& st = *stage_;
   std::vector<int32_t> ctx(prompt.begin(), prompt.end());
   if (ctx.empty()) ctx.push_back('\n');
   std::string out;
   uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
   std::vector<int32_t> zeros(tokens_.size(), 0);
+  std::vector<float> logits(V);
   std::vector<double> probs(V);
   for (int i = 0; i < length; i++) {
+    // The whole window goes through the pipeline as one micro-batch (row 0);
+    // causal attention makes the padding after the context irrelevant.
     const size_t start = ctx.size() > static_cast<size_t>(T) ? ctx.size() - T : 0;
     const int n = static_cast<int>(ctx.size() - start);
     std::fill(tokens_.begin(), tokens_.end(), 0);
     std::copy(ctx.begin() + start, ctx.end(), tokens_.begin());
-    stage_->forward(0, tokens_.data(), zeros.data());
-    const float* logits = stage_->logits(0, 0, n - 1);
-    int next = 0;
-    if (temperature <= 0.0f) {
-      next = static_cast<int>(std::max_element(logits, logits + V) - logits);
-    } else {
-      const float mx = *std::max_element(logits, logits + V);
-      double sum = 0.0;
-      for (int v = 0; v < V; v++) sum += probs[v] = std::exp((logits[v] - mx) / temperature);
-      state = state * 6364136223846793005ull + 1442695040888963407ull;
-      double u = static_cast<double>(state >> 11) * 0x1.0p-53 * sum;
-      for (next = 0; next < V - 1 && u >= probs[next]; next++) u -= probs[next];
+    P2POp op;
+    op.count = st.act_size();
+    if (!st.first()) {
+      op.send = false, op.buf = st.input_buffer(0), op.peer = me_.pp - 1;
+      comms_.pp->exchange(&op, 1);
     }
-    ctx.push_back(next);
-    out.push_back(static_cast<char>(next));
+    st.forward(0, tokens_.data(), zeros.data());
+    if (!st.last()) {
+      op.send = true, op.buf = const_cast<float*>(st.output(0)), op.peer = me_.pp + 1;
+      comms_.pp->exchange(&op, 1);
+    }
+    float next = 0.0f;
+    if (st.last()) {
+      // Assemble the vocabulary from the tensor-parallel slices.
+      std::fill(logits.begin(), logits.end(), 0.0f);
+      std::copy_n(st.logits(0, 0, n - 1), st.vocab_valid(), logits.begin() + st.vocab_lo());
+      if (comms_.tp) comms_.tp->all_reduce(logits.data(), V, ReduceOp::Sum);
+      int pick = 0;
+      if (temperature <= 0.0f) {
+        pick = static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      } else {
+        const float mx = *std::max_element(logits.begin(), logits.end());
+        double sum = 0.0;
+        for (int v = 0; v < V; v++) sum += probs[v] = std::exp((logits[v] - mx) / temperature);
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        double u = static_cast<double>(state >> 11) * 0x1.0p-53 * sum;
+        for (pick = 0; pick < V - 1 && u >= probs[pick]; pick++) u -= probs[pick];
+      }
+      next = static_cast<float>(pick);
+    }
+    // The last stage tells the others (it alone contributes a non-zero).
+    if (comms_.pp) comms_.pp->all_reduce(&next, 1, ReduceOp::Sum);
+    ctx.push_back(static_cast<int32_t>(next));
+    out.push_back(static_cast<char>(static_cast<int>(next)));
   }
   return out;
 }

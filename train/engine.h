@@ -69,7 +69,8 @@ class Engine {
   // Loads the checkpoint `latest` names; returns the number of steps done, or
   // 0 when there is none. Throws on a shard that does not fit this run.
   int load_checkpoint();
-  // Greedy/temperature sampling from the model (needs pp == tp == 1).
+  // Generates `length` bytes after `prompt` (greedy when temperature <= 0).
+  // Collective: every rank calls it; all ranks return the same text.
   std::string sample(const std::string& prompt, int length, float temperature, uint64_t seed);
 
   Stage& stage() { return *stage_; }

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "cli.h"
 #include "engine.h"
@@ -25,6 +26,25 @@ int launch_size() {
   return 1;
 }
 
+// --data when given; else $MESHTRAIN_DATA, data/kjv.txt, or the copy the build
+// extracted (scripts/get_corpus.sh run by meson), the first that exists.
+std::string corpus_path(const std::string& given) {
+  if (!given.empty()) return given;
+  std::vector<std::string> candidates;
+  if (const char* env = std::getenv("MESHTRAIN_DATA")) candidates.push_back(env);
+  candidates.push_back("data/kjv.txt");
+#ifdef MESHTRAIN_BUILD_CORPUS
+  candidates.push_back(MESHTRAIN_BUILD_CORPUS);
+#endif
+  for (const auto& c : candidates) {
+    if (FILE* f = std::fopen(c.c_str(), "rb")) {
+      std::fclose(f);
+      return c;
+    }
+  }
+  return candidates.front();
+}
+
 int run(const CliOptions& o) {
   const TrainConfig& cfg = o.train;
   const int world_size = launch_size();
@@ -34,7 +54,8 @@ int run(const CliOptions& o) {
     std::fprintf(stderr, "meshtrain: %s\n", e.c_str());
     return 2;
   }
-  const Corpus corpus = Corpus::load(o.data, cfg.model.seq);
+  const std::string data = corpus_path(o.data);
+  const Corpus corpus = Corpus::load(data, cfg.model.seq);
 
   RankComms rc;
   int rank = 0;
@@ -66,7 +87,7 @@ int run(const CliOptions& o) {
                 schedule_name(cfg.schedule), cfg.model.layers, cfg.model.d_model,
                 cfg.model.heads, cfg.model.seq, cfg.model.vocab,
                 cfg.model.tied ? "tied" : "untied", cfg.global_batch(), cfg.model.seq, n,
-                o.data.c_str(), corpus.size());
+                data.c_str(), corpus.size());
     std::fflush(stdout);
   }
 
@@ -115,14 +136,8 @@ int run(const CliOptions& o) {
     std::printf("\n");
   }
   if (o.sample_chars > 0) {
-    if (cfg.layout.pp == 1 && cfg.layout.tp == 1) {
-      if (talk) {
-        const std::string text = engine.sample(o.prompt, o.sample_chars, o.temperature, 7);
-        std::printf("sample: %s%s\n", o.prompt.c_str(), text.c_str());
-      }
-    } else if (talk) {
-      std::printf("sample: skipped (needs pp = tp = 1)\n");
-    }
+    const std::string text = engine.sample(o.prompt, o.sample_chars, o.temperature, 7);
+    if (talk) std::printf("sample: %s%s\n", o.prompt.c_str(), text.c_str());
   }
   std::fflush(stdout);
   return 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "kernels.h"
@@ -79,19 +80,25 @@ Stage::Stage(const ModelConfig& cfg, const Layout& layout, const Coords& me, int
   }
   for (int l = range_.lo; l < range_.hi; l++) {
     layer_offset_.push_back(params.size());
-    const std::string p = "h" + std::to_string(l) + ".";
-    add_param(p + "ln1w", key_of(kLn1W, l), C_, 1, Split::None, 0, 1, false, rep_norm);
-    add_param(p + "ln1b", key_of(kLn1B, l), C_, 1, Split::None, 0, 0, false, rep_norm);
-    add_param(p + "qkvw", key_of(kQkvW, l), 3 * C_, C_, Split::QkvRows, std_w, 0, true, true);
-    add_param(p + "qkvb", key_of(kQkvB, l), 3 * C_, 1, Split::QkvRows, 0, 0, false, true);
-    add_param(p + "attprojw", key_of(kAttProjW, l), C_, C_, Split::Cols, std_proj, 0, true, true);
-    add_param(p + "attprojb", key_of(kAttProjB, l), C_, 1, Split::None, 0, 0, false, rep_norm);
-    add_param(p + "ln2w", key_of(kLn2W, l), C_, 1, Split::None, 0, 1, false, rep_norm);
-    add_param(p + "ln2b", key_of(kLn2B, l), C_, 1, Split::None, 0, 0, false, rep_norm);
-    add_param(p + "fcw", key_of(kFcW, l), 4 * C_, C_, Split::Rows, std_w, 0, true, true);
-    add_param(p + "fcb", key_of(kFcB, l), 4 * C_, 1, Split::Rows, 0, 0, false, true);
-    add_param(p + "fcprojw", key_of(kFcProjW, l), C_, 4 * C_, Split::Cols, std_proj, 0, true, true);
-    add_param(p + "fcprojb", key_of(kFcProjB, l), C_, 1, Split::None, 0, 0, false, rep_norm);
+    // snprintf rather than string concatenation: GCC 12 at -O3 warns
+    // (-Wrestrict, a false positive) on the inlined operator+.
+    auto p = [l](const char* field) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "h%d.%s", l, field);
+      return std::string(buf);
+    };
+    add_param(p("ln1w"), key_of(kLn1W, l), C_, 1, Split::None, 0, 1, false, rep_norm);
+    add_param(p("ln1b"), key_of(kLn1B, l), C_, 1, Split::None, 0, 0, false, rep_norm);
+    add_param(p("qkvw"), key_of(kQkvW, l), 3 * C_, C_, Split::QkvRows, std_w, 0, true, true);
+    add_param(p("qkvb"), key_of(kQkvB, l), 3 * C_, 1, Split::QkvRows, 0, 0, false, true);
+    add_param(p("attprojw"), key_of(kAttProjW, l), C_, C_, Split::Cols, std_proj, 0, true, true);
+    add_param(p("attprojb"), key_of(kAttProjB, l), C_, 1, Split::None, 0, 0, false, rep_norm);
+    add_param(p("ln2w"), key_of(kLn2W, l), C_, 1, Split::None, 0, 1, false, rep_norm);
+    add_param(p("ln2b"), key_of(kLn2B, l), C_, 1, Split::None, 0, 0, false, rep_norm);
+    add_param(p("fcw"), key_of(kFcW, l), 4 * C_, C_, Split::Rows, std_w, 0, true, true);
+    add_param(p("fcb"), key_of(kFcB, l), 4 * C_, 1, Split::Rows, 0, 0, false, true);
+    add_param(p("fcprojw"), key_of(kFcProjW, l), C_, 4 * C_, Split::Cols, std_proj, 0, true, true);
+    add_param(p("fcprojb"), key_of(kFcProjB, l), C_, 1, Split::None, 0, 0, false, rep_norm);
   }
   final_offset_ = params.size();
   if (last()) {

@@ -73,8 +73,11 @@ class Stage {
   // soon as grads[lo, end) will not change any more in this backward.
   void backward(int slot, float loss_scale, const std::function<void(size_t)>& ready);
 
-  // Logits of one token position of a slot (last stage, tp == 1), for sampling.
+  // This rank's slice of the logits of one token position (last stage): entries
+  // [vocab_lo(), vocab_lo() + vocab_valid()) of the vocabulary.
   const float* logits(int slot, int b, int t) const;
+  int vocab_lo() const { return vocab_lo_; }
+  int vocab_valid() const { return vocab_valid_; }
 
   void zero_grads();
 

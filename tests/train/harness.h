@@ -20,6 +20,7 @@ namespace meshtrain::testing {
 struct RunResult {
   std::vector<float> losses;                        // per step, from rank 0
   std::vector<float> val;                           // validation after the last step
+  std::string sample;                               // greedy text after training (rank 0)
   std::map<std::string, std::vector<float>> params; // logical tensors
   double comm_wait = 0, seconds = 0;                // summed over ranks
   std::string error;                                // first rank's exception, if any
@@ -54,8 +55,9 @@ inline RunResult run_threads(const TrainConfig& cfg, const Corpus& corpus, const
           if (after_step) after_step(e, s);
         }
         const float val = e.validate();
+        const std::string text = e.sample("And God said", 24, 0.0f, 1);
         std::lock_guard<std::mutex> lock(mu);
-        if (r == 0) res.val.push_back(val);
+        if (r == 0) res.val.push_back(val), res.sample = text;
         res.comm_wait += wait;
         res.seconds += secs;
         const Stage& st = e.stage();

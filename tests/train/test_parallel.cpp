@@ -113,6 +113,9 @@ void expect_equivalent(const RunResult& got, const RunResult& ref, const char* w
   }
   ASSERT_EQ(got.val.size(), 1u);
   EXPECT_NEAR(got.val[0], ref.val[0], 1e-3 * ref.val[0]) << what << " validation loss";
+  // Greedy generation through the same layout (pipeline and vocab-parallel head).
+  EXPECT_EQ(got.sample.size(), 24u);
+  EXPECT_EQ(got.sample, ref.sample) << what;
   std::printf("[ %s ] worst loss rel diff %.2e, worst param rel diff %.2e, comm wait %.0f%% of "
               "rank time\n",
               what, worst, worst_p, 100.0 * got.comm_wait / got.seconds);
@@ -212,12 +215,13 @@ TEST(Meshrun, FourProcessJobTrains) {
   std::string out;
   const std::string cmd = std::string(MESHTRAIN_MESHRUN) + " -n 4 " + MESHTRAIN_BIN +
                           " --dp 2 --pp 2 --tp 1 --layers 2 --d-model 32 --heads 4 --seq 16"
-                          " --micro-batch 2 --grad-accum 2 --steps 6 --val-every 3 --data " +
+                          " --micro-batch 2 --grad-accum 2 --steps 6 --val-every 3 --sample 16 --data " +
                           MESHTRAIN_TEST_CORPUS;
   ASSERT_EQ(run_cmd(cmd, &out), 0) << out;
   EXPECT_NE(out.find("step     6/6"), std::string::npos) << out;
   EXPECT_NE(out.find("summary:"), std::string::npos) << out;
   EXPECT_NE(out.find("comm wait"), std::string::npos) << out;
+  EXPECT_NE(out.find("sample: And God said"), std::string::npos) << out;
 }
 
 TEST(Meshrun, ImpossibleLayoutIsRejected) {
