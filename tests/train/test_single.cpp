@@ -224,3 +224,75 @@ TEST(Cli, ParsesAndRejects) {
   CliOptions f;
   EXPECT_NE(parse({"--steps"}, &f).find("needs a value"), std::string::npos);
 }
+
+namespace {
+// A one-rank communicator (every reduction is the identity, so the model's
+// numbers are unchanged) that records what the model asks of it.
+class CountingComm final : public Comm {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void all_reduce(float*, size_t n, ReduceOp op) override { calls.push_back({n, op}); }
+  void all_reduce_async(float*, size_t n, ReduceOp op) override { async.push_back({n, op}); }
+  void wait_async() override {}
+  void exchange(const P2POp*, int) override {}
+  std::vector<std::pair<size_t, ReduceOp>> calls, async;
+};
+}  // namespace
+
+// Megatron 1D: per layer and micro-batch 2 all-reduces forward and 2 backward,
+// each of B*T*C; plus the embedding (forward) and the vocab-parallel head:
+// max and sum of per-token scalars forward, its input gradient backward.
+TEST(Model, TensorParallelCollectivesWhereTheSpecPutsThem) {
+  ModelConfig m;
+  m.vocab = 256;
+  m.seq = 8;
+  m.layers = 3;
+  m.d_model = 16;
+  m.heads = 2;
+  const int B = 2, N = B * m.seq;
+  const size_t NC = static_cast<size_t>(N) * m.d_model;
+  Stage st(m, Layout{}, Coords{}, B, 1);
+  Stage plain(m, Layout{}, Coords{}, B, 1);
+  CountingComm comm;
+  st.tp_comm = &comm;
+  std::vector<int32_t> tok(N, 65), tgt(N, 66);
+  const float loss = st.forward(0, tok.data(), tgt.data());
+  EXPECT_EQ(loss, plain.forward(0, tok.data(), tgt.data()));
+  std::vector<std::pair<size_t, ReduceOp>> fwd = {{NC, ReduceOp::Sum}};
+  for (int l = 0; l < m.layers; l++) {
+    fwd.push_back({NC, ReduceOp::Sum});
+    fwd.push_back({NC, ReduceOp::Sum});
+  }
+  fwd.push_back({static_cast<size_t>(N), ReduceOp::Max});
+  fwd.push_back({2 * static_cast<size_t>(N), ReduceOp::Sum});
+  EXPECT_EQ(comm.calls, fwd);
+  comm.calls.clear();
+  st.backward(0, 1.0f, {});
+  EXPECT_EQ(comm.calls.size(), static_cast<size_t>(1 + 2 * m.layers));
+  for (const auto& c : comm.calls) EXPECT_EQ(c, (std::pair<size_t, ReduceOp>{NC, ReduceOp::Sum}));
+  EXPECT_TRUE(comm.async.empty());
+}
+
+// Data-parallel buckets: several per step, each at least the bucket size but
+// the last, averaged, covering every gradient exactly once.
+TEST(Engine, DataParallelBucketsCoverTheGradientsOnce) {
+  TrainConfig c = tiny_config();
+  c.layout = Layout{1, 1, 1};
+  c.model.layers = 4;
+  c.bucket_elems = 5000;
+  const Corpus corpus = test_corpus(c.model.seq);
+  CountingComm dp;
+  Comms comms;
+  comms.dp = &dp;
+  Engine e(c, 0, comms, corpus);
+  e.train_step(0);
+  ASSERT_GE(dp.async.size(), 3u);
+  size_t total = 0;
+  for (const auto& [n, op] : dp.async) {
+    EXPECT_EQ(op, ReduceOp::Avg);
+    total += n;
+  }
+  EXPECT_EQ(total, e.stage().params.size());
+  for (size_t i = 0; i + 1 < dp.async.size(); i++) EXPECT_GE(dp.async[i].first, c.bucket_elems);
+}
