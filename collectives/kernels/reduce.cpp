@@ -72,8 +72,12 @@ bool valid(ncclDataType_t dt, ReduceOp op) {
 }  // namespace
 
 bool isa_supported(const char* name) {
+  if (name == nullptr) return false;
   if (std::strcmp(name, "portable") == 0) return true;
 #if MESHCCL_KERNELS_X86
+  // The first call may come from another library's static constructor,
+  // before libgcc has filled in its CPU model.
+  __builtin_cpu_init();
   if (std::strcmp(name, "avx2") == 0) {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
   }
