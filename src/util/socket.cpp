@@ -10,6 +10,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -20,15 +21,18 @@ namespace meshccl {
 
 std::string SockAddr::str() const {
   char host[INET6_ADDRSTRLEN] = "?";
+  char out[INET6_ADDRSTRLEN + 16];
   if (ss.ss_family == AF_INET) {
     auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
     inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
-    return std::string(host) + ":" + std::to_string(ntohs(a->sin_port));
+    std::snprintf(out, sizeof(out), "%s:%d", host, ntohs(a->sin_port));
+    return out;
   }
   if (ss.ss_family == AF_INET6) {
     auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
     inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
-    return "[" + std::string(host) + "]:" + std::to_string(ntohs(a->sin6_port));
+    std::snprintf(out, sizeof(out), "[%s]:%d", host, ntohs(a->sin6_port));
+    return out;
   }
   return "<unset>";
 }
