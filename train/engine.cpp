@@ -46,9 +46,16 @@ Engine::Engine(const TrainConfig& cfg, int rank, const Comms& comms, const Corpu
     : cfg_(cfg), rank_(rank), me_(coords_of(rank, cfg.layout)), comms_(comms), corpus_(corpus),
       opt_(0) {
   const Layout& l = cfg_.layout;
-  for (PipeSchedule s : {cfg_.schedule}) {
-    slots_ = std::max(slots_, max_in_flight(stage_ops(s, l.pp, me_.pp, cfg_.grad_accum)));
+  const int world = comms_.world ? comms_.world->size() : l.world();
+  if (const std::string e = check_layout(cfg_.model, l, world, cfg_.micro_batch, cfg_.grad_accum);
+      !e.empty()) {
+    throw std::invalid_argument(e);
   }
+  if (rank < 0 || rank >= l.world()) {
+    throw std::invalid_argument("rank " + std::to_string(rank) + " is outside the " +
+                                std::to_string(l.world()) + "-rank layout");
+  }
+  slots_ = std::max(1, max_in_flight(stage_ops(cfg_.schedule, l.pp, me_.pp, cfg_.grad_accum)));
   // Forward-only runs (validation) receive micro-batch i+1 while i is still
   // being sent, so a pipelined stage needs two slots even when training needs one.
   if (l.pp > 1) slots_ = std::max(slots_, 2);

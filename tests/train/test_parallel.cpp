@@ -42,6 +42,9 @@ TrainConfig with_layout(Layout l, PipeSchedule s) {
   TrainConfig c = base_config();
   c.layout = l;
   c.schedule = s;
+  // The same global batch for every layout; the sequences a rank reads depend
+  // only on their global index, not on how they are cut into micro-batches.
+  if ((kGlobalBatch / l.dp) % c.micro_batch != 0) c.micro_batch = kGlobalBatch / l.dp;
   c.grad_accum = kGlobalBatch / (l.dp * c.micro_batch);
   return c;
 }
@@ -161,6 +164,9 @@ INSTANTIATE_TEST_SUITE_P(
                       LayoutCase{{2, 2, 2}, PipeSchedule::OneFOneB},
                       LayoutCase{{3, 1, 1}, PipeSchedule::OneFOneB},
                       LayoutCase{{1, 3, 1}, PipeSchedule::OneFOneB},  // 4 layers on 3 stages
+                      LayoutCase{{4, 1, 1}, PipeSchedule::OneFOneB},
+                      LayoutCase{{1, 4, 1}, PipeSchedule::OneFOneB},
+                      LayoutCase{{1, 1, 4}, PipeSchedule::OneFOneB},
                       LayoutCase{{1, 2, 2}, PipeSchedule::GPipe, false}),
     [](const ::testing::TestParamInfo<LayoutCase>& i) { return case_name(i.param); });
 

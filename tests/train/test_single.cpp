@@ -179,6 +179,22 @@ TEST(Engine, CheckpointErrorsAreClear) {
   fs::remove_all(dir);
 }
 
+TEST(Engine, ImpossibleLayoutIsRejectedBeforeAnyWork) {
+  TrainConfig c = tiny_config();
+  const Corpus corpus = test_corpus(c.model.seq);
+  c.layout = Layout{1, 1, 3};  // 4 heads
+  try {
+    Engine e(c, 0, Comms{}, corpus);
+    ADD_FAILURE() << "accepted tp 3 with 4 heads";
+  } catch (const std::invalid_argument& err) {
+    EXPECT_NE(std::string(err.what()).find("not divisible by tp 3"), std::string::npos);
+  }
+  c.layout = Layout{1, 3, 1};  // 2 layers
+  EXPECT_THROW(Engine(c, 0, Comms{}, corpus), std::invalid_argument);
+  c.layout = Layout{2, 1, 1};
+  EXPECT_THROW(Engine(c, 5, Comms{}, corpus), std::invalid_argument);
+}
+
 TEST(Engine, CorpusTooShortIsAnError) {
   EXPECT_THROW(Corpus::from_bytes(std::vector<uint8_t>(50, 'a'), 16), std::runtime_error);
   EXPECT_THROW(Corpus::load("/nonexistent/kjv.txt", 16), std::runtime_error);
