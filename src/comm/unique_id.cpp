@@ -63,7 +63,8 @@ void root_main(Socket listener, std::array<uint8_t, kSecretBytes> secret) {
       return;  // sockets close; waiting ranks see the error
     }
     Hello h{};
-    if (!socket_recv_all(c, &h, sizeof(h), Deadline::after(10), nullptr).ok()) {
+    // Bounded so that a stray connection delays the real ranks by at most 2 s.
+    if (!socket_recv_all(c, &h, sizeof(h), Deadline::after(2), nullptr).ok()) {
       MC_WARN("bootstrap root: dropped a connection that sent no valid greeting");
       continue;
     }
