@@ -5,13 +5,14 @@
 //      against the time of the same step's GEMMs alone;
 //   3. parallel layouts at 2, 4 and 8 ranks (one thread per rank over meshccl):
 //      tokens/s and the share of rank time spent waiting on communication.
-// Usage: train_bench [--steps N] [--quick] [--json PATH] [--data PATH]
+// Usage: train_bench [--steps N] [--quick] [--json PATH] [--data PATH] [--skip-layouts]
 #include <cblas.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <mutex>
 #include <string>
@@ -29,12 +30,20 @@ double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// CPU time of the calling thread: with one BLAS thread all work runs here, and
+// unlike wall time it does not grow when other processes share the cores.
+double thread_cpu() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 struct Gemm {
   bool ta, tb;
   int M, N, K;
 };
 
-double gemm_seconds(const std::vector<Gemm>& gemms, int reps) {
+double gemm_seconds(const std::vector<Gemm>& gemms, int reps, double (*clock)() = now) {
   size_t most = 0;
   for (const auto& g : gemms) {
     most = std::max({most, size_t(g.M) * g.K, size_t(g.K) * g.N, size_t(g.M) * g.N});
@@ -42,13 +51,13 @@ double gemm_seconds(const std::vector<Gemm>& gemms, int reps) {
   std::vector<float> a(most, 0.01f), b(most, 0.02f), c(most, 0.0f);
   double best = 1e30;
   for (int r = 0; r < reps; r++) {
-    const double t0 = now();
+    const double t0 = clock();
     for (const auto& g : gemms) {
       cblas_sgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans, g.tb ? CblasTrans : CblasNoTrans,
                   g.M, g.N, g.K, 1.0f, a.data(), g.ta ? g.M : g.K, b.data(), g.tb ? g.K : g.N, 0.0f,
                   c.data(), g.N);
     }
-    best = std::min(best, now() - t0);
+    best = std::min(best, clock() - t0);
   }
   return best;
 }
@@ -145,7 +154,7 @@ LayoutResult run_layout(TrainConfig cfg, const Corpus& corpus, int steps) {
 
 int main(int argc, char** argv) {
   int steps = 5;
-  bool quick = false;
+  bool quick = false, skip_layouts = false;
 #ifdef MESHTRAIN_BUILD_CORPUS
   std::string json, data = MESHTRAIN_BUILD_CORPUS;
 #else
@@ -157,12 +166,15 @@ int main(int argc, char** argv) {
       steps = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--quick") {
       quick = true;
+    } else if (a == "--skip-layouts") {
+      skip_layouts = true;
     } else if (a == "--json" && i + 1 < argc) {
       json = argv[++i];
     } else if (a == "--data" && i + 1 < argc) {
       data = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: train_bench [--steps N] [--quick] [--json PATH] [--data PATH]\n");
+      std::fprintf(stderr, "usage: train_bench [--steps N] [--quick] [--json PATH] [--data PATH] "
+                           "[--skip-layouts]\n");
       return 2;
     }
   }
@@ -229,6 +241,29 @@ int main(int argc, char** argv) {
     out += line;
   }
 
+  // 2b. The same on one BLAS thread, in CPU time of this thread.
+  {
+    openblas_set_num_threads(1);
+    Engine e(one, 0, Comms{}, corpus);
+    e.train_step(0);
+    double best = 1e30, gemm_best = 1e30;
+    const int n = quick ? 2 : std::max(3, steps);
+    for (int s = 1; s <= n; s++) {
+      gemm_best = std::min(gemm_best, gemm_seconds(gemms, 1, thread_cpu));
+      const double t0 = thread_cpu();
+      e.train_step(s);
+      best = std::min(best, thread_cpu() - t0);
+    }
+    std::printf("1 thread, CPU time: step best %.1f ms; its GEMMs alone %.1f ms (%.1f GFLOP/s); "
+                "step / GEMM-only = %.2fx\n",
+                best * 1e3, gemm_best * 1e3, flops(gemms) / gemm_best / 1e9, best / gemm_best);
+    std::snprintf(line, sizeof line,
+                  "  \"single_1thread_cpu\": {\"step_ms\": %.2f, \"gemm_only_ms\": %.2f, "
+                  "\"ratio\": %.3f},\n",
+                  best * 1e3, gemm_best * 1e3, best / gemm_best);
+    out += line;
+  }
+
   // 3. Layouts: one thread per rank, one BLAS thread each.
   openblas_set_num_threads(1);
   TrainConfig base;
@@ -259,6 +294,7 @@ int main(int argc, char** argv) {
       {{2, 4, 1}, PipeSchedule::OneFOneB, 0, ""},
   };
   if (quick) cases.resize(6);
+  if (skip_layouts) cases.clear();
   std::printf("\n== layouts: d_model 128, 4 layers, seq 64, micro-batch 4, global batch %d, "
               "%d timed steps ==\n", global, steps);
   std::printf("%-8s %-6s %9s %9s %10s  %s\n", "layout", "sched", "ms/step", "tok/s", "comm wait",
