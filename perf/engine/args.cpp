@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <strings.h>
 
 #include "format.h"
 
@@ -216,6 +217,34 @@ std::vector<size_t> SweepSizes(const Options& o) {
     s = next;
   }
   return sizes;
+}
+
+bool SplitColor(const char* spec, int proc, int* color) {
+  while (*spec == ' ') spec++;
+  struct { const char* word; char sym; } const kOps[] = {
+      {"AND", '&'}, {"OR", '|'}, {"MOD", '%'}, {"DIV", '/'}};
+  char op = 0;
+  for (const auto& o : kOps) {
+    const size_t n = strlen(o.word);
+    if (strncasecmp(spec, o.word, n) == 0) { op = o.sym; spec += n; break; }
+    if (*spec == o.sym) { op = o.sym; spec++; break; }
+  }
+  if (op == 0) return false;
+  while (*spec == ' ') spec++;
+  int base = 10;
+  if (spec[0] == '0' && (spec[1] == 'x' || spec[1] == 'X')) { base = 16; spec += 2; }
+  else if (spec[0] == '0' && (spec[1] == 'b' || spec[1] == 'B')) { base = 2; spec += 2; }
+  char* end = nullptr;
+  const long v = strtol(spec, &end, base);
+  if (end == spec || *end != '\0' || v < 0) return false;
+  if ((op == '%' || op == '/') && v == 0) return false;
+  switch (op) {
+    case '&': *color = static_cast<int>(proc & v); break;
+    case '|': *color = static_cast<int>(proc | v); break;
+    case '%': *color = static_cast<int>(proc % v); break;
+    default: *color = static_cast<int>(proc / v); break;
+  }
+  return true;
 }
 
 }  // namespace perf

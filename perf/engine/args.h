@@ -54,6 +54,11 @@ enum class ParseResult {
 // *out exactly as nccl-tests prints them on stdout; callers print *out.
 ParseResult ParseArgs(int argc, char** argv, Options* opts, std::string* out);
 
+// NCCL_TESTS_SPLIT: "<op> <value>" with op AND/&, OR/|, MOD/%, DIV//, value
+// decimal, 0x hex or 0b binary, applied to the process index. Returns false
+// on a malformed spec.
+bool SplitColor(const char* spec, int proc, int* color);
+
 // Sizes of one sweep: min, then *factor or +step, up to max inclusive.
 std::vector<size_t> SweepSizes(const Options& opts);
 

@@ -502,15 +502,34 @@ std::string CpuName() {
   return name;
 }
 
+// Resident bytes of this process: -M reports host memory the way nccl-tests
+// reports device memory, as growth during init, user buffers and the run.
+double ResidentBytes() {
+  long pages = 0, resident = 0;
+  if (FILE* f = fopen("/proc/self/statm", "r")) {
+    if (fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    fclose(f);
+  }
+  return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE));
+}
+
 size_t PhysicalMemory() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page = sysconf(_SC_PAGESIZE);
   return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
 }
 
-int Exit(ProcGroup* pg, Status s) {
+// Finishes the split group (if any), then the world.
+struct Groups {
+  std::unique_ptr<ProcGroup> world;
+  std::unique_ptr<ProcGroup> split;
+  ProcGroup* get() const { return split ? split.get() : world.get(); }
+};
+
+int Exit(Groups& g, Status s) {
   fflush(stdout);
-  if (pg) pg->Finish();
+  if (g.split) g.split->Finish();
+  if (g.world) g.world->Finish();
   return static_cast<int>(s);
 }
 
@@ -527,39 +546,58 @@ int RunMain(const CollTest& test, int argc, char** argv) {
   gethostname(g_host, sizeof g_host - 1);
   if (char* dot = strchr(g_host, '.')) *dot = '\0';
 
-  std::unique_ptr<ProcGroup> pg = CreateProcGroup(&argc, &argv);
-  if (!pg) return static_cast<int>(Status::kInternal);
-  const bool printer = pg->rank() == 0;
+  Groups groups;
+  groups.world = CreateProcGroup(&argc, &argv);
+  if (!groups.world) return static_cast<int>(Status::kInternal);
+  ProcGroup* world = groups.world.get();
+  const bool printer = world->rank() == 0;
   const char* program = program_invocation_short_name;
 
   Run r;
   r.test = &test;
-  r.pg = pg.get();
   r.printer = printer;
   r.program = program;
   std::string msgs;
   const ParseResult pr = ParseArgs(argc, argv, &r.opt, &msgs);
   if (printer) fputs(msgs.c_str(), stdout);
-  if (pr == ParseResult::kExitSuccess) return Exit(pg.get(), Status::kOk);
-  if (pr == ParseResult::kExitUsage) { fflush(stdout); pg->Finish(); return 255; }
+  if (pr == ParseResult::kExitSuccess) return Exit(groups, Status::kOk);
+  if (pr == ParseResult::kExitUsage) { Exit(groups, Status::kOk); return 255; }
   Options& o = r.opt;
   if (o.nthreads < 1 || o.nthreads > 64 || o.ngpus < 1 || o.iters < 0 || o.agg_iters < 1 ||
       o.warmup_iters < 0 || o.check < 0 || o.average < 0 || o.average > 3 || o.blocking < 0 ||
       o.blocking > 3 || o.unalign < 0 || o.local_register < 0 || o.local_register > 2) {
     if (printer) printf("invalid argument value: threads 1..64, gpus >= 1, agg_iters >= 1, "
                         "-a 0..3, -z 0..3, -R 0..2, counts >= 0\n");
-    return Exit(pg.get(), Status::kInvalidUsage);
+    return Exit(groups, Status::kInvalidUsage);
   }
   if (o.device_impl > 0) {
     if (printer) printf("device implementations (-D %d) need GPU kernels; not available on host memory\n",
                         o.device_impl);
-    return Exit(pg.get(), Status::kNotImplemented);
+    return Exit(groups, Status::kNotImplemented);
   }
   if (o.per_iter_timing) {
     if (printer) printf("per-iteration timing (-I 1) needs CUDA events; not available on host streams\n");
-    return Exit(pg.get(), Status::kNotImplemented);
+    return Exit(groups, Status::kNotImplemented);
   }
 
+  // NCCL_TESTS_SPLIT: independent groups of processes run the same test.
+  int color = 0;
+  const char* split_env = getenv("NCCL_TESTS_SPLIT");
+  std::string mask_spec;
+  if (!split_env && getenv("NCCL_TESTS_SPLIT_MASK")) {
+    mask_spec = std::string("AND 0x") + getenv("NCCL_TESTS_SPLIT_MASK");
+    split_env = mask_spec.c_str();
+  }
+  if (split_env && *split_env) {
+    if (!SplitColor(split_env, world->rank(), &color)) {
+      if (printer) printf("invalid NCCL_TESTS_SPLIT '%s': expected AND|OR|MOD|DIV <value>\n", split_env);
+      return Exit(groups, Status::kInvalidUsage);
+    }
+    groups.split = world->Split(color);
+    if (!groups.split) return Exit(groups, Status::kInternal);
+  }
+  ProcGroup* pg = groups.get();
+  r.pg = pg;
   const int local = o.nthreads * o.ngpus;
   r.nranks = pg->size() * local;
   int version = 0;
@@ -591,18 +629,18 @@ int RunMain(const CollTest& test, int argc, char** argv) {
 
   // "# Using devices": each process describes its ranks; process 0 prints all.
   const char* dev_env = getenv("NCCL_TESTS_DEVICE");
-  const int dev0 = dev_env ? atoi(dev_env) : pg->local_rank() * local;
+  const int dev0 = dev_env ? atoi(dev_env) : world->local_rank() * local;
   const std::string cpu = CpuName();
   std::string lines;
   for (int i = 0; i < local; i++)
-    lines += DeviceLine(pg->rank() * local + i, 0, static_cast<int>(getpid()), g_host, dev0 + i,
+    lines += DeviceLine(pg->rank() * local + i, color, static_cast<int>(getpid()), g_host, dev0 + i,
                         0, 0, 0, cpu.c_str());
   char block[4096];
   if (printer) printf("# Using devices\n");
-  for (int p = 0; p < pg->size(); p++) {
+  for (int p = 0; p < world->size(); p++) {
     memset(block, 0, sizeof block);
-    if (p == pg->rank()) snprintf(block, sizeof block, "%s", lines.c_str());
-    if (!pg->Broadcast(block, sizeof block, p)) return Exit(pg.get(), Status::kInternal);
+    if (p == world->rank()) snprintf(block, sizeof block, "%s", lines.c_str());
+    if (!world->Broadcast(block, sizeof block, p)) return Exit(groups, Status::kInternal);
     if (printer) {
       fputs(block, stdout);
       if (r.json) r.json->Devices(block);
@@ -611,7 +649,7 @@ int RunMain(const CollTest& test, int argc, char** argv) {
   if (r.json) r.json->EndConfig();
 
   // Cap the buffers to what the host's memory can hold for every local rank.
-  const size_t mem = PhysicalMemory() / static_cast<size_t>(pg->size() * local);
+  const size_t mem = PhysicalMemory() / static_cast<size_t>(world->size() * local);
   const size_t gib = size_t{1} << 30;
   const size_t reserve = std::min((mem + 16 * gib - 1) / (16 * gib), size_t{4}) * gib;
   if (mem > reserve + gib) {
@@ -639,13 +677,15 @@ int RunMain(const CollTest& test, int argc, char** argv) {
     st = Status::kNccl;
   }
   double bad = st == Status::kOk ? 0 : 1;
-  if (!pg->AllReduce(&bad, 1, Reduce::kMax) || bad > 0) return Exit(pg.get(), Status::kNccl);
-  if (!pg->Broadcast(&id, sizeof id, 0)) return Exit(pg.get(), Status::kInternal);
+  if (!pg->AllReduce(&bad, 1, Reduce::kMax) || bad > 0) return Exit(groups, Status::kNccl);
+  if (!pg->Broadcast(&id, sizeof id, 0)) return Exit(groups, Status::kInternal);
 
   r.ranks.resize(local);
   for (int i = 0; i < local; i++) r.ranks[i].rank = pg->rank() * local + i;
   r.barrier = std::make_unique<SpinBarrier>(o.nthreads);
+  const double rss_start = ResidentBytes();
   if (!o.parallel_init) st = InitComms(r, id, 0, local);
+  const double rss_init = ResidentBytes();
 
   if (printer) fputs(TableHeader(o.report_cputime != 0, o.report_timestamps != 0, false).c_str(), stdout);
 
@@ -688,6 +728,15 @@ int RunMain(const CollTest& test, int argc, char** argv) {
   const int oob = static_cast<int>(totals[0]);
   if (printer) {
     fputs(Footer(oob, avg_bw, min_bw, program).c_str(), stdout);
+    if (o.memory_report) {
+      // Buffers: send and recv per rank (ncclMemAlloc) and the expected values.
+      const double per_rank = 2.0 * static_cast<double>(r.alloc_bytes + static_cast<size_t>(o.unalign) * 8 + 64) +
+                              (o.check ? static_cast<double>(r.alloc_bytes + 64) : 0.0);
+      const double user = per_rank * local;
+      const double init = std::max(0.0, rss_init - rss_start);
+      const double coll = std::max(0.0, ResidentBytes() - rss_init - user);
+      fputs(MemoryLine(init, user, coll).c_str(), stdout);
+    }
     printf("#\n");
     const char* err = ncclGetLastError(nullptr);
     if (err && *err) printf("# error: %s\n", err);
@@ -696,9 +745,9 @@ int RunMain(const CollTest& test, int argc, char** argv) {
   if (r.json) r.json->Finish(oob, avg_bw, min_bw, ncclGetLastError(nullptr));
 
   if (all_ok || st == Status::kOk) TeardownRanks(r, 0, local);
-  if (failed != 0) return Exit(pg.get(), static_cast<Status>(static_cast<int>(failed)));
-  if (oob > 0 || (min_bw >= 0 && avg_bw < 0.9 * min_bw)) return Exit(pg.get(), Status::kDataError);
-  return Exit(pg.get(), Status::kOk);
+  if (failed != 0) return Exit(groups, static_cast<Status>(static_cast<int>(failed)));
+  if (oob > 0 || (min_bw >= 0 && avg_bw < 0.9 * min_bw)) return Exit(groups, Status::kDataError);
+  return Exit(groups, Status::kOk);
 }
 
 }  // namespace perf

@@ -146,6 +146,23 @@ std::string Footer(int oob, double avg_busbw, double min_bw, const char* program
   return s;
 }
 
+std::string MemString(double amount) {
+  const char* unit = " B";
+  const double a = std::fabs(amount);
+  if (a >= 1024.0 * 1024 * 1024) { unit = " GB"; amount /= 1024.0 * 1024 * 1024; }
+  else if (a >= 1024.0 * 1024) { unit = " MB"; amount /= 1024.0 * 1024; }
+  else if (a >= 1024.0) { unit = " KB"; amount /= 1024.0; }
+  const int precision = std::fabs(amount) < 10.0 ? 2 : std::fabs(amount) < 100.0 ? 1 : 0;
+  return Sprintf("%.*f%s", precision, amount, unit);
+}
+
+std::string MemoryLine(double init, double user, double coll) {
+  const std::string body = "Initialization " + MemString(init) + " | User-Allocated " +
+                           MemString(user) + " | Collective " + MemString(coll) + " | Total  " +
+                           MemString(init + user + coll);
+  return Sprintf("# %-20s : %s\n", "GPU memory usage", body.c_str());
+}
+
 bool ParseSize(const char* text, size_t* bytes) {
   if (text == nullptr || *text == '\0') return false;
   errno = 0;

@@ -64,6 +64,11 @@ std::string RowTimestamp(const char* stamp);
 std::string Footer(int out_of_bounds, double avg_busbw, double min_bw,
                    const char* program);
 
+// "# GPU memory usage     : Initialization X | User-Allocated Y | Collective Z | Total  T"
+// (-M 1), amounts in bytes rendered as nccl-tests does (binary KB/MB/GB).
+std::string MemoryLine(double init, double user, double coll);
+std::string MemString(double bytes);
+
 // Parses a size with optional K/M/G suffix (binary multiples, any case,
 // decimals allowed). Returns false on malformed or negative input.
 bool ParseSize(const char* text, size_t* bytes);

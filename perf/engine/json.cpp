@@ -77,10 +77,16 @@ bool JsonWriter::Open(const std::string& path, int argc, char** argv, int nccl_v
   }
   printf("# Writing JSON output to %s\n", attempt.c_str());
   doc_ = "{\"version\":3,\"start_time\":" + Now() + ",\"args\":[";
-  for (int i = 0; i < argc; i++) doc_ += (i ? "," : "") + Quote(argv[i]);
+  for (int i = 0; i < argc; i++) {
+    if (i) doc_ += ',';
+    doc_ += Quote(argv[i]);
+  }
   doc_ += "],\"env\":[";
   bool first = true;
-  for (char** e = environ; e && *e; e++, first = false) doc_ += (first ? "" : ",") + Quote(*e);
+  for (char** e = environ; e && *e; e++, first = false) {
+    if (!first) doc_ += ',';
+    doc_ += Quote(*e);
+  }
   doc_ += "],\"nccl_version\":" + Int(nccl_version);
   return true;
 }

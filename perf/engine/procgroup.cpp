@@ -23,36 +23,47 @@ class SingleGroup final : public ProcGroup {
   bool Barrier() override { return true; }
   bool AllReduce(double*, int, Reduce) override { return true; }
   bool Broadcast(void*, size_t, int) override { return true; }
+  std::unique_ptr<ProcGroup> Split(int) override { return std::make_unique<SingleGroup>(); }
   void Finish() override {}
 };
 
 #if MESHCCL_PERF_MPI
 class MpiGroup final : public ProcGroup {
  public:
-  MpiGroup() {
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  MpiGroup(MPI_Comm comm, bool world) : comm_(comm), world_(world) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
     // Lower-numbered ranks on this host, as nccl-tests counts them.
     MPI_Comm local;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local);
+    MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local);
     MPI_Comm_rank(local, &local_rank_);
     MPI_Comm_free(&local);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   int local_rank() const override { return local_rank_; }
-  bool Barrier() override { return MPI_Barrier(MPI_COMM_WORLD) == MPI_SUCCESS; }
+  bool Barrier() override { return MPI_Barrier(comm_) == MPI_SUCCESS; }
   bool AllReduce(double* v, int n, Reduce op) override {
     const MPI_Op mop = op == Reduce::kSum ? MPI_SUM : op == Reduce::kMin ? MPI_MIN : MPI_MAX;
-    return MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, mop, MPI_COMM_WORLD) == MPI_SUCCESS;
+    return MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, mop, comm_) == MPI_SUCCESS;
   }
   bool Broadcast(void* data, size_t bytes, int root) override {
-    return MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, root, MPI_COMM_WORLD) ==
-           MPI_SUCCESS;
+    return MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, root, comm_) == MPI_SUCCESS;
   }
-  void Finish() override { MPI_Finalize(); }
+  std::unique_ptr<ProcGroup> Split(int color) override {
+    MPI_Comm sub;
+    if (MPI_Comm_split(comm_, color, rank_, &sub) != MPI_SUCCESS) return nullptr;
+    return std::make_unique<MpiGroup>(sub, false);
+  }
+  void Finish() override {
+    if (world_) MPI_Finalize();
+    else if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    comm_ = MPI_COMM_NULL;
+  }
 
  private:
+  MPI_Comm comm_;
+  bool world_;
   int rank_ = 0, size_ = 1, local_rank_ = 0;
 };
 #endif
@@ -78,6 +89,15 @@ class MeshcclGroup final : public ProcGroup {
     return Check(ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, nullptr),
                  "ncclBroadcast");
   }
+  std::unique_ptr<ProcGroup> Split(int color) override {
+    ncclComm_t sub = nullptr;
+    if (!Check(ncclCommSplit(comm_, color, rank_, &sub, nullptr), "ncclCommSplit")) return nullptr;
+    int rank = 0, size = 1;
+    if (!Check(ncclCommUserRank(sub, &rank), "ncclCommUserRank") ||
+        !Check(ncclCommCount(sub, &size), "ncclCommCount"))
+      return nullptr;
+    return std::make_unique<MeshcclGroup>(sub, rank, size, local_);
+  }
   void Finish() override {
     if (comm_ != nullptr) ncclCommDestroy(comm_);
     comm_ = nullptr;
@@ -99,7 +119,7 @@ class MeshcclGroup final : public ProcGroup {
 std::unique_ptr<ProcGroup> CreateProcGroup(int* argc, char*** argv) {
 #if MESHCCL_PERF_MPI
   MPI_Init(argc, argv);
-  return std::make_unique<MpiGroup>();
+  return std::make_unique<MpiGroup>(MPI_COMM_WORLD, true);
 #else
   (void)argc;
   (void)argv;

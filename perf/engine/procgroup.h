@@ -23,6 +23,9 @@ class ProcGroup {
   virtual bool Barrier() = 0;
   virtual bool AllReduce(double* values, int n, Reduce op) = 0;
   virtual bool Broadcast(void* data, size_t bytes, int root) = 0;
+  // The processes with the same color as this one, as a group of their own
+  // (NCCL_TESTS_SPLIT). Collective over this group; nullptr on failure.
+  virtual std::unique_ptr<ProcGroup> Split(int color) = 0;
   // Runs down the group: MPI_Finalize, or destroys the communicator.
   virtual void Finish() = 0;
 };

@@ -64,6 +64,25 @@ check "unknown option exits 0 and names it" test $st -eq 0 -a "$(head -1 "$out")
 timeout 10 "$dir/all_reduce_perf" -b 1M -e 1K > "$out" 2>&1
 check "-b above -e exits 255" test $? -eq 255
 
+json=$(mktemp -u).json
+timeout 60 "$dir/all_reduce_perf" -t 2 -b 1K -e 4K -f 2 -n 2 -M 1 -J "$json" > "$out" 2>&1
+check "-J writes a JSON document with one result per row" python3 -c "
+import json, sys
+d = json.load(open('$json'))
+sys.exit(0 if d['version'] == 3 and len(d['results']) == 3 and len(d['config']['devices']) == 2 else 1)"
+check "-M prints the memory line" grep -q '^# GPU memory usage     : Initialization .* | Total  ' "$out"
+rm -f "$json"
+
+if [ -x "$dir/all_reduce_perf_mpi" ] && command -v mpirun > /dev/null; then
+  NCCL_TESTS_SPLIT="MOD 2" timeout 120 mpirun --oversubscribe --allow-run-as-root -np 4 \
+    "$dir/all_reduce_perf_mpi" -b 8 -e 8K -f 8 -n 2 > "$out" 2>&1
+  st=$?
+  check "all_reduce_perf_mpi, 4 processes split in 2 groups, exits 0" test $st -eq 0
+  check "split groups print one table of 4 rows" test "$(rows)" -eq 4
+  check "split groups find no wrong elements" no_wrong
+  check "device lines show groups 0 and 1" test "$(grep -c '^#  Rank  [01] Group  [01] ' "$out")" -eq 4
+fi
+
 if [ -n "$meshrun" ] && [ -x "$meshrun" ]; then
   timeout 120 "$meshrun" --no-prefix -n 2 "$dir/all_reduce_perf" -b 8 -e 8K -f 8 -n 2 > "$out" 2>&1
   st=$?

@@ -125,3 +125,29 @@ TEST(SweepSizes, FactorStepAndInclusiveEnd) {
 
 }  // namespace
 }  // namespace perf
+
+namespace perf {
+namespace {
+
+TEST(SplitColor, OperatorsAndBases) {
+  int c = -1;
+  EXPECT_TRUE(SplitColor("AND 0x1", 3, &c));
+  EXPECT_EQ(c, 1);
+  EXPECT_TRUE(SplitColor("&0b10", 6, &c));
+  EXPECT_EQ(c, 2);
+  EXPECT_TRUE(SplitColor("MOD 4", 9, &c));
+  EXPECT_EQ(c, 1);
+  EXPECT_TRUE(SplitColor("%4", 9, &c));
+  EXPECT_EQ(c, 1);
+  EXPECT_TRUE(SplitColor("DIV 2", 5, &c));
+  EXPECT_EQ(c, 2);
+  EXPECT_TRUE(SplitColor("or 8", 1, &c));
+  EXPECT_EQ(c, 9);
+  EXPECT_FALSE(SplitColor("XOR 1", 1, &c));
+  EXPECT_FALSE(SplitColor("MOD 0", 1, &c));
+  EXPECT_FALSE(SplitColor("AND", 1, &c));
+  EXPECT_FALSE(SplitColor("AND 12zz", 1, &c));
+}
+
+}  // namespace
+}  // namespace perf

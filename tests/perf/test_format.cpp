@@ -125,3 +125,20 @@ TEST(ParseSize, SuffixesAndErrors) {
 
 }  // namespace
 }  // namespace perf
+
+namespace perf {
+namespace {
+
+TEST(MemoryLine, MatchesNcclTests) {
+  EXPECT_EQ(MemString(0), "0.00 B");
+  EXPECT_EQ(MemString(512), "512 B");
+  EXPECT_EQ(MemString(1536), "1.50 KB");
+  EXPECT_EQ(MemString(50.0 * 1024 * 1024), "50.0 MB");
+  EXPECT_EQ(MemString(3.0 * 1024 * 1024 * 1024), "3.00 GB");
+  EXPECT_EQ(MemoryLine(1024, 2048, 0),
+            "# GPU memory usage     : Initialization 1.00 KB | User-Allocated 2.00 KB | "
+            "Collective 0.00 B | Total  3.00 KB\n");
+}
+
+}  // namespace
+}  // namespace perf
