@@ -30,6 +30,10 @@ class Comm {
   virtual int size() const = 0;
   // Blocking, in place, on the critical path (high priority).
   virtual void all_reduce(float* buf, size_t n, ReduceOp op) = 0;
+  // The same split in two: start returns at once, finish waits for every
+  // reduction started so far. Lets the caller compute while the sum runs.
+  virtual void all_reduce_start(float* buf, size_t n, ReduceOp op) = 0;
+  virtual void all_reduce_finish() = 0;
   // Enqueued on a low-priority stream, returns at once; wait_async() waits for
   // everything enqueued so far. The buffer must stay untouched until then.
   virtual void all_reduce_async(float* buf, size_t n, ReduceOp op) = 0;

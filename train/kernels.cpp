@@ -125,17 +125,24 @@ void matmul_forward(float* out, const float* inp, const float* W, const float* b
               OC);
 }
 
-void matmul_backward(float* dinp, float* dW, float* dbias, const float* dout, const float* inp,
-                     const float* W, int N, int IC, int OC) {
-  if (dinp) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, W, IC, 0.0f,
-                dinp, IC);
-  }
+void matmul_backward_input(float* dinp, const float* dout, const float* W, int N, int IC, int OC) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, W, IC, 0.0f,
+              dinp, IC);
+}
+
+void matmul_backward_weight(float* dW, float* dbias, const float* dout, const float* inp, int N,
+                            int IC, int OC) {
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dW,
               IC);
   if (dbias) {
     for (int n = 0; n < N; n++) add_inplace(dbias, dout + static_cast<size_t>(n) * OC, OC);
   }
+}
+
+void matmul_backward(float* dinp, float* dW, float* dbias, const float* dout, const float* inp,
+                     const float* W, int N, int IC, int OC) {
+  if (dinp) matmul_backward_input(dinp, dout, W, N, IC, OC);
+  matmul_backward_weight(dW, dbias, dout, inp, N, IC, OC);
 }
 
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int Cl, int NH) {

@@ -35,6 +35,11 @@ void matmul_forward(float* out, const float* inp, const float* W, const float* b
 // dW += dout^T * inp, dbias += column sums of dout (may be null).
 void matmul_backward(float* dinp, float* dW, float* dbias, const float* dout, const float* inp,
                      const float* W, int N, int IC, int OC);
+// The two halves of matmul_backward, so that a reduction of dinp can run while
+// the weight gradient is computed.
+void matmul_backward_input(float* dinp, const float* dout, const float* W, int N, int IC, int OC);
+void matmul_backward_weight(float* dW, float* dbias, const float* dout, const float* inp, int N,
+                            int IC, int OC);
 
 // Causal multi-head self-attention over qkv[B,T,3*Cl], laid out per token as
 // [Q heads | K heads | V heads], each of NH heads of size Cl/NH.

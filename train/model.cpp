@@ -297,8 +297,11 @@ void Stage::backward(int slot, float loss_scale, const std::function<void(size_t
   if (last()) {
     ce_backward(dlogits_.data(), s.logits, s.rowmax, s.ce, s.targets.data(), loss_scale / N, N,
                 Vl_, vocab_valid_, vocab_lo_);
-    matmul_backward(dln_.data(), ghead_, nullptr, dlogits_.data(), s.lnf, head_, N, C_, Vl_);
-    tp_sum(dln_.data(), NC);  // f: the head's input is shared by all vocab slices
+    // f: the head's input is shared by all vocab slices.
+    matmul_backward_input(dln_.data(), dlogits_.data(), head_, N, C_, Vl_);
+    if (tp_comm) tp_comm->all_reduce_start(dln_.data(), NC, ReduceOp::Sum);
+    matmul_backward_weight(ghead_, nullptr, dlogits_.data(), s.lnf, N, C_, Vl_);
+    if (tp_comm) tp_comm->all_reduce_finish();
     std::fill(dres_.begin(), dres_.end(), 0.0f);
     layernorm_backward(dres_.data(), glnfw_, glnfb_, dln_.data(), x_last, lnfw_, s.lnf_mean,
                        s.lnf_rstd, N, C_);
@@ -316,16 +319,21 @@ void Stage::backward(int slot, float loss_scale, const std::function<void(size_t
     matmul_backward(dfg_.data(), g.fcprojw, g.fcprojb, dres_.data(), a.fch_gelu, p.fcprojw, N,
                     Fl_, C_);
     gelu_backward(dfch_.data(), a.fch, dfg_.data(), static_cast<size_t>(N) * Fl_);
-    matmul_backward(dln_.data(), g.fcw, g.fcb, dfch_.data(), a.ln2, p.fcw, N, C_, Fl_);
-    tp_sum(dln_.data(), NC);  // f
+    // f: the input gradient's sum runs while the weight gradient is computed.
+    matmul_backward_input(dln_.data(), dfch_.data(), p.fcw, N, C_, Fl_);
+    if (tp_comm) tp_comm->all_reduce_start(dln_.data(), NC, ReduceOp::Sum);
+    matmul_backward_weight(g.fcw, g.fcb, dfch_.data(), a.ln2, N, C_, Fl_);
+    if (tp_comm) tp_comm->all_reduce_finish();
     layernorm_backward(dres_.data(), g.ln2w, g.ln2b, dln_.data(), a.res2, p.ln2w, a.ln2_mean,
                        a.ln2_rstd, N, C_);
     // Attention: dres is now dL/d(res2).
     matmul_backward(datty_.data(), g.attprojw, g.attprojb, dres_.data(), a.atty, p.attprojw, N,
                     Cl_, C_);
     attention_backward(dqkv_.data(), datt_.data(), datty_.data(), a.qkv, a.att, B_, T_, Cl_, NHl_);
-    matmul_backward(dln_.data(), g.qkvw, g.qkvb, dqkv_.data(), a.ln1, p.qkvw, N, C_, 3 * Cl_);
-    tp_sum(dln_.data(), NC);  // f
+    matmul_backward_input(dln_.data(), dqkv_.data(), p.qkvw, N, C_, 3 * Cl_);
+    if (tp_comm) tp_comm->all_reduce_start(dln_.data(), NC, ReduceOp::Sum);  // f
+    matmul_backward_weight(g.qkvw, g.qkvb, dqkv_.data(), a.ln1, N, C_, 3 * Cl_);
+    if (tp_comm) tp_comm->all_reduce_finish();
     layernorm_backward(dres_.data(), g.ln1w, g.ln1b, dln_.data(), x, p.ln1w, a.ln1_mean,
                        a.ln1_rstd, N, C_);
     if (ready) ready(layer_offset_[l]);

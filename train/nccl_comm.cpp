@@ -61,6 +61,16 @@ void NcclComm::all_reduce(float* buf, size_t n, ReduceOp op) {
   check_nccl(meshcclStreamSynchronize(fast_), "meshcclStreamSynchronize", comm_);
 }
 
+void NcclComm::all_reduce_start(float* buf, size_t n, ReduceOp op) {
+  check_nccl(ncclAllReduce(buf, buf, n, ncclFloat32, to_nccl(op), comm_, meshcclStreamAsCuda(fast_)),
+             "ncclAllReduce", comm_);
+}
+
+void NcclComm::all_reduce_finish() {
+  Blocked b(&wait_seconds);
+  check_nccl(meshcclStreamSynchronize(fast_), "meshcclStreamSynchronize", comm_);
+}
+
 void NcclComm::all_reduce_async(float* buf, size_t n, ReduceOp op) {
   check_nccl(ncclAllReduce(buf, buf, n, ncclFloat32, to_nccl(op), comm_, meshcclStreamAsCuda(slow_)),
              "ncclAllReduce", comm_);

@@ -23,6 +23,8 @@ class NcclComm final : public Comm {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   void all_reduce(float* buf, size_t n, ReduceOp op) override;
+  void all_reduce_start(float* buf, size_t n, ReduceOp op) override;
+  void all_reduce_finish() override;
   void all_reduce_async(float* buf, size_t n, ReduceOp op) override;
   void wait_async() override;
   void exchange(const P2POp* ops, int n) override;

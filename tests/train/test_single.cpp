@@ -249,10 +249,16 @@ class CountingComm final : public Comm {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   void all_reduce(float*, size_t n, ReduceOp op) override { calls.push_back({n, op}); }
+  void all_reduce_start(float*, size_t n, ReduceOp op) override {
+    calls.push_back({n, op});
+    pending++;
+  }
+  void all_reduce_finish() override { pending = 0; }
   void all_reduce_async(float*, size_t n, ReduceOp op) override { async.push_back({n, op}); }
   void wait_async() override {}
   void exchange(const P2POp*, int) override {}
   std::vector<std::pair<size_t, ReduceOp>> calls, async;
+  int pending = 0;
 };
 }  // namespace
 
@@ -287,6 +293,7 @@ TEST(Model, TensorParallelCollectivesWhereTheSpecPutsThem) {
   st.backward(0, 1.0f, {});
   EXPECT_EQ(comm.calls.size(), static_cast<size_t>(1 + 2 * m.layers));
   for (const auto& c : comm.calls) EXPECT_EQ(c, (std::pair<size_t, ReduceOp>{NC, ReduceOp::Sum}));
+  EXPECT_EQ(comm.pending, 0) << "a started reduction was never finished";
   EXPECT_TRUE(comm.async.empty());
 }
 
