@@ -26,6 +26,22 @@ int launch_size() {
   return 1;
 }
 
+// Bytes a terminal would act on (an untrained model emits any of the 256)
+// are shown as \xNN; newlines stay.
+std::string printable(const std::string& text) {
+  std::string out;
+  for (unsigned char c : text) {
+    if (c == '\n' || (c >= 32 && c < 127)) {
+      out.push_back(static_cast<char>(c));
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  return out;
+}
+
 // --data when given; else $MESHTRAIN_DATA, data/kjv.txt, or the copy the build
 // extracted (scripts/get_corpus.sh run by meson), the first that exists.
 std::string corpus_path(const std::string& given) {
@@ -137,7 +153,7 @@ int run(const CliOptions& o) {
   }
   if (o.sample_chars > 0) {
     const std::string text = engine.sample(o.prompt, o.sample_chars, o.temperature, 7);
-    if (talk) std::printf("sample: %s%s\n", o.prompt.c_str(), text.c_str());
+    if (talk) std::printf("sample: %s%s\n", o.prompt.c_str(), printable(text).c_str());
   }
   std::fflush(stdout);
   return 0;
