@@ -211,6 +211,8 @@ int RunSweep(Backend& b, const Options& o) {
       double t[2] = {(Now() - t0) / o.iters, 0};
       double wrong = 0;
       if (o.check && s.count > 0) {
+        // Nobody refills buffers a slower rank's last timed call may still use.
+        b.Barrier();
         memset(recv, 0, s.recv_count * sizeof(float));
         if (c == Coll::kBroadcast && b.rank() == 0) FillInput(c, s, 0, n, recv);
         else FillInput(c, s, b.rank(), n, send);
