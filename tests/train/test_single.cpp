@@ -2,7 +2,9 @@
 // resume, command-line errors. Nothing here links meshccl.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -254,11 +256,15 @@ class CountingComm final : public Comm {
     pending++;
   }
   void all_reduce_finish() override { pending = 0; }
-  void all_reduce_async(float*, size_t n, ReduceOp op) override { async.push_back({n, op}); }
+  void all_reduce_async(float*, size_t n, ReduceOp op) override {
+    async.push_back({n, op});
+    if (on_async) on_async();
+  }
   void wait_async() override {}
   void exchange(const P2POp*, int) override {}
   std::vector<std::pair<size_t, ReduceOp>> calls, async;
   int pending = 0;
+  std::function<void()> on_async;
 };
 }  // namespace
 
@@ -298,7 +304,8 @@ TEST(Model, TensorParallelCollectivesWhereTheSpecPutsThem) {
 }
 
 // Data-parallel buckets: several per step, each at least the bucket size but
-// the last, averaged, covering every gradient exactly once.
+// the last, averaged, covering every gradient exactly once, and the first one
+// launched while backward has yet to reach the embedding (overlap).
 TEST(Engine, DataParallelBucketsCoverTheGradientsOnce) {
   TrainConfig c = tiny_config();
   c.layout = Layout{1, 1, 1};
@@ -309,7 +316,21 @@ TEST(Engine, DataParallelBucketsCoverTheGradientsOnce) {
   Comms comms;
   comms.dp = &dp;
   Engine e(c, 0, comms, corpus);
+  // The position embedding's gradient as it stood at the first launch: the
+  // last micro-batch's backward has not reached it yet, so it must still change.
+  const ParamSpec wpe = e.stage().specs()[1];
+  ASSERT_EQ(wpe.name, "wpe");
+  std::vector<float> at_first_launch;
+  dp.on_async = [&] {
+    if (at_first_launch.empty()) {
+      const auto& g = e.stage().grads;
+      at_first_launch.assign(g.begin() + wpe.offset, g.begin() + wpe.offset + wpe.size);
+    }
+  };
   e.train_step(0);
+  const auto& g = e.stage().grads;
+  EXPECT_NE(at_first_launch, std::vector<float>(g.begin() + wpe.offset, g.begin() + wpe.offset + wpe.size))
+      << "the first bucket was launched after backward had finished";
   ASSERT_GE(dp.async.size(), 3u);
   size_t total = 0;
   for (const auto& [n, op] : dp.async) {
