@@ -2,9 +2,6 @@
 // per-step losses and the full logical parameters for comparison.
 #pragma once
 
-#include <barrier>
-#include <condition_variable>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
