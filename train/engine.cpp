@@ -10,6 +10,9 @@
 #include <set>
 #include <stdexcept>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 namespace meshtrain {
 
 namespace {
@@ -27,6 +30,16 @@ struct CkptHeader {
   uint64_t nparams;
 };
 constexpr char kMagic[8] = {'M', 'T', 'C', 'K', 'P', 'T', '1', '\0'};
+
+// Makes the file's data durable before it is renamed into place, so that even
+// a machine crash cannot leave a complete-looking name over partial data.
+void sync_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw std::runtime_error("cannot reopen " + path + " to sync it");
+  const int r = ::fsync(fd);
+  ::close(fd);
+  if (r != 0) throw std::runtime_error("fsync of " + path + " failed");
+}
 
 std::string step_dir(int step) {
   char buf[32];
@@ -252,6 +265,7 @@ void Engine::save_checkpoint(int step) {
     f.flush();
     if (!f) throw std::runtime_error("writing checkpoint shard " + tmp_path.string() + " failed");
   }
+  sync_file(tmp_path.string());
   fs::rename(tmp_path, final_path);
   barrier();  // every shard of this step exists before `latest` names it
   if (rank_ == 0) {
@@ -262,6 +276,7 @@ void Engine::save_checkpoint(int step) {
       f << step_dir(step) << "\n";
       if (!f) throw std::runtime_error("writing " + tmp.string() + " failed");
     }
+    sync_file(tmp.string());
     fs::rename(tmp, latest);
   }
   barrier();
