@@ -126,6 +126,7 @@ struct RecvComm {
   uint64_t region_clock = 0;
   bool regions_refused = false;  // mapping a peer's region was denied once
   bool cma_refused = false;      // process_vm_readv was denied once
+  bool streaming = false;        // a rendezvous was streamed (logged once)
   PeerWatch watch;
   // REMOTE_ERROR once the sender closed or died: what is already here can
   // still be received, anything else fails.

@@ -103,6 +103,11 @@ Region* map_region(RecvComm* c, const RdvDesc& d, uint64_t size) {
 }
 
 void start_stream(RecvComm* c, Request* r) {
+  if (!c->streaming) {
+    c->streaming = true;
+    MPLUG_INFO(c->ctx->host, "shm: large messages from pid %d stream through the ring (no direct read)",
+               c->peer_pid);
+  }
   r->state = State::kStream;
   r->offset = 0;
   release_region(r);

@@ -44,6 +44,7 @@ struct Hello {
   uint64_t nonce;
 };
 
+// Little-endian on the wire, so that hosts of either byte order agree.
 struct FrameHdr {
   uint64_t tag;
   uint64_t size;
@@ -96,7 +97,7 @@ struct Request : Linked<Request> {
   uint64_t size;    // send: message size; recv: buffer capacity
   uint64_t nbytes;  // recv: size of the matched message
   uint64_t done;    // send: frame bytes written (header included)
-  FrameHdr hdr;     // send: the frame header on the wire
+  FrameHdr hdr;     // send: the frame header, as on the wire
 };
 
 // A frame that arrived (or is arriving) before its receive was posted.

@@ -3,6 +3,7 @@
 // reads large payloads straight into the matched receive buffer. Every call
 // does what the socket allows without blocking and resumes partial frames
 // on the next call.
+#include <endian.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -197,6 +198,8 @@ void recv_progress(RecvComm* c) {
         FrameHdr h;
         std::memcpy(&h, c->stage.get() + c->stage_pos, sizeof(h));
         c->stage_pos += sizeof(h);
+        h.tag = le64toh(h.tag);
+        h.size = le64toh(h.size);
         if (meshccl_tresult_t res = begin_frame(c, h); res != MESHCCL_T_SUCCESS) {
           recv_gone(c, res, "out of memory");
           return;
@@ -275,7 +278,7 @@ meshccl_tresult_t send_post(SendComm* c, const void* data, size_t size, uint64_t
   if (r == nullptr) return MESHCCL_T_SYSTEM_ERROR;
   r->state = State::kQueued;
   r->done = 0;
-  r->hdr = FrameHdr{tag, size};
+  r->hdr = FrameHdr{htole64(tag), htole64(size)};
   c->queue.push_back(r);
   send_progress(c);
   *request = r;

@@ -79,12 +79,15 @@ double now_s() {
 
 const meshccl_transport_host_v1_t* test_host() { return &g_host; }
 
-bool logged(const std::string& needle) {
+size_t count_logged(const std::string& needle) {
   std::lock_guard<std::mutex> lock(g_mu);
+  size_t n = 0;
   for (const std::string& l : g_log)
-    if (l.find(needle) != std::string::npos) return true;
-  return false;
+    if (l.find(needle) != std::string::npos) ++n;
+  return n;
 }
+
+bool logged(const std::string& needle) { return count_logged(needle) > 0; }
 
 void clear_log() {
   std::lock_guard<std::mutex> lock(g_mu);

@@ -22,6 +22,7 @@ namespace meshccl::test {
 // the environment; find_shared describes SharedBuffers.
 const meshccl_transport_host_v1_t* test_host();
 bool logged(const std::string& needle);  // some line of this process contains needle
+size_t count_logged(const std::string& needle);
 void clear_log();
 
 // Memory in a memfd that test_host()'s find_shared reports as mappable.
