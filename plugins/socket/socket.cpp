@@ -3,7 +3,7 @@
 // presents the handle's nonce, and an accept that refuses (and logs) any
 // connection that does not.
 //
-// Settings: MESHCCL_SOCKET_IFNAME (see socket_iface.h).
+// Settings: MESHCCL_SOCKET_IFNAME, MESHCCL_SOCKET_FAMILY (see socket_iface.h).
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -77,13 +77,23 @@ meshccl_tresult_t do_init(const meshccl_transport_host_v1_t* host, void** out) {
   auto ctx = std::make_unique<Ctx>();
   ctx->host = host;
   const char* spec = param_str(host, "MESHCCL_SOCKET_IFNAME");
+  int family = AF_UNSPEC;
+  if (const char* fam = param_str(host, "MESHCCL_SOCKET_FAMILY")) {
+    if (std::strcmp(fam, "AF_INET") == 0) {
+      family = AF_INET;
+    } else if (std::strcmp(fam, "AF_INET6") == 0) {
+      family = AF_INET6;
+    } else {
+      MPLUG_WARN(host, "MESHCCL_SOCKET_FAMILY=\"%s\" must be AF_INET or AF_INET6", fam);
+      return MESHCCL_T_INVALID_USAGE;
+    }
+  }
   std::vector<Iface> all = list_ifaces();
-  int i = pick_iface(all, spec);
+  int i = pick_iface(all, spec, family);
   if (i < 0) {
-    if (spec != nullptr)
-      MPLUG_WARN(host, "socket: no interface that is up matches MESHCCL_SOCKET_IFNAME=%s", spec);
-    else
-      MPLUG_WARN(host, "socket: no usable network interface (not even loopback)");
+    MPLUG_WARN(host, "socket: no interface that is up matches MESHCCL_SOCKET_IFNAME=%s%s%s",
+               spec != nullptr ? spec : "(unset)", family == AF_UNSPEC ? "" : " and MESHCCL_SOCKET_FAMILY=",
+               family == AF_INET ? "AF_INET" : family == AF_INET6 ? "AF_INET6" : "");
     return MESHCCL_T_SYSTEM_ERROR;
   }
   ctx->iface = all[static_cast<size_t>(i)];

@@ -45,10 +45,12 @@ bool listed(const Spec& spec, const std::string& name) {
   return false;
 }
 
-// First up interface accepted by `ok`, IPv4 addresses before IPv6 ones.
+// First up interface accepted by `ok`, IPv4 addresses before IPv6 ones,
+// only of `only` unless that is AF_UNSPEC.
 template <class F>
-int first(const std::vector<Iface>& all, F&& ok) {
+int first(const std::vector<Iface>& all, int only, F&& ok) {
   for (int family : {AF_INET, AF_INET6}) {
+    if (only != AF_UNSPEC && family != only) continue;
     for (size_t i = 0; i < all.size(); ++i) {
       if (all[i].up && all[i].family == family && ok(all[i])) return static_cast<int>(i);
     }
@@ -85,16 +87,16 @@ std::vector<Iface> list_ifaces() {
   return out;
 }
 
-int pick_iface(const std::vector<Iface>& all, const char* spec_text) {
+int pick_iface(const std::vector<Iface>& all, const char* spec_text, int family) {
   if (spec_text != nullptr && *spec_text != '\0') {
     Spec spec = parse_spec(spec_text);
-    return first(all, [&](const Iface& i) { return listed(spec, i.name) != spec.exclude; });
+    return first(all, family, [&](const Iface& i) { return listed(spec, i.name) != spec.exclude; });
   }
-  int i = first(all, [](const Iface& f) {
-    return f.family == AF_INET && !f.loopback && f.name.compare(0, 6, "docker") != 0;
+  int i = first(all, family == AF_UNSPEC ? AF_INET : family, [](const Iface& f) {
+    return !f.loopback && f.name.compare(0, 6, "docker") != 0;
   });
   if (i >= 0) return i;
-  return first(all, [](const Iface& f) { return f.loopback; });
+  return first(all, family, [](const Iface& f) { return f.loopback; });
 }
 
 std::string host_to_string(const sockaddr* sa) {

@@ -5,6 +5,8 @@
 // ("^docker,lo"); a leading '=' (after any '^') asks for exact names
 // ("=eth0", "^=docker0"). Without a setting: the first interface that is up,
 // not loopback and not docker, with an IPv4 address; else loopback.
+// MESHCCL_SOCKET_FAMILY=AF_INET or AF_INET6 restricts either choice to that
+// address family (the default rule then looks for that family instead).
 #ifndef MESHCCL_PLUGINS_SOCKET_SOCKET_IFACE_H_
 #define MESHCCL_PLUGINS_SOCKET_SOCKET_IFACE_H_
 
@@ -30,8 +32,9 @@ struct Iface {
 std::vector<Iface> list_ifaces();
 
 // Index into `all` of the interface to use, or -1 when none matches. `spec`
-// is the value of MESHCCL_SOCKET_IFNAME, NULL or "" when unset.
-int pick_iface(const std::vector<Iface>& all, const char* spec);
+// is the value of MESHCCL_SOCKET_IFNAME, NULL or "" when unset; `family`
+// (MESHCCL_SOCKET_FAMILY) restricts the address family unless AF_UNSPEC.
+int pick_iface(const std::vector<Iface>& all, const char* spec, int family = AF_UNSPEC);
 
 // Text for logs: "eth0 192.0.2.2", "192.0.2.2", "192.0.2.2:4242".
 std::string describe(const Iface& i);

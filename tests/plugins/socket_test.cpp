@@ -176,6 +176,14 @@ TEST(Socket, InterfaceSelection) {
   std::vector<ps::Iface> v6 = {iface("lo", AF_INET6, "::1"), iface("eth0", AF_INET6, "fd00::2")};
   EXPECT_EQ(ps::pick_iface(v6, nullptr), 0);  // default wants IPv4; loopback is what is left
   EXPECT_EQ(ps::pick_iface(v6, "eth"), 1);
+
+  // MESHCCL_SOCKET_FAMILY narrows both the default rule and a name list.
+  EXPECT_EQ(ps::pick_iface(all, nullptr, AF_INET6), 3);  // eth0's IPv6 address
+  EXPECT_EQ(ps::pick_iface(all, "eth", AF_INET6), 3);
+  EXPECT_EQ(ps::pick_iface(all, "lo", AF_INET6), 7);
+  EXPECT_EQ(ps::pick_iface(all, "eth10", AF_INET6), -1);
+  EXPECT_EQ(ps::pick_iface(all, "ib", AF_INET), -1);
+  EXPECT_EQ(ps::pick_iface(v6, nullptr, AF_INET6), 1);
 }
 
 TEST(Socket, IfnameSetting) {
@@ -199,6 +207,37 @@ TEST(Socket, IfnameSetting) {
     EXPECT_EQ(t->init(test_host(), &ctx), MESHCCL_T_SYSTEM_ERROR);
     EXPECT_EQ(ctx, nullptr);
     EXPECT_TRUE(logged("nosuchif0"));
+  }
+  {
+    ScopedEnv e("MESHCCL_SOCKET_FAMILY", "IPX");
+    void* ctx = nullptr;
+    EXPECT_EQ(t->init(test_host(), &ctx), MESHCCL_T_INVALID_USAGE);
+  }
+  {
+    // IPv6 over loopback, end to end.
+    ScopedEnv e("MESHCCL_SOCKET_IFNAME", "lo");
+    ScopedEnv f("MESHCCL_SOCKET_FAMILY", "AF_INET6");
+    void* ctx = nullptr;
+    ASSERT_EQ(t->init(test_host(), &ctx), MESHCCL_T_SUCCESS);
+    unsigned char handle[MESHCCL_TRANSPORT_HANDLE_BYTES];
+    void* lcomm = nullptr;
+    ASSERT_EQ(t->listen(ctx, 0, handle, &lcomm), MESHCCL_T_SUCCESS);
+    ps::Handle h;
+    std::memcpy(&h, handle, sizeof(h));
+    EXPECT_EQ(h.family, AF_INET6);
+    void *s, *r;
+    ASSERT_EQ(t->close_listen(lcomm), MESHCCL_T_SUCCESS);
+    ASSERT_EQ(connect_pair(t, ctx, ctx, &s, &r), MESHCCL_T_SUCCESS);
+    char msg[] = "v6", buf[4] = {};
+    void *sq, *rq;
+    ASSERT_EQ(t->isend(s, msg, sizeof(msg), 1, nullptr, &sq), MESHCCL_T_SUCCESS);
+    ASSERT_EQ(t->irecv(r, buf, sizeof(buf), 1, nullptr, &rq), MESHCCL_T_SUCCESS);
+    std::vector<int> res;
+    ASSERT_TRUE(wait_all(t, {sq, rq}, &res));
+    EXPECT_STREQ(buf, "v6");
+    t->close_send(s);
+    t->close_recv(r);
+    t->finalize(ctx);
   }
 }
 
