@@ -35,9 +35,10 @@ struct Pair {
 };
 
 // The child sends `sizes` (content seeded by index) from `src` buffers made by
-// make_src; the parent receives and checks them. Returns the child's status.
+// make_src, all at once or each after the previous completed; the parent
+// receives and checks them. Returns the child's status.
 int ReceiveFromChild(const std::vector<size_t>& sizes,
-                     const std::function<unsigned char*(size_t)>& make_src) {
+                     const std::function<unsigned char*(size_t)>& make_src, bool one_at_a_time = false) {
   Child child = spawn([&](int fd) -> int {
     void* ctx = nullptr;
     CHILD_CHECK(t->init(test_host(), &ctx) == MESHCCL_T_SUCCESS);
@@ -51,7 +52,8 @@ int ReceiveFromChild(const std::vector<size_t>& sizes,
       fill(src, sizes[k], k);
       void* s = nullptr;
       CHILD_CHECK(t->isend(scomm, src, sizes[k], k % 2, nullptr, &s) == MESHCCL_T_SUCCESS);
-      reqs.push_back(s);
+      if (one_at_a_time) CHILD_CHECK(wait_request(t, s) == MESHCCL_T_SUCCESS);
+      else reqs.push_back(s);
     }
     std::vector<int> res;
     CHILD_CHECK(wait_all(t, reqs, &res));
@@ -114,6 +116,21 @@ TEST(Shm, RendezvousFromMappedSharedRegion) {
   };
   EXPECT_EQ(ReceiveFromChild({5 * kMiB, 100, 200000, 3 * kMiB + 1}, shared), 0);
   EXPECT_EQ(count_logged("mapped shared region"), 1u) << "one mapping serves every message";
+}
+
+// A region freed and a new one allocated under the same fd number is a new
+// file: the receiver must notice (by inode) and map the new one.
+TEST(Shm, ReusedFdNamesANewRegion) {
+  clear_log();
+  std::unique_ptr<SharedBuffer> region;
+  auto fresh_region_each_time = [&](size_t n) {
+    region.reset();  // frees the previous memfd; the next one gets its fd number
+    region = std::make_unique<SharedBuffer>(n);
+    return region->data();
+  };
+  // One connection; each message is read before its region is replaced.
+  EXPECT_EQ(ReceiveFromChild({2 * kMiB, 2 * kMiB, 2 * kMiB}, fresh_region_each_time, true), 0);
+  EXPECT_EQ(count_logged("mapped shared region"), 3u);
 }
 
 TEST(Shm, StreamsThroughTheRingWithoutCma) {

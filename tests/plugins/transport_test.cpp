@@ -2,9 +2,11 @@
 // handshake, message sizes around the interesting edges, tag matching,
 // truncation, threads, a forked peer, a killed peer, a closed peer, cleanup.
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -492,6 +494,91 @@ TEST_P(TransportTest, ReceiverClosedFailsLargeSend) {
   ASSERT_EQ(t_->close_recv(rcomm_), MESHCCL_T_SUCCESS);
   rcomm_ = nullptr;
   EXPECT_EQ(wait_request(t_, s, nullptr, 10), MESHCCL_T_REMOTE_ERROR);
+}
+
+// Eight processes (more than this machine has cores), every one sending to
+// every other at once over its own connection: setup by handles relayed
+// through the parent, then all transfers in flight together.
+TEST_P(TransportTest, EightProcessesAllToAll) {
+  constexpr int kProcs = 8;
+  const meshccl_transport_v1_t* t = t_;
+  const size_t sizes[] = {1000, 100000, 3 * kMiB};
+  using Handle = std::array<unsigned char, MESHCCL_TRANSPORT_HANDLE_BYTES>;
+  auto seed = [](int from, int to, size_t k) { return static_cast<uint64_t>(from * 1000 + to * 10) + k; };
+  std::vector<Child> children;
+  for (int me = 0; me < kProcs; ++me) {
+    children.push_back(spawn([&, me](int fd) -> int {
+      void* ctx = nullptr;
+      CHILD_CHECK(t->init(test_host(), &ctx) == MESHCCL_T_SUCCESS);
+      std::vector<void*> listens(kProcs, nullptr), sends(kProcs, nullptr), recvs(kProcs, nullptr);
+      for (int from = 0; from < kProcs; ++from) {  // one listener per sender
+        Handle h{};
+        if (from != me) CHILD_CHECK(t->listen(ctx, 0, h.data(), &listens[from]) == MESHCCL_T_SUCCESS);
+        CHILD_CHECK(write_all(fd, h.data(), h.size()));
+      }
+      std::vector<Handle> to(kProcs);  // the handle of each peer's listener for us
+      for (Handle& h : to) CHILD_CHECK(read_all(fd, h.data(), h.size()));
+      for (int spins = 0;; ++spins) {
+        int missing = 0;
+        for (int p = 0; p < kProcs; ++p) {
+          if (p == me) continue;
+          if (sends[p] == nullptr) CHILD_CHECK(t->connect(ctx, 0, to[p].data(), &sends[p]) == MESHCCL_T_SUCCESS);
+          if (recvs[p] == nullptr) CHILD_CHECK(t->accept(listens[p], &recvs[p]) == MESHCCL_T_SUCCESS);
+          missing += (sends[p] == nullptr) + (recvs[p] == nullptr);
+        }
+        if (missing == 0) break;
+        CHILD_CHECK(spins < 20'000'000);
+        if (spins % 64 == 63) sched_yield();
+      }
+      for (void* l : listens) if (l != nullptr) CHILD_CHECK(t->close_listen(l) == MESHCCL_T_SUCCESS);
+      std::vector<std::vector<unsigned char>> out, in;
+      std::vector<void*> reqs;
+      for (int p = 0; p < kProcs; ++p) {
+        if (p == me) continue;
+        for (size_t k = 0; k < std::size(sizes); ++k) {
+          in.emplace_back(sizes[k]);
+          void* r = nullptr;
+          CHILD_CHECK(t->irecv(recvs[p], in.back().data(), sizes[k], k, nullptr, &r) == MESHCCL_T_SUCCESS);
+          reqs.push_back(r);
+          out.emplace_back(sizes[k]);
+          fill(out.back().data(), sizes[k], seed(me, p, k));
+          CHILD_CHECK(t->isend(sends[p], out.back().data(), sizes[k], k, nullptr, &r) == MESHCCL_T_SUCCESS);
+          reqs.push_back(r);
+        }
+      }
+      std::vector<int> res;
+      CHILD_CHECK(wait_all(t, reqs, &res, nullptr, 120));
+      for (int r : res) CHILD_CHECK(r == MESHCCL_T_SUCCESS);
+      size_t i = 0;
+      for (int p = 0; p < kProcs; ++p) {
+        if (p == me) continue;
+        for (size_t k = 0; k < std::size(sizes); ++k, ++i) CHILD_CHECK(check(in[i].data(), sizes[k], seed(p, me, k)) == SIZE_MAX);
+      }
+      // Everyone must be done receiving before anyone closes.
+      CHILD_CHECK(write_all(fd, "d", 1));
+      char go;
+      CHILD_CHECK(read_all(fd, &go, 1, 120));
+      for (int p = 0; p < kProcs; ++p) {
+        if (p == me) continue;
+        CHILD_CHECK(t->close_send(sends[p]) == MESHCCL_T_SUCCESS);
+        CHILD_CHECK(t->close_recv(recvs[p]) == MESHCCL_T_SUCCESS);
+      }
+      CHILD_CHECK(t->finalize(ctx) == MESHCCL_T_SUCCESS);
+      return 0;
+    }));
+  }
+  // handles[to][from]: the listener `to` opened for sender `from`.
+  std::vector<std::vector<Handle>> handles(kProcs, std::vector<Handle>(kProcs));
+  for (int to = 0; to < kProcs; ++to)
+    for (int from = 0; from < kProcs; ++from) ASSERT_TRUE(read_all(children[to].fd, handles[to][from].data(), sizeof(Handle)));
+  for (int from = 0; from < kProcs; ++from)
+    for (int to = 0; to < kProcs; ++to) ASSERT_TRUE(write_all(children[from].fd, handles[to][from].data(), sizeof(Handle)));
+  for (Child& c : children) {
+    char d = 0;
+    EXPECT_TRUE(read_all(c.fd, &d, 1, 180));
+  }
+  for (Child& c : children) EXPECT_TRUE(write_all(c.fd, "g", 1));
+  for (Child& c : children) EXPECT_EQ(reap(c), 0);
 }
 
 // Runs a connection through its whole life with requests left in flight;
