@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cinttypes>
@@ -182,6 +183,7 @@ meshccl_tresult_t do_connect(Ctx* ctx, const void* handle, void** send_comm) {
   c->map_bytes = h.size;
   c->ring = seg->ring();
   c->cap = seg->hdr.ring_bytes;
+  c->eager = std::min<uint64_t>(ctx->eager, c->cap / 4 - sizeof(RecHdr));
   c->peer_pid = h.pid;
   for (uint32_t i = 0; i < kSlots; ++i) c->free_slots[i] = kSlots - 1 - i;
   c->nfree = kSlots;

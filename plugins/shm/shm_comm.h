@@ -92,6 +92,9 @@ struct SendComm {
   size_t map_bytes = 0;
   unsigned char* ring = nullptr;
   uint64_t cap = 0;
+  // Our eager limit, capped by the receiver's ring (its size is the
+  // receiver's setting, which may differ from ours).
+  uint64_t eager = 0;
   uint64_t head = 0;        // our write position (published to seg->head)
   uint64_t tail_cache = 0;  // last seen seg->tail
   int32_t peer_pid = 0;

@@ -145,7 +145,7 @@ void progress(SendComm* c) {
   }
   while (!c->queue.empty()) {
     Request* r = c->queue.front();
-    bool ok = r->size <= c->ctx->eager ? write_eager(c, r) : write_rts(c, r);
+    bool ok = r->size <= c->eager ? write_eager(c, r) : write_rts(c, r);
     if (!ok) break;
     c->queue.remove(r);
     if (r->state == State::kWaitRdv) c->active.push_back(r);
@@ -195,7 +195,7 @@ meshccl_tresult_t send_post(SendComm* c, const void* data, size_t size, uint64_t
   r->tag = tag;
   r->data = static_cast<unsigned char*>(const_cast<void*>(data));
   r->size = size;
-  if (size > c->ctx->eager) describe(c, r);
+  if (size > c->eager) describe(c, r);
   c->queue.push_back(r);
   progress(c);
   *request = r;

@@ -161,6 +161,39 @@ TEST(Shm, SmallRingManyMessages) {
   EXPECT_EQ(ReceiveFromChild(sizes, heap), 0);
 }
 
+// The ring belongs to the receiver: a sender whose own settings allow larger
+// eager messages than that ring holds must not wedge on it.
+TEST(Shm, SenderEagerLargerThanReceiversRing) {
+  void* sctx = nullptr;
+  void* rctx = nullptr;
+  {
+    ScopedEnv ring("MESHCCL_SHM_BUFFSIZE", "4M");
+    ScopedEnv eager("MESHCCL_SHM_EAGER", "1000K");
+    ASSERT_EQ(t->init(test_host(), &sctx), MESHCCL_T_SUCCESS);
+  }
+  {
+    ScopedEnv ring("MESHCCL_SHM_BUFFSIZE", "64K");
+    ScopedEnv eager("MESHCCL_SHM_EAGER", "4K");
+    ASSERT_EQ(t->init(test_host(), &rctx), MESHCCL_T_SUCCESS);
+  }
+  void *s, *r;
+  ASSERT_EQ(connect_pair(t, sctx, rctx, &s, &r), MESHCCL_T_SUCCESS);
+  std::vector<unsigned char> src(512 << 10), dst(512 << 10);
+  fill(src.data(), src.size(), 9);
+  void *sq, *rq;
+  ASSERT_EQ(t->isend(s, src.data(), src.size(), 0, nullptr, &sq), MESHCCL_T_SUCCESS);
+  ASSERT_EQ(t->irecv(r, dst.data(), dst.size(), 0, nullptr, &rq), MESHCCL_T_SUCCESS);
+  std::vector<int> res;
+  ASSERT_TRUE(wait_all(t, {sq, rq}, &res, nullptr, 10));
+  EXPECT_EQ(res[0], MESHCCL_T_SUCCESS);
+  EXPECT_EQ(res[1], MESHCCL_T_SUCCESS);
+  EXPECT_EQ(check(dst.data(), dst.size(), 9), SIZE_MAX);
+  t->close_send(s);
+  t->close_recv(r);
+  t->finalize(sctx);
+  t->finalize(rctx);
+}
+
 // One huge receive is copied a chunk per test(): a small message on another
 // connection completes while it is still under way.
 TEST(Shm, LargeCopyDoesNotStarveOtherConnections) {
