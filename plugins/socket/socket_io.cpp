@@ -22,9 +22,9 @@ constexpr int kMaxIov = 64;
 constexpr uint64_t kMaxIovBytes = 1ull << 30;
 // Payloads this large skip the staging buffer.
 constexpr uint64_t kDirect = 64u << 10;
-// Bytes one receive progress call may consume, so a huge frame that keeps
-// streaming in does not keep the caller away from its other requests.
-constexpr uint64_t kRecvBudget = 16u << 20;
+// Bytes one progress call may move, so that a huge frame that keeps
+// streaming does not keep the caller away from its other requests.
+constexpr uint64_t kBudget = 16u << 20;
 
 void finish(Request* r, meshccl_tresult_t result) {
   r->state = State::kDone;
@@ -46,7 +46,8 @@ void send_fail_all(SendComm* c, meshccl_tresult_t result, const char* why) {
 }
 
 void send_progress(SendComm* c) {
-  while (c->broken == MESHCCL_T_SUCCESS && !c->queue.empty()) {
+  uint64_t sent = 0;
+  while (c->broken == MESHCCL_T_SUCCESS && !c->queue.empty() && sent < kBudget) {
     iovec iov[kMaxIov];
     int n = 0;
     uint64_t total = 0;
@@ -77,6 +78,7 @@ void send_progress(SendComm* c) {
       return;
     }
     uint64_t left = static_cast<uint64_t>(w);
+    sent += left;
     while (!c->queue.empty()) {
       Request* r = c->queue.front();
       uint64_t frame = sizeof(FrameHdr) + r->size;
@@ -190,7 +192,7 @@ ssize_t read_some(RecvComm* c, void* buf, size_t len) {
 }
 
 void recv_progress(RecvComm* c) {
-  uint64_t budget = kRecvBudget;
+  uint64_t budget = kBudget;
   // A read that returns less than it asked for drained the socket: parse
   // what came and stop, rather than pay for a recv() that says EAGAIN.
   bool may_read = true;
