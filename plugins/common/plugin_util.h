@@ -4,6 +4,7 @@
 #ifndef MESHCCL_PLUGINS_COMMON_PLUGIN_UTIL_H_
 #define MESHCCL_PLUGINS_COMMON_PLUGIN_UTIL_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <new>
@@ -68,6 +69,36 @@ class PeerWatch {
 
  private:
   uint64_t last_ns_ = 0;
+};
+
+// Checks what the host hands back to a plugin. Objects carry a magic value
+// so that garbage, a freed object or the wrong kind of comm becomes
+// INTERNAL_ERROR with a log line instead of a crash. Such pointers carry no
+// context to log through, so the logger of the latest context is kept.
+class ArgCheck {
+ public:
+  explicit ArgCheck(const char* plugin) : plugin_(plugin) {}
+  void remember(const meshccl_transport_host_v1_t* h) { host_.store(h, std::memory_order_relaxed); }
+  void forget(const meshccl_transport_host_v1_t* h) {
+    host_.compare_exchange_strong(h, nullptr, std::memory_order_relaxed);
+  }
+  const meshccl_transport_host_v1_t* host() const { return host_.load(std::memory_order_relaxed); }
+
+  template <class T>
+  T* as(void* p, uint32_t magic, const char* what, const char* fn) const {
+    auto* t = static_cast<T*>(p);
+    if (t != nullptr && t->magic == magic) return t;
+    MPLUG_WARN(host(), "%s: %s: %s %p is not a live %s %s", plugin_, fn, what, p, plugin_, what);
+    return nullptr;
+  }
+  meshccl_tresult_t misuse(const meshccl_transport_host_v1_t* h, const char* fn, const char* what) const {
+    MPLUG_WARN(h, "%s: %s: %s", plugin_, fn, what);
+    return MESHCCL_T_INTERNAL_ERROR;
+  }
+
+ private:
+  const char* plugin_;
+  std::atomic<const meshccl_transport_host_v1_t*> host_{nullptr};
 };
 
 // Runs a C entry point's body so that no C++ exception crosses the C

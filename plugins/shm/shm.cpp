@@ -42,22 +42,7 @@ struct ListenComm {
   bool accepted = false;
 };
 
-// The logger of the most recent context, for complaints about pointers that
-// are not ours (and so carry no context to log through).
-std::atomic<const meshccl_transport_host_v1_t*> g_host{nullptr};
-
-template <class T>
-T* as(void* p, uint32_t magic, const char* what, const char* fn) {
-  auto* t = static_cast<T*>(p);
-  if (t != nullptr && t->magic == magic) return t;
-  MPLUG_WARN(g_host.load(std::memory_order_relaxed), "shm: %s: %s %p is not a live shm %s", fn, what, p, what);
-  return nullptr;
-}
-
-meshccl_tresult_t misuse(const meshccl_transport_host_v1_t* host, const char* fn, const char* what) {
-  MPLUG_WARN(host, "shm: %s: %s", fn, what);
-  return MESHCCL_T_INTERNAL_ERROR;
-}
+ArgCheck g_check("shm");
 
 meshccl_tresult_t do_init(const meshccl_transport_host_v1_t* host, void** out) {
   auto ctx = std::make_unique<Ctx>();
@@ -86,7 +71,7 @@ meshccl_tresult_t do_init(const meshccl_transport_host_v1_t* host, void** out) {
   prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
   MPLUG_INFO(host, "shm: ring %" PRIu64 " bytes, eager up to %" PRIu64 " bytes, cma %s", ctx->ring_bytes,
              ctx->eager, ctx->cma ? "on" : "off");
-  g_host.store(host, std::memory_order_relaxed);
+  g_check.remember(host);
   *out = ctx.release();
   return MESHCCL_T_SUCCESS;
 }
@@ -142,9 +127,9 @@ meshccl_tresult_t do_connect(Ctx* ctx, const void* handle, void** send_comm) {
   const meshccl_transport_host_v1_t* host = ctx->host;
   Handle h;
   std::memcpy(&h, handle, sizeof(h));
-  if (h.magic != kHandleMagic) return misuse(host, "connect", "the handle is not an shm handle");
+  if (h.magic != kHandleMagic) return g_check.misuse(host, "connect", "the handle is not an shm handle");
   if (h.size < sizeof(Segment) + kMinRing || h.size > sizeof(Segment) + kMaxRing)
-    return misuse(host, "connect", "the handle names a segment of an impossible size");
+    return g_check.misuse(host, "connect", "the handle names a segment of an impossible size");
   char path[64];
   std::snprintf(path, sizeof(path), "/proc/%d/fd/%d", h.pid, h.fd);
   int fd = open(path, O_RDWR | O_CLOEXEC | O_NONBLOCK);
@@ -192,7 +177,7 @@ meshccl_tresult_t do_connect(Ctx* ctx, const void* handle, void** send_comm) {
 }
 
 meshccl_tresult_t do_accept(ListenComm* lc, void** recv_comm) {
-  if (lc->accepted) return misuse(lc->ctx->host, "accept", "the listener already accepted its sender");
+  if (lc->accepted) return g_check.misuse(lc->ctx->host, "accept", "the listener already accepted its sender");
   Segment* seg = lc->seg;
   if (seg->hdr.sender_pid.load(std::memory_order_acquire) == 0) return MESHCCL_T_SUCCESS;  // not yet
   auto* c = new RecvComm;
@@ -214,24 +199,24 @@ meshccl_tresult_t do_accept(ListenComm* lc, void** recv_comm) {
 // ---- C entry points --------------------------------------------------------
 
 int shm_init(const meshccl_transport_host_v1_t* host, void** ctx) {
-  if (ctx == nullptr) return misuse(host, "init", "ctx is NULL");
+  if (ctx == nullptr) return g_check.misuse(host, "init", "ctx is NULL");
   *ctx = nullptr;
   MPLUG_CHECK(check_host(host, "shm"));
   return guarded(host, "shm init", [&] { return do_init(host, ctx); });
 }
 
 int shm_devices(void* ctx, int* ndev) {
-  Ctx* c = as<Ctx>(ctx, kCtxMagic, "context", "devices");
+  Ctx* c = g_check.as<Ctx>(ctx, kCtxMagic, "context", "devices");
   if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  if (ndev == nullptr) return misuse(c->host, "devices", "ndev is NULL");
+  if (ndev == nullptr) return g_check.misuse(c->host, "devices", "ndev is NULL");
   *ndev = 1;
   return MESHCCL_T_SUCCESS;
 }
 
 int shm_properties(void* ctx, int dev, meshccl_transport_props_v1_t* props) {
-  Ctx* c = as<Ctx>(ctx, kCtxMagic, "context", "properties");
+  Ctx* c = g_check.as<Ctx>(ctx, kCtxMagic, "context", "properties");
   if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  if (props == nullptr || dev != 0) return misuse(c->host, "properties", "bad device or NULL props");
+  if (props == nullptr || dev != 0) return g_check.misuse(c->host, "properties", "bad device or NULL props");
   // Estimates from transport_pingpong on a 2-core VM; a cost model only needs
   // the order of magnitude next to socket's.
   *props = meshccl_transport_props_v1_t{
@@ -246,27 +231,27 @@ int shm_properties(void* ctx, int dev, meshccl_transport_props_v1_t* props) {
 }
 
 int shm_listen(void* ctx, int dev, void* handle, void** listen_comm) {
-  Ctx* c = as<Ctx>(ctx, kCtxMagic, "context", "listen");
+  Ctx* c = g_check.as<Ctx>(ctx, kCtxMagic, "context", "listen");
   if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
   if (handle == nullptr || listen_comm == nullptr || dev != 0)
-    return misuse(c->host, "listen", "bad device or NULL handle/listen_comm");
+    return g_check.misuse(c->host, "listen", "bad device or NULL handle/listen_comm");
   *listen_comm = nullptr;
   return guarded(c->host, "shm listen", [&] { return do_listen(c, handle, listen_comm); });
 }
 
 int shm_connect(void* ctx, int dev, const void* handle, void** send_comm) {
-  Ctx* c = as<Ctx>(ctx, kCtxMagic, "context", "connect");
+  Ctx* c = g_check.as<Ctx>(ctx, kCtxMagic, "context", "connect");
   if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
   if (handle == nullptr || send_comm == nullptr || dev != 0)
-    return misuse(c->host, "connect", "bad device or NULL handle/send_comm");
+    return g_check.misuse(c->host, "connect", "bad device or NULL handle/send_comm");
   *send_comm = nullptr;
   return guarded(c->host, "shm connect", [&] { return do_connect(c, handle, send_comm); });
 }
 
 int shm_accept(void* listen_comm, void** recv_comm) {
-  ListenComm* lc = as<ListenComm>(listen_comm, kListenMagic, "listen comm", "accept");
+  ListenComm* lc = g_check.as<ListenComm>(listen_comm, kListenMagic, "listen comm", "accept");
   if (lc == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  if (recv_comm == nullptr) return misuse(lc->ctx->host, "accept", "recv_comm is NULL");
+  if (recv_comm == nullptr) return g_check.misuse(lc->ctx->host, "accept", "recv_comm is NULL");
   *recv_comm = nullptr;
   return guarded(lc->ctx->host, "shm accept", [&] { return do_accept(lc, recv_comm); });
 }
@@ -287,28 +272,28 @@ int shm_dereg_mr(void* comm, void* mhandle) {
 
 int shm_isend(void* send_comm, const void* data, size_t size, uint64_t tag, void* mhandle, void** request) {
   (void)mhandle;
-  SendComm* c = as<SendComm>(send_comm, kSendMagic, "send comm", "isend");
+  SendComm* c = g_check.as<SendComm>(send_comm, kSendMagic, "send comm", "isend");
   if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  if (request == nullptr) return misuse(c->ctx->host, "isend", "request is NULL");
+  if (request == nullptr) return g_check.misuse(c->ctx->host, "isend", "request is NULL");
   *request = nullptr;
-  if (data == nullptr && size != 0) return misuse(c->ctx->host, "isend", "NULL buffer with a non-zero size");
+  if (data == nullptr && size != 0) return g_check.misuse(c->ctx->host, "isend", "NULL buffer with a non-zero size");
   return guarded(c->ctx->host, "shm isend", [&] { return send_post(c, data, size, tag, request); });
 }
 
 int shm_irecv(void* recv_comm, void* data, size_t size, uint64_t tag, void* mhandle, void** request) {
   (void)mhandle;
-  RecvComm* c = as<RecvComm>(recv_comm, kRecvMagic, "recv comm", "irecv");
+  RecvComm* c = g_check.as<RecvComm>(recv_comm, kRecvMagic, "recv comm", "irecv");
   if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  if (request == nullptr) return misuse(c->ctx->host, "irecv", "request is NULL");
+  if (request == nullptr) return g_check.misuse(c->ctx->host, "irecv", "request is NULL");
   *request = nullptr;
-  if (data == nullptr && size != 0) return misuse(c->ctx->host, "irecv", "NULL buffer with a non-zero size");
+  if (data == nullptr && size != 0) return g_check.misuse(c->ctx->host, "irecv", "NULL buffer with a non-zero size");
   return guarded(c->ctx->host, "shm irecv", [&] { return recv_post(c, data, size, tag, request); });
 }
 
 int shm_test(void* request, int* done, size_t* size) {
-  Request* r = as<Request>(request, kReqMagic, "request", "test");
+  Request* r = g_check.as<Request>(request, kReqMagic, "request", "test");
   if (r == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  if (done == nullptr) return misuse(g_host.load(std::memory_order_relaxed), "test", "done is NULL");
+  if (done == nullptr) return g_check.misuse(g_check.host(), "test", "done is NULL");
   if (r->kind == Kind::kSend) {
     auto* c = static_cast<SendComm*>(r->comm);
     return guarded(c->ctx->host, "shm test", [&] { return send_test(r, done, size); });
@@ -318,21 +303,21 @@ int shm_test(void* request, int* done, size_t* size) {
 }
 
 int shm_close_send(void* send_comm) {
-  SendComm* c = as<SendComm>(send_comm, kSendMagic, "send comm", "close_send");
+  SendComm* c = g_check.as<SendComm>(send_comm, kSendMagic, "send comm", "close_send");
   if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
   send_close(c);
   return MESHCCL_T_SUCCESS;
 }
 
 int shm_close_recv(void* recv_comm) {
-  RecvComm* c = as<RecvComm>(recv_comm, kRecvMagic, "recv comm", "close_recv");
+  RecvComm* c = g_check.as<RecvComm>(recv_comm, kRecvMagic, "recv comm", "close_recv");
   if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
   recv_close(c);
   return MESHCCL_T_SUCCESS;
 }
 
 int shm_close_listen(void* listen_comm) {
-  ListenComm* lc = as<ListenComm>(listen_comm, kListenMagic, "listen comm", "close_listen");
+  ListenComm* lc = g_check.as<ListenComm>(listen_comm, kListenMagic, "listen comm", "close_listen");
   if (lc == nullptr) return MESHCCL_T_INTERNAL_ERROR;
   if (lc->seg != nullptr) munmap(lc->seg, lc->map_bytes);
   if (lc->fd >= 0) close(lc->fd);
@@ -342,10 +327,9 @@ int shm_close_listen(void* listen_comm) {
 }
 
 int shm_finalize(void* ctx) {
-  Ctx* c = as<Ctx>(ctx, kCtxMagic, "context", "finalize");
+  Ctx* c = g_check.as<Ctx>(ctx, kCtxMagic, "context", "finalize");
   if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  const meshccl_transport_host_v1_t* host = c->host;
-  g_host.compare_exchange_strong(host, nullptr, std::memory_order_relaxed);
+  g_check.forget(c->host);
   c->magic = 0;
   delete c;
   return MESHCCL_T_SUCCESS;

@@ -11,7 +11,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
@@ -28,21 +27,7 @@ namespace {
 // oldest is dropped so that a flood of strays cannot exhaust descriptors.
 constexpr size_t kMaxPending = 16;
 
-std::atomic<const meshccl_transport_host_v1_t*> g_host{nullptr};
-
-template <class T>
-T* as(void* p, uint32_t magic, const char* what, const char* fn) {
-  auto* t = static_cast<T*>(p);
-  if (t != nullptr && t->magic == magic) return t;
-  MPLUG_WARN(g_host.load(std::memory_order_relaxed), "socket: %s: %s %p is not a live socket %s", fn, what, p,
-             what);
-  return nullptr;
-}
-
-meshccl_tresult_t misuse(const meshccl_transport_host_v1_t* host, const char* fn, const char* what) {
-  MPLUG_WARN(host, "socket: %s: %s", fn, what);
-  return MESHCCL_T_INTERNAL_ERROR;
-}
+ArgCheck g_check("socket");
 
 meshccl_tresult_t sys_fail(const meshccl_transport_host_v1_t* host, const char* what) {
   MPLUG_WARN(host, "socket: %s: %s", what, std::strerror(errno));
@@ -99,7 +84,7 @@ meshccl_tresult_t do_init(const meshccl_transport_host_v1_t* host, void** out) {
   ctx->iface = all[static_cast<size_t>(i)];
   estimate_link(ctx.get());
   MPLUG_INFO(host, "socket: using %s", describe(ctx->iface).c_str());
-  g_host.store(host, std::memory_order_relaxed);
+  g_check.remember(host);
   *out = ctx.release();
   return MESHCCL_T_SUCCESS;
 }
@@ -163,7 +148,7 @@ meshccl_tresult_t do_connect(Ctx* ctx, const void* handle, void** send_comm) {
   Handle h;
   std::memcpy(&h, handle, sizeof(h));
   if (h.magic != kHandleMagic || (h.family != AF_INET && h.family != AF_INET6))
-    return misuse(host, "connect", "the handle is not a socket handle");
+    return g_check.misuse(host, "connect", "the handle is not a socket handle");
   sockaddr_storage sa;
   socklen_t len = handle_addr(h, &sa);
   std::string peer = addr_to_string(reinterpret_cast<sockaddr*>(&sa));
@@ -233,7 +218,7 @@ void refuse(ListenComm* lc, size_t i, const char* why) {
 
 meshccl_tresult_t do_accept(ListenComm* lc, void** recv_comm) {
   const meshccl_transport_host_v1_t* host = lc->ctx->host;
-  if (lc->accepted) return misuse(host, "accept", "the listener already accepted its sender");
+  if (lc->accepted) return g_check.misuse(host, "accept", "the listener already accepted its sender");
   for (;;) {
     sockaddr_storage sa;
     socklen_t len = sizeof(sa);
@@ -292,24 +277,24 @@ meshccl_tresult_t do_accept(ListenComm* lc, void** recv_comm) {
 // ---- C entry points --------------------------------------------------------
 
 int sock_init(const meshccl_transport_host_v1_t* host, void** ctx) {
-  if (ctx == nullptr) return misuse(host, "init", "ctx is NULL");
+  if (ctx == nullptr) return g_check.misuse(host, "init", "ctx is NULL");
   *ctx = nullptr;
   MPLUG_CHECK(check_host(host, "socket"));
   return guarded(host, "socket init", [&] { return do_init(host, ctx); });
 }
 
 int sock_devices(void* ctx, int* ndev) {
-  Ctx* c = as<Ctx>(ctx, kCtxMagic, "context", "devices");
+  Ctx* c = g_check.as<Ctx>(ctx, kCtxMagic, "context", "devices");
   if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  if (ndev == nullptr) return misuse(c->host, "devices", "ndev is NULL");
+  if (ndev == nullptr) return g_check.misuse(c->host, "devices", "ndev is NULL");
   *ndev = 1;
   return MESHCCL_T_SUCCESS;
 }
 
 int sock_properties(void* ctx, int dev, meshccl_transport_props_v1_t* props) {
-  Ctx* c = as<Ctx>(ctx, kCtxMagic, "context", "properties");
+  Ctx* c = g_check.as<Ctx>(ctx, kCtxMagic, "context", "properties");
   if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  if (props == nullptr || dev != 0) return misuse(c->host, "properties", "bad device or NULL props");
+  if (props == nullptr || dev != 0) return g_check.misuse(c->host, "properties", "bad device or NULL props");
   *props = meshccl_transport_props_v1_t{
       .name = c->iface.name.c_str(),
       .bandwidth_gbs = c->bandwidth_gbs,
@@ -322,27 +307,27 @@ int sock_properties(void* ctx, int dev, meshccl_transport_props_v1_t* props) {
 }
 
 int sock_listen(void* ctx, int dev, void* handle, void** listen_comm) {
-  Ctx* c = as<Ctx>(ctx, kCtxMagic, "context", "listen");
+  Ctx* c = g_check.as<Ctx>(ctx, kCtxMagic, "context", "listen");
   if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
   if (handle == nullptr || listen_comm == nullptr || dev != 0)
-    return misuse(c->host, "listen", "bad device or NULL handle/listen_comm");
+    return g_check.misuse(c->host, "listen", "bad device or NULL handle/listen_comm");
   *listen_comm = nullptr;
   return guarded(c->host, "socket listen", [&] { return do_listen(c, handle, listen_comm); });
 }
 
 int sock_connect(void* ctx, int dev, const void* handle, void** send_comm) {
-  Ctx* c = as<Ctx>(ctx, kCtxMagic, "context", "connect");
+  Ctx* c = g_check.as<Ctx>(ctx, kCtxMagic, "context", "connect");
   if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
   if (handle == nullptr || send_comm == nullptr || dev != 0)
-    return misuse(c->host, "connect", "bad device or NULL handle/send_comm");
+    return g_check.misuse(c->host, "connect", "bad device or NULL handle/send_comm");
   *send_comm = nullptr;
   return guarded(c->host, "socket connect", [&] { return do_connect(c, handle, send_comm); });
 }
 
 int sock_accept(void* listen_comm, void** recv_comm) {
-  ListenComm* lc = as<ListenComm>(listen_comm, kListenMagic, "listen comm", "accept");
+  ListenComm* lc = g_check.as<ListenComm>(listen_comm, kListenMagic, "listen comm", "accept");
   if (lc == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  if (recv_comm == nullptr) return misuse(lc->ctx->host, "accept", "recv_comm is NULL");
+  if (recv_comm == nullptr) return g_check.misuse(lc->ctx->host, "accept", "recv_comm is NULL");
   *recv_comm = nullptr;
   return guarded(lc->ctx->host, "socket accept", [&] { return do_accept(lc, recv_comm); });
 }
@@ -363,28 +348,28 @@ int sock_dereg_mr(void* comm, void* mhandle) {
 
 int sock_isend(void* send_comm, const void* data, size_t size, uint64_t tag, void* mhandle, void** request) {
   (void)mhandle;
-  SendComm* c = as<SendComm>(send_comm, kSendMagic, "send comm", "isend");
+  SendComm* c = g_check.as<SendComm>(send_comm, kSendMagic, "send comm", "isend");
   if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  if (request == nullptr) return misuse(c->ctx->host, "isend", "request is NULL");
+  if (request == nullptr) return g_check.misuse(c->ctx->host, "isend", "request is NULL");
   *request = nullptr;
-  if (data == nullptr && size != 0) return misuse(c->ctx->host, "isend", "NULL buffer with a non-zero size");
+  if (data == nullptr && size != 0) return g_check.misuse(c->ctx->host, "isend", "NULL buffer with a non-zero size");
   return guarded(c->ctx->host, "socket isend", [&] { return send_post(c, data, size, tag, request); });
 }
 
 int sock_irecv(void* recv_comm, void* data, size_t size, uint64_t tag, void* mhandle, void** request) {
   (void)mhandle;
-  RecvComm* c = as<RecvComm>(recv_comm, kRecvMagic, "recv comm", "irecv");
+  RecvComm* c = g_check.as<RecvComm>(recv_comm, kRecvMagic, "recv comm", "irecv");
   if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  if (request == nullptr) return misuse(c->ctx->host, "irecv", "request is NULL");
+  if (request == nullptr) return g_check.misuse(c->ctx->host, "irecv", "request is NULL");
   *request = nullptr;
-  if (data == nullptr && size != 0) return misuse(c->ctx->host, "irecv", "NULL buffer with a non-zero size");
+  if (data == nullptr && size != 0) return g_check.misuse(c->ctx->host, "irecv", "NULL buffer with a non-zero size");
   return guarded(c->ctx->host, "socket irecv", [&] { return recv_post(c, data, size, tag, request); });
 }
 
 int sock_test(void* request, int* done, size_t* size) {
-  Request* r = as<Request>(request, kReqMagic, "request", "test");
+  Request* r = g_check.as<Request>(request, kReqMagic, "request", "test");
   if (r == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  if (done == nullptr) return misuse(g_host.load(std::memory_order_relaxed), "test", "done is NULL");
+  if (done == nullptr) return g_check.misuse(g_check.host(), "test", "done is NULL");
   if (r->kind == Kind::kSend) {
     auto* c = static_cast<SendComm*>(r->comm);
     return guarded(c->ctx->host, "socket test", [&] { return send_test(r, done, size); });
@@ -394,7 +379,7 @@ int sock_test(void* request, int* done, size_t* size) {
 }
 
 int sock_close_send(void* send_comm) {
-  SendComm* c = as<SendComm>(send_comm, kSendMagic, "send comm", "close_send");
+  SendComm* c = g_check.as<SendComm>(send_comm, kSendMagic, "send comm", "close_send");
   if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
   close(c->fd);
   c->magic = 0;
@@ -403,7 +388,7 @@ int sock_close_send(void* send_comm) {
 }
 
 int sock_close_recv(void* recv_comm) {
-  RecvComm* c = as<RecvComm>(recv_comm, kRecvMagic, "recv comm", "close_recv");
+  RecvComm* c = g_check.as<RecvComm>(recv_comm, kRecvMagic, "recv comm", "close_recv");
   if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
   close(c->fd);
   for (Unexpected* u; (u = c->unexpected.pop_front()) != nullptr;) c->bufs.put(u->buf);
@@ -413,7 +398,7 @@ int sock_close_recv(void* recv_comm) {
 }
 
 int sock_close_listen(void* listen_comm) {
-  ListenComm* lc = as<ListenComm>(listen_comm, kListenMagic, "listen comm", "close_listen");
+  ListenComm* lc = g_check.as<ListenComm>(listen_comm, kListenMagic, "listen comm", "close_listen");
   if (lc == nullptr) return MESHCCL_T_INTERNAL_ERROR;
   for (Pending& p : lc->pending) close(p.fd);
   if (lc->fd >= 0) close(lc->fd);
@@ -423,11 +408,10 @@ int sock_close_listen(void* listen_comm) {
 }
 
 int sock_finalize(void* ctx) {
-  Ctx* c = as<Ctx>(ctx, kCtxMagic, "context", "finalize");
+  Ctx* c = g_check.as<Ctx>(ctx, kCtxMagic, "context", "finalize");
   if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
   for (Connecting& cn : c->connecting) close(cn.fd);  // connects the host gave up on
-  const meshccl_transport_host_v1_t* host = c->host;
-  g_host.compare_exchange_strong(host, nullptr, std::memory_order_relaxed);
+  g_check.forget(c->host);
   c->magic = 0;
   delete c;
   return MESHCCL_T_SUCCESS;
