@@ -94,10 +94,11 @@ class GlooBackend final : public peer::Backend {
         break;
       }
       case peer::Coll::kReduceScatter:
-        // Reduces in place in the buffer bound at Prepare; the rank's block
-        // is then copied out, as an out-of-place call would deliver it.
+        // Reduces in place in the buffer bound at Prepare and leaves the
+        // rank's block at its start; copied out as an out-of-place call
+        // would deliver it.
         rs_->run();
-        memcpy(recv, rs_send_ + static_cast<size_t>(rank_) * s.count, s.count * sizeof(float));
+        memcpy(recv, rs_send_, s.count * sizeof(float));
         break;
       case peer::Coll::kAlltoAll: {
         gloo::AlltoallOptions opts(ctx_);
