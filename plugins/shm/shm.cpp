@@ -319,7 +319,11 @@ int shm_close_recv(void* recv_comm) {
 int shm_close_listen(void* listen_comm) {
   ListenComm* lc = g_check.as<ListenComm>(listen_comm, kListenMagic, "listen comm", "close_listen");
   if (lc == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  if (lc->seg != nullptr) munmap(lc->seg, lc->map_bytes);
+  if (lc->seg != nullptr) {
+    // A sender may have attached already: tell it nobody will read.
+    lc->seg->hdr.receiver_closed.store(1, std::memory_order_release);
+    munmap(lc->seg, lc->map_bytes);
+  }
   if (lc->fd >= 0) close(lc->fd);
   lc->magic = 0;
   delete lc;

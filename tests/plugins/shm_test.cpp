@@ -259,6 +259,18 @@ TEST(Shm, StaleOrForeignHandlesAreRefused) {
   t->close_send(out);
   t->close_recv(rcomm);
 
+  // A listener closed without accepting its (attached) sender: the sender's
+  // large message fails instead of waiting for a reader that never comes.
+  ASSERT_EQ(t->listen(ctx, 0, handle, &lcomm), MESHCCL_T_SUCCESS);
+  ASSERT_EQ(connect_loop(t, ctx, handle, &out), MESHCCL_T_SUCCESS);
+  t->close_listen(lcomm);
+  std::vector<unsigned char> big(4 * kMiB);
+  void* req = nullptr;
+  int rc = t->isend(out, big.data(), big.size(), 0, nullptr, &req);
+  if (rc == MESHCCL_T_SUCCESS) rc = wait_request(t, req, nullptr, 10);
+  EXPECT_EQ(rc, MESHCCL_T_REMOTE_ERROR);
+  t->close_send(out);
+
   // A handle naming a descriptor that is not a segment at all.
   int pipefd[2];
   ASSERT_EQ(pipe(pipefd), 0);
