@@ -42,10 +42,8 @@ int ReceiveFromChild(const std::vector<size_t>& sizes,
   Child child = spawn([&](int fd) -> int {
     void* ctx = nullptr;
     CHILD_CHECK(t->init(test_host(), &ctx) == MESHCCL_T_SUCCESS);
-    unsigned char handle[MESHCCL_TRANSPORT_HANDLE_BYTES];
-    CHILD_CHECK(read_all(fd, handle, sizeof(handle)));
     void* scomm = nullptr;
-    CHILD_CHECK(connect_loop(t, ctx, handle, &scomm) == MESHCCL_T_SUCCESS);
+    CHILD_CHECK(connect_peer(t, ctx, fd, &scomm) == MESHCCL_T_SUCCESS);
     std::vector<void*> reqs;
     for (size_t k = 0; k < sizes.size(); ++k) {
       unsigned char* src = make_src(sizes[k]);
@@ -64,13 +62,8 @@ int ReceiveFromChild(const std::vector<size_t>& sizes,
   });
   void* ctx = nullptr;
   EXPECT_EQ(t->init(test_host(), &ctx), MESHCCL_T_SUCCESS);
-  unsigned char handle[MESHCCL_TRANSPORT_HANDLE_BYTES];
-  void* lcomm = nullptr;
   void* rcomm = nullptr;
-  EXPECT_EQ(t->listen(ctx, 0, handle, &lcomm), MESHCCL_T_SUCCESS);
-  EXPECT_TRUE(write_all(child.fd, handle, sizeof(handle)));
-  EXPECT_EQ(accept_loop(t, lcomm, &rcomm), MESHCCL_T_SUCCESS);
-  t->close_listen(lcomm);
+  EXPECT_EQ(accept_peer(t, ctx, child.fd, &rcomm), MESHCCL_T_SUCCESS);
   std::vector<std::vector<unsigned char>> dst;
   std::vector<void*> reqs;
   for (size_t k = 0; k < sizes.size(); ++k) {
@@ -325,22 +318,16 @@ TEST(Shm, KilledPeerLeavesNoSharedMemoryFiles) {
   Child child = spawn([&](int fd) -> int {
     void* ctx = nullptr;
     CHILD_CHECK(t->init(test_host(), &ctx) == MESHCCL_T_SUCCESS);
-    unsigned char handle[MESHCCL_TRANSPORT_HANDLE_BYTES];
-    void* lcomm = nullptr;
-    CHILD_CHECK(t->listen(ctx, 0, handle, &lcomm) == MESHCCL_T_SUCCESS);
-    CHILD_CHECK(write_all(fd, handle, sizeof(handle)));
     void* rcomm = nullptr;
-    CHILD_CHECK(accept_loop(t, lcomm, &rcomm) == MESHCCL_T_SUCCESS);
+    CHILD_CHECK(accept_peer(t, ctx, fd, &rcomm) == MESHCCL_T_SUCCESS);
     CHILD_CHECK(write_all(fd, "r", 1));
     sleep(60);
     return 5;
   });
   void* ctx = nullptr;
   ASSERT_EQ(t->init(test_host(), &ctx), MESHCCL_T_SUCCESS);
-  unsigned char handle[MESHCCL_TRANSPORT_HANDLE_BYTES];
-  ASSERT_TRUE(read_all(child.fd, handle, sizeof(handle)));
   void* scomm = nullptr;
-  ASSERT_EQ(connect_loop(t, ctx, handle, &scomm), MESHCCL_T_SUCCESS);
+  ASSERT_EQ(connect_peer(t, ctx, child.fd, &scomm), MESHCCL_T_SUCCESS);
   char ready;
   ASSERT_TRUE(read_all(child.fd, &ready, 1));
   EXPECT_EQ(dev_shm_entries(), before);

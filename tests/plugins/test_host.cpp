@@ -215,6 +215,24 @@ int connect_pair(const meshccl_transport_v1_t* t, void* sctx, void* rctx, void**
   return rc;
 }
 
+int accept_peer(const meshccl_transport_v1_t* t, void* ctx, int fd, void** rcomm) {
+  unsigned char handle[MESHCCL_TRANSPORT_HANDLE_BYTES];
+  void* lcomm = nullptr;
+  *rcomm = nullptr;
+  int rc = t->listen(ctx, 0, handle, &lcomm);
+  if (rc != MESHCCL_T_SUCCESS) return rc;
+  rc = write_all(fd, handle, sizeof(handle)) ? accept_loop(t, lcomm, rcomm) : -1;
+  t->close_listen(lcomm);
+  return rc;
+}
+
+int connect_peer(const meshccl_transport_v1_t* t, void* ctx, int fd, void** scomm) {
+  unsigned char handle[MESHCCL_TRANSPORT_HANDLE_BYTES];
+  *scomm = nullptr;
+  if (!read_all(fd, handle, sizeof(handle))) return -1;
+  return connect_loop(t, ctx, handle, scomm);
+}
+
 void fill(void* buf, size_t n, uint64_t seed) {
   auto* p = static_cast<unsigned char*>(buf);
   uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;

@@ -71,6 +71,12 @@ int connect_pair(const meshccl_transport_v1_t* t, void* sctx, void* rctx, void**
 int accept_loop(const meshccl_transport_v1_t* t, void* lcomm, void** rcomm);
 int connect_loop(const meshccl_transport_v1_t* t, void* ctx, const void* handle, void** scomm);
 
+// The same with the handle carried over fd to or from a peer process: the
+// receiving end listens, writes the handle and accepts; the sending end reads
+// the handle and connects.
+int accept_peer(const meshccl_transport_v1_t* t, void* ctx, int fd, void** rcomm);
+int connect_peer(const meshccl_transport_v1_t* t, void* ctx, int fd, void** scomm);
+
 // Deterministic content: fill with a pattern derived from seed; check returns
 // the index of the first wrong byte, or SIZE_MAX when all match.
 void fill(void* buf, size_t n, uint64_t seed);

@@ -342,16 +342,10 @@ TEST_P(TransportTest, ForkedPeerBothDirections) {
   Child child = spawn([&](int fd) -> int {
     void* ctx = nullptr;
     CHILD_CHECK(t->init(test_host(), &ctx) == MESHCCL_T_SUCCESS);
-    unsigned char handle[MESHCCL_TRANSPORT_HANDLE_BYTES];
-    CHILD_CHECK(read_all(fd, handle, sizeof(handle)));
     void* scomm = nullptr;
-    CHILD_CHECK(connect_loop(t, ctx, handle, &scomm) == MESHCCL_T_SUCCESS);
-    void* lcomm = nullptr;
     void* rcomm = nullptr;
-    CHILD_CHECK(t->listen(ctx, 0, handle, &lcomm) == MESHCCL_T_SUCCESS);
-    CHILD_CHECK(write_all(fd, handle, sizeof(handle)));
-    CHILD_CHECK(accept_loop(t, lcomm, &rcomm) == MESHCCL_T_SUCCESS);
-    CHILD_CHECK(t->close_listen(lcomm) == MESHCCL_T_SUCCESS);
+    CHILD_CHECK(connect_peer(t, ctx, fd, &scomm) == MESHCCL_T_SUCCESS);
+    CHILD_CHECK(accept_peer(t, ctx, fd, &rcomm) == MESHCCL_T_SUCCESS);
     int rc = send_all(scomm);
     if (rc == 0) rc = recv_all(rcomm);
     CHILD_CHECK(t->close_send(scomm) == MESHCCL_T_SUCCESS);
@@ -359,14 +353,8 @@ TEST_P(TransportTest, ForkedPeerBothDirections) {
     CHILD_CHECK(t->finalize(ctx) == MESHCCL_T_SUCCESS);
     return rc;
   });
-  unsigned char handle[MESHCCL_TRANSPORT_HANDLE_BYTES];
-  void* lcomm = nullptr;
-  ASSERT_EQ(t_->listen(rctx_, 0, handle, &lcomm), MESHCCL_T_SUCCESS);
-  ASSERT_TRUE(write_all(child.fd, handle, sizeof(handle)));
-  ASSERT_EQ(accept_loop(t_, lcomm, &rcomm_), MESHCCL_T_SUCCESS);
-  EXPECT_EQ(t_->close_listen(lcomm), MESHCCL_T_SUCCESS);
-  ASSERT_TRUE(read_all(child.fd, handle, sizeof(handle)));
-  ASSERT_EQ(connect_loop(t_, sctx_, handle, &scomm_), MESHCCL_T_SUCCESS);
+  ASSERT_EQ(accept_peer(t_, rctx_, child.fd, &rcomm_), MESHCCL_T_SUCCESS);
+  ASSERT_EQ(connect_peer(t_, sctx_, child.fd, &scomm_), MESHCCL_T_SUCCESS);
   EXPECT_EQ(recv_all(rcomm_), 0);
   EXPECT_EQ(send_all(scomm_), 0);
   EXPECT_EQ(reap(child), 0);
@@ -380,10 +368,8 @@ TEST_P(TransportTest, PeerKilledWhileWeReceive) {
   Child child = spawn([&](int fd) -> int {
     void* ctx = nullptr;
     CHILD_CHECK(t->init(test_host(), &ctx) == MESHCCL_T_SUCCESS);
-    unsigned char handle[MESHCCL_TRANSPORT_HANDLE_BYTES];
-    CHILD_CHECK(read_all(fd, handle, sizeof(handle)));
     void* scomm = nullptr;
-    CHILD_CHECK(connect_loop(t, ctx, handle, &scomm) == MESHCCL_T_SUCCESS);
+    CHILD_CHECK(connect_peer(t, ctx, fd, &scomm) == MESHCCL_T_SUCCESS);
     std::vector<unsigned char> big(kBig, 1);
     void* s = nullptr;
     CHILD_CHECK(t->isend(scomm, big.data(), kBig, 9, nullptr, &s) == MESHCCL_T_SUCCESS);
@@ -392,12 +378,7 @@ TEST_P(TransportTest, PeerKilledWhileWeReceive) {
     wait_request(t, s, nullptr, 60);  // keeps the transfer going until the parent kills us
     return 5;
   });
-  unsigned char handle[MESHCCL_TRANSPORT_HANDLE_BYTES];
-  void* lcomm = nullptr;
-  ASSERT_EQ(t_->listen(rctx_, 0, handle, &lcomm), MESHCCL_T_SUCCESS);
-  ASSERT_TRUE(write_all(child.fd, handle, sizeof(handle)));
-  ASSERT_EQ(accept_loop(t_, lcomm, &rcomm_), MESHCCL_T_SUCCESS);
-  EXPECT_EQ(t_->close_listen(lcomm), MESHCCL_T_SUCCESS);
+  ASSERT_EQ(accept_peer(t_, rctx_, child.fd, &rcomm_), MESHCCL_T_SUCCESS);
   std::vector<unsigned char> dst(kBig);
   void* r = nullptr;
   ASSERT_EQ(t_->irecv(rcomm_, dst.data(), kBig, 9, nullptr, &r), MESHCCL_T_SUCCESS);
@@ -422,20 +403,14 @@ TEST_P(TransportTest, PeerKilledWhileWeSend) {
   Child child = spawn([&](int fd) -> int {
     void* ctx = nullptr;
     CHILD_CHECK(t->init(test_host(), &ctx) == MESHCCL_T_SUCCESS);
-    unsigned char handle[MESHCCL_TRANSPORT_HANDLE_BYTES];
-    void* lcomm = nullptr;
     void* rcomm = nullptr;
-    CHILD_CHECK(t->listen(ctx, 0, handle, &lcomm) == MESHCCL_T_SUCCESS);
-    CHILD_CHECK(write_all(fd, handle, sizeof(handle)));
-    CHILD_CHECK(accept_loop(t, lcomm, &rcomm) == MESHCCL_T_SUCCESS);
+    CHILD_CHECK(accept_peer(t, ctx, fd, &rcomm) == MESHCCL_T_SUCCESS);
     char ready = 'r';
     CHILD_CHECK(write_all(fd, &ready, 1));
     sleep(60);  // never receives; the parent kills us
     return 5;
   });
-  unsigned char handle[MESHCCL_TRANSPORT_HANDLE_BYTES];
-  ASSERT_TRUE(read_all(child.fd, handle, sizeof(handle)));
-  ASSERT_EQ(connect_loop(t_, sctx_, handle, &scomm_), MESHCCL_T_SUCCESS);
+  ASSERT_EQ(connect_peer(t_, sctx_, child.fd, &scomm_), MESHCCL_T_SUCCESS);
   char ready = 0;
   ASSERT_TRUE(read_all(child.fd, &ready, 1));
   std::vector<unsigned char> src(kBig, 3);
