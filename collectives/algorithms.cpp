@@ -19,6 +19,12 @@ const std::vector<Algorithm>& algorithm_table() {
 }
 
 namespace detail {
+OwnInput own_input(const OpDesc& op, Plan* plan, void* into, size_t count) {
+  if (!op.premul) return {op.sendbuff, Plan::kNoStep};
+  if (into == nullptr) into = plan->scratch(count * op.elem());
+  return {into, plan->scale(into, op.sendbuff, count)};
+}
+
 size_t chunk_elems(const OpDesc& op, size_t largest_piece, int phases) {
   size_t es = op.elem();
   size_t ce = op.chunk_bytes / es;

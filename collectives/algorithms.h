@@ -57,6 +57,15 @@ Status build_direct_scatter(const OpDesc& op, Plan* plan);
 
 // Shared helpers for builders.
 namespace detail {
+// This rank's contribution to a reduction. With PreMulSum it is first scaled
+// into `into` (nullptr: a scratch reservation); `scaled` is that step, which
+// every step reading `data` must wait for (Plan::kNoStep without PreMulSum).
+struct OwnInput {
+  const void* data;
+  Plan::StepId scaled;
+};
+OwnInput own_input(const OpDesc& op, Plan* plan, void* into, size_t count);
+
 // [begin, end) of block b when `count` elements are cut into n balanced blocks.
 inline size_t block_begin(size_t count, int n, int b) { return count * static_cast<size_t>(b) / static_cast<size_t>(n); }
 // Elements per chunk, large enough that a plan's tags fit in 24 bits.

@@ -16,17 +16,9 @@ Status build_chain_reduce(const OpDesc& op, Plan* plan) {
   plan->algorithm = "chain";
   const int pos = (op.rank - op.root + n) % n;
   const int toward = (op.rank + n - 1) % n, from = (op.rank + 1) % n;
-  const void* in = op.sendbuff;
-  std::vector<Plan::StepId> pre;
-  if (op.premul) {
-    void* scaled = pos == 0 ? op.recvbuff : plan->scratch(count * es);
-    pre.push_back(plan->scale(scaled, op.sendbuff, count));
-    in = scaled;
-  }
-  auto after_pre = [&](Plan::StepId s) {
-    for (Plan::StepId p : pre) plan->add_dep(s, p);
-    return s;
-  };
+  // The root scales its input straight into its output buffer.
+  const detail::OwnInput own = detail::own_input(op, plan, pos == 0 ? op.recvbuff : nullptr, count);
+  const void* in = own.data;
   if (n == 1) {
     if (!op.premul) plan->copy(op.recvbuff, op.sendbuff, count * es);
     return kOk;
@@ -37,19 +29,19 @@ Status build_chain_reduce(const OpDesc& op, Plan* plan) {
   const int kSlots = 8;
   void* tmp = pos < n - 1 ? plan->scratch(kSlots * ce * es) : nullptr;
   void* acc = (pos > 0 && pos < n - 1) ? plan->scratch(kSlots * ce * es) : nullptr;
-  constexpr Plan::StepId kNone = ~Plan::StepId{0};
-  std::vector<Plan::StepId> sends(nchunks, kNone), rrs(nchunks, kNone);
+  std::vector<Plan::StepId> sends(nchunks, Plan::kNoStep), rrs(nchunks, Plan::kNoStep);
   for (size_t c = 0; c < nchunks; ++c) {
     const size_t lo = c * ce, len = std::min(count, lo + ce) - lo;
     const uint32_t tag = static_cast<uint32_t>(c);
     const size_t slot = c % kSlots;
     if (pos == n - 1) {  // farthest: just send
-      after_pre(plan->send(toward, tag, at(in, lo, es), len * es));
+      plan->add_dep(plan->send(toward, tag, at(in, lo, es), len * es), own.scaled);
       continue;
     }
     void* t = static_cast<char*>(tmp) + slot * ce * es;
     void* dst = pos == 0 ? at(op.recvbuff, lo, es) : static_cast<char*>(acc) + slot * ce * es;
-    Plan::StepId rr = after_pre(plan->recv_reduce(from, tag, t, dst, at(in, lo, es), len));
+    Plan::StepId rr = plan->recv_reduce(from, tag, t, dst, at(in, lo, es), len);
+    plan->add_dep(rr, own.scaled);
     if (c >= static_cast<size_t>(kSlots)) {
       plan->add_dep(rr, rrs[c - kSlots]);
       if (pos > 0) plan->add_dep(rr, sends[c - kSlots]);  // acc slot still being sent

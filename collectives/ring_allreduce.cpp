@@ -16,20 +16,13 @@ Status build_ring_allreduce(const OpDesc& op, Plan* plan) {
   const int n = op.nranks, r = op.rank;
   const size_t es = op.elem(), count = op.count;
   plan->algorithm = "ring";
-  const void* in = op.sendbuff;
-  std::vector<Plan::StepId> pre;  // steps everything waits for
-  if (op.premul) {
-    pre.push_back(plan->scale(op.recvbuff, op.sendbuff, count));
-    in = op.recvbuff;
-  }
+  // With PreMulSum the output buffer holds the scaled input (as in place).
+  const detail::OwnInput own = detail::own_input(op, plan, op.recvbuff, count);
+  const void* in = own.data;
   if (n == 1) {
-    if (pre.empty()) plan->copy(op.recvbuff, op.sendbuff, count * es);
+    if (!op.premul) plan->copy(op.recvbuff, op.sendbuff, count * es);
     return kOk;
   }
-  auto after_pre = [&](Plan::StepId s) {
-    for (Plan::StepId p : pre) plan->add_dep(s, p);
-    return s;
-  };
   const size_t largest = block_begin(count, n, 1) + 1;
   const size_t ce = detail::chunk_elems(op, largest, 2 * n);
   const size_t nchunks = (largest + ce - 1) / ce;
@@ -43,12 +36,11 @@ Status build_ring_allreduce(const OpDesc& op, Plan* plan) {
   };
   const int kSlots = 8;
   void* slots = plan->scratch(static_cast<size_t>(kSlots) * ce * es);
-  constexpr Plan::StepId kNone = ~Plan::StepId{0};
   // Per phase step k and chunk c: the step ids we need for dependencies.
-  std::vector<Plan::StepId> rs_send((n - 1) * nchunks, kNone), rs_rr((n - 1) * nchunks, kNone),
-      ag_recv((n - 1) * nchunks, kNone), fin(nchunks, kNone);
+  std::vector<Plan::StepId> rs_send((n - 1) * nchunks, Plan::kNoStep), rs_rr((n - 1) * nchunks, Plan::kNoStep),
+      ag_recv((n - 1) * nchunks, Plan::kNoStep), fin(nchunks, Plan::kNoStep);
   size_t slot_use = 0;
-  std::vector<Plan::StepId> slot_last(kSlots, kNone);
+  std::vector<Plan::StepId> slot_last(kSlots, Plan::kNoStep);
 
   // Reduce-scatter.
   for (int k = 0; k < n - 1; ++k) {
@@ -58,8 +50,7 @@ Status build_ring_allreduce(const OpDesc& op, Plan* plan) {
       if (hi > lo) {
         const void* src = k == 0 ? at(in, lo, es) : at(static_cast<const void*>(op.recvbuff), lo, es);
         Plan::StepId s = plan->send(next, static_cast<uint32_t>(k * nchunks + c), src, (hi - lo) * es);
-        if (k == 0) after_pre(s);
-        else if (rs_rr[(k - 1) * nchunks + c] != kNone) plan->add_dep(s, rs_rr[(k - 1) * nchunks + c]);
+        plan->add_dep(s, k == 0 ? own.scaled : rs_rr[(k - 1) * nchunks + c]);
         rs_send[k * nchunks + c] = s;
       }
       chunk(seg(r - k - 1), c, &lo, &hi);
@@ -68,8 +59,8 @@ Status build_ring_allreduce(const OpDesc& op, Plan* plan) {
         void* tmp = static_cast<char*>(slots) + static_cast<size_t>(slot) * ce * es;
         Plan::StepId s = plan->recv_reduce(prev, static_cast<uint32_t>(k * nchunks + c), tmp,
                                            at(op.recvbuff, lo, es), at(in, lo, es), hi - lo);
-        after_pre(s);
-        if (slot_last[slot] != kNone) plan->add_dep(s, slot_last[slot]);
+        plan->add_dep(s, own.scaled);
+        plan->add_dep(s, slot_last[slot]);
         slot_last[slot] = s;
         rs_rr[k * nchunks + c] = s;
       }
@@ -79,7 +70,7 @@ Status build_ring_allreduce(const OpDesc& op, Plan* plan) {
   for (size_t c = 0; c < nchunks; ++c) {
     Plan::StepId last = rs_rr[(n - 2) * nchunks + c];
     fin[c] = last;
-    if (op.avg && last != kNone) {
+    if (op.avg && last != Plan::kNoStep) {
       size_t lo, hi;
       chunk(seg(r + 1), c, &lo, &hi);
       fin[c] = plan->divide(at(op.recvbuff, lo, es), at(static_cast<const void*>(op.recvbuff), lo, es), hi - lo, {last});
@@ -95,7 +86,7 @@ Status build_ring_allreduce(const OpDesc& op, Plan* plan) {
         Plan::StepId s = plan->send(next, base + static_cast<uint32_t>(k * nchunks + c),
                                     at(static_cast<const void*>(op.recvbuff), lo, es), (hi - lo) * es);
         Plan::StepId dep = k == 0 ? fin[c] : ag_recv[(k - 1) * nchunks + c];
-        if (dep != kNone) plan->add_dep(s, dep);
+        plan->add_dep(s, dep);
       }
       chunk(seg(r - k), c, &lo, &hi);
       if (hi > lo) {
@@ -103,8 +94,8 @@ Status build_ring_allreduce(const OpDesc& op, Plan* plan) {
                                     (hi - lo) * es);
         // In place, this region was sent during reduce-scatter step k: wait
         // until that send finished reading it.
-        if (rs_send[k * nchunks + c] != kNone) plan->add_dep(s, rs_send[k * nchunks + c]);
-        after_pre(s);
+        plan->add_dep(s, rs_send[k * nchunks + c]);
+        plan->add_dep(s, own.scaled);
         ag_recv[k * nchunks + c] = s;
       }
     }

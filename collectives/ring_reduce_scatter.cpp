@@ -15,20 +15,10 @@ Status build_ring_reduce_scatter(const OpDesc& op, Plan* plan) {
   const int n = op.nranks, r = op.rank;
   const size_t es = op.elem(), rc = op.count;
   plan->algorithm = "ring";
-  const void* in = op.sendbuff;
-  std::vector<Plan::StepId> pre;
-  if (op.premul) {
-    void* scaled = plan->scratch(rc * n * es);
-    pre.push_back(plan->scale(scaled, op.sendbuff, rc * n));
-    in = scaled;
-  }
-  auto after_pre = [&](Plan::StepId s) {
-    for (Plan::StepId p : pre) plan->add_dep(s, p);
-    return s;
-  };
+  const detail::OwnInput own = detail::own_input(op, plan, nullptr, rc * n);
+  const void* in = own.data;
   if (n == 1) {
-    Plan::StepId s = plan->copy(op.recvbuff, in, rc * es);
-    after_pre(s);
+    plan->add_dep(plan->copy(op.recvbuff, in, rc * es), own.scaled);
     return kOk;
   }
   if (rc == 0) return kOk;
@@ -39,9 +29,8 @@ Status build_ring_reduce_scatter(const OpDesc& op, Plan* plan) {
   const int kSlots = 8;
   void* slots = plan->scratch(static_cast<size_t>(kSlots) * ce * es);
   void* acc[2] = {plan->scratch(rc * es), plan->scratch(rc * es)};
-  constexpr Plan::StepId kNone = ~Plan::StepId{0};
-  std::vector<Plan::StepId> sends((n - 1) * nchunks, kNone), rrs((n - 1) * nchunks, kNone);
-  std::vector<Plan::StepId> slot_last(kSlots, kNone);
+  std::vector<Plan::StepId> sends((n - 1) * nchunks, Plan::kNoStep), rrs((n - 1) * nchunks, Plan::kNoStep);
+  std::vector<Plan::StepId> slot_last(kSlots, Plan::kNoStep);
   size_t slot_use = 0;
   for (int k = 0; k < n - 1; ++k) {
     for (size_t c = 0; c < nchunks; ++c) {
@@ -50,8 +39,7 @@ Status build_ring_reduce_scatter(const OpDesc& op, Plan* plan) {
       // Forward block r-k-1: own input at step 0, else the partial sum from step k-1.
       const void* src = k == 0 ? at(in, seg(r - 1) * rc + lo, es) : at(static_cast<const void*>(acc[(k - 1) % 2]), lo, es);
       Plan::StepId s = plan->send(next, tag, src, len * es);
-      if (k == 0) after_pre(s);
-      else plan->add_dep(s, rrs[(k - 1) * nchunks + c]);
+      plan->add_dep(s, k == 0 ? own.scaled : rrs[(k - 1) * nchunks + c]);
       sends[k * nchunks + c] = s;
       // Fold own input into block r-k-2; the last step writes the output.
       const bool last = k == n - 2;
@@ -59,8 +47,8 @@ Status build_ring_reduce_scatter(const OpDesc& op, Plan* plan) {
       int slot = static_cast<int>(slot_use++ % kSlots);
       void* tmp = static_cast<char*>(slots) + static_cast<size_t>(slot) * ce * es;
       Plan::StepId rr = plan->recv_reduce(prev, tag, tmp, dst, at(in, seg(r - k - 2) * rc + lo, es), len);
-      after_pre(rr);
-      if (slot_last[slot] != kNone) plan->add_dep(rr, slot_last[slot]);
+      plan->add_dep(rr, own.scaled);
+      plan->add_dep(rr, slot_last[slot]);
       slot_last[slot] = rr;
       if (k >= 2) plan->add_dep(rr, sends[(k - 1) * nchunks + c]);  // acc[k%2] was read by send k-1
       rrs[k * nchunks + c] = rr;

@@ -11,12 +11,6 @@ using namespace meshccl;
 
 namespace {
 
-struct UseGuard {
-  ncclComm* c;
-  explicit UseGuard(ncclComm* comm) : c(comm) { ++c->users; }
-  ~UseGuard() { --c->users; }
-};
-
 Status check_size(const char* fn, size_t count, size_t mult, ncclDataType_t dt) {
   size_t es = kernels::dtype_size(dt);
   if (mult != 0 && count > std::numeric_limits<size_t>::max() / mult / es)
@@ -24,8 +18,9 @@ Status check_size(const char* fn, size_t count, size_t mult, ncclDataType_t dt) 
   return kOk;
 }
 
-// Common checks and enqueue. `send_elems`/`recv_elems`: elements this rank
-// reads/writes (0 = buffer unused here).
+// Common checks and enqueue. `root` is the root of rooted collectives and the
+// peer of Send/Recv (-1 otherwise). `send_elems`/`recv_elems`: elements this
+// rank reads/writes (0 = buffer unused here).
 Status collective(const char* fn, OpKind kind, const void* sendbuff, void* recvbuff, size_t count,
                   ncclDataType_t dt, const ncclRedOp_t* op, int root, ncclComm* comm, cudaStream_t stream,
                   size_t send_elems, size_t recv_elems, size_t mult) {
@@ -33,16 +28,18 @@ Status collective(const char* fn, OpKind kind, const void* sendbuff, void* recvb
   UseGuard use(comm);
   MC_TRY(check_dtype(fn, dt));
   MC_TRY(check_size(fn, count, mult, dt));
+  const bool p2p = kind == OpKind::Send || kind == OpKind::Recv;
   OpDesc d;
   d.kind = kind;
   d.sendbuff = sendbuff;
   d.recvbuff = recvbuff;
   d.count = count;
   d.dtype = dt;
-  d.root = root;
+  if (p2p) d.peer = root;
+  else d.root = root;
   if (op != nullptr) MC_TRY(resolve_op(fn, comm, *op, dt, &d));
-  if (root >= 0 || kind == OpKind::Broadcast || kind == OpKind::Reduce || kind == OpKind::Gather ||
-      kind == OpKind::Scatter)
+  if (p2p) MC_TRY(check_rank(fn, "peer", root, comm->nranks));
+  else if (kind == OpKind::Broadcast || kind == OpKind::Reduce || kind == OpKind::Gather || kind == OpKind::Scatter)
     MC_TRY(check_rank(fn, "root", root, comm->nranks));
   MC_TRY(check_buffer(fn, "sendbuff", sendbuff, send_elems));
   MC_TRY(check_buffer(fn, "recvbuff", recvbuff, recv_elems));
@@ -142,38 +139,19 @@ MESHCCL_EXPORT ncclResult_t pncclScatter(const void* sendbuff, void* recvbuff, s
   });
 }
 
-namespace {
-Status p2p(const char* fn, OpKind kind, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t dt,
-           int peer, ncclComm* comm, cudaStream_t stream) {
-  MC_TRY(check_comm(fn, comm));
-  UseGuard use(comm);
-  MC_TRY(check_dtype(fn, dt));
-  MC_TRY(check_size(fn, count, 1, dt));
-  MC_TRY(check_rank(fn, "peer", peer, comm->nranks));
-  OpDesc d;
-  d.kind = kind;
-  d.sendbuff = sendbuff;
-  d.recvbuff = recvbuff;
-  d.count = count;
-  d.dtype = dt;
-  d.peer = peer;
-  MC_TRY(check_buffer(fn, kind == OpKind::Send ? "sendbuff" : "recvbuff",
-                      kind == OpKind::Send ? sendbuff : recvbuff, count));
-  return enqueue(comm, d, stream);
-}
-}  // namespace
-
 MESHCCL_EXPORT ncclResult_t pncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
                                      ncclComm_t comm, cudaStream_t stream) {
   return api_guard("ncclSend", [&] {
-    return p2p("ncclSend", OpKind::Send, sendbuff, nullptr, count, datatype, peer, comm, stream);
+    return collective("ncclSend", OpKind::Send, sendbuff, nullptr, count, datatype, nullptr, peer, comm, stream,
+                      count, 0, 1);
   });
 }
 
 MESHCCL_EXPORT ncclResult_t pncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
                                      ncclComm_t comm, cudaStream_t stream) {
   return api_guard("ncclRecv", [&] {
-    return p2p("ncclRecv", OpKind::Recv, nullptr, recvbuff, count, datatype, peer, comm, stream);
+    return collective("ncclRecv", OpKind::Recv, nullptr, recvbuff, count, datatype, nullptr, peer, comm, stream,
+                      0, count, 1);
   });
 }
 

@@ -15,12 +15,6 @@ using namespace meshccl;
 
 namespace {
 
-// Keeps a communicator from being freed while this thread is inside it.
-struct UseGuard {
-  ncclComm* c;
-  explicit UseGuard(ncclComm* comm) : c(comm) { ++c->users; }
-  ~UseGuard() { --c->users; }
-};
 
 Status new_comm(const char* fn, ncclComm** out, int nranks, int rank, const ncclConfig_t* config) {
   if (out == nullptr) return MC_ERROR(ncclInvalidArgument, "%s : comm argument is NULL", fn);
@@ -226,13 +220,8 @@ Status teardown(const char* fn, ncclComm* comm, bool abort) {
   if (!comm_is_live(comm)) return MC_ERROR(ncclInvalidArgument, "%s : comm %p has already been destroyed", fn, static_cast<void*>(comm));
   if (abort) comm->abort_flag.store(true);
   if (comm->async_thread.joinable()) comm->async_thread.join();
-  if (!abort && comm->engine) {
-    // Implicit finalize (local part): let enqueued work finish.
-    Backoff backoff;
-    Deadline dl = Deadline::from_timeout_param();
-    while (comm->pending_ops.load() > 0 && !dl.expired()) comm->engine->progress() ? backoff.progress() : backoff.idle();
-    if (comm->pending_ops.load() > 0) comm->abort_flag.store(true);
-  }
+  // Implicit finalize (local part): let enqueued work finish.
+  if (!abort && !comm_wait_idle(comm, Deadline::from_timeout_param())) comm->abort_flag.store(true);
   comm_unregister(comm);
   Backoff backoff;
   while (comm->users.load() > 0) backoff.idle();  // callers notice the abort flag promptly
@@ -257,9 +246,7 @@ MESHCCL_EXPORT ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags) {
     if (revokeFlags != NCCL_REVOKE_DEFAULT)
       return MC_ERROR(ncclInvalidArgument, "ncclCommRevoke : revokeFlags must be 0 (got %d)", revokeFlags);
     comm->abort_flag.store(true);  // in-flight waits end; new collectives see the comm as failed
-    Backoff backoff;
-    Deadline dl = Deadline::from_timeout_param();
-    while (comm->pending_ops.load() > 0 && !dl.expired()) backoff.idle();
+    (void)comm_wait_idle(comm, Deadline::from_timeout_param());
     comm->async_error.store(ncclInvalidUsage);
     set_last_error("communicator was revoked");
     return kOk;

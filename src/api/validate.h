@@ -11,6 +11,16 @@ struct meshcclStream;
 
 namespace meshccl {
 
+// Keeps a communicator from being freed (destroy/abort wait for users == 0)
+// while this thread is inside the library on it.
+struct UseGuard {
+  ncclComm* c;
+  explicit UseGuard(ncclComm* comm) : c(comm) { ++c->users; }
+  ~UseGuard() { --c->users; }
+  UseGuard(const UseGuard&) = delete;
+  UseGuard& operator=(const UseGuard&) = delete;
+};
+
 // comm is non-null, live and ready for communication.
 Status check_comm(const char* fn, const ncclComm* comm);
 // comm is non-null and live (any state).

@@ -1,9 +1,9 @@
 #include "comm/comm.h"
 
 #include <cstring>
-#include <mutex>
-#include <unordered_set>
 
+#include "plugins/common/plugin_util.h"
+#include "util/live_set.h"
 #include "util/log.h"
 #include "util/param.h"
 
@@ -14,7 +14,7 @@ Status ncclComm::check_peers() {
     if (p == rank) continue;
     const meshccl::PeerInfo& info = peers[p];
     if (info.machine_hash == peers[rank].machine_hash) {
-      if (!meshccl::pid_alive(info.pid))
+      if (!meshccl::plugin::pid_alive(info.pid))
         return MC_ERROR(ncclRemoteError, "rank %d: peer rank %d (pid %d) has exited", rank, p, info.pid);
     } else if (bootstrap && bootstrap->peer_closed(p)) {
       return MC_ERROR(ncclRemoteError, "rank %d: lost the connection to rank %d on %s", rank, p, info.host_id);
@@ -26,30 +26,16 @@ Status ncclComm::check_peers() {
 namespace meshccl {
 
 namespace {
-struct CommRegistry {
-  std::mutex mu;
-  std::unordered_set<const ncclComm*> live;
-};
-CommRegistry& registry() {
-  static CommRegistry* r = new CommRegistry();
-  return *r;
+// Never destroyed: communicators may be torn down during exit.
+LiveSet<ncclComm>& live_comms() {
+  static auto* s = new LiveSet<ncclComm>();
+  return *s;
 }
 }  // namespace
 
-void comm_register(ncclComm* c) {
-  std::lock_guard<std::mutex> lock(registry().mu);
-  registry().live.insert(c);
-}
-
-void comm_unregister(ncclComm* c) {
-  std::lock_guard<std::mutex> lock(registry().mu);
-  registry().live.erase(c);
-}
-
-bool comm_is_live(const ncclComm* c) {
-  std::lock_guard<std::mutex> lock(registry().mu);
-  return registry().live.count(c) != 0;
-}
+void comm_register(ncclComm* c) { live_comms().add(c); }
+void comm_unregister(ncclComm* c) { live_comms().remove(c); }
+bool comm_is_live(const ncclComm* c) { return live_comms().contains(c); }
 
 Status parse_config(const ncclConfig_t* in, CommConfig* out, const CommConfig* inherit) {
   *out = inherit ? *inherit : CommConfig{};

@@ -17,6 +17,7 @@
 #include "sched/engine.h"
 #include "transport/mesh.h"
 #include "util/status.h"
+#include "util/wait.h"
 
 namespace meshccl {
 
@@ -81,6 +82,9 @@ bool comm_is_live(const ncclComm* c);
 Status comm_init_rank(ncclComm* comm, int nranks, const ncclUniqueId& id, int rank);
 Status comm_split(ncclComm* parent, int color, int key, ncclComm* child /* may be null: NOCOLOR */);
 Status comm_finalize(ncclComm* comm);
+// Drives progress until every enqueued operation has completed (true) or the
+// deadline passes (false).
+bool comm_wait_idle(ncclComm* comm, Deadline dl);
 // Frees everything without talking to peers.
 void comm_free(ncclComm* comm);
 // Applies the config rules of NCCL (size/version/magic, ranges, env overrides).

@@ -1,10 +1,8 @@
 #include "comm/identity.h"
 
-#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -64,16 +62,6 @@ PeerInfo local_peer_info() {
   }
   std::strncpy(info.host_id, hostid.c_str(), sizeof(info.host_id) - 1);
   return info;
-}
-
-bool pid_alive(int32_t pid) {
-  if (pid <= 0) return false;
-  if (kill(pid, 0) != 0 && errno != EPERM) return false;  // ESRCH: gone
-  // A zombie (dead, not yet reaped by its parent) still answers kill().
-  std::string stat = read_first_line(("/proc/" + std::to_string(pid) + "/stat").c_str());
-  size_t close = stat.rfind(')');
-  if (close != std::string::npos && close + 2 < stat.size()) return stat[close + 2] != 'Z' && stat[close + 2] != 'X';
-  return true;
 }
 
 }  // namespace meshccl

@@ -23,7 +23,5 @@ struct PeerInfo {
 // This process's identity (rank and bootstrap address left for the caller).
 PeerInfo local_peer_info();
 uint64_t hash64(const void* data, size_t size, uint64_t seed = 0x9e3779b97f4a7c15ull);
-// True when a process with this pid exists on this machine (kill(pid, 0)).
-bool pid_alive(int32_t pid);
 
 }  // namespace meshccl

@@ -155,17 +155,20 @@ Status comm_split(ncclComm* parent, int color, int key, ncclComm* child) {
   return finish_setup(child);
 }
 
-Status comm_finalize(ncclComm* comm) {
-  if (comm->engine) {
-    Backoff backoff;
-    Deadline dl = Deadline::from_timeout_param();
-    while (comm->engine->active() > 0) {
-      if (comm->abort_flag.load()) return MC_ERROR(ncclInvalidUsage, "ncclCommFinalize : communicator aborted");
-      if (dl.expired()) return MC_ERROR(ncclRemoteError, "ncclCommFinalize : operations still pending after MESHCCL_TIMEOUT");
-      comm->engine->progress() ? backoff.progress() : backoff.idle();
-    }
-    MC_TRY(comm->engine->fatal());
+bool comm_wait_idle(ncclComm* comm, Deadline dl) {
+  Backoff backoff;
+  while (comm->pending_ops.load() > 0 && !dl.expired()) {
+    if (comm->engine && comm->engine->progress()) backoff.progress();
+    else backoff.idle();
   }
+  return comm->pending_ops.load() == 0;
+}
+
+Status comm_finalize(ncclComm* comm) {
+  bool idle = comm_wait_idle(comm, Deadline::from_timeout_param());
+  if (comm->abort_flag.load()) return MC_ERROR(ncclInvalidUsage, "ncclCommFinalize : communicator aborted");
+  if (!idle) return MC_ERROR(ncclRemoteError, "ncclCommFinalize : operations still pending after MESHCCL_TIMEOUT");
+  if (comm->engine) MC_TRY(comm->engine->fatal());
   if (comm->bootstrap) MC_TRY(comm->bootstrap->barrier());
   comm->state.store(ncclComm::State::Finalized);
   return kOk;

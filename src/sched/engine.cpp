@@ -45,15 +45,12 @@ ScratchPool::~ScratchPool() {
 
 class PlanRun {
  public:
-  enum State : uint8_t { kWaiting, kReady, kPosted, kDone };
-
   PlanRun(std::unique_ptr<Plan> plan, uint64_t tag_base, int priority, uint64_t order)
       : plan_(std::move(plan)), tag_base_(tag_base), priority_(priority), order_(order),
         handle_(std::make_shared<OpHandle>()) {}
 
   void start(ScratchPool& pool) {
     const size_t n = plan_->size();
-    state_.assign(n, kWaiting);
     remaining_.assign(n, 0);
     reqs_.assign(n, Request{});
     // Dependents in CSR form.
@@ -88,7 +85,6 @@ class PlanRun {
   }
 
   void complete_step(uint32_t i) {
-    state_[i] = kDone;
     ++completed_;
     for (uint32_t k = dep_offsets_[i]; k < dep_offsets_[i + 1]; ++k) {
       uint32_t j = dependents_[k];
@@ -169,7 +165,6 @@ class PlanRun {
         void* dst = s.kind == StepKind::RecvReduce ? s.tmp : s.dst;
         if (s.peer == rank) {
           if (s.kind == StepKind::RecvReduce) return MC_ERROR(ncclInternalError, "reduce from self in a plan");
-          state_[i] = kPosted;
           *started = true;
           eng->self_post(is_send, tag, Engine::SelfEntry{this, i, dst, s.src, s.bytes});
           return kOk;
@@ -178,7 +173,6 @@ class PlanRun {
         if (is_send) MC_TRY(mesh->isend(s.peer, s.src, s.bytes, tag, &r));
         else MC_TRY(mesh->irecv(s.peer, dst, s.bytes, tag, &r));
         if (r.handle == nullptr) return kOk;  // transport busy: retry later
-        state_[i] = kPosted;
         inflight_.push_back(i);
         *started = true;
         return kOk;
@@ -206,7 +200,6 @@ class PlanRun {
   int priority_;
   uint64_t order_;
   std::shared_ptr<OpHandle> handle_;
-  std::vector<uint8_t> state_;
   std::vector<uint32_t> remaining_;
   std::vector<uint32_t> dep_offsets_;
   std::vector<uint32_t> dependents_;
@@ -320,41 +313,36 @@ void Engine::fail_all(Status s) {
 }
 
 Status Engine::wait(OpHandle& op) {
-  wait_for(op, -1);
+  Backoff backoff;
+  while (!op.done.load(std::memory_order_acquire)) {
+    if (progress()) backoff.progress();
+    else backoff.idle();
+    check_stalled(op);
+  }
   return op.status;
 }
 
-void Engine::wait_for(OpHandle& op, double max_us) {
-  Backoff backoff;
+void Engine::check_stalled(OpHandle& op) {
+  if (abort_ != nullptr && abort_->load(std::memory_order_relaxed)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!op.done.load()) fail_all(MC_ERROR(ncclInvalidUsage, "operation interrupted: the communicator was aborted"));
+    return;
+  }
+  // Peers are looked at only after 100 ms without progress, then every 100 ms.
+  const double now = now_us();
+  const double idle = now - last_progress_us_.load(std::memory_order_relaxed);
+  if (idle <= 100000 || now - last_check_us_.load(std::memory_order_relaxed) <= 100000) return;
+  last_check_us_.store(now, std::memory_order_relaxed);
+  Status live = liveness_ ? liveness_() : kOk;
   const double timeout_us = timeout_seconds() * 1e6;
-  const double start = now_us();
-  double last_check = start;
-  while (!op.done.load(std::memory_order_acquire)) {
-    if (max_us >= 0 && now_us() - start > max_us) return;
-    if (abort_ != nullptr && abort_->load(std::memory_order_relaxed)) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!op.done.load()) fail_all(MC_ERROR(ncclInvalidUsage, "operation interrupted: the communicator was aborted"));
-      break;
-    }
-    if (progress()) {
-      backoff.progress();
-      continue;
-    }
-    backoff.idle();
-    double now = now_us();
-    double idle = now - last_progress_us_.load(std::memory_order_relaxed);
-    if (idle > 100000 && now - last_check > 100000) {
-      last_check = now;
-      Status live = liveness_ ? liveness_() : kOk;
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!live.ok() && !op.done.load()) fail_all(live);
-      else if (timeout_us > 0 && idle > timeout_us && !op.done.load()) {
-        int peer = active_.empty() ? -1 : active_.front()->waiting_on();
-        fail_all(MC_ERROR(ncclRemoteError, "rank %d: no progress for %.0f s (MESHCCL_TIMEOUT)%s%s", rank_,
-                          idle / 1e6, peer >= 0 ? ", waiting for rank " : "",
-                          peer >= 0 ? std::to_string(peer).c_str() : ""));
-      }
-    }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (op.done.load()) return;
+  if (!live.ok()) {
+    fail_all(live);
+  } else if (timeout_us > 0 && idle > timeout_us) {
+    int peer = active_.empty() ? -1 : active_.front()->waiting_on();
+    fail_all(MC_ERROR(ncclRemoteError, "rank %d: no progress for %.0f s (MESHCCL_TIMEOUT)%s%s", rank_, idle / 1e6,
+                      peer >= 0 ? ", waiting for rank " : "", peer >= 0 ? std::to_string(peer).c_str() : ""));
   }
 }
 

@@ -51,13 +51,14 @@ class Engine {
   bool progress();
   // Drives progress until op completes, with timeout and liveness checks.
   Status wait(OpHandle& op);
-  // Same, but returns after max_us even if op is not done.
-  void wait_for(OpHandle& op, double max_us);
+  // For loops that drive several engines: fails op's communicator when it was
+  // aborted, a peer is known dead, or nothing moved for MESHCCL_TIMEOUT.
+  // Cheap unless nothing has moved for 100 ms.
+  void check_stalled(OpHandle& op);
   // Marks the communicator failed: every active and later operation ends with `s`.
   void fail_all(Status s);
   Status fatal() const { return Status(static_cast<ncclResult_t>(fatal_.load())); }
   ScratchPool& scratch() { return scratch_; }
-  size_t active() const { return nactive_.load(); }
 
   // Self-transfers (peer == rank) are matched here by tag.
   struct SelfEntry {
@@ -87,6 +88,7 @@ class Engine {
   std::map<uint64_t, std::vector<SelfEntry>> self_sends_, self_recvs_;
   std::vector<std::unique_ptr<PlanRun>> graveyard_;
   std::atomic<double> last_progress_us_{0};
+  std::atomic<double> last_check_us_{0};
 };
 
 }  // namespace meshccl

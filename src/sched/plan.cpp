@@ -96,6 +96,8 @@ void* Plan::scratch(size_t bytes) {
   return reinterpret_cast<void*>(kScratchBase + off);
 }
 
-void Plan::add_dep(StepId step, StepId dep) { late_deps_.emplace_back(step, dep); }
+void Plan::add_dep(StepId step, StepId dep) {
+  if (dep != kNoStep) late_deps_.emplace_back(step, dep);
+}
 
 }  // namespace meshccl

@@ -45,6 +45,7 @@ const char* op_kind_name(OpKind k);
 class Plan {
  public:
   using StepId = uint32_t;
+  static constexpr StepId kNoStep = ~StepId{0};
 
   // Step builders; deps are earlier step ids.
   StepId send(int peer, uint32_t tag, const void* src, size_t bytes, std::initializer_list<StepId> deps = {});
@@ -56,7 +57,8 @@ class Plan {
   StepId reduce(void* dst, const void* a, const void* b, size_t count, std::initializer_list<StepId> deps = {});
   StepId divide(void* dst, const void* src, size_t count, std::initializer_list<StepId> deps = {});
   StepId scale(void* dst, const void* src, size_t count, std::initializer_list<StepId> deps = {});
-  // Add a dependency after the fact (the step must not have started).
+  // Add a dependency after the fact (the step must not have started);
+  // dep == kNoStep adds nothing.
   void add_dep(StepId step, StepId dep);
 
   // Reserves scratch memory (from the communicator's pool, bound when the plan

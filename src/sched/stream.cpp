@@ -1,9 +1,9 @@
 #include "sched/stream.h"
 
 #include <algorithm>
-#include <unordered_set>
 
 #include "comm/comm.h"
+#include "util/live_set.h"
 #include "util/log.h"
 #include "util/wait.h"
 
@@ -18,37 +18,31 @@ Status run_launches(std::vector<Launch>& launches, int priority) {
   ops.reserve(launches.size());
   std::vector<ncclComm*> comms;
   for (Launch& l : launches) {
-    if (l.plan == nullptr) continue;
     ops.push_back({l.comm, l.comm->engine->submit(std::move(l.plan), l.tag_base, priority)});
     if (std::find(comms.begin(), comms.end(), l.comm) == comms.end()) comms.push_back(l.comm);
   }
-  if (comms.size() == 1 && ops.size() == 1) {
+  if (ops.size() == 1) {
     Status s = comms[0]->engine->wait(*ops[0].op);
     --comms[0]->pending_ops;
     return s;
   }
-  // Several communicators (one thread driving several ranks, or a group over
-  // several comms): progress them round-robin.
-  Status first = kOk;
+  // Several operations, possibly on several communicators (one thread
+  // driving several ranks): progress every engine in turn, so none waits on
+  // a peer that only this thread can move.
+  Backoff backoff;
   for (;;) {
-    bool all_done = true;
-    for (Waiting& w : ops) all_done = all_done && w.op->done.load(std::memory_order_acquire);
-    if (all_done) break;
-    // Wait on the first unfinished op; its engine's wait also polls the others
-    // through their progress, via a short bounded wait.
     bool moved = false;
     for (ncclComm* c : comms) moved |= c->engine->progress();
-    if (!moved) {
-      // No progress anywhere: let each engine run its own liveness/timeout/abort
-      // checks on one of its unfinished ops.
-      for (Waiting& w : ops) {
-        if (!w.op->done.load()) {
-          w.comm->engine->wait_for(*w.op, 1000.0);
-          break;
-        }
-      }
+    moved ? backoff.progress() : backoff.idle();
+    bool all_done = true;
+    for (Waiting& w : ops) {
+      if (w.op->done.load(std::memory_order_acquire)) continue;
+      all_done = false;
+      w.comm->engine->check_stalled(*w.op);
     }
+    if (all_done) break;
   }
+  Status first = kOk;
   for (Waiting& w : ops) {
     if (first.ok() && !w.op->status.ok()) first = w.op->status;
     --w.comm->pending_ops;
@@ -57,29 +51,18 @@ Status run_launches(std::vector<Launch>& launches, int priority) {
 }
 
 namespace {
-struct StreamRegistry {
-  std::mutex mu;
-  std::unordered_set<const void*> live;
-};
-StreamRegistry& streams() {
-  static StreamRegistry* r = new StreamRegistry();
-  return *r;
+LiveSet<meshcclStream>& live_streams() {
+  static auto* s = new LiveSet<meshcclStream>();
+  return *s;
 }
 }  // namespace
 
 meshcclStream* find_stream(const void* handle) {
-  if (handle == nullptr) return nullptr;
-  std::lock_guard<std::mutex> lock(streams().mu);
-  return streams().live.count(handle) ? static_cast<meshcclStream*>(const_cast<void*>(handle)) : nullptr;
+  if (handle == nullptr || !live_streams().contains(handle)) return nullptr;
+  return static_cast<meshcclStream*>(const_cast<void*>(handle));
 }
-void stream_register(meshcclStream* s) {
-  std::lock_guard<std::mutex> lock(streams().mu);
-  streams().live.insert(s);
-}
-void stream_unregister(meshcclStream* s) {
-  std::lock_guard<std::mutex> lock(streams().mu);
-  streams().live.erase(s);
-}
+void stream_register(meshcclStream* s) { live_streams().add(s); }
+void stream_unregister(meshcclStream* s) { live_streams().remove(s); }
 
 }  // namespace meshccl
 

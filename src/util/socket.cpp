@@ -3,8 +3,6 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ifaddrs.h>
-#include <net/if.h>
 #include <netdb.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -14,27 +12,15 @@
 #include <cstring>
 #include <vector>
 
+#include "plugins/socket/socket_iface.h"
 #include "util/log.h"
 #include "util/param.h"
 
 namespace meshccl {
 
 std::string SockAddr::str() const {
-  char host[INET6_ADDRSTRLEN] = "?";
-  char out[INET6_ADDRSTRLEN + 16];
-  if (ss.ss_family == AF_INET) {
-    auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
-    inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
-    std::snprintf(out, sizeof(out), "%s:%d", host, ntohs(a->sin_port));
-    return out;
-  }
-  if (ss.ss_family == AF_INET6) {
-    auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
-    inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
-    std::snprintf(out, sizeof(out), "[%s]:%d", host, ntohs(a->sin6_port));
-    return out;
-  }
-  return "<unset>";
+  if (ss.ss_family != AF_INET && ss.ss_family != AF_INET6) return "<unset>";
+  return plugin::socket::addr_to_string(reinterpret_cast<const sockaddr*>(&ss));
 }
 
 int SockAddr::port() const {
@@ -81,63 +67,20 @@ Status parse_host_port(const std::string& s, SockAddr* out) {
   return kOk;
 }
 
-bool ifname_matches(const std::string& spec, const std::string& name) {
-  bool exclude = !spec.empty() && spec[0] == '^';
-  size_t pos = exclude ? 1 : 0;
-  bool exact = pos < spec.size() && spec[pos] == '=';
-  if (exact) ++pos;
-  bool hit = false;
-  while (pos <= spec.size()) {
-    size_t end = spec.find(',', pos);
-    if (end == std::string::npos) end = spec.size();
-    std::string tok = spec.substr(pos, end - pos);
-    if (!tok.empty() && (exact ? name == tok : name.compare(0, tok.size(), tok) == 0)) hit = true;
-    pos = end + 1;
-  }
-  return exclude ? !hit : hit;
-}
-
 Status pick_interface(SockAddr* out, std::string* ifname) {
   std::string spec = param_str(Param::SocketIfname);
   std::string fam = param_str(Param::SocketFamily);
-  int want_family = fam == "AF_INET" ? AF_INET : fam == "AF_INET6" ? AF_INET6 : AF_UNSPEC;
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return MC_ERROR(ncclSystemError, "getifaddrs failed: %s", strerror(errno));
-  const ifaddrs* best = nullptr;
-  const ifaddrs* loopback = nullptr;
-  for (const ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
-    if (i->ifa_addr == nullptr || !(i->ifa_flags & IFF_UP)) continue;
-    int f = i->ifa_addr->sa_family;
-    if (f != AF_INET && f != AF_INET6) continue;
-    if (want_family != AF_UNSPEC && f != want_family) continue;
-    std::string name = i->ifa_name;
-    if (f == AF_INET6) {
-      auto* a6 = reinterpret_cast<const sockaddr_in6*>(i->ifa_addr);
-      if (IN6_IS_ADDR_LINKLOCAL(&a6->sin6_addr)) continue;  // needs a scope id; skip
-    }
-    if (!spec.empty()) {
-      if (ifname_matches(spec, name) && best == nullptr) best = i;
-      continue;
-    }
-    if (i->ifa_flags & IFF_LOOPBACK) {
-      if (loopback == nullptr && f == AF_INET) loopback = i;
-      continue;
-    }
-    if (name.compare(0, 6, "docker") == 0 || name.compare(0, 4, "virbr") == 0) continue;
-    if (best == nullptr || (best->ifa_addr->sa_family == AF_INET6 && f == AF_INET)) best = i;
-  }
-  if (best == nullptr) best = spec.empty() ? loopback : nullptr;
-  if (best == nullptr) {
-    freeifaddrs(list);
-    return MC_ERROR(ncclSystemError, "no usable network interface%s%s", spec.empty() ? "" : " matches MESHCCL_SOCKET_IFNAME=", spec.c_str());
-  }
-  size_t len = best->ifa_addr->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+  int family = fam == "AF_INET" ? AF_INET : fam == "AF_INET6" ? AF_INET6 : AF_UNSPEC;
+  std::vector<plugin::socket::Iface> all = plugin::socket::list_ifaces();
+  int i = plugin::socket::pick_iface(all, spec.c_str(), family);
+  if (i < 0)
+    return MC_ERROR(ncclSystemError, "no usable network interface%s%s",
+                    spec.empty() ? "" : " matches MESHCCL_SOCKET_IFNAME=", spec.c_str());
   std::memset(&out->ss, 0, sizeof(out->ss));
-  std::memcpy(&out->ss, best->ifa_addr, len);
-  out->len = static_cast<socklen_t>(len);
+  std::memcpy(&out->ss, &all[i].addr, all[i].addr_len);
+  out->len = all[i].addr_len;
   out->set_port(0);
-  if (ifname) *ifname = best->ifa_name;
-  freeifaddrs(list);
+  if (ifname) *ifname = all[i].name;
   return kOk;
 }
 

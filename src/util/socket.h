@@ -22,12 +22,10 @@ struct SockAddr {
 
 // Parses "host:port", "[v6]:port" or "ipv4:port"; resolves host names.
 Status parse_host_port(const std::string& s, SockAddr* out);
-// The address to listen on: MESHCCL_SOCKET_IFNAME rules (prefix list, ^
-// excludes, = exact), else the first up non-loopback non-docker interface,
-// else loopback. Port 0.
+// The address to listen on, chosen by the same rules as the socket
+// transport (plugins/socket/socket_iface.h: MESHCCL_SOCKET_IFNAME,
+// MESHCCL_SOCKET_FAMILY). Port 0.
 Status pick_interface(SockAddr* out, std::string* ifname);
-// Matches an interface name against an NCCL-style list.
-bool ifname_matches(const std::string& spec, const std::string& name);
 
 class Socket {
  public:

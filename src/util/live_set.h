@@ -1,0 +1,32 @@
+// The set of live objects of one kind (communicators, host streams), so an
+// API call can tell a live handle from a destroyed or foreign one without
+// dereferencing it.
+#pragma once
+
+#include <mutex>
+#include <unordered_set>
+
+namespace meshccl {
+
+template <typename T>
+class LiveSet {
+ public:
+  void add(const T* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_.insert(p);
+  }
+  void remove(const T* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    live_.erase(p);
+  }
+  bool contains(const void* p) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return live_.count(static_cast<const T*>(p)) != 0;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::unordered_set<const T*> live_;
+};
+
+}  // namespace meshccl
