@@ -15,8 +15,6 @@ Counts GetCounts(size_t bytes, size_t elt, int n) {
   return c;
 }
 
-double AlgBytes(const Counts& c, size_t elt, int) { return static_cast<double>(c.recv_count * elt); }
-double BusFactor(int n) { return static_cast<double>(n - 1) / n; }
 
 void Init(const InitArgs& a) {
   const size_t base = a.counts->param_count;
@@ -31,7 +29,7 @@ ncclResult_t Call(const CallArgs& a) {
   return ncclAlltoAll(a.send, a.recv, a.counts->param_count, a.type->type, a.comm, a.stream);
 }
 
-const CollTest kTest{"AlltoAll", false, false, false, false, false, GetCounts, AlgBytes, BusFactor,
+const CollTest kTest{"AlltoAll", false, false, false, false, false, GetCounts, RecvBytes, RingBusFactor,
                      Init, Call, nullptr};
 
 }  // namespace

@@ -8,18 +8,6 @@ namespace {
 
 using namespace perf;
 
-Counts GetCounts(size_t bytes, size_t elt, int n) {
-  Counts c;
-  const size_t base = AlignedBase(bytes, elt, n);
-  c.send_count = c.param_count = base;
-  c.recv_count = base * n;
-  c.send_inplace_offset = base;
-  return c;
-}
-
-double AlgBytes(const Counts& c, size_t elt, int) { return static_cast<double>(c.recv_count * elt); }
-double BusFactor(int n) { return static_cast<double>(n - 1) / n; }
-
 void Init(const InitArgs& a) {
   const size_t base = a.counts->send_count;
   const size_t elt = a.spec->type->size;
@@ -39,7 +27,7 @@ ncclResult_t Call(const CallArgs& a) {
                     a.stream);
 }
 
-const CollTest kTest{"Gather", false, true, false, true, true, GetCounts, AlgBytes, BusFactor, Init,
+const CollTest kTest{"Gather", false, true, false, true, true, BlockToAllCounts, RecvBytes, RingBusFactor, Init,
                      Call, nullptr};
 
 }  // namespace

@@ -9,15 +9,6 @@ namespace {
 
 using namespace perf;
 
-Counts GetCounts(size_t bytes, size_t elt, int n) {
-  Counts c;
-  const size_t base = AlignedBase(bytes, elt, n);
-  c.send_count = c.param_count = base;
-  c.recv_count = base * n;
-  c.send_inplace_offset = base;
-  return c;
-}
-
 double AlgBytes(const Counts& c, size_t elt, int n) {
   return static_cast<double>((n - 1) * c.param_count * elt);
 }
@@ -64,7 +55,7 @@ bool Unsupported(int n, char* why, size_t len) {
   return true;
 }
 
-const CollTest kTest{"HyperCube", false, false, true, true, true, GetCounts, AlgBytes, BusFactor,
+const CollTest kTest{"HyperCube", false, false, true, true, true, BlockToAllCounts, AlgBytes, BusFactor,
                      Init, Call, Unsupported};
 
 }  // namespace

@@ -6,18 +6,6 @@ namespace {
 
 using namespace perf;
 
-Counts GetCounts(size_t bytes, size_t elt, int n) {
-  Counts c;
-  const size_t base = AlignedBase(bytes, elt, n);
-  c.send_count = base * n;
-  c.recv_count = c.param_count = base;
-  c.recv_inplace_offset = base;
-  return c;
-}
-
-double AlgBytes(const Counts& c, size_t elt, int) { return static_cast<double>(c.send_count * elt); }
-double BusFactor(int n) { return static_cast<double>(n - 1) / n; }
-
 void Init(const InitArgs& a) {
   const size_t base = a.counts->recv_count;
   if (a.rank == a.root) FillInput(*a.spec, 0, 0, a.counts->send_count, a.send);
@@ -30,7 +18,7 @@ ncclResult_t Call(const CallArgs& a) {
                      a.stream);
 }
 
-const CollTest kTest{"Scatter", false, true, false, true, true, GetCounts, AlgBytes, BusFactor, Init,
+const CollTest kTest{"Scatter", false, true, false, true, true, AllToBlockCounts, SendBytes, RingBusFactor, Init,
                      Call, nullptr};
 
 }  // namespace

@@ -71,6 +71,17 @@ struct CollTest {
 // The per-rank count of the (r) collectives: floor(c/n) rounded down to a
 // multiple of 16 bytes worth of elements.
 size_t AlignedBase(size_t bytes, size_t elt, int nranks);
+// One block in, n blocks out (AllGather, Gather, HyperCube); in place the
+// input is block `rank` of the output.
+Counts BlockToAllCounts(size_t bytes, size_t elt, int nranks);
+// n blocks in, one block out (ReduceScatter, Scatter); in place the output is
+// block `rank` of the input.
+Counts AllToBlockCounts(size_t bytes, size_t elt, int nranks);
+// Algorithm bytes = the larger buffer, for the two shapes above.
+double RecvBytes(const Counts& c, size_t elt, int nranks);
+double SendBytes(const Counts& c, size_t elt, int nranks);
+// busbw factor of collectives where each byte crosses n-1 of n links.
+double RingBusFactor(int nranks);
 
 // The whole program: parse flags, create ranks, sweep, print, exit status.
 int RunMain(const CollTest& test, int argc, char** argv);

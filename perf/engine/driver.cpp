@@ -535,6 +535,28 @@ int Exit(Groups& g, Status s) {
 
 }  // namespace
 
+Counts BlockToAllCounts(size_t bytes, size_t elt, int nranks) {
+  Counts c;
+  const size_t base = AlignedBase(bytes, elt, nranks);
+  c.send_count = c.param_count = base;
+  c.recv_count = base * nranks;
+  c.send_inplace_offset = base;
+  return c;
+}
+
+Counts AllToBlockCounts(size_t bytes, size_t elt, int nranks) {
+  Counts c;
+  const size_t base = AlignedBase(bytes, elt, nranks);
+  c.send_count = base * nranks;
+  c.recv_count = c.param_count = base;
+  c.recv_inplace_offset = base;
+  return c;
+}
+
+double RecvBytes(const Counts& c, size_t elt, int) { return static_cast<double>(c.recv_count * elt); }
+double SendBytes(const Counts& c, size_t elt, int) { return static_cast<double>(c.send_count * elt); }
+double RingBusFactor(int nranks) { return static_cast<double>(nranks - 1) / nranks; }
+
 size_t AlignedBase(size_t bytes, size_t elt, int nranks) {
   const size_t c = bytes / elt;
   const size_t align = std::max<size_t>(1, 16 / elt);
