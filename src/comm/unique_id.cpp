@@ -1,9 +1,12 @@
 #include "comm/unique_id.h"
 
 #include <arpa/inet.h>
+#include <poll.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 
 #include <array>
+#include <cerrno>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -48,29 +51,29 @@ void send_reply(const Socket& s, ncclResult_t code, const std::string& msg) {
   (void)socket_send_all(s, &r, sizeof(r), Deadline::after(5), nullptr);
 }
 
+// A connection whose greeting is still arriving.
+struct Pending {
+  Socket sock;
+  Hello hello{};
+  size_t got = 0;
+  double deadline_us = 0;
+};
+
 // Serves one rendezvous, then exits. Runs detached: it owns its sockets.
+// Greetings are read from all connections at once, so a stray connection
+// that sends little or nothing never holds up the real ranks.
 void root_main(Socket listener, std::array<uint8_t, kSecretBytes> secret) {
   Deadline dl = Deadline::from_timeout_param();
   std::vector<Socket> conns;
   std::vector<PeerInfo> infos;
+  std::vector<Pending> pending;
   int nranks = -1;
   int joined = 0;
-  while (nranks < 0 || joined < nranks) {
-    Socket c;
-    Status s = socket_accept(listener, dl, nullptr, &c);
-    if (!s.ok()) {
-      MC_WARN("bootstrap root: only %d of %d ranks joined before MESHCCL_TIMEOUT", joined, nranks);
-      return;  // sockets close; waiting ranks see the error
-    }
-    Hello h{};
-    // Bounded so that a stray connection delays the real ranks by at most 2 s.
-    if (!socket_recv_all(c, &h, sizeof(h), Deadline::after(2), nullptr).ok()) {
-      MC_WARN("bootstrap root: dropped a connection that sent no valid greeting");
-      continue;
-    }
+  // Admits a complete greeting; false when the rendezvous cannot succeed.
+  auto admit = [&](Socket c, const Hello& h) -> bool {
     if (h.magic != kIdMagic || std::memcmp(h.secret, secret.data(), kSecretBytes) != 0) {
       MC_WARN("bootstrap root: refused a connection that did not present this id's secret");
-      continue;
+      return true;
     }
     std::string err;
     if (h.nranks <= 0 || h.nranks > (1 << 20)) err = "invalid nranks " + std::to_string(h.nranks);
@@ -90,11 +93,52 @@ void root_main(Socket listener, std::array<uint8_t, kSecretBytes> secret) {
       send_reply(c, ncclInvalidUsage, err);
       for (auto& other : conns)
         if (other.valid()) send_reply(other, ncclInvalidUsage, err);
-      return;
+      return false;
     }
     conns[h.rank] = std::move(c);
     infos[h.rank] = h.info;
     ++joined;
+    return true;
+  };
+  while (nranks < 0 || joined < nranks) {
+    if (dl.expired()) {
+      MC_WARN("bootstrap root: only %d of %d ranks joined before MESHCCL_TIMEOUT", joined, nranks);
+      return;  // sockets close; waiting ranks see the error
+    }
+    std::vector<pollfd> fds{{listener.fd(), POLLIN, 0}};
+    for (const Pending& p : pending) fds.push_back({p.sock.fd(), POLLIN, 0});
+    if (::poll(fds.data(), fds.size(), 100) < 0 && errno != EINTR) {
+      MC_WARN("bootstrap root: poll failed: %s", strerror(errno));
+      return;
+    }
+    const double now = now_us();
+    std::vector<Pending> still;
+    for (size_t k = 0; k < pending.size(); ++k) {
+      Pending& p = pending[k];
+      if (fds[k + 1].revents != 0) {
+        ssize_t n = ::recv(p.sock.fd(), reinterpret_cast<char*>(&p.hello) + p.got, sizeof(Hello) - p.got,
+                           MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+          MC_WARN("bootstrap root: dropped a connection that closed before a full greeting");
+          continue;
+        }
+        if (n > 0) p.got += static_cast<size_t>(n);
+        if (p.got == sizeof(Hello)) {
+          if (!admit(std::move(p.sock), p.hello)) return;
+          continue;
+        }
+      }
+      if (now > p.deadline_us) {
+        MC_WARN("bootstrap root: dropped a connection that sent no complete greeting within 10 s");
+        continue;
+      }
+      still.push_back(std::move(p));
+    }
+    pending.swap(still);
+    if (fds[0].revents & POLLIN) {
+      int fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd >= 0) pending.push_back(Pending{Socket(fd), Hello{}, 0, now + 10e6});
+    }
   }
   for (int r = 0; r < nranks; ++r) {
     Reply ok{};

@@ -455,15 +455,7 @@ TEST(StrayConnection, LongGarbageHeldOpen) {
 
 // A peer that sends a few bytes and then goes quiet must not hold up the
 // ranks that connect after it.
-// DISABLED: fails today. The bootstrap root (root_main in
-// src/comm/unique_id.cpp) accepts one connection at a time and reads its
-// whole greeting with a 10 s deadline before it accepts the next, so a
-// connection that sends less than a greeting and stays open stalls the
-// rendezvous for 10 s; with MESHCCL_TIMEOUT=10 both ranks fail with
-// ncclRemoteError ("bootstrap rendezvous ... failed (not all 2 ranks
-// joined?)"). Enable once the root reads greetings from several connections
-// at once (poll) or drops a silent one quickly.
-TEST(StrayConnection, DISABLED_ShortGarbageHeldOpen) {
+TEST(StrayConnection, ShortGarbageHeldOpen) {
   set_timeout_env();
   ncclUniqueId id;
   ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
