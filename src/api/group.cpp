@@ -66,9 +66,7 @@ Status launch(std::vector<PendingOp>& ops) {
   }
   for (auto& [stream, launches] : per_stream) stream->enqueue(std::move(launches));
   if (inline_launches.empty()) return kOk;
-  Status s = run_launches(inline_launches, kLeastPriority);
-  for (Launch& l : inline_launches) --l.comm->users;
-  return s;
+  return run_launches(inline_launches, kLeastPriority);
 }
 
 Status group_end() {

@@ -47,6 +47,11 @@ void print_version_once() {
 }
 
 Status finish_setup(ncclComm* comm) {
+  // Ranks sharing this machine's cores (emulated hosts included) decide how
+  // long waits may poll.
+  int local = 0;
+  for (const PeerInfo& p : comm->peers) local += p.machine_hash == comm->peers[comm->rank].machine_hash;
+  note_local_ranks(local);
   MC_TRY(Mesh::connect_all(*comm->bootstrap, comm->peers, &comm->abort_flag, &comm->mesh));
   comm->engine = std::make_unique<Engine>(comm->rank, comm->mesh.get(), &comm->abort_flag,
                                           [comm] { return comm->check_peers(); });

@@ -5,49 +5,51 @@
 #include "comm/comm.h"
 #include "util/live_set.h"
 #include "util/log.h"
+#include "util/param.h"
 #include "util/wait.h"
 
 namespace meshccl {
 
-Status run_launches(std::vector<Launch>& launches, int priority) {
-  struct Waiting {
-    ncclComm* comm;
-    std::shared_ptr<OpHandle> op;
-  };
-  std::vector<Waiting> ops;
-  ops.reserve(launches.size());
-  std::vector<ncclComm*> comms;
+Submitted::Submitted(std::vector<Launch>& launches, int priority) {
+  ops_.reserve(launches.size());
   for (Launch& l : launches) {
-    ops.push_back({l.comm, l.comm->engine->submit(std::move(l.plan), l.tag_base, priority)});
-    if (std::find(comms.begin(), comms.end(), l.comm) == comms.end()) comms.push_back(l.comm);
+    ops_.push_back({l.comm, l.comm->engine->submit(std::move(l.plan), l.tag_base, priority)});
+    if (std::find(comms_.begin(), comms_.end(), l.comm) == comms_.end()) comms_.push_back(l.comm);
   }
-  if (ops.size() == 1) {
-    Status s = comms[0]->engine->wait(*ops[0].op);
-    --comms[0]->pending_ops;
-    return s;
-  }
-  // Several operations, possibly on several communicators (one thread
-  // driving several ranks): progress every engine in turn, so none waits on
-  // a peer that only this thread can move.
-  Backoff backoff;
-  for (;;) {
-    bool moved = false;
-    for (ncclComm* c : comms) moved |= c->engine->progress();
-    moved ? backoff.progress() : backoff.idle();
-    bool all_done = true;
-    for (Waiting& w : ops) {
-      if (w.op->done.load(std::memory_order_acquire)) continue;
-      all_done = false;
-      w.comm->engine->check_stalled(*w.op);
-    }
-    if (all_done) break;
-  }
+}
+
+bool Submitted::poll() {
+  // Every engine in turn, so none waits on a peer that only this thread can
+  // move (one thread driving several ranks).
+  bool moved = false;
+  for (ncclComm* c : comms_) moved |= c->engine->progress();
+  for (Waiting& w : ops_)
+    if (!w.op->done.load(std::memory_order_acquire)) w.comm->engine->check_stalled(*w.op);
+  return moved;
+}
+
+bool Submitted::done() const {
+  for (const Waiting& w : ops_)
+    if (!w.op->done.load(std::memory_order_acquire)) return false;
+  return true;
+}
+
+Status Submitted::finish() {
   Status first = kOk;
-  for (Waiting& w : ops) {
+  for (Waiting& w : ops_) {
     if (first.ok() && !w.op->status.ok()) first = w.op->status;
     --w.comm->pending_ops;
+    --w.comm->users;
   }
+  ops_.clear();
   return first;
+}
+
+Status run_launches(std::vector<Launch>& launches, int priority) {
+  Submitted sub(launches, priority);
+  Backoff backoff;
+  while (!sub.done()) sub.poll() ? backoff.progress() : backoff.idle();
+  return sub.finish();
 }
 
 namespace {
@@ -78,41 +80,83 @@ meshcclStream::~meshcclStream() {
 }
 
 void meshcclStream::enqueue(std::vector<meshccl::Launch> launches) {
+  bool idle;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    idle = !has_work_locked();
     queue_.push_back(std::move(launches));
     enqueued_.fetch_add(1);
+  }
+  if (idle) {
+    // Run it here for a little while: a small operation whose peers are ready
+    // completes without waking the worker.
+    const double budget_us = static_cast<double>(meshccl::param_int(meshccl::Param::InlineUs));
+    const double until = meshccl::now_us() + budget_us;
+    do {
+      drive();
+    } while (completed_.load(std::memory_order_acquire) < enqueued_.load() && meshccl::now_us() < until);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!has_work_locked()) return;
   }
   cv_work_.notify_one();
 }
 
-void meshcclStream::worker() {
+bool meshcclStream::drive() {
+  std::unique_lock<std::mutex> driving(drive_mu_, std::try_to_lock);
+  if (!driving.owns_lock()) return false;
+  bool moved = false;
   for (;;) {
-    std::vector<meshccl::Launch> item;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_work_.wait(lock, [&] { return shutdown_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // shutdown with nothing left
-      item = std::move(queue_.front());
-      queue_.pop_front();
+    if (running_ == nullptr) {
+      std::vector<meshccl::Launch> item;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (queue_.empty()) return moved;
+        item = std::move(queue_.front());
+        queue_.pop_front();
+        // running_ is set before mu_ is released: the stream never looks idle
+        // between the pop and the submit.
+        running_ = std::make_unique<meshccl::Submitted>(item, priority);
+      }
+      moved = true;
     }
-    meshccl::Status s = meshccl::run_launches(item, priority);
-    for (meshccl::Launch& l : item) --l.comm->users;
+    moved |= running_->poll();
+    if (!running_->done()) return moved;
+    meshccl::Status s = running_->finish();
     {
       std::lock_guard<std::mutex> lock(mu_);
+      running_.reset();
       if (!s.ok() && error_.ok()) error_ = s;
-      completed_.fetch_add(1);
+      completed_.fetch_add(1, std::memory_order_release);
     }
-    cv_done_.notify_all();
+    moved = true;
+  }
+}
+
+void meshcclStream::worker() {
+  meshccl::Backoff backoff;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_work_.wait(lock, [&] { return (shutdown_ && syncers_.load() == 0) || (has_work_locked() && syncers_.load() == 0); });
+      if (!has_work_locked()) return;  // shutdown with nothing left
+    }
+    drive() ? backoff.progress() : backoff.idle();
   }
 }
 
 meshccl::Status meshcclStream::synchronize() {
-  uint64_t target = enqueued_.load();
+  const uint64_t target = enqueued_.load();
+  ++syncers_;
   meshccl::Backoff backoff;
-  for (int i = 0; i < 2200 && completed_.load(std::memory_order_acquire) < target; ++i) backoff.idle();
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_done_.wait(lock, [&] { return completed_.load() >= target; });
+  while (completed_.load(std::memory_order_acquire) < target) drive() ? backoff.progress() : backoff.idle();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    --syncers_;
+  }
+  cv_work_.notify_one();
+  std::lock_guard<std::mutex> lock(mu_);
   return error_;
 }
 

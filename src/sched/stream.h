@@ -17,6 +17,8 @@ struct ncclComm;
 
 namespace meshccl {
 
+struct OpHandle;
+
 // One operation ready to run on one communicator.
 struct Launch {
   ncclComm* comm = nullptr;
@@ -24,8 +26,29 @@ struct Launch {
   uint64_t tag_base = 0;
 };
 
-// Submits every launch, then drives all their engines until all complete
-// (timeouts, liveness, abort honoured). Returns the first error.
+// Launches handed to the engines, waiting to complete.
+class Submitted {
+ public:
+  // Submits every launch to its communicator's engine.
+  Submitted(std::vector<Launch>& launches, int priority);
+  // One progress pass over the engines involved (timeouts, liveness and abort
+  // honoured); true when something moved. done() tells when all completed.
+  bool poll();
+  bool done() const;
+  // After done(): releases the communicators and returns the first error.
+  Status finish();
+
+ private:
+  struct Waiting {
+    ncclComm* comm;
+    std::shared_ptr<OpHandle> op;
+  };
+  std::vector<Waiting> ops_;
+  std::vector<ncclComm*> comms_;
+};
+
+// Submits every launch, then drives all their engines until all complete.
+// Returns the first error.
 Status run_launches(std::vector<Launch>& launches, int priority);
 
 constexpr int kLeastPriority = 0;
@@ -33,6 +56,11 @@ constexpr int kGreatestPriority = -3;
 
 }  // namespace meshccl
 
+// A host stream runs its work in order. Whoever waits on it drives it: the
+// thread that enqueues (while the stream is idle, for a short bounded time, so
+// small operations complete without a hand-off), a thread in synchronize, and
+// otherwise the stream's worker thread, which stands aside while a
+// synchronizing thread drives.
 struct meshcclStream {
   explicit meshcclStream(int priority);
   ~meshcclStream();
@@ -46,13 +74,19 @@ struct meshcclStream {
 
  private:
   void worker();
+  // One pass: starts the next item when none runs, polls the running one,
+  // retires it when done. False when nothing moved or another thread drives.
+  bool drive();
+  bool has_work_locked() const { return running_ != nullptr || !queue_.empty(); }
 
-  std::mutex mu_;
+  std::mutex mu_;     // queue_, running_ hand-over, error_, counters' waiters
+  std::mutex drive_mu_;  // held by the one thread driving
   std::condition_variable cv_work_;
-  std::condition_variable cv_done_;
   std::deque<std::vector<meshccl::Launch>> queue_;
+  std::unique_ptr<meshccl::Submitted> running_;
   std::atomic<uint64_t> enqueued_{0};
   std::atomic<uint64_t> completed_{0};
+  std::atomic<int> syncers_{0};
   meshccl::Status error_;
   bool shutdown_ = false;
   std::thread thread_;

@@ -1,6 +1,9 @@
 #include "util/wait.h"
 
 #include <sched.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <time.h>
 
 #include "util/param.h"
@@ -17,12 +20,24 @@
 namespace meshccl {
 
 namespace {
+std::atomic<int> g_local_ranks{0};
+
+int online_cores() {
+  static const int n = [] {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+    long c = sysconf(_SC_NPROCESSORS_ONLN);
+    return c > 0 ? static_cast<int>(c) : 1;
+  }();
+  return n;
+}
+
 struct BackoffConfig {
   uint32_t spin;
-  uint32_t yield;
-  BackoffConfig()
-      : spin(static_cast<uint32_t>(param_int(Param::SpinCount))),
-        yield(static_cast<uint32_t>(param_int(Param::YieldCount))) {}
+  int64_t yield;  // < 0: chosen from the host's load
+  BackoffConfig() : spin(static_cast<uint32_t>(param_int(Param::SpinCount))) {
+    yield = param_env(Param::YieldCount) != nullptr ? param_int(Param::YieldCount) : -1;
+  }
 };
 const BackoffConfig& backoff_config() {
   static const BackoffConfig c;
@@ -30,7 +45,18 @@ const BackoffConfig& backoff_config() {
 }
 }  // namespace
 
-Backoff::Backoff() : spin_(backoff_config().spin), yield_(backoff_config().yield) {}
+void note_local_ranks(int n) {
+  int cur = g_local_ranks.load(std::memory_order_relaxed);
+  while (n > cur && !g_local_ranks.compare_exchange_weak(cur, n)) {
+  }
+}
+
+bool host_oversubscribed() { return g_local_ranks.load(std::memory_order_relaxed) > online_cores(); }
+
+Backoff::Backoff() : spin_(backoff_config().spin) {
+  const int64_t y = backoff_config().yield;
+  yield_ = static_cast<uint32_t>(y >= 0 ? y : host_oversubscribed() ? 200 : 20000);
+}
 
 void Backoff::idle() {
   ++n_;

@@ -1,7 +1,9 @@
 // Polling waits that stay cheap when a peer answers quickly and polite when it
 // does not: spin (with a CPU pause), then sched_yield, then short sleeps that
 // grow to a cap. Oversubscribed ranks (8 on 2 cores) thus leave the CPU to the
-// peer they wait for. Deadline bounds every wait.
+// peer they wait for. Deadline bounds every wait. While a host runs no more
+// ranks than it has cores, a wait yields far longer before it sleeps: a sleep
+// costs tens of microseconds of latency when the peer answers.
 #pragma once
 
 #include <chrono>
@@ -22,6 +24,11 @@ class Backoff {
   uint32_t spin_;
   uint32_t yield_;
 };
+
+// Records that this process takes part in a communicator with `n` ranks on
+// this host; the largest count seen decides whether waits may oversubscribe.
+void note_local_ranks(int n);
+bool host_oversubscribed();
 
 class Deadline {
  public:
