@@ -14,6 +14,15 @@ const std::vector<Algorithm>& algorithm_table() {
       {"direct", OpKind::Scatter, build_direct_scatter},
       {"p2p", OpKind::Send, build_p2p},
       {"p2p", OpKind::Recv, build_p2p},
+      // Not plans: make_run starts them (direct_shm.cpp).
+      {kDirectShm, OpKind::AllReduce, nullptr},
+      {kDirectShm, OpKind::Broadcast, nullptr},
+      {kDirectShm, OpKind::Reduce, nullptr},
+      {kDirectShm, OpKind::AllGather, nullptr},
+      {kDirectShm, OpKind::ReduceScatter, nullptr},
+      {kDirectShm, OpKind::AlltoAll, nullptr},
+      {kDirectShm, OpKind::Gather, nullptr},
+      {kDirectShm, OpKind::Scatter, nullptr},
   };
   return table;
 }

@@ -12,6 +12,9 @@
 
 namespace meshccl {
 
+class Run;
+class NodeRegion;
+
 struct OpDesc {
   OpKind kind = OpKind::AllReduce;
   const void* sendbuff = nullptr;
@@ -43,6 +46,14 @@ const std::vector<Algorithm>& algorithm_table();
 
 // Picks an algorithm (MESHCCL_ALGO / NCCL_ALGO first) and builds the plan.
 Status make_plan(const OpDesc& op, std::unique_ptr<Plan>* out);
+// Picks between the direct shared-memory algorithm (when the communicator has
+// a shared region) and a plan; the result is ready for Engine::submit.
+// tag_base names the plan's messages (see api/enqueue).
+Status make_run(const OpDesc& op, NodeRegion* node, uint64_t tag_base, std::unique_ptr<Run>* out);
+// True unless MESHCCL_ALGO / NCCL_ALGO rules `name` out for this collective.
+bool algorithm_allowed(OpKind kind, const char* name);
+// True when MESHCCL_ALGO names `name` for this collective explicitly.
+bool algorithm_forced(OpKind kind, const char* name);
 
 // Builders, one per file.
 Status build_p2p(const OpDesc& op, Plan* plan);
@@ -54,6 +65,11 @@ Status build_chain_reduce(const OpDesc& op, Plan* plan);
 Status build_pairwise_alltoall(const OpDesc& op, Plan* plan);
 Status build_direct_gather(const OpDesc& op, Plan* plan);
 Status build_direct_scatter(const OpDesc& op, Plan* plan);
+// The direct shared-memory algorithm (not a plan): a run for op over the
+// shared region, or null when it does not apply (the op needs more than
+// max_bytes of slot per rank, or more than one slot for a one-round kind).
+std::unique_ptr<Run> make_direct_run(NodeRegion* node, const OpDesc& op, size_t max_bytes);
+constexpr const char* kDirectShm = "direct_shm";
 
 // Shared helpers for builders.
 namespace detail {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "collectives/algorithms.h"
+#include "sched/engine.h"
 #include "util/log.h"
 #include "util/param.h"
 
@@ -44,44 +45,78 @@ Status rule_for(const std::string& spec, OpKind kind, std::string* out) {
   return kOk;
 }
 
+// The algorithm names MESHCCL_ALGO lists for this collective (empty: no
+// rule); *exclude for a ^list.
+Status parse_rule(OpKind kind, std::vector<std::string>* names, bool* exclude) {
+  names->clear();
+  *exclude = false;
+  std::string spec = param_str(Param::Algo);
+  if (spec.empty() || kind == OpKind::Send || kind == OpKind::Recv) return kOk;
+  const auto& table = algorithm_table();
+  std::string rule;
+  MC_TRY(rule_for(spec, kind, &rule));
+  *exclude = !rule.empty() && rule[0] == '^';
+  size_t pos = *exclude ? 1 : 0;
+  while (!rule.empty() && pos <= rule.size()) {
+    size_t end = rule.find(',', pos);
+    if (end == std::string::npos) end = rule.size();
+    std::string name = rule.substr(pos, end - pos);
+    pos = end + 1;
+    if (name.empty()) continue;
+    bool known = std::any_of(table.begin(), table.end(), [&](const Algorithm& a) { return name == a.name; });
+    if (!known) return MC_ERROR(ncclInvalidUsage, "MESHCCL_ALGO=\"%s\": unknown algorithm \"%s\"", spec.c_str(), name.c_str());
+    names->push_back(name);
+  }
+  return kOk;
+}
+
+bool allowed_by(const std::vector<std::string>& names, bool exclude, const char* name) {
+  bool listed = std::find(names.begin(), names.end(), name) != names.end();
+  return names.empty() || listed != exclude;
+}
+
 }  // namespace
+
+bool algorithm_allowed(OpKind kind, const char* name) {
+  std::vector<std::string> names;
+  bool exclude = false;
+  if (!parse_rule(kind, &names, &exclude).ok()) return false;
+  return allowed_by(names, exclude, name);
+}
+
+bool algorithm_forced(OpKind kind, const char* name) {
+  std::vector<std::string> names;
+  bool exclude = false;
+  if (!parse_rule(kind, &names, &exclude).ok()) return false;
+  return !exclude && std::find(names.begin(), names.end(), name) != names.end();
+}
 
 Status make_plan(const OpDesc& op, std::unique_ptr<Plan>* out) {
   const auto& table = algorithm_table();
+  std::vector<std::string> names;
+  bool exclude = false;
+  MC_TRY(parse_rule(op.kind, &names, &exclude));
   const Algorithm* pick = nullptr;
-  std::string spec = param_str(Param::Algo);
-  if (!spec.empty() && op.kind != OpKind::Send && op.kind != OpKind::Recv) {
-    std::string rule;
-    MC_TRY(rule_for(spec, op.kind, &rule));
-    bool exclude = !rule.empty() && rule[0] == '^';
-    std::vector<std::string> names;
-    size_t pos = exclude ? 1 : 0;
-    while (!rule.empty() && pos <= rule.size()) {
-      size_t end = rule.find(',', pos);
-      if (end == std::string::npos) end = rule.size();
-      std::string name = rule.substr(pos, end - pos);
-      pos = end + 1;
-      if (name.empty()) continue;
-      bool known = std::any_of(table.begin(), table.end(), [&](const Algorithm& a) { return name == a.name; });
-      if (!known) return MC_ERROR(ncclInvalidUsage, "MESHCCL_ALGO=\"%s\": unknown algorithm \"%s\"", spec.c_str(), name.c_str());
-      names.push_back(name);
+  const Algorithm* fallback = nullptr;
+  for (const Algorithm& a : table) {
+    if (a.kind != op.kind || a.build == nullptr) continue;
+    if (fallback == nullptr) fallback = &a;
+    if (allowed_by(names, exclude, a.name)) {
+      pick = &a;
+      break;
     }
-    for (const Algorithm& a : table) {
-      if (a.kind != op.kind) continue;
-      bool listed = std::find(names.begin(), names.end(), a.name) != names.end();
-      if (names.empty() || listed != exclude) {
-        pick = &a;
-        break;
-      }
-    }
-    if (pick == nullptr)
-      return MC_ERROR(ncclInvalidUsage, "MESHCCL_ALGO=\"%s\" leaves no algorithm for %s", spec.c_str(), op_kind_name(op.kind));
-  } else {
-    for (const Algorithm& a : table)
-      if (a.kind == op.kind) {
-        pick = &a;
-        break;
-      }
+  }
+  if (pick == nullptr) {
+    // Only non-plan algorithms are allowed, and they cannot run this op.
+    bool any = std::any_of(table.begin(), table.end(), [&](const Algorithm& a) {
+      return a.kind == op.kind && allowed_by(names, exclude, a.name);
+    });
+    if (!any)
+      return MC_ERROR(ncclInvalidUsage, "MESHCCL_ALGO=\"%s\" leaves no algorithm for %s", param_str(Param::Algo).c_str(),
+                      op_kind_name(op.kind));
+    MC_INFO(kTune, "%s: the algorithm MESHCCL_ALGO allows cannot run %zu elements here; using %s",
+            op_kind_name(op.kind), op.count, fallback != nullptr ? fallback->name : "none");
+    pick = fallback;
   }
   if (pick == nullptr) return MC_ERROR(ncclInternalError, "no algorithm for %s", op_kind_name(op.kind));
   auto plan = std::make_unique<Plan>();
@@ -94,6 +129,24 @@ Status make_plan(const OpDesc& op, std::unique_ptr<Plan>* out) {
   MC_INFO(kTune, "%s: %zu elements of %s -> algorithm %s (%zu steps)", op_kind_name(op.kind), op.count,
           kernels::dtype_name(op.dtype), pick->name, plan->size());
   *out = std::move(plan);
+  return kOk;
+}
+
+Status make_run(const OpDesc& op, NodeRegion* node, uint64_t tag_base, std::unique_ptr<Run>* out) {
+  if (node != nullptr && op.kind != OpKind::Send && op.kind != OpKind::Recv && algorithm_allowed(op.kind, kDirectShm)) {
+    const size_t max_bytes = algorithm_forced(op.kind, kDirectShm)
+                                 ? SIZE_MAX
+                                 : static_cast<size_t>(param_int(Param::DirectMaxBytes));
+    *out = make_direct_run(node, op, max_bytes);
+    if (*out != nullptr) {
+      MC_INFO(kTune, "%s: %zu elements of %s -> algorithm %s", op_kind_name(op.kind), op.count,
+              kernels::dtype_name(op.dtype), kDirectShm);
+      return kOk;
+    }
+  }
+  std::unique_ptr<Plan> plan;
+  MC_TRY(make_plan(op, &plan));
+  *out = make_plan_run(std::move(plan), tag_base);
   return kOk;
 }
 

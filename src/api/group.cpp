@@ -3,6 +3,7 @@
 #include <map>
 #include <thread>
 
+#include "sched/engine.h"
 #include "sched/stream.h"
 #include "util/log.h"
 
@@ -54,13 +55,13 @@ Status group_start() {
 Status launch(std::vector<PendingOp>& ops) {
   std::vector<Launch> inline_launches;
   std::map<meshcclStream*, std::vector<Launch>> per_stream;
-  std::vector<std::unique_ptr<Plan>> plans(ops.size());
-  for (size_t i = 0; i < ops.size(); ++i) MC_TRY(make_plan(ops[i].desc, &plans[i]));
+  std::vector<std::unique_ptr<Run>> runs(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) MC_TRY(make_run(ops[i].desc, ops[i].comm->node.get(), ops[i].tag_base, &runs[i]));
   for (size_t i = 0; i < ops.size(); ++i) {
     PendingOp& op = ops[i];
     ++op.comm->pending_ops;
     ++op.comm->users;  // released when the launch has run
-    Launch l{op.comm, std::move(plans[i]), op.tag_base};
+    Launch l{op.comm, std::move(runs[i])};
     if (op.stream != nullptr) per_stream[op.stream].push_back(std::move(l));
     else inline_launches.push_back(std::move(l));
   }

@@ -16,6 +16,7 @@
 #include "nccl.h"
 #include "sched/engine.h"
 #include "transport/mesh.h"
+#include "transport/node_region.h"
 #include "util/status.h"
 #include "util/wait.h"
 
@@ -56,6 +57,7 @@ struct ncclComm {
   std::vector<meshccl::PeerInfo> peers;
   std::unique_ptr<meshccl::Bootstrap> bootstrap;
   std::unique_ptr<meshccl::Mesh> mesh;
+  std::unique_ptr<meshccl::NodeRegion> node;  // null unless every rank is on this host
   std::unique_ptr<meshccl::Engine> engine;
   std::thread async_thread;  // non-blocking init/split/finalize
 

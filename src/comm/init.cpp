@@ -53,6 +53,8 @@ Status finish_setup(ncclComm* comm) {
   for (const PeerInfo& p : comm->peers) local += p.machine_hash == comm->peers[comm->rank].machine_hash;
   note_local_ranks(local);
   MC_TRY(Mesh::connect_all(*comm->bootstrap, comm->peers, &comm->abort_flag, &comm->mesh));
+  MC_TRY(NodeRegion::create(*comm->bootstrap, comm->peers, *comm->mesh,
+                            static_cast<size_t>(param_int(Param::DirectSlotBytes)), &comm->node));
   comm->engine = std::make_unique<Engine>(comm->rank, comm->mesh.get(), &comm->abort_flag,
                                           [comm] { return comm->check_peers(); });
   comm->send_seq.assign(comm->nranks, 0);

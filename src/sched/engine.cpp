@@ -43,13 +43,11 @@ ScratchPool::~ScratchPool() {
 
 // ---------------------------------------------------------------- one plan
 
-class PlanRun {
+class PlanRun final : public Run {
  public:
-  PlanRun(std::unique_ptr<Plan> plan, uint64_t tag_base, int priority, uint64_t order)
-      : plan_(std::move(plan)), tag_base_(tag_base), priority_(priority), order_(order),
-        handle_(std::make_shared<OpHandle>()) {}
+  PlanRun(std::unique_ptr<Plan> plan, uint64_t tag_base) : plan_(std::move(plan)), tag_base_(tag_base) {}
 
-  void start(ScratchPool& pool) {
+  void start(ScratchPool& pool) override {
     const size_t n = plan_->size();
     remaining_.assign(n, 0);
     reqs_.assign(n, Request{});
@@ -92,7 +90,9 @@ class PlanRun {
     }
   }
 
-  Status poll(Engine* eng, Mesh* mesh, int rank, bool* moved) {
+  Status poll(Engine* eng, bool* moved) override {
+    Mesh* mesh = eng->mesh();
+    const int rank = eng->rank();
     // A few passes: local steps and completions make more steps ready.
     for (int pass = 0; pass < 8; ++pass) {
       bool local = false;
@@ -133,16 +133,12 @@ class PlanRun {
     return kOk;
   }
 
-  bool finished() const { return completed_ == plan_->size(); }
-  int priority() const { return priority_; }
-  uint64_t order() const { return order_; }
-  const std::shared_ptr<OpHandle>& handle() const { return handle_; }
-  const Plan& plan() const { return *plan_; }
-  int waiting_on() const {
+  bool finished() const override { return completed_ == plan_->size(); }
+  int waiting_on() const override {
     for (uint32_t i : inflight_) return plan_->steps()[i].peer;
     return -1;
   }
-  void release(ScratchPool& pool) {
+  void release(ScratchPool& pool) override {
     pool.release(scratch_);
     scratch_ = nullptr;
   }
@@ -197,9 +193,6 @@ class PlanRun {
 
   std::unique_ptr<Plan> plan_;
   uint64_t tag_base_;
-  int priority_;
-  uint64_t order_;
-  std::shared_ptr<OpHandle> handle_;
   std::vector<uint32_t> remaining_;
   std::vector<uint32_t> dep_offsets_;
   std::vector<uint32_t> dependents_;
@@ -210,6 +203,10 @@ class PlanRun {
   std::vector<unsigned char>* scratch_ = nullptr;
 };
 
+std::unique_ptr<Run> make_plan_run(std::unique_ptr<Plan> plan, uint64_t tag_base) {
+  return std::make_unique<PlanRun>(std::move(plan), tag_base);
+}
+
 // ---------------------------------------------------------------- engine
 
 Engine::Engine(int rank, Mesh* mesh, std::atomic<bool>* abort, std::function<Status()> liveness)
@@ -217,8 +214,8 @@ Engine::Engine(int rank, Mesh* mesh, std::atomic<bool>* abort, std::function<Sta
 
 Engine::~Engine() = default;
 
-std::shared_ptr<OpHandle> Engine::submit(std::unique_ptr<Plan> plan, uint64_t tag_base, int priority) {
-  auto run = std::make_unique<PlanRun>(std::move(plan), tag_base, priority, 0);
+std::shared_ptr<OpHandle> Engine::submit(std::unique_ptr<Run> run, int priority) {
+  run->priority_ = priority;
   std::shared_ptr<OpHandle> h = run->handle();
   if (!fatal().ok()) {
     h->status = fatal();
@@ -232,7 +229,7 @@ std::shared_ptr<OpHandle> Engine::submit(std::unique_ptr<Plan> plan, uint64_t ta
   return h;
 }
 
-void Engine::complete_run(PlanRun* run, Status s) {
+void Engine::complete_run(Run* run, Status s) {
   run->handle()->status = s;
   run->handle()->done.store(true, std::memory_order_release);
   nactive_.fetch_sub(1);
@@ -270,8 +267,8 @@ void Engine::progress_locked(bool* moved) {
   }
   if (!fatal().ok()) return;
   for (size_t k = 0; k < active_.size(); ++k) {
-    PlanRun* run = active_[k].get();
-    Status s = run->poll(this, mesh_, rank_, moved);
+    Run* run = active_[k].get();
+    Status s = run->poll(this, moved);
     if (!s.ok()) {
       fail_all(s);
       return;

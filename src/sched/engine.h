@@ -35,7 +35,38 @@ struct OpHandle {
   Status status;  // valid once done
 };
 
+class Engine;
+
+// One submitted operation as the engine sees it: a plan being run, or an
+// algorithm that keeps its own state (the shared-memory direct algorithms).
+// Polled only by the thread driving the engine.
+class Run {
+ public:
+  virtual ~Run() = default;
+  // Called once, at submission.
+  virtual void start(ScratchPool& /*pool*/) {}
+  // Advances as far as possible without blocking; *moved when anything did.
+  virtual Status poll(Engine* eng, bool* moved) = 0;
+  virtual bool finished() const = 0;
+  // A peer this operation waits for (for timeout messages), or -1.
+  virtual int waiting_on() const { return -1; }
+  // Called once finished or failed and no longer referenced by transports.
+  virtual void release(ScratchPool& /*pool*/) {}
+
+  int priority() const { return priority_; }
+  const std::shared_ptr<OpHandle>& handle() const { return handle_; }
+
+ private:
+  friend class Engine;
+  int priority_ = 0;
+  std::shared_ptr<OpHandle> handle_ = std::make_shared<OpHandle>();
+};
+
 class PlanRun;
+
+// A run of `plan`, whose messages carry tag_base (unique per operation and
+// identical on every rank, see api/enqueue) in their upper bits.
+std::unique_ptr<Run> make_plan_run(std::unique_ptr<Plan> plan, uint64_t tag_base);
 
 class Engine {
  public:
@@ -44,8 +75,7 @@ class Engine {
   Engine(int rank, Mesh* mesh, std::atomic<bool>* abort, std::function<Status()> liveness);
   ~Engine();
 
-  // tag_base: unique per operation and identical on every rank (see api/enqueue).
-  std::shared_ptr<OpHandle> submit(std::unique_ptr<Plan> plan, uint64_t tag_base, int priority);
+  std::shared_ptr<OpHandle> submit(std::unique_ptr<Run> run, int priority);
   // One pass over the active operations; false when nothing moved or another
   // thread holds the engine.
   bool progress();
@@ -59,6 +89,8 @@ class Engine {
   void fail_all(Status s);
   Status fatal() const { return Status(static_cast<ncclResult_t>(fatal_.load())); }
   ScratchPool& scratch() { return scratch_; }
+  Mesh* mesh() const { return mesh_; }
+  int rank() const { return rank_; }
 
   // Self-transfers (peer == rank) are matched here by tag.
   struct SelfEntry {
@@ -72,7 +104,7 @@ class Engine {
 
  private:
   void progress_locked(bool* moved);
-  void complete_run(PlanRun* run, Status s);
+  void complete_run(Run* run, Status s);
 
   int rank_;
   Mesh* mesh_;
@@ -81,12 +113,12 @@ class Engine {
   ScratchPool scratch_;
   std::mutex mu_;  // held by the thread driving progress
   std::mutex incoming_mu_;
-  std::vector<std::unique_ptr<PlanRun>> incoming_;
-  std::vector<std::unique_ptr<PlanRun>> active_;  // sorted by priority, then submission
+  std::vector<std::unique_ptr<Run>> incoming_;
+  std::vector<std::unique_ptr<Run>> active_;  // sorted by priority, then submission
   std::atomic<size_t> nactive_{0};
   std::atomic<int> fatal_{ncclSuccess};
   std::map<uint64_t, std::vector<SelfEntry>> self_sends_, self_recvs_;
-  std::vector<std::unique_ptr<PlanRun>> graveyard_;
+  std::vector<std::unique_ptr<Run>> graveyard_;
   std::atomic<double> last_progress_us_{0};
   std::atomic<double> last_check_us_{0};
 };

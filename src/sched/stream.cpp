@@ -13,7 +13,7 @@ namespace meshccl {
 Submitted::Submitted(std::vector<Launch>& launches, int priority) {
   ops_.reserve(launches.size());
   for (Launch& l : launches) {
-    ops_.push_back({l.comm, l.comm->engine->submit(std::move(l.plan), l.tag_base, priority)});
+    ops_.push_back({l.comm, l.comm->engine->submit(std::move(l.run), priority)});
     if (std::find(comms_.begin(), comms_.end(), l.comm) == comms_.end()) comms_.push_back(l.comm);
   }
 }

@@ -19,11 +19,12 @@ namespace meshccl {
 
 struct OpHandle;
 
+class Run;
+
 // One operation ready to run on one communicator.
 struct Launch {
   ncclComm* comm = nullptr;
-  std::unique_ptr<Plan> plan;
-  uint64_t tag_base = 0;
+  std::unique_ptr<Run> run;
 };
 
 // Launches handed to the engines, waiting to complete.

@@ -1,0 +1,341 @@
+// Direct shared-memory collectives for communicators whose ranks share one
+// host (src/transport/node_region.h). Each round, every rank copies its input
+// into its own slot and raises its `arrived` flag; then every rank reads what
+// it needs straight from the peers' slots:
+//
+//   AllReduce  small: each rank reduces all slots into its output (one flag
+//              wait). Larger: each rank reduces one block of the round in
+//              place in its own slot, raises `reduced`, then copies every
+//              block out (two flag waits, the reduction split over all cores).
+//   Reduce     the same; only the root copies out.
+//   Broadcast  the root's slot is copied out by the others.
+//   AllGather, ReduceScatter, AlltoAll, Gather, Scatter: one round, each rank
+//              reads its part of every slot.
+//
+// AllReduce, Reduce and Broadcast larger than a slot run in several rounds.
+// Every rank waits for every peer's arrival in each round and compares the
+// operation signature in the slot header with its own, so mismatched calls
+// (collective, count, datatype, op, root) are found on every rank and reported
+// as ncclInvalidUsage. No thread hand-off, no message, no allocation per call.
+#include <algorithm>
+#include <cstring>
+
+#include "collectives/algorithms.h"
+#include "sched/engine.h"
+#include "transport/node_region.h"
+#include "util/log.h"
+
+namespace meshccl {
+
+namespace {
+
+using detail::at;
+
+// Rounds of a multi-round operation carry this many bytes per rank at most.
+bool multi_round(OpKind k) { return k == OpKind::AllReduce || k == OpKind::Reduce || k == OpKind::Broadcast; }
+
+// Bytes one rank writes into its slot for the whole operation.
+size_t slot_need(const OpDesc& op) {
+  const size_t bytes = op.count * op.elem(), n = static_cast<size_t>(op.nranks);
+  switch (op.kind) {
+    case OpKind::AllReduce:
+    case OpKind::Reduce:
+    case OpKind::Broadcast:
+    case OpKind::AllGather:
+    case OpKind::Gather:
+      return bytes;
+    case OpKind::ReduceScatter:
+    case OpKind::AlltoAll:
+    case OpKind::Scatter:
+      return bytes * n;
+    default:
+      return 0;
+  }
+}
+
+struct Signature {
+  uint64_t w[3];
+};
+
+Signature signature_of(const OpDesc& op) {
+  const bool rooted = op.kind == OpKind::Broadcast || op.kind == OpKind::Reduce || op.kind == OpKind::Gather ||
+                      op.kind == OpKind::Scatter;
+  const bool reducing = op.kind == OpKind::AllReduce || op.kind == OpKind::Reduce || op.kind == OpKind::ReduceScatter;
+  Signature s{};
+  s.w[0] = static_cast<uint64_t>(op.kind) | static_cast<uint64_t>(op.dtype) << 8 |
+           (reducing ? (static_cast<uint64_t>(op.op) | uint64_t{op.avg} << 4 | uint64_t{op.premul} << 5) << 16 : 0) |
+           (rooted ? static_cast<uint64_t>(op.root + 1) << 32 : 0);
+  s.w[1] = op.count;
+  s.w[2] = 0x4d534844u;  // "DHSM": a version mark
+  return s;
+}
+
+std::string describe(const uint64_t w[3]) {
+  const auto kind = static_cast<OpKind>(w[0] & 0xff);
+  const auto dtype = static_cast<ncclDataType_t>((w[0] >> 8) & 0xff);
+  const unsigned redop = static_cast<unsigned>((w[0] >> 16) & 0x3f);
+  const long root = static_cast<long>(w[0] >> 32) - 1;
+  static const char* const kOps[] = {"sum", "prod", "max", "min"};
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "%s(count %llu, %s", op_kind_name(kind), static_cast<unsigned long long>(w[1]),
+                kernels::dtype_name(dtype));
+  std::string out = buf;
+  if (kind == OpKind::AllReduce || kind == OpKind::Reduce || kind == OpKind::ReduceScatter)
+    out += std::string(", ") + ((redop & 0x20) ? "premulsum" : (redop & 0x10) ? "avg" : kOps[redop & 3]);
+  if (root >= 0) out += ", root " + std::to_string(root);
+  return out + ")";
+}
+
+class DirectRun final : public Run {
+ public:
+  DirectRun(NodeRegion* node, const OpDesc& op, uint64_t first, uint64_t rounds)
+      : node_(node), op_(op), sig_(signature_of(op)), first_(first), last_(first + rounds - 1), round_(first) {
+    const size_t per = node->slot_bytes() / op.elem();
+    round_elems_ = multi_round(op.kind) ? per : op.count;
+    // Reduce within a round by one rank (small) or split over all ranks.
+    two_phase_ = (op.kind == OpKind::AllReduce || op.kind == OpKind::Reduce) &&
+                 std::min(op.count, round_elems_) * op.elem() * static_cast<size_t>(op.nranks) > kOnePhaseBytes;
+  }
+
+  Status poll(Engine* /*eng*/, bool* moved) override {
+    for (;;) {
+      switch (state_) {
+        case State::Turn:
+          if (!my_turn()) return kOk;
+          publish();
+          state_ = State::Arrive;
+          *moved = true;
+          [[fallthrough]];
+        case State::Arrive: {
+          bool ready = false;
+          MC_TRY(all_arrived(&ready));
+          if (!ready) return kOk;
+          read_inputs();
+          *moved = true;
+          if (!two_phase_) break;
+          node_->control(me()).reduced.value.store(round_, std::memory_order_release);
+          state_ = State::Reduced;
+          [[fallthrough]];
+        }
+        case State::Reduced: {
+          bool ready = false;
+          MC_TRY(all_reduced(&ready));
+          if (!ready) return kOk;
+          copy_blocks_out();
+          *moved = true;
+          break;
+        }
+        case State::Done:
+          return kOk;
+      }
+      node_->finished().store(round_, std::memory_order_release);
+      if (round_ == last_) {
+        state_ = State::Done;
+        return kOk;
+      }
+      ++round_;
+      state_ = State::Turn;
+    }
+  }
+
+  bool finished() const override { return state_ == State::Done; }
+  int waiting_on() const override { return waiting_; }
+
+ private:
+  enum class State { Turn, Arrive, Reduced, Done };
+  static constexpr size_t kOnePhaseBytes = 16 * 1024;
+
+  int me() const { return node_->rank(); }
+  int n() const { return node_->nranks(); }
+  size_t es() const { return op_.elem(); }
+  // This round's elements of the operation (multi-round kinds).
+  size_t lo() const { return (round_ - first_) * round_elems_; }
+  size_t len() const { return multi_round(op_.kind) ? std::min(round_elems_, op_.count - lo()) : op_.count; }
+  // Block b of the round, 64-byte aligned, for the two-phase reduction.
+  void block(int b, size_t* begin, size_t* end) const {
+    const size_t align = std::max<size_t>(1, 64 / es());
+    size_t per = (len() + static_cast<size_t>(n()) - 1) / static_cast<size_t>(n());
+    per = (per + align - 1) / align * align;
+    *begin = std::min(len(), per * static_cast<size_t>(b));
+    *end = std::min(len(), *begin + per);
+  }
+
+  bool my_turn() {
+    if (node_->finished().load(std::memory_order_acquire) != round_ - 1) return false;
+    for (int p = 0; p < n(); ++p) {
+      if (node_->control(p).arrived.value.load(std::memory_order_acquire) + 1 < round_) {
+        waiting_ = p;
+        return false;
+      }
+    }
+    return true;
+  }
+
+  void publish() {
+    char* slot = node_->data(me(), round_);
+    const size_t bytes = slot_need(op_), e = es();
+    switch (op_.kind) {
+      case OpKind::Broadcast:
+        if (me() == op_.root) std::memcpy(slot, at(op_.sendbuff, lo(), e), len() * e);
+        break;
+      case OpKind::Scatter:
+        if (me() == op_.root) std::memcpy(slot, op_.sendbuff, bytes);
+        break;
+      case OpKind::AllReduce:
+      case OpKind::Reduce:
+      case OpKind::ReduceScatter: {
+        const size_t count = op_.kind == OpKind::ReduceScatter ? op_.count * static_cast<size_t>(n()) : len();
+        const void* src = at(op_.sendbuff, op_.kind == OpKind::ReduceScatter ? 0 : lo(), e);
+        if (op_.premul) kernels::scale(op_.dtype, slot, src, count, op_.scalar);
+        else std::memcpy(slot, src, count * e);
+        break;
+      }
+      default:  // AllGather, Gather, AlltoAll
+        std::memcpy(slot, op_.sendbuff, bytes);
+        break;
+    }
+    NodeRegion::SlotHeader& h = node_->header(me(), round_);
+    h.round = round_;
+    std::memcpy(h.signature, sig_.w, sizeof(sig_.w));
+    node_->control(me()).arrived.value.store(round_, std::memory_order_release);
+  }
+
+  Status all_arrived(bool* ready) {
+    *ready = false;
+    for (int p = 0; p < n(); ++p) {
+      if (p == me() || node_->control(p).arrived.value.load(std::memory_order_acquire) >= round_) continue;
+      waiting_ = p;
+      // A rank that found a mismatch never arrives at later rounds.
+      for (int q = 0; q < n(); ++q) {
+        const uint64_t failed = node_->control(q).failed.value.load(std::memory_order_acquire);
+        if (q != me() && failed != 0)
+          return MC_ERROR(ncclInvalidUsage, "%s: rank %d found mismatched collective calls on this communicator",
+                          op_kind_name(op_.kind), q);
+      }
+      return kOk;
+    }
+    waiting_ = -1;
+    for (int p = 0; p < n(); ++p) {
+      const NodeRegion::SlotHeader& h = node_->header(p, round_);
+      if (h.round == round_ && std::memcmp(h.signature, sig_.w, sizeof(sig_.w)) == 0) continue;
+      node_->control(me()).failed.value.store(round_, std::memory_order_release);
+      return MC_ERROR(ncclInvalidUsage, "mismatched collective calls across ranks: rank %d called %s, rank %d called %s",
+                      me(), describe(sig_.w).c_str(), p, describe(h.signature).c_str());
+    }
+    *ready = true;
+    return kOk;
+  }
+
+  Status all_reduced(bool* ready) {
+    *ready = false;
+    for (int p = 0; p < n(); ++p) {
+      if (node_->control(p).reduced.value.load(std::memory_order_acquire) < round_) {
+        waiting_ = p;
+        return kOk;
+      }
+    }
+    waiting_ = -1;
+    *ready = true;
+    return kOk;
+  }
+
+  void reduce_from_slots(void* dst, size_t offset_elems, size_t count) {
+    const void* srcs[64];
+    std::vector<const void*> many;
+    const void** s = srcs;
+    if (n() > 64) {
+      many.resize(static_cast<size_t>(n()));
+      s = many.data();
+    }
+    for (int p = 0; p < n(); ++p) s[p] = at(static_cast<const void*>(node_->data(p, round_)), offset_elems, es());
+    kernels::reduce_n(op_.dtype, op_.op, dst, s, n(), count);
+    if (op_.avg) kernels::divide(op_.dtype, dst, dst, count, n());
+  }
+
+  void read_inputs() {
+    const size_t e = es(), c = op_.count;
+    char* out = static_cast<char*>(op_.recvbuff);
+    switch (op_.kind) {
+      case OpKind::AllReduce:
+      case OpKind::Reduce:
+        if (two_phase_) {
+          size_t b, end;
+          block(me(), &b, &end);
+          if (end > b) reduce_from_slots(node_->data(me(), round_) + b * e, b, end - b);
+        } else if (op_.kind == OpKind::AllReduce || me() == op_.root) {
+          reduce_from_slots(at(op_.recvbuff, lo(), e), 0, len());
+        }
+        break;
+      case OpKind::Broadcast:
+        if (me() != op_.root) std::memcpy(at(op_.recvbuff, lo(), e), node_->data(op_.root, round_), len() * e);
+        else if (op_.recvbuff != op_.sendbuff) std::memcpy(at(op_.recvbuff, lo(), e), at(op_.sendbuff, lo(), e), len() * e);
+        break;
+      case OpKind::ReduceScatter:
+        reduce_from_slots(op_.recvbuff, static_cast<size_t>(me()) * c, c);
+        break;
+      case OpKind::AllGather:
+        for (int p = 0; p < n(); ++p) {
+          const void* src = p == me() ? op_.sendbuff : node_->data(p, round_);
+          char* dst = out + static_cast<size_t>(p) * c * e;
+          if (dst != src) std::memcpy(dst, src, c * e);
+        }
+        break;
+      case OpKind::AlltoAll:
+        // Own block from the slot too: in place, sendbuff is being overwritten.
+        for (int p = 0; p < n(); ++p)
+          std::memcpy(out + static_cast<size_t>(p) * c * e, node_->data(p, round_) + static_cast<size_t>(me()) * c * e, c * e);
+        break;
+      case OpKind::Gather:
+        if (me() != op_.root) break;
+        for (int p = 0; p < n(); ++p) {
+          const void* src = p == me() ? op_.sendbuff : node_->data(p, round_);
+          char* dst = out + static_cast<size_t>(p) * c * e;
+          if (dst != src) std::memcpy(dst, src, c * e);
+        }
+        break;
+      case OpKind::Scatter: {
+        const char* src = node_->data(op_.root, round_) + static_cast<size_t>(me()) * c * e;
+        if (me() == op_.root) src = static_cast<const char*>(op_.sendbuff) + static_cast<size_t>(me()) * c * e;
+        if (src != out) std::memcpy(out, src, c * e);
+        break;
+      }
+      default:
+        break;
+    }
+  }
+
+  void copy_blocks_out() {
+    if (op_.kind == OpKind::Reduce && me() != op_.root) return;
+    const size_t e = es();
+    char* out = static_cast<char*>(at(op_.recvbuff, lo(), e));
+    for (int p = 0; p < n(); ++p) {
+      size_t b, end;
+      block(p, &b, &end);
+      if (end > b) std::memcpy(out + b * e, node_->data(p, round_) + b * e, (end - b) * e);
+    }
+  }
+
+  NodeRegion* node_;
+  OpDesc op_;
+  Signature sig_;
+  uint64_t first_, last_, round_;
+  size_t round_elems_ = 0;
+  bool two_phase_ = false;
+  State state_ = State::Turn;
+  int waiting_ = -1;
+};
+
+}  // namespace
+
+std::unique_ptr<Run> make_direct_run(NodeRegion* node, const OpDesc& op, size_t max_bytes) {
+  if (node == nullptr || op.nranks < 2 || node->nranks() != op.nranks) return nullptr;
+  const size_t need = slot_need(op);
+  if (need == 0 || need > max_bytes) return nullptr;
+  if (!multi_round(op.kind) && need > node->slot_bytes()) return nullptr;
+  const size_t per = node->slot_bytes() / op.elem();
+  if (per == 0) return nullptr;
+  const uint64_t rounds = multi_round(op.kind) ? (op.count + per - 1) / per : 1;
+  return std::make_unique<DirectRun>(node, op, node->reserve_rounds(rounds), rounds);
+}
+
+}  // namespace meshccl

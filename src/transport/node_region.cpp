@@ -1,0 +1,112 @@
+#include "transport/node_region.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "transport/mesh.h"
+#include "util/log.h"
+
+namespace meshccl {
+
+namespace {
+
+struct Desc {
+  int32_t ok;
+  int32_t pid;
+  int32_t fd;
+  int32_t pad;
+  uint64_t ino;
+  uint64_t dev;
+  uint64_t bytes;
+};
+
+char* map_file(int fd, size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  return p == MAP_FAILED ? nullptr : static_cast<char*>(p);
+}
+
+}  // namespace
+
+NodeRegion::~NodeRegion() {
+  for (char* b : bases_)
+    if (b != nullptr) munmap(b, map_bytes_);
+  if (fd_ >= 0) close(fd_);
+}
+
+Status NodeRegion::create(Bootstrap& bs, const std::vector<PeerInfo>& peers, const Mesh& mesh, size_t slot_bytes,
+                          std::unique_ptr<NodeRegion>* out) {
+  out->reset();
+  const int n = bs.nranks(), me = bs.rank();
+  if (n < 2 || slot_bytes == 0) return kOk;
+  // The topology test gives the same answer on every rank; what depends on
+  // this process (transport settings, memory) is agreed below.
+  for (const PeerInfo& p : peers)
+    if (p.machine_hash != peers[me].machine_hash || p.host_hash != peers[me].host_hash) return kOk;
+
+  std::unique_ptr<NodeRegion> region(new NodeRegion());
+  region->rank_ = me;
+  region->slot_bytes_ = (slot_bytes + kLine - 1) / kLine * kLine;
+  const size_t page = 4096;
+  region->map_bytes_ = (control_bytes() + 2 * region->slot_stride() + page - 1) / page * page;
+  region->bases_.assign(n, nullptr);
+
+  Desc mine{};
+  bool usable = true;
+  for (int p = 0; p < n; ++p)
+    if (p != me && std::strcmp(mesh.transport_name(p), "shm") != 0) usable = false;
+  if (usable) {
+    region->fd_ = memfd_create("meshccl-node", MFD_CLOEXEC);
+    struct stat st {};
+    if (region->fd_ >= 0 && ftruncate(region->fd_, static_cast<off_t>(region->map_bytes_)) == 0 &&
+        fstat(region->fd_, &st) == 0 && (region->bases_[me] = map_file(region->fd_, region->map_bytes_)) != nullptr) {
+      mine = Desc{1, static_cast<int32_t>(getpid()), region->fd_, 0, static_cast<uint64_t>(st.st_ino),
+                  static_cast<uint64_t>(st.st_dev), region->map_bytes_};
+    } else {
+      MC_WARN("rank %d: no shared region for the direct algorithms: %s", me, strerror(errno));
+    }
+  }
+  std::vector<Desc> all(n);
+  all[me] = mine;
+  MC_TRY(bs.allgather(all.data(), sizeof(Desc)));
+  bool everyone = true;
+  for (const Desc& d : all) everyone = everyone && d.ok && d.bytes == region->map_bytes_;
+
+  // Attach to every peer's region; the file's identity guards against a
+  // reused descriptor number.
+  int32_t mapped = everyone ? 1 : 0;
+  for (int p = 0; p < n && mapped; ++p) {
+    if (p == me) continue;
+    char path[64];
+    std::snprintf(path, sizeof(path), "/proc/%d/fd/%d", all[p].pid, all[p].fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    struct stat st {};
+    if (fd < 0 || fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_ino) != all[p].ino ||
+        static_cast<uint64_t>(st.st_dev) != all[p].dev || (region->bases_[p] = map_file(fd, region->map_bytes_)) == nullptr) {
+      MC_WARN("rank %d: cannot map rank %d's shared region (%s): %s; direct algorithms off", me, p, path,
+              strerror(errno));
+      mapped = 0;
+    }
+    if (fd >= 0) close(fd);
+  }
+  if (everyone) {
+    std::vector<int32_t> oks(n);
+    oks[me] = mapped;
+    MC_TRY(bs.allgather(oks.data(), sizeof(int32_t)));
+    for (int32_t ok : oks) everyone = everyone && ok;
+  }
+  if (!everyone) return kOk;
+  // Every peer has mapped this region: the descriptor is no longer needed.
+  close(region->fd_);
+  region->fd_ = -1;
+  MC_INFO(kInit, "rank %d: shared region for direct algorithms, %zu-byte slots, %d ranks", me, region->slot_bytes_, n);
+  *out = std::move(region);
+  return kOk;
+}
+
+}  // namespace meshccl

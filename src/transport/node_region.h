@@ -1,0 +1,93 @@
+// Shared memory that every rank of a single-host communicator maps: one
+// region per rank, readable by all, written by its owner. The direct
+// shared-memory algorithms (collectives/direct_shm.cpp) run over it: each rank
+// publishes its input in its own slot, raises a flag, and reads the peers'
+// slots in place — no transport, no message, no extra thread.
+//
+// Layout of one rank's region (an anonymous memfd, mapped by the peers through
+// /proc/<pid>/fd/<fd>, so nothing is ever left in /dev/shm):
+//
+//   Control   flags, each on its own cache line (see below)
+//   Slot 0    header (round number + operation signature), then data
+//   Slot 1    the same; round k uses slot k % 2
+//
+// Rounds are numbered from 1 in the same order on every rank. A rank runs its
+// rounds one at a time. Before it writes slot k % 2 for round k it waits until
+// every peer has arrived at round k - 1: a peer arrives at k - 1 only after it
+// finished round k - 2, the last reader of that slot.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/bootstrap.h"
+#include "comm/identity.h"
+#include "util/status.h"
+
+namespace meshccl {
+
+class Mesh;
+
+class NodeRegion {
+ public:
+  static constexpr size_t kLine = 64;
+
+  struct alignas(kLine) Flag {
+    std::atomic<uint64_t> value{0};
+  };
+  struct Control {
+    Flag arrived;  // last round whose slot holds this rank's input
+    Flag reduced;  // last round whose slot holds this rank's reduced block
+    Flag failed;   // round at which this rank found a mismatch (0: none)
+  };
+  struct alignas(kLine) SlotHeader {
+    uint64_t round;
+    uint64_t signature[3];  // what the rank called; see collectives/direct_shm.cpp
+  };
+
+  ~NodeRegion();
+  // Collective over the communicator. *out stays null (and no error is
+  // returned) when the ranks are not all on one host over the shm transport,
+  // when slot_bytes is 0, or when any rank cannot map the others' regions: then
+  // no rank uses the region.
+  static Status create(Bootstrap& bootstrap, const std::vector<PeerInfo>& peers, const Mesh& mesh,
+                       size_t slot_bytes, std::unique_ptr<NodeRegion>* out);
+
+  int rank() const { return rank_; }
+  int nranks() const { return static_cast<int>(bases_.size()); }
+  size_t slot_bytes() const { return slot_bytes_; }
+
+  Control& control(int r) const { return *reinterpret_cast<Control*>(bases_[r]); }
+  SlotHeader& header(int r, uint64_t round) const {
+    return *reinterpret_cast<SlotHeader*>(bases_[r] + slot_offset(round));
+  }
+  char* data(int r, uint64_t round) const { return bases_[r] + slot_offset(round) + sizeof(SlotHeader); }
+
+  // Rounds handed out at launch, in call order (same on every rank).
+  uint64_t reserve_rounds(uint64_t n) {
+    uint64_t first = next_round_ + 1;
+    next_round_ += n;
+    return first;
+  }
+  // Last round this rank finished.
+  std::atomic<uint64_t>& finished() { return finished_; }
+
+ private:
+  NodeRegion() = default;
+  size_t slot_offset(uint64_t round) const { return control_bytes() + (round & 1) * slot_stride(); }
+  static size_t control_bytes() { return (sizeof(Control) + kLine - 1) / kLine * kLine; }
+  size_t slot_stride() const { return sizeof(SlotHeader) + slot_bytes_; }
+
+  int rank_ = 0;
+  size_t slot_bytes_ = 0;
+  size_t map_bytes_ = 0;
+  int fd_ = -1;                // own region, kept open so peers can attach
+  std::vector<char*> bases_;   // every rank's region as mapped here
+  uint64_t next_round_ = 0;
+  std::atomic<uint64_t> finished_{0};
+};
+
+}  // namespace meshccl

@@ -1,0 +1,201 @@
+// The direct shared-memory algorithms: operations spanning many rounds of a
+// small slot, every collective forced onto the direct path, the fallback to a
+// plan when an operation does not fit, and mismatched calls found on every
+// rank. Ranks are threads of this process; the region is real shared memory.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+
+using namespace meshccl_test;
+
+namespace {
+
+// Sets environment variables for the life of one test.
+class Env {
+ public:
+  Env(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (auto& [k, v] : vars) {
+      const char* old = std::getenv(k);
+      saved_.push_back({k, old ? std::string(old) : std::string(), old != nullptr});
+      setenv(k, v, 1);
+    }
+  }
+  ~Env() {
+    for (auto& s : saved_) s.had ? (void)setenv(s.key, s.value.c_str(), 1) : (void)unsetenv(s.key);
+  }
+
+ private:
+  struct Saved {
+    const char* key;
+    std::string value;
+    bool had;
+  };
+  std::vector<Saved> saved_;
+};
+
+float in(int r, size_t i) { return static_cast<float>((r * 5 + i * 3) % 7); }
+
+// 4 KiB slots: a 3001-element double buffer takes six rounds.
+TEST(Direct, ManyRoundsEveryCollective) {
+  Env env({{"MESHCCL_DIRECT_SLOT_BYTES", "4096"}, {"MESHCCL_ALGO", "direct_shm"}});
+  for (int n : {2, 3, 5}) {
+    run_ranks(n, [n](ncclComm_t comm, int rank) {
+      for (size_t count : {size_t{1}, size_t{511}, size_t{3001}}) {
+        for (bool in_place : {false, true}) {
+          std::vector<double> send(count), recv(count, -1);
+          for (size_t i = 0; i < count; ++i) send[i] = in(rank, i);
+          double* out = in_place ? send.data() : recv.data();
+          ASSERT_EQ(ncclAllReduce(send.data(), out, count, ncclFloat64, ncclSum, comm, nullptr), ncclSuccess)
+              << ncclGetLastError(comm);
+          for (size_t i = 0; i < count; ++i) {
+            double want = 0;
+            for (int r = 0; r < n; ++r) want += in(r, i);
+            ASSERT_EQ(out[i], want) << "AllReduce n=" << n << " count=" << count << " i=" << i;
+          }
+        }
+        // Avg divides once at the end; PreMulSum scales each input.
+        std::vector<float> a(count), b(count);
+        for (size_t i = 0; i < count; ++i) a[i] = in(rank, i) * static_cast<float>(n);
+        ASSERT_EQ(ncclAllReduce(a.data(), b.data(), count, ncclFloat32, ncclAvg, comm, nullptr), ncclSuccess);
+        for (size_t i = 0; i < count; ++i) {
+          float want = 0;
+          for (int r = 0; r < n; ++r) want += in(r, i);
+          ASSERT_FLOAT_EQ(b[i], want) << "Avg i=" << i;
+        }
+        float scalar = static_cast<float>(rank + 1);
+        ncclRedOp_t premul;
+        ASSERT_EQ(ncclRedOpCreatePreMulSum(&premul, &scalar, ncclFloat32, ncclScalarHostImmediate, comm), ncclSuccess);
+        for (size_t i = 0; i < count; ++i) a[i] = in(rank, i);
+        ASSERT_EQ(ncclAllReduce(a.data(), b.data(), count, ncclFloat32, premul, comm, nullptr), ncclSuccess);
+        ASSERT_EQ(ncclRedOpDestroy(premul, comm), ncclSuccess);
+        for (size_t i = 0; i < count; ++i) {
+          float want = 0;
+          for (int r = 0; r < n; ++r) want += static_cast<float>(r + 1) * in(r, i);
+          ASSERT_FLOAT_EQ(b[i], want) << "PreMulSum i=" << i;
+        }
+        for (int root : {0, n - 1}) {
+          std::vector<int64_t> s(count), d(count, -7);
+          for (size_t i = 0; i < count; ++i) s[i] = static_cast<int64_t>(in(rank, i)) - 3;
+          ASSERT_EQ(ncclReduce(s.data(), d.data(), count, ncclInt64, ncclMin, root, comm, nullptr), ncclSuccess);
+          for (size_t i = 0; i < count; ++i) {
+            int64_t want = INT64_MAX;
+            for (int r = 0; r < n; ++r) want = std::min<int64_t>(want, static_cast<int64_t>(in(r, i)) - 3);
+            ASSERT_EQ(d[i], rank == root ? want : -7) << "Reduce root=" << root << " i=" << i;
+          }
+          std::vector<uint8_t> bc(count);
+          for (size_t i = 0; i < count; ++i) bc[i] = rank == root ? static_cast<uint8_t>(i * 7 + root) : 0;
+          ASSERT_EQ(ncclBroadcast(bc.data(), bc.data(), count, ncclUint8, root, comm, nullptr), ncclSuccess);
+          for (size_t i = 0; i < count; ++i) ASSERT_EQ(bc[i], static_cast<uint8_t>(i * 7 + root)) << "Broadcast";
+        }
+        // One-round kinds: direct when they fit a slot, a plan otherwise.
+        std::vector<float> piece(count), all(count * n, -1);
+        for (size_t i = 0; i < count; ++i) piece[i] = in(rank, i);
+        ASSERT_EQ(ncclAllGather(piece.data(), all.data(), count, ncclFloat32, comm, nullptr), ncclSuccess);
+        for (int r = 0; r < n; ++r)
+          for (size_t i = 0; i < count; ++i) ASSERT_EQ(all[r * count + i], in(r, i)) << "AllGather";
+        std::vector<float> full(count * n), mine(count, -1);
+        for (size_t i = 0; i < count * n; ++i) full[i] = in(rank, i);
+        ASSERT_EQ(ncclReduceScatter(full.data(), mine.data(), count, ncclFloat32, ncclMax, comm, nullptr), ncclSuccess);
+        for (size_t i = 0; i < count; ++i) {
+          float want = 0;
+          for (int r = 0; r < n; ++r) want = std::max(want, in(r, rank * count + i));
+          ASSERT_EQ(mine[i], want) << "ReduceScatter";
+        }
+        std::vector<float> a2a(count * n), got(count * n, -1);
+        for (int p = 0; p < n; ++p)
+          for (size_t i = 0; i < count; ++i) a2a[p * count + i] = in(rank * n + p, i);
+        ASSERT_EQ(ncclAlltoAll(a2a.data(), got.data(), count, ncclFloat32, comm, nullptr), ncclSuccess);
+        for (int p = 0; p < n; ++p)
+          for (size_t i = 0; i < count; ++i) ASSERT_EQ(got[p * count + i], in(p * n + rank, i)) << "AlltoAll";
+        const int root = n / 2;
+        std::vector<float> g(count * n, -1);
+        ASSERT_EQ(ncclGather(piece.data(), g.data(), count, ncclFloat32, root, comm, nullptr), ncclSuccess);
+        if (rank == root)
+          for (int r = 0; r < n; ++r)
+            for (size_t i = 0; i < count; ++i) ASSERT_EQ(g[r * count + i], in(r, i)) << "Gather";
+        std::vector<float> sc(count, -1);
+        ASSERT_EQ(ncclScatter(full.data(), sc.data(), count, ncclFloat32, root, comm, nullptr), ncclSuccess);
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(sc[i], in(root, rank * count + i)) << "Scatter";
+      }
+    });
+  }
+}
+
+// Several operations in flight on one communicator (a group, and host
+// streams of different priorities) still run their rounds in order.
+TEST(Direct, GroupsAndStreams) {
+  Env env({{"MESHCCL_DIRECT_SLOT_BYTES", "4096"}, {"MESHCCL_ALGO", "direct_shm"}});
+  const int n = 3;
+  run_ranks(n, [n](ncclComm_t comm, int rank) {
+    meshcclStream_t hi, lo;
+    ASSERT_EQ(meshcclStreamCreateWithPriority(&hi, -3), ncclSuccess);
+    ASSERT_EQ(meshcclStreamCreateWithPriority(&lo, 0), ncclSuccess);
+    const size_t count = 2000;
+    std::vector<std::vector<float>> bufs(6, std::vector<float>(count));
+    for (int k = 0; k < 6; ++k)
+      for (size_t i = 0; i < count; ++i) bufs[k][i] = static_cast<float>(rank + k + i % 3);
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    for (int k = 0; k < 2; ++k)
+      ASSERT_EQ(ncclAllReduce(bufs[k].data(), bufs[k].data(), count, ncclFloat32, ncclSum, comm, nullptr), ncclSuccess);
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+    for (int k = 2; k < 6; ++k)
+      ASSERT_EQ(ncclAllReduce(bufs[k].data(), bufs[k].data(), count, ncclFloat32, ncclSum, comm,
+                              meshcclStreamAsCuda(k % 2 ? hi : lo)),
+                ncclSuccess);
+    ASSERT_EQ(meshcclStreamSynchronize(hi), ncclSuccess);
+    ASSERT_EQ(meshcclStreamSynchronize(lo), ncclSuccess);
+    for (int k = 0; k < 6; ++k)
+      for (size_t i = 0; i < count; ++i)
+        ASSERT_EQ(bufs[k][i], static_cast<float>(n * (n - 1) / 2 + n * (k + static_cast<int>(i % 3)))) << k;
+    ASSERT_EQ(meshcclStreamDestroy(hi), ncclSuccess);
+    ASSERT_EQ(meshcclStreamDestroy(lo), ncclSuccess);
+  });
+}
+
+// One rank calls something else: every rank gets ncclInvalidUsage naming both
+// calls, in bounded time, instead of corrupt data or a hang.
+TEST(Direct, MismatchedCallsFailEveryRank) {
+  Env env({{"MESHCCL_TIMEOUT", "20"}});
+  struct Case {
+    const char* what;
+    const char* expect;  // in the message
+  };
+  const Case cases[] = {{"count", "count 65"}, {"dtype", "int32"}, {"op", "max"}, {"root", "root 2"},
+                        {"collective", "Broadcast"}};
+  for (const Case& c : cases) {
+    const int n = 3;
+    run_ranks(n, [&c](ncclComm_t comm, int rank) {
+      std::vector<float> buf(128, 1.f);
+      size_t count = 64;
+      ncclDataType_t dt = ncclFloat32;
+      ncclRedOp_t op = ncclSum;
+      int root = 0;
+      std::string w = c.what;
+      const bool odd = rank == 1;
+      if (odd && w == "count") count = 65;
+      if (odd && w == "dtype") dt = ncclInt32;
+      if (odd && w == "op") op = ncclMax;
+      if (odd && w == "root") root = 2;
+      ncclResult_t res;
+      if (w == "root" || w == "collective") {
+        res = odd && w == "collective"
+                  ? ncclBroadcast(buf.data(), buf.data(), count, dt, root, comm, nullptr)
+                  : ncclReduce(buf.data(), buf.data(), count, dt, op, root, comm, nullptr);
+      } else {
+        res = ncclAllReduce(buf.data(), buf.data(), count, dt, op, comm, nullptr);
+      }
+      EXPECT_EQ(res, ncclInvalidUsage) << c.what << " rank " << rank;
+      // Every rank saw every header: each message names rank 1's call.
+      std::string msg = ncclGetLastError(comm);
+      EXPECT_NE(msg.find("mismatched collective calls"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(c.expect), std::string::npos) << msg;
+    });
+  }
+}
+
+}  // namespace
