@@ -69,6 +69,12 @@ Status build_direct_scatter(const OpDesc& op, Plan* plan);
 // shared region, or null when it does not apply (the op needs more than
 // max_bytes of slot per rank, or more than one slot for a one-round kind).
 std::unique_ptr<Run> make_direct_run(NodeRegion* node, const OpDesc& op, size_t max_bytes);
+// Runs op on the calling thread at once when the direct algorithm takes it
+// (*taken) and no earlier direct operation of the communicator is pending:
+// returns when done, or after about budget_us with the rest of the work in
+// *rest, to be submitted like any run.
+Status run_direct_now(NodeRegion* node, const OpDesc& op, size_t max_bytes, double budget_us, bool* taken,
+                      std::unique_ptr<Run>* rest);
 constexpr const char* kDirectShm = "direct_shm";
 
 // Shared helpers for builders.

@@ -24,6 +24,7 @@
 #include "sched/engine.h"
 #include "transport/node_region.h"
 #include "util/log.h"
+#include "util/wait.h"
 
 namespace meshccl {
 
@@ -327,15 +328,49 @@ class DirectRun final : public Run {
 
 }  // namespace
 
-std::unique_ptr<Run> make_direct_run(NodeRegion* node, const OpDesc& op, size_t max_bytes) {
-  if (node == nullptr || op.nranks < 2 || node->nranks() != op.nranks) return nullptr;
+namespace {
+// Rounds the operation takes, or 0 when the direct algorithm does not apply.
+uint64_t direct_rounds(NodeRegion* node, const OpDesc& op, size_t max_bytes) {
+  if (node == nullptr || op.nranks < 2 || node->nranks() != op.nranks) return 0;
   const size_t need = slot_need(op);
-  if (need == 0 || need > max_bytes) return nullptr;
-  if (!multi_round(op.kind) && need > node->slot_bytes()) return nullptr;
+  if (need == 0 || need > max_bytes) return 0;
+  if (!multi_round(op.kind) && need > node->slot_bytes()) return 0;
   const size_t per = node->slot_bytes() / op.elem();
-  if (per == 0) return nullptr;
-  const uint64_t rounds = multi_round(op.kind) ? (op.count + per - 1) / per : 1;
+  if (per == 0) return 0;
+  return multi_round(op.kind) ? (op.count + per - 1) / per : 1;
+}
+}  // namespace
+
+std::unique_ptr<Run> make_direct_run(NodeRegion* node, const OpDesc& op, size_t max_bytes) {
+  const uint64_t rounds = direct_rounds(node, op, max_bytes);
+  if (rounds == 0) return nullptr;
   return std::make_unique<DirectRun>(node, op, node->reserve_rounds(rounds), rounds);
+}
+
+Status run_direct_now(NodeRegion* node, const OpDesc& op, size_t max_bytes, double budget_us, bool* taken,
+                      std::unique_ptr<Run>* rest) {
+  *taken = false;
+  rest->reset();
+  if (!node->idle()) return kOk;
+  const uint64_t rounds = direct_rounds(node, op, max_bytes);
+  if (rounds == 0) return kOk;
+  *taken = true;
+  DirectRun run(node, op, node->reserve_rounds(rounds), rounds);
+  // Spin on the flags; look at the clock only every so often.
+  double until = -1;
+  for (uint32_t i = 1;; ++i) {
+    bool moved = false;
+    MC_TRY(run.poll(nullptr, &moved));
+    if (run.finished()) return kOk;
+    if ((i & 63) == 0) {
+      const double now = now_us();
+      if (until < 0) until = now + budget_us;
+      else if (now >= until) break;
+    }
+    cpu_relax();
+  }
+  *rest = std::make_unique<DirectRun>(std::move(run));
+  return kOk;
 }
 
 }  // namespace meshccl

@@ -47,10 +47,9 @@ Status rule_for(const std::string& spec, OpKind kind, std::string* out) {
 
 // The algorithm names MESHCCL_ALGO lists for this collective (empty: no
 // rule); *exclude for a ^list.
-Status parse_rule(OpKind kind, std::vector<std::string>* names, bool* exclude) {
+Status parse_rule_uncached(const std::string& spec, OpKind kind, std::vector<std::string>* names, bool* exclude) {
   names->clear();
   *exclude = false;
-  std::string spec = param_str(Param::Algo);
   if (spec.empty() || kind == OpKind::Send || kind == OpKind::Recv) return kOk;
   const auto& table = algorithm_table();
   std::string rule;
@@ -68,6 +67,27 @@ Status parse_rule(OpKind kind, std::vector<std::string>* names, bool* exclude) {
     names->push_back(name);
   }
   return kOk;
+}
+
+// Parsed once per setting value and collective (the setting's storage is
+// stable until the environment is read again).
+Status parse_rule(OpKind kind, std::vector<std::string>* names, bool* exclude) {
+  struct Cached {
+    const std::string* spec = nullptr;
+    Status status;
+    std::vector<std::string> names;
+    bool exclude = false;
+  };
+  thread_local Cached cache[static_cast<int>(OpKind::Recv) + 1];
+  const std::string& spec = param_str(Param::Algo);
+  Cached& c = cache[static_cast<int>(kind)];
+  if (c.spec != &spec) {
+    c.status = parse_rule_uncached(spec, kind, &c.names, &c.exclude);
+    c.spec = &spec;
+  }
+  *names = c.names;
+  *exclude = c.exclude;
+  return c.status;
 }
 
 bool allowed_by(const std::vector<std::string>& names, bool exclude, const char* name) {

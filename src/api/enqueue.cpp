@@ -36,8 +36,7 @@ Status enqueue(ncclComm* comm, OpDesc& desc, cudaStream_t stream) {
     group_record(op);
     return kOk;
   }
-  std::vector<PendingOp> ops{op};
-  return launch(ops);
+  return launch_one(op);
 }
 
 }  // namespace meshccl

@@ -6,6 +6,7 @@
 #include "sched/engine.h"
 #include "sched/stream.h"
 #include "util/log.h"
+#include "util/param.h"
 
 namespace meshccl {
 
@@ -52,11 +53,11 @@ Status group_start() {
   return kOk;
 }
 
-Status launch(std::vector<PendingOp>& ops) {
+namespace {
+// Hands runs made for ops to their streams, or runs them here (NULL stream).
+Status dispatch(std::vector<PendingOp>& ops, std::vector<std::unique_ptr<Run>>& runs) {
   std::vector<Launch> inline_launches;
   std::map<meshcclStream*, std::vector<Launch>> per_stream;
-  std::vector<std::unique_ptr<Run>> runs(ops.size());
-  for (size_t i = 0; i < ops.size(); ++i) MC_TRY(make_run(ops[i].desc, ops[i].comm->node.get(), ops[i].tag_base, &runs[i]));
   for (size_t i = 0; i < ops.size(); ++i) {
     PendingOp& op = ops[i];
     ++op.comm->pending_ops;
@@ -68,6 +69,42 @@ Status launch(std::vector<PendingOp>& ops) {
   for (auto& [stream, launches] : per_stream) stream->enqueue(std::move(launches));
   if (inline_launches.empty()) return kOk;
   return run_launches(inline_launches, kLeastPriority);
+}
+}  // namespace
+
+Status launch(std::vector<PendingOp>& ops) {
+  std::vector<std::unique_ptr<Run>> runs(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) MC_TRY(make_run(ops[i].desc, ops[i].comm->node.get(), ops[i].tag_base, &runs[i]));
+  return dispatch(ops, runs);
+}
+
+Status launch_one(PendingOp& op) {
+  ncclComm* comm = op.comm;
+  NodeRegion* node = comm->node.get();
+  // A direct collective with nothing ahead of it runs right here: no run
+  // object, no queue, no other thread.
+  if (node != nullptr && op.desc.kind != OpKind::Send && op.desc.kind != OpKind::Recv &&
+      (op.stream == nullptr || op.stream->idle()) && comm->engine->fatal().ok() && !comm->abort_flag.load() &&
+      algorithm_allowed(op.desc.kind, kDirectShm)) {
+    const size_t max_bytes = algorithm_forced(op.desc.kind, kDirectShm)
+                                 ? SIZE_MAX
+                                 : static_cast<size_t>(param_int(Param::DirectMaxBytes));
+    bool taken = false;
+    std::vector<std::unique_ptr<Run>> rest(1);
+    Status s = run_direct_now(node, op.desc, max_bytes, static_cast<double>(param_int(Param::InlineUs)), &taken,
+                              &rest[0]);
+    if (!s.ok()) {
+      comm->engine->fail_all(s);  // as if the engine had run it: the communicator is failed
+      return s;
+    }
+    if (taken) {
+      if (rest[0] == nullptr) return kOk;
+      std::vector<PendingOp> ops{op};
+      return dispatch(ops, rest);
+    }
+  }
+  std::vector<PendingOp> ops{op};
+  return launch(ops);
 }
 
 Status group_end() {

@@ -37,5 +37,8 @@ Status group_simulate_end(ncclSimInfo_t* info);
 
 // Launches ops now (outside a group or at group end).
 Status launch(std::vector<PendingOp>& ops);
+// Launches one op outside a group; a small direct collective with nothing
+// ahead of it completes on the calling thread without a hand-off.
+Status launch_one(PendingOp& op);
 
 }  // namespace meshccl

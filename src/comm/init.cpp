@@ -69,6 +69,7 @@ Status finish_setup(ncclComm* comm) {
 }  // namespace
 
 Status comm_init_rank(ncclComm* comm, int nranks, const ncclUniqueId& id, int rank) {
+  param_refresh();
   print_version_once();
   IdContents c{};
   SockAddr root;
@@ -100,6 +101,7 @@ Status comm_init_rank(ncclComm* comm, int nranks, const ncclUniqueId& id, int ra
 }
 
 Status comm_split(ncclComm* parent, int color, int key, ncclComm* child) {
+  param_refresh();
   struct Entry {
     int32_t color;
     int32_t key;

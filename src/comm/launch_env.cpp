@@ -309,6 +309,7 @@ void remove_at_exit(const std::string& path) {
 }
 
 Status comm_init_from_env(ncclComm_t* comm, ncclConfig_t* config) {
+  param_refresh();
   if (comm == nullptr) return MC_ERROR(ncclInvalidArgument, "meshcclCommInitFromEnv: comm is NULL");
   *comm = nullptr;
   LaunchInfo info;

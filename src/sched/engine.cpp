@@ -216,6 +216,7 @@ Engine::~Engine() = default;
 
 std::shared_ptr<OpHandle> Engine::submit(std::unique_ptr<Run> run, int priority) {
   run->priority_ = priority;
+  run->handle_ = std::make_shared<OpHandle>();
   std::shared_ptr<OpHandle> h = run->handle();
   if (!fatal().ok()) {
     h->status = fatal();

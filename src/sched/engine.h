@@ -59,7 +59,7 @@ class Run {
  private:
   friend class Engine;
   int priority_ = 0;
-  std::shared_ptr<OpHandle> handle_ = std::make_shared<OpHandle>();
+  std::shared_ptr<OpHandle> handle_;  // made at submission
 };
 
 class PlanRun;

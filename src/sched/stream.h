@@ -70,6 +70,11 @@ struct meshcclStream {
   void enqueue(std::vector<meshccl::Launch> launches);
   meshccl::Status synchronize();
   meshccl::Status query();
+  // Nothing queued or running.
+  bool idle() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !has_work_locked();
+  }
 
   const int priority;
 

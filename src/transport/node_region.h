@@ -74,6 +74,8 @@ class NodeRegion {
   }
   // Last round this rank finished.
   std::atomic<uint64_t>& finished() { return finished_; }
+  // No reserved round is pending: the next reservation can run at once.
+  bool idle() const { return finished_.load(std::memory_order_acquire) == next_round_; }
 
  private:
   NodeRegion() = default;

@@ -24,10 +24,15 @@ struct ParamInfo {
 const ParamInfo& param_info(Param p);
 const std::vector<ParamInfo>& all_params();
 
+// Values are read from the environment once and kept: the first use, and
+// every param_refresh() (called when a communicator is created, so a setting
+// changed before that applies to the new communicator, as with NCCL).
+void param_refresh();
+
 // The environment value (name, then alias) or nullptr when neither is set.
 const char* param_env(Param p);
-// The value in force: environment, else default.
-std::string param_str(Param p);
+// The value in force: environment, else default. The reference stays valid.
+const std::string& param_str(Param p);
 // Integer value; a malformed value logs a WARN once and yields the default.
 int64_t param_int(Param p);
 // Lookup by name or alias ("MESHCCL_X" / "NCCL_X"); unknown names fall back to

@@ -45,6 +45,8 @@ const BackoffConfig& backoff_config() {
 }
 }  // namespace
 
+void cpu_relax() { MESHCCL_CPU_PAUSE(); }
+
 void note_local_ranks(int n) {
   int cur = g_local_ranks.load(std::memory_order_relaxed);
   while (n > cur && !g_local_ranks.compare_exchange_weak(cur, n)) {

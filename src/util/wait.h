@@ -11,6 +11,9 @@
 
 namespace meshccl {
 
+// One CPU pause (a spin-wait hint).
+void cpu_relax();
+
 class Backoff {
  public:
   Backoff();
