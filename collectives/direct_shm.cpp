@@ -184,6 +184,17 @@ class DirectRun final : public Run {
         break;
       case OpKind::AllReduce:
       case OpKind::Reduce:
+        if (two_phase_ && !op_.premul) {
+          // This rank reduces its own block from its input directly; the
+          // peers read only the other blocks.
+          size_t b, end;
+          block(me(), &b, &end);
+          const char* src = static_cast<const char*>(at(op_.sendbuff, lo(), e));
+          std::memcpy(slot, src, b * e);
+          std::memcpy(slot + end * e, src + end * e, (len() - end) * e);
+          break;
+        }
+        [[fallthrough]];
       case OpKind::ReduceScatter: {
         const size_t count = op_.kind == OpKind::ReduceScatter ? op_.count * static_cast<size_t>(n()) : len();
         const void* src = at(op_.sendbuff, op_.kind == OpKind::ReduceScatter ? 0 : lo(), e);
@@ -240,7 +251,8 @@ class DirectRun final : public Run {
     return kOk;
   }
 
-  void reduce_from_slots(void* dst, size_t offset_elems, size_t count) {
+  // own: where this rank's input for the range lies (nullptr: its slot).
+  void reduce_from_slots(void* dst, size_t offset_elems, size_t count, const void* own = nullptr) {
     const void* srcs[64];
     std::vector<const void*> many;
     const void** s = srcs;
@@ -249,6 +261,7 @@ class DirectRun final : public Run {
       s = many.data();
     }
     for (int p = 0; p < n(); ++p) s[p] = at(static_cast<const void*>(node_->data(p, round_)), offset_elems, es());
+    if (own != nullptr) s[me()] = own;
     kernels::reduce_n(op_.dtype, op_.op, dst, s, n(), count);
     if (op_.avg) kernels::divide(op_.dtype, dst, dst, count, n());
   }
@@ -262,7 +275,8 @@ class DirectRun final : public Run {
         if (two_phase_) {
           size_t b, end;
           block(me(), &b, &end);
-          if (end > b) reduce_from_slots(node_->data(me(), round_) + b * e, b, end - b);
+          const void* own = op_.premul ? nullptr : at(op_.sendbuff, lo() + b, e);
+          if (end > b) reduce_from_slots(node_->data(me(), round_) + b * e, b, end - b, own);
         } else if (op_.kind == OpKind::AllReduce || me() == op_.root) {
           reduce_from_slots(at(op_.recvbuff, lo(), e), 0, len());
         }

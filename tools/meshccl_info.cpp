@@ -10,9 +10,23 @@
 #include "util/param.h"
 
 int main(int argc, char** argv) {
-  if (argc > 1 && (std::string(argv[1]) == "-h" || std::string(argv[1]) == "--help")) {
-    std::printf("usage: meshccl_info\nPrints the meshccl version, build features, transports and settings.\n");
+  const std::string arg = argc > 1 ? argv[1] : "";
+  if (arg == "-h" || arg == "--help") {
+    std::printf(
+        "usage: meshccl_info [--markdown]\nPrints the meshccl version, build features, transports and settings.\n"
+        "--markdown prints only the settings, as the table of docs/environment.md.\n");
     return 0;
+  }
+  if (arg == "--markdown") {
+    std::printf("| variable | NCCL alias | default | meaning |\n| --- | --- | --- | --- |\n");
+    for (const meshccl::ParamInfo& p : meshccl::all_params())
+      std::printf("| `%s` | %s | `%s` | %s |\n", p.name, p.alias ? ("`" + std::string(p.alias) + "`").c_str() : "",
+                  p.default_value, p.help);
+    return 0;
+  }
+  if (!arg.empty()) {
+    std::fprintf(stderr, "meshccl_info: unknown argument '%s' (try --help)\n", arg.c_str());
+    return 2;
   }
   int v = 0;
   ncclGetVersion(&v);
