@@ -1,5 +1,6 @@
 // Pairwise AlltoAll: every rank exchanges one block with every other rank; the
-// exchanges are independent and progress concurrently.
+// exchanges are independent and progress concurrently. In place, the input is
+// first copied aside so that arriving blocks cannot overwrite unsent ones.
 #include "collectives/algorithms.h"
 
 namespace meshccl {
@@ -10,12 +11,20 @@ Status build_pairwise_alltoall(const OpDesc& op, Plan* plan) {
   const int n = op.nranks, r = op.rank;
   const size_t es = op.elem(), c = op.count, bytes = c * es;
   plan->algorithm = "pairwise";
-  plan->copy(at(op.recvbuff, r * c, es), at(op.sendbuff, r * c, es), bytes);
   if (bytes == 0) return kOk;
+  const void* in = op.sendbuff;
+  Plan::StepId staged = Plan::kNoStep;
+  if (op.sendbuff == op.recvbuff && n > 1) {
+    void* copy = plan->scratch(bytes * static_cast<size_t>(n));
+    staged = plan->copy(copy, op.sendbuff, bytes * static_cast<size_t>(n));
+    in = copy;
+  } else {
+    plan->copy(at(op.recvbuff, r * c, es), at(op.sendbuff, r * c, es), bytes);
+  }
   for (int k = 1; k < n; ++k) {
     const int to = (r + k) % n, from = (r - k + n) % n;
-    plan->send(to, 0, at(op.sendbuff, to * c, es), bytes);
-    plan->recv(from, 0, at(op.recvbuff, from * c, es), bytes);
+    plan->add_dep(plan->send(to, 0, at(in, to * c, es), bytes), staged);
+    plan->add_dep(plan->recv(from, 0, at(op.recvbuff, from * c, es), bytes), staged);
   }
   return kOk;
 }

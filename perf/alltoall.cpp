@@ -1,6 +1,6 @@
 // alltoall_perf: ncclAlltoAll, block p of rank r going to rank p; busbw =
-// algbw * (n-1)/n. In-place AlltoAll is undefined in the API and rejected by
-// meshccl, so its columns read N/A (nccl-tests times it without checking).
+// algbw * (n-1)/n. In place it is timed but not checked, like nccl-tests
+// (#wrong reads N/A); meshccl does support it (tests/core/direct_test.cpp).
 #include "coll.h"
 
 namespace {
@@ -29,7 +29,7 @@ ncclResult_t Call(const CallArgs& a) {
   return ncclAlltoAll(a.send, a.recv, a.counts->param_count, a.type->type, a.comm, a.stream);
 }
 
-const CollTest kTest{"AlltoAll", false, false, false, false, false, GetCounts, RecvBytes, RingBusFactor,
+const CollTest kTest{"AlltoAll", false, false, false, false, true, GetCounts, RecvBytes, RingBusFactor,
                      Init, Call, nullptr};
 
 }  // namespace

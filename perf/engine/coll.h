@@ -55,8 +55,8 @@ struct CollTest {
   bool rooted;             // loops over roots with -r -1 and prints the root
   bool blank_op;           // prints an empty op column (hypercube)
   bool check_in_place;     // false: in-place #wrong is reported as N/A
-  // false: the API leaves in-place undefined and meshccl rejects it (AlltoAll),
-  // so the in-place columns read N/A and stay out of the average.
+  // false: the in-place variant cannot run, so its columns read N/A and stay
+  // out of the average.
   bool in_place_defined;
   Counts (*counts)(size_t bytes, size_t elt, int nranks);
   double (*alg_bytes)(const Counts& c, size_t elt, int nranks);

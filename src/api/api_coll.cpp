@@ -110,8 +110,6 @@ MESHCCL_EXPORT ncclResult_t pncclAlltoAll(const void* sendbuff, void* recvbuff, 
   return api_guard("ncclAlltoAll", [&]() -> Status {
     MC_TRY(check_comm_handle("ncclAlltoAll", comm));
     size_t n = static_cast<size_t>(comm->nranks);
-    if (count > 0 && sendbuff == recvbuff)
-      return MC_ERROR(ncclInvalidArgument, "ncclAlltoAll : in-place operation is not supported (sendbuff == recvbuff)");
     return collective("ncclAlltoAll", OpKind::AlltoAll, sendbuff, recvbuff, count, datatype, nullptr, -1, comm, stream,
                       count * n, count * n, n);
   });

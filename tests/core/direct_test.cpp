@@ -157,6 +157,28 @@ TEST(Direct, GroupsAndStreams) {
   });
 }
 
+// In place, AlltoAll must not overwrite blocks it has yet to send: on the
+// direct path and on the pairwise plan.
+TEST(Direct, AlltoAllInPlace) {
+  for (const char* algo : {"alltoall:direct_shm", "alltoall:pairwise"}) {
+    Env env({{"MESHCCL_ALGO", algo}});
+    for (int n : {1, 2, 3, 4}) {
+      run_ranks(n, [n, algo](ncclComm_t comm, int rank) {
+        for (size_t count : {size_t{1}, size_t{333}}) {
+          std::vector<float> buf(count * n);
+          for (int p = 0; p < n; ++p)
+            for (size_t i = 0; i < count; ++i) buf[p * count + i] = in(rank * n + p, i);
+          ASSERT_EQ(ncclAlltoAll(buf.data(), buf.data(), count, ncclFloat32, comm, nullptr), ncclSuccess)
+              << ncclGetLastError(comm);
+          for (int p = 0; p < n; ++p)
+            for (size_t i = 0; i < count; ++i)
+              ASSERT_EQ(buf[p * count + i], in(p * n + rank, i)) << algo << " n=" << n << " from " << p << " i=" << i;
+        }
+      });
+    }
+  }
+}
+
 // One rank calls something else: every rank gets ncclInvalidUsage naming both
 // calls, in bounded time, instead of corrupt data or a hang.
 TEST(Direct, MismatchedCallsFailEveryRank) {
