@@ -9,10 +9,14 @@
 //              block out (two flag waits, the reduction split over all cores).
 //   Reduce     the same; only the root copies out.
 //   Broadcast  the root's slot is copied out by the others.
-//   AllGather, ReduceScatter, AlltoAll, Gather, Scatter: one round, each rank
-//              reads its part of every slot.
+//   AllGather, Gather: each rank's piece is copied out by the others (root).
+//   ReduceScatter: each rank reduces its block from every slot.
+//   AlltoAll, Scatter: each rank copies its block out of every slot (root's).
 //
-// AllReduce, Reduce and Broadcast larger than a slot run in several rounds.
+// An operation larger than a slot runs in rounds, each covering the same range
+// of every block (blocks are per-peer for ReduceScatter, AlltoAll and Scatter,
+// whose slots hold one chunk per peer). Each round copies its range in before
+// anything of that range is written, so every collective also works in place.
 // Every rank waits for every peer's arrival in each round and compares the
 // operation signature in the slot header with its own, so mismatched calls
 // (collective, count, datatype, op, root) are found on every rank and reported
@@ -32,26 +36,13 @@ namespace {
 
 using detail::at;
 
-// Rounds of a multi-round operation carry this many bytes per rank at most.
-bool multi_round(OpKind k) { return k == OpKind::AllReduce || k == OpKind::Reduce || k == OpKind::Broadcast; }
+// Kinds whose slot holds one chunk per peer.
+bool per_peer_blocks(OpKind k) { return k == OpKind::ReduceScatter || k == OpKind::AlltoAll || k == OpKind::Scatter; }
 
-// Bytes one rank writes into its slot for the whole operation.
-size_t slot_need(const OpDesc& op) {
-  const size_t bytes = op.count * op.elem(), n = static_cast<size_t>(op.nranks);
-  switch (op.kind) {
-    case OpKind::AllReduce:
-    case OpKind::Reduce:
-    case OpKind::Broadcast:
-    case OpKind::AllGather:
-    case OpKind::Gather:
-      return bytes;
-    case OpKind::ReduceScatter:
-    case OpKind::AlltoAll:
-    case OpKind::Scatter:
-      return bytes * n;
-    default:
-      return 0;
-  }
+// Bytes one rank's input occupies over the whole operation.
+size_t input_bytes(const OpDesc& op) {
+  const size_t bytes = op.count * op.elem();
+  return per_peer_blocks(op.kind) ? bytes * static_cast<size_t>(op.nranks) : bytes;
 }
 
 struct Signature {
@@ -87,12 +78,17 @@ std::string describe(const uint64_t w[3]) {
   return out + ")";
 }
 
+// Elements of each block one round covers.
+size_t round_elems(const NodeRegion* node, const OpDesc& op) {
+  const size_t blocks = per_peer_blocks(op.kind) ? static_cast<size_t>(op.nranks) : 1;
+  return node->slot_bytes() / (op.elem() * blocks);
+}
+
 class DirectRun final : public Run {
  public:
   DirectRun(NodeRegion* node, const OpDesc& op, uint64_t first, uint64_t rounds)
       : node_(node), op_(op), sig_(signature_of(op)), first_(first), last_(first + rounds - 1), round_(first) {
-    const size_t per = node->slot_bytes() / op.elem();
-    round_elems_ = multi_round(op.kind) ? per : op.count;
+    round_elems_ = round_elems(node, op);
     // Reduce within a round by one rank (small) or split over all ranks.
     two_phase_ = (op.kind == OpKind::AllReduce || op.kind == OpKind::Reduce) &&
                  std::min(op.count, round_elems_) * op.elem() * static_cast<size_t>(op.nranks) > kOnePhaseBytes;
@@ -151,7 +147,7 @@ class DirectRun final : public Run {
   size_t es() const { return op_.elem(); }
   // This round's elements of the operation (multi-round kinds).
   size_t lo() const { return (round_ - first_) * round_elems_; }
-  size_t len() const { return multi_round(op_.kind) ? std::min(round_elems_, op_.count - lo()) : op_.count; }
+  size_t len() const { return std::min(round_elems_, op_.count - lo()); }
   // Block b of the round, 64-byte aligned, for the two-phase reduction.
   void block(int b, size_t* begin, size_t* end) const {
     const size_t align = std::max<size_t>(1, 64 / es());
@@ -174,36 +170,45 @@ class DirectRun final : public Run {
 
   void publish() {
     char* slot = node_->data(me(), round_);
-    const size_t bytes = slot_need(op_), e = es();
+    const size_t e = es(), c = op_.count, l = len();
+    auto in = [&](size_t block) { return at(op_.sendbuff, block * c + lo(), e); };
     switch (op_.kind) {
       case OpKind::Broadcast:
-        if (me() == op_.root) std::memcpy(slot, at(op_.sendbuff, lo(), e), len() * e);
-        break;
-      case OpKind::Scatter:
-        if (me() == op_.root) std::memcpy(slot, op_.sendbuff, bytes);
+        if (me() == op_.root) std::memcpy(slot, in(0), l * e);
         break;
       case OpKind::AllReduce:
       case OpKind::Reduce:
-        if (two_phase_ && !op_.premul) {
+        if (op_.premul) {
+          kernels::scale(op_.dtype, slot, in(0), l, op_.scalar);
+        } else if (two_phase_) {
           // This rank reduces its own block from its input directly; the
           // peers read only the other blocks.
           size_t b, end;
           block(me(), &b, &end);
-          const char* src = static_cast<const char*>(at(op_.sendbuff, lo(), e));
-          std::memcpy(slot, src, b * e);
-          std::memcpy(slot + end * e, src + end * e, (len() - end) * e);
-          break;
+          std::memcpy(slot, in(0), b * e);
+          std::memcpy(slot + end * e, static_cast<const char*>(in(0)) + end * e, (l - end) * e);
+        } else {
+          std::memcpy(slot, in(0), l * e);
         }
-        [[fallthrough]];
-      case OpKind::ReduceScatter: {
-        const size_t count = op_.kind == OpKind::ReduceScatter ? op_.count * static_cast<size_t>(n()) : len();
-        const void* src = at(op_.sendbuff, op_.kind == OpKind::ReduceScatter ? 0 : lo(), e);
-        if (op_.premul) kernels::scale(op_.dtype, slot, src, count, op_.scalar);
-        else std::memcpy(slot, src, count * e);
         break;
-      }
-      default:  // AllGather, Gather, AlltoAll
-        std::memcpy(slot, op_.sendbuff, bytes);
+      case OpKind::ReduceScatter:
+        for (int p = 0; p < n(); ++p) {
+          char* dst = slot + static_cast<size_t>(p) * l * e;
+          if (op_.premul) kernels::scale(op_.dtype, dst, in(static_cast<size_t>(p)), l, op_.scalar);
+          else if (p != me()) std::memcpy(dst, in(static_cast<size_t>(p)), l * e);
+        }
+        break;
+      case OpKind::AlltoAll:
+        for (int p = 0; p < n(); ++p)
+          if (p != me()) std::memcpy(slot + static_cast<size_t>(p) * l * e, in(static_cast<size_t>(p)), l * e);
+        break;
+      case OpKind::Scatter:
+        if (me() != op_.root) break;
+        for (int p = 0; p < n(); ++p)
+          if (p != me()) std::memcpy(slot + static_cast<size_t>(p) * l * e, in(static_cast<size_t>(p)), l * e);
+        break;
+      default:  // AllGather, Gather
+        std::memcpy(slot, in(0), l * e);
         break;
     }
     NodeRegion::SlotHeader& h = node_->header(me(), round_);
@@ -267,51 +272,50 @@ class DirectRun final : public Run {
   }
 
   void read_inputs() {
-    const size_t e = es(), c = op_.count;
-    char* out = static_cast<char*>(op_.recvbuff);
+    const size_t e = es(), c = op_.count, l = len();
+    auto out = [&](size_t block) { return at(op_.recvbuff, block * c + lo(), e); };
+    auto own = [&](size_t block) { return at(op_.sendbuff, block * c + lo(), e); };
+    auto chunk = [&](int p, size_t block) { return node_->data(p, round_) + block * l * e; };
+    const size_t mine = static_cast<size_t>(me());
     switch (op_.kind) {
       case OpKind::AllReduce:
       case OpKind::Reduce:
         if (two_phase_) {
           size_t b, end;
           block(me(), &b, &end);
-          const void* own = op_.premul ? nullptr : at(op_.sendbuff, lo() + b, e);
-          if (end > b) reduce_from_slots(node_->data(me(), round_) + b * e, b, end - b, own);
+          const void* from = op_.premul ? nullptr : at(own(0), b, e);
+          if (end > b) reduce_from_slots(node_->data(me(), round_) + b * e, b, end - b, from);
         } else if (op_.kind == OpKind::AllReduce || me() == op_.root) {
-          reduce_from_slots(at(op_.recvbuff, lo(), e), 0, len());
+          reduce_from_slots(out(0), 0, l);
         }
         break;
       case OpKind::Broadcast:
-        if (me() != op_.root) std::memcpy(at(op_.recvbuff, lo(), e), node_->data(op_.root, round_), len() * e);
-        else if (op_.recvbuff != op_.sendbuff) std::memcpy(at(op_.recvbuff, lo(), e), at(op_.sendbuff, lo(), e), len() * e);
+        if (me() != op_.root) std::memcpy(out(0), node_->data(op_.root, round_), l * e);
+        else if (out(0) != own(0)) std::memcpy(out(0), own(0), l * e);
         break;
       case OpKind::ReduceScatter:
-        reduce_from_slots(op_.recvbuff, static_cast<size_t>(me()) * c, c);
+        reduce_from_slots(at(op_.recvbuff, lo(), e), mine * l, l, op_.premul ? nullptr : own(mine));
         break;
       case OpKind::AllGather:
+      case OpKind::Gather:
+        if (op_.kind == OpKind::Gather && me() != op_.root) break;
         for (int p = 0; p < n(); ++p) {
-          const void* src = p == me() ? op_.sendbuff : node_->data(p, round_);
-          char* dst = out + static_cast<size_t>(p) * c * e;
-          if (dst != src) std::memcpy(dst, src, c * e);
+          const void* src = p == me() ? own(0) : node_->data(p, round_);
+          void* dst = out(static_cast<size_t>(p));
+          if (dst != src) std::memcpy(dst, src, l * e);
         }
         break;
       case OpKind::AlltoAll:
-        // Own block from the slot too: in place, sendbuff is being overwritten.
-        for (int p = 0; p < n(); ++p)
-          std::memcpy(out + static_cast<size_t>(p) * c * e, node_->data(p, round_) + static_cast<size_t>(me()) * c * e, c * e);
-        break;
-      case OpKind::Gather:
-        if (me() != op_.root) break;
         for (int p = 0; p < n(); ++p) {
-          const void* src = p == me() ? op_.sendbuff : node_->data(p, round_);
-          char* dst = out + static_cast<size_t>(p) * c * e;
-          if (dst != src) std::memcpy(dst, src, c * e);
+          const void* src = p == me() ? own(mine) : chunk(p, mine);
+          void* dst = out(static_cast<size_t>(p));
+          if (dst != src) std::memcpy(dst, src, l * e);
         }
         break;
       case OpKind::Scatter: {
-        const char* src = node_->data(op_.root, round_) + static_cast<size_t>(me()) * c * e;
-        if (me() == op_.root) src = static_cast<const char*>(op_.sendbuff) + static_cast<size_t>(me()) * c * e;
-        if (src != out) std::memcpy(out, src, c * e);
+        const void* src = me() == op_.root ? own(mine) : chunk(op_.root, mine);
+        void* dst = at(op_.recvbuff, lo(), e);
+        if (dst != src) std::memcpy(dst, src, l * e);
         break;
       }
       default:
@@ -346,12 +350,11 @@ namespace {
 // Rounds the operation takes, or 0 when the direct algorithm does not apply.
 uint64_t direct_rounds(NodeRegion* node, const OpDesc& op, size_t max_bytes) {
   if (node == nullptr || op.nranks < 2 || node->nranks() != op.nranks) return 0;
-  const size_t need = slot_need(op);
+  const size_t need = input_bytes(op);
   if (need == 0 || need > max_bytes) return 0;
-  if (!multi_round(op.kind) && need > node->slot_bytes()) return 0;
-  const size_t per = node->slot_bytes() / op.elem();
+  const size_t per = round_elems(node, op);
   if (per == 0) return 0;
-  return multi_round(op.kind) ? (op.count + per - 1) / per : 1;
+  return (op.count + per - 1) / per;
 }
 }  // namespace
 
@@ -369,6 +372,8 @@ Status run_direct_now(NodeRegion* node, const OpDesc& op, size_t max_bytes, doub
   const uint64_t rounds = direct_rounds(node, op, max_bytes);
   if (rounds == 0) return kOk;
   *taken = true;
+  MC_INFO(kTune, "%s: %zu elements of %s -> algorithm %s, on the calling thread", op_kind_name(op.kind), op.count,
+          kernels::dtype_name(op.dtype), kDirectShm);
   DirectRun run(node, op, node->reserve_rounds(rounds), rounds);
   // Spin on the flags; look at the clock only every so often.
   double until = -1;
