@@ -211,7 +211,11 @@ TEST(Errors, ArgumentChecks) {
     EXPECT_EQ(ncclRecv(nullptr, 1, ncclInt, 0, comm, nullptr), ncclInvalidArgument);
     EXPECT_EQ(ncclAllReduce(&x, &x, 1, ncclInt, ncclSum, nullptr, nullptr), ncclInvalidArgument);
     EXPECT_EQ(ncclAllReduce(&x, &x, 1, ncclInt, ncclSum, comm, reinterpret_cast<cudaStream_t>(0x1234)), ncclInvalidArgument);
-    EXPECT_EQ(ncclAlltoAll(&x, &x, 1, ncclInt, comm, nullptr), ncclInvalidArgument);
+    // AlltoAll in place is accepted, as by NCCL, and correct.
+    int a2a[2] = {rank * 100, rank * 100 + 1};
+    EXPECT_EQ(ncclAlltoAll(a2a, a2a, 1, ncclInt, comm, nullptr), ncclSuccess);
+    EXPECT_EQ(a2a[0], rank);
+    EXPECT_EQ(a2a[1], 100 + rank);
     // Count 0 with NULL buffers is legal.
     EXPECT_EQ(ncclAllReduce(nullptr, nullptr, 0, ncclInt, ncclSum, comm, nullptr), ncclSuccess);
     // An invalid argument inside a group fails that call only.
