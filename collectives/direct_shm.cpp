@@ -375,18 +375,20 @@ Status run_direct_now(NodeRegion* node, const OpDesc& op, size_t max_bytes, doub
   MC_INFO(kTune, "%s: %zu elements of %s -> algorithm %s, on the calling thread", op_kind_name(op.kind), op.count,
           kernels::dtype_name(op.dtype), kDirectShm);
   DirectRun run(node, op, node->reserve_rounds(rounds), rounds);
-  // Spin on the flags; look at the clock only every so often.
+  // Poll the flags (yielding to a peer that may share this core); look at
+  // the clock only every so often.
   double until = -1;
+  Backoff backoff;
   for (uint32_t i = 1;; ++i) {
     bool moved = false;
     MC_TRY(run.poll(nullptr, &moved));
     if (run.finished()) return kOk;
-    if ((i & 63) == 0) {
+    if ((i & 15) == 0) {
       const double now = now_us();
       if (until < 0) until = now + budget_us;
       else if (now >= until) break;
     }
-    cpu_relax();
+    moved ? backoff.progress() : backoff.yield_only();
   }
   *rest = std::make_unique<DirectRun>(std::move(run));
   return kOk;

@@ -92,8 +92,9 @@ void meshcclStream::enqueue(std::vector<meshccl::Launch> launches) {
     // completes without waking the worker.
     const double budget_us = static_cast<double>(meshccl::param_int(meshccl::Param::InlineUs));
     const double until = meshccl::now_us() + budget_us;
+    meshccl::Backoff backoff;
     do {
-      drive();
+      drive() ? backoff.progress() : backoff.yield_only();
     } while (completed_.load(std::memory_order_acquire) < enqueued_.load() && meshccl::now_us() < until);
   }
   {

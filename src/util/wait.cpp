@@ -45,8 +45,6 @@ const BackoffConfig& backoff_config() {
 }
 }  // namespace
 
-void cpu_relax() { MESHCCL_CPU_PAUSE(); }
-
 void note_local_ranks(int n) {
   int cur = g_local_ranks.load(std::memory_order_relaxed);
   while (n > cur && !g_local_ranks.compare_exchange_weak(cur, n)) {
@@ -76,6 +74,14 @@ void Backoff::idle() {
   if (ns > 1000000L) ns = 1000000L;
   timespec ts{0, ns};
   nanosleep(&ts, nullptr);
+}
+
+void Backoff::yield_only() {
+  if (++n_ <= spin_) {
+    MESHCCL_CPU_PAUSE();
+    return;
+  }
+  sched_yield();
 }
 
 Deadline Deadline::after(double seconds) {

@@ -11,14 +11,13 @@
 
 namespace meshccl {
 
-// One CPU pause (a spin-wait hint).
-void cpu_relax();
-
 class Backoff {
  public:
   Backoff();
   // Call after a poll that found nothing to do.
   void idle();
+  // Like idle(), but never sleeps: for short bounded waits.
+  void yield_only();
   // Call after a poll that made progress.
   void progress() { n_ = 0; }
 
