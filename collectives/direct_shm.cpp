@@ -25,6 +25,7 @@
 #include <cstring>
 
 #include "collectives/algorithms.h"
+#include "mem/memalloc.h"
 #include "sched/engine.h"
 #include "transport/node_region.h"
 #include "util/log.h"
@@ -107,7 +108,9 @@ class DirectRun final : public Run {
           bool ready = false;
           MC_TRY(all_arrived(&ready));
           if (!ready) return kOk;
-          read_inputs();
+          peers_read_buffers_ = false;
+          for (int p = 0; p < n(); ++p) peers_read_buffers_ |= node_->header(p, round_).input.valid != 0;
+          MC_TRY(read_inputs());
           *moved = true;
           if (!two_phase_) break;
           node_->control(me()).reduced.value.store(round_, std::memory_order_release);
@@ -122,8 +125,20 @@ class DirectRun final : public Run {
           *moved = true;
           break;
         }
+        case State::Release: {
+          // Peers read this rank's own buffer: it may change only once every
+          // reader is done with it.
+          if (!all_at(&NodeRegion::Control::done)) return kOk;
+          *moved = true;
+          break;
+        }
         case State::Done:
           return kOk;
+      }
+      if (state_ == State::Arrive && peers_read_buffers_ && !two_phase_) {
+        node_->control(me()).done.value.store(round_, std::memory_order_release);
+        state_ = State::Release;
+        continue;
       }
       node_->finished().store(round_, std::memory_order_release);
       if (round_ == last_) {
@@ -139,7 +154,9 @@ class DirectRun final : public Run {
   int waiting_on() const override { return waiting_; }
 
  private:
-  enum class State { Turn, Arrive, Reduced, Done };
+  enum class State { Turn, Arrive, Reduced, Release, Done };
+  // Rounds at least this large per rank read ncclMemAlloc inputs in place.
+  static constexpr size_t kZeroCopyBytes = 64 * 1024;
   static constexpr size_t kOnePhaseBytes = 16 * 1024;
 
   int me() const { return node_->rank(); }
@@ -170,8 +187,25 @@ class DirectRun final : public Run {
 
   void publish() {
     char* slot = node_->data(me(), round_);
-    const size_t e = es(), c = op_.count, l = len();
+    const size_t e = es(), c = op_.count;
     auto in = [&](size_t block) { return at(op_.sendbuff, block * c + lo(), e); };
+    NodeRegion::SlotHeader& hdr = node_->header(me(), round_);
+    hdr.input.valid = 0;
+    MemBlockRef ref;
+    if (zero_copy_input() && mem_find_block(op_.sendbuff, input_bytes(op_), &ref)) {
+      hdr.input = NodeRegion::BufferRef{1, ref.pid, ref.fd, 0, ref.ino, ref.dev, ref.offset, ref.file_size};
+    } else {
+      copy_input(slot, in);
+    }
+    NodeRegion::SlotHeader& h = node_->header(me(), round_);
+    h.round = round_;
+    std::memcpy(h.signature, sig_.w, sizeof(sig_.w));
+    node_->control(me()).arrived.value.store(round_, std::memory_order_release);
+  }
+
+  template <typename In>
+  void copy_input(char* slot, const In& in) {
+    const size_t e = es(), l = len();
     switch (op_.kind) {
       case OpKind::Broadcast:
         if (me() == op_.root) std::memcpy(slot, in(0), l * e);
@@ -211,10 +245,6 @@ class DirectRun final : public Run {
         std::memcpy(slot, in(0), l * e);
         break;
     }
-    NodeRegion::SlotHeader& h = node_->header(me(), round_);
-    h.round = round_;
-    std::memcpy(h.signature, sig_.w, sizeof(sig_.w));
-    node_->control(me()).arrived.value.store(round_, std::memory_order_release);
   }
 
   Status all_arrived(bool* ready) {
@@ -243,21 +273,48 @@ class DirectRun final : public Run {
     return kOk;
   }
 
-  Status all_reduced(bool* ready) {
-    *ready = false;
+  // Every rank's flag has reached this round.
+  bool all_at(NodeRegion::Flag NodeRegion::Control::*flag) {
     for (int p = 0; p < n(); ++p) {
-      if (node_->control(p).reduced.value.load(std::memory_order_acquire) < round_) {
+      if ((node_->control(p).*flag).value.load(std::memory_order_acquire) < round_) {
         waiting_ = p;
-        return kOk;
+        return false;
       }
     }
     waiting_ = -1;
-    *ready = true;
+    return true;
+  }
+
+  Status all_reduced(bool* ready) {
+    *ready = all_at(&NodeRegion::Control::reduced);
     return kOk;
   }
 
-  // own: where this rank's input for the range lies (nullptr: its slot).
-  void reduce_from_slots(void* dst, size_t offset_elems, size_t count, const void* own = nullptr) {
+  // Peer p's input for `block` (a per-peer block, else 0) in this round: in
+  // its own buffer when it published one, else in its slot.
+  const char* input(int p, size_t block) {
+    const NodeRegion::SlotHeader& h = node_->header(p, round_);
+    if (h.input.valid) {
+      const char* base = p == me() ? static_cast<const char*>(op_.sendbuff) : node_->map_peer_buffer(p, h.input);
+      if (base == nullptr) return nullptr;
+      return base + (block * op_.count + lo()) * es();
+    }
+    return node_->data(p, round_) + (per_peer_blocks(op_.kind) ? block * len() * es() : 0);
+  }
+
+  // Whether peers may read this round's input from the user's buffer.
+  bool zero_copy_input() const {
+    if (op_.premul || (op_.kind == OpKind::AlltoAll && op_.sendbuff == op_.recvbuff)) return false;
+    if (op_.kind == OpKind::Broadcast && me() != op_.root) return false;
+    if (op_.kind == OpKind::Scatter && me() != op_.root) return false;
+    const size_t blocks = per_peer_blocks(op_.kind) ? static_cast<size_t>(n()) : 1;
+    return len() * es() * blocks >= kZeroCopyBytes;
+  }
+
+  // dst = reduction over every rank's input for `block` (a per-peer block,
+  // else 0), elements [offset, offset + count) of this round. own: where this
+  // rank's input lies when not in its slot or buffer reference (nullptr: there).
+  Status reduce_inputs(void* dst, size_t block, size_t offset, size_t count, const void* own = nullptr) {
     const void* srcs[64];
     std::vector<const void*> many;
     const void** s = srcs;
@@ -265,18 +322,36 @@ class DirectRun final : public Run {
       many.resize(static_cast<size_t>(n()));
       s = many.data();
     }
-    for (int p = 0; p < n(); ++p) s[p] = at(static_cast<const void*>(node_->data(p, round_)), offset_elems, es());
-    if (own != nullptr) s[me()] = own;
+    for (int p = 0; p < n(); ++p) {
+      const char* src = p == me() && own != nullptr ? static_cast<const char*>(own) : input(p, block);
+      if (src == nullptr) return unmappable(p);
+      s[p] = p == me() && own != nullptr ? src : src + offset * es();
+    }
     kernels::reduce_n(op_.dtype, op_.op, dst, s, n(), count);
     if (op_.avg) kernels::divide(op_.dtype, dst, dst, count, n());
+    return kOk;
   }
 
-  void read_inputs() {
+  Status unmappable(int p) const {
+    return MC_ERROR(ncclSystemError, "%s: cannot map rank %d's buffer (pid %d)", op_kind_name(op_.kind), p,
+                    node_->header(p, round_).input.pid);
+  }
+
+  Status read_inputs() {
     const size_t e = es(), c = op_.count, l = len();
     auto out = [&](size_t block) { return at(op_.recvbuff, block * c + lo(), e); };
     auto own = [&](size_t block) { return at(op_.sendbuff, block * c + lo(), e); };
-    auto chunk = [&](int p, size_t block) { return node_->data(p, round_) + block * l * e; };
     const size_t mine = static_cast<size_t>(me());
+    // Copies every rank's input for `block` to out(p) (p's input from own()).
+    auto gather = [&](size_t block, size_t own_block) -> Status {
+      for (int p = 0; p < n(); ++p) {
+        const void* src = p == me() ? own(own_block) : input(p, block);
+        if (src == nullptr) return unmappable(p);
+        void* dst = out(static_cast<size_t>(p));
+        if (dst != src) std::memcpy(dst, src, l * e);
+      }
+      return kOk;
+    };
     switch (op_.kind) {
       case OpKind::AllReduce:
       case OpKind::Reduce:
@@ -284,42 +359,34 @@ class DirectRun final : public Run {
           size_t b, end;
           block(me(), &b, &end);
           const void* from = op_.premul ? nullptr : at(own(0), b, e);
-          if (end > b) reduce_from_slots(node_->data(me(), round_) + b * e, b, end - b, from);
+          if (end > b) return reduce_inputs(node_->data(me(), round_) + b * e, 0, b, end - b, from);
         } else if (op_.kind == OpKind::AllReduce || me() == op_.root) {
-          reduce_from_slots(out(0), 0, l);
+          return reduce_inputs(out(0), 0, 0, l);
         }
-        break;
-      case OpKind::Broadcast:
-        if (me() != op_.root) std::memcpy(out(0), node_->data(op_.root, round_), l * e);
-        else if (out(0) != own(0)) std::memcpy(out(0), own(0), l * e);
-        break;
+        return kOk;
+      case OpKind::Broadcast: {
+        const void* src = me() == op_.root ? own(0) : input(op_.root, 0);
+        if (src == nullptr) return unmappable(op_.root);
+        if (out(0) != src) std::memcpy(out(0), src, l * e);
+        return kOk;
+      }
       case OpKind::ReduceScatter:
-        reduce_from_slots(at(op_.recvbuff, lo(), e), mine * l, l, op_.premul ? nullptr : own(mine));
-        break;
+        return reduce_inputs(at(op_.recvbuff, lo(), e), mine, 0, l, op_.premul ? nullptr : own(mine));
       case OpKind::AllGather:
+        return gather(0, 0);
       case OpKind::Gather:
-        if (op_.kind == OpKind::Gather && me() != op_.root) break;
-        for (int p = 0; p < n(); ++p) {
-          const void* src = p == me() ? own(0) : node_->data(p, round_);
-          void* dst = out(static_cast<size_t>(p));
-          if (dst != src) std::memcpy(dst, src, l * e);
-        }
-        break;
+        return me() == op_.root ? gather(0, 0) : kOk;
       case OpKind::AlltoAll:
-        for (int p = 0; p < n(); ++p) {
-          const void* src = p == me() ? own(mine) : chunk(p, mine);
-          void* dst = out(static_cast<size_t>(p));
-          if (dst != src) std::memcpy(dst, src, l * e);
-        }
-        break;
+        return gather(mine, mine);
       case OpKind::Scatter: {
-        const void* src = me() == op_.root ? own(mine) : chunk(op_.root, mine);
+        const void* src = me() == op_.root ? own(mine) : input(op_.root, mine);
+        if (src == nullptr) return unmappable(op_.root);
         void* dst = at(op_.recvbuff, lo(), e);
         if (dst != src) std::memcpy(dst, src, l * e);
-        break;
+        return kOk;
       }
       default:
-        break;
+        return kOk;
     }
   }
 
@@ -341,6 +408,7 @@ class DirectRun final : public Run {
   size_t round_elems_ = 0;
   bool two_phase_ = false;
   State state_ = State::Turn;
+  bool peers_read_buffers_ = false;
   int waiting_ = -1;
 };
 

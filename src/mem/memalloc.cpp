@@ -1,6 +1,7 @@
 #include "mem/memalloc.h"
 
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -18,6 +19,8 @@ namespace {
 struct Block {
   size_t size;
   int fd;
+  uint64_t ino;
+  uint64_t dev;
 };
 
 struct Registry {
@@ -52,10 +55,13 @@ Status mem_alloc(void** ptr, size_t size) {
     close(fd);
     return MC_ERROR(ncclSystemError, "ncclMemAlloc : mmap of %zu bytes failed: %s", rounded, strerror(e));
   }
+  struct stat st {};
+  fstat(fd, &st);
   {
     Registry& r = registry();
     std::lock_guard<std::mutex> lock(r.mu);
-    r.blocks[reinterpret_cast<uintptr_t>(p)] = Block{rounded, fd};
+    r.blocks[reinterpret_cast<uintptr_t>(p)] =
+        Block{rounded, fd, static_cast<uint64_t>(st.st_ino), static_cast<uint64_t>(st.st_dev)};
   }
   MC_INFO(kAlloc, "ncclMemAlloc %zu bytes at %p (fd %d)", rounded, p, fd);
   *ptr = p;
@@ -79,7 +85,7 @@ Status mem_free(void* ptr) {
   return kOk;
 }
 
-bool mem_find_shared(const void* ptr, size_t size, meshccl_shared_region_v1_t* out) {
+bool mem_find_block(const void* ptr, size_t size, MemBlockRef* out) {
   uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
@@ -91,8 +97,22 @@ bool mem_find_shared(const void* ptr, size_t size, meshccl_shared_region_v1_t* o
   if (out != nullptr) {
     out->pid = static_cast<int32_t>(getpid());
     out->fd = it->second.fd;
+    out->ino = it->second.ino;
+    out->dev = it->second.dev;
     out->offset = p - base;
-    out->size = it->second.size - (p - base);
+    out->file_size = it->second.size;
+  }
+  return true;
+}
+
+bool mem_find_shared(const void* ptr, size_t size, meshccl_shared_region_v1_t* out) {
+  MemBlockRef b;
+  if (!mem_find_block(ptr, size, &b)) return false;
+  if (out != nullptr) {
+    out->pid = b.pid;
+    out->fd = b.fd;
+    out->offset = b.offset;
+    out->size = b.file_size - b.offset;
   }
   return true;
 }

@@ -36,6 +36,7 @@ char* map_file(int fd, size_t bytes) {
 NodeRegion::~NodeRegion() {
   for (char* b : bases_)
     if (b != nullptr) munmap(b, map_bytes_);
+  for (const Mapping& m : buffers_) munmap(m.base, m.ref.file_size);
   if (fd_ >= 0) close(fd_);
 }
 
@@ -107,6 +108,37 @@ Status NodeRegion::create(Bootstrap& bs, const std::vector<PeerInfo>& peers, con
   MC_INFO(kInit, "rank %d: shared region for direct algorithms, %zu-byte slots, %d ranks", me, region->slot_bytes_, n);
   *out = std::move(region);
   return kOk;
+}
+
+const char* NodeRegion::map_peer_buffer(int peer, const BufferRef& ref) {
+  for (size_t i = buffers_.size(); i-- > 0;) {
+    const Mapping& m = buffers_[i];
+    if (m.peer == peer && m.ref.pid == ref.pid && m.ref.fd == ref.fd && m.ref.ino == ref.ino && m.ref.dev == ref.dev &&
+        m.ref.file_size == ref.file_size)
+      return m.base + ref.offset;
+  }
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/fd/%d", ref.pid, ref.fd);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  struct stat st {};
+  char* base = nullptr;
+  if (fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_ino) == ref.ino && static_cast<uint64_t>(st.st_dev) == ref.dev) {
+    void* p = mmap(nullptr, ref.file_size, PROT_READ, MAP_SHARED, fd, 0);
+    if (p != MAP_FAILED) base = static_cast<char*>(p);
+  }
+  close(fd);
+  if (base == nullptr) return nullptr;
+  // A bounded cache: buffers freed by a peer stay mapped here until evicted.
+  constexpr size_t kMaxMappings = 64;
+  if (buffers_.size() >= kMaxMappings) {
+    munmap(buffers_.front().base, buffers_.front().ref.file_size);
+    buffers_.erase(buffers_.begin());
+  }
+  buffers_.push_back({peer, ref, base});
+  MC_INFO(kReg, "rank %d: mapped rank %d's buffer (pid %d fd %d, %llu bytes) to read it in place", rank_, peer, ref.pid,
+          ref.fd, static_cast<unsigned long long>(ref.file_size));
+  return base + ref.offset;
 }
 
 }  // namespace meshccl

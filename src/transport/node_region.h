@@ -41,11 +41,25 @@ class NodeRegion {
   struct Control {
     Flag arrived;  // last round whose slot holds this rank's input
     Flag reduced;  // last round whose slot holds this rank's reduced block
+    Flag done;     // last round in which this rank read its peers' buffers
     Flag failed;   // round at which this rank found a mismatch (0: none)
+  };
+  // Where a rank's input lies when peers read it from the rank's own buffer
+  // (ncclMemAlloc memory) instead of its slot.
+  struct BufferRef {
+    int32_t valid;
+    int32_t pid;
+    int32_t fd;
+    int32_t pad;
+    uint64_t ino;
+    uint64_t dev;
+    uint64_t offset;  // of the operation's sendbuff in the file
+    uint64_t file_size;
   };
   struct alignas(kLine) SlotHeader {
     uint64_t round;
     uint64_t signature[3];  // what the rank called; see collectives/direct_shm.cpp
+    BufferRef input;
   };
 
   ~NodeRegion();
@@ -74,6 +88,10 @@ class NodeRegion {
   }
   // Last round this rank finished.
   std::atomic<uint64_t>& finished() { return finished_; }
+  // Peer's buffer described by ref, mapped here (cached); nullptr when it
+  // cannot be mapped. Called by one thread at a time.
+  const char* map_peer_buffer(int peer, const BufferRef& ref);
+
   // No reserved round is pending: the next reservation can run at once.
   bool idle() const { return finished_.load(std::memory_order_acquire) == next_round_; }
 
@@ -90,6 +108,12 @@ class NodeRegion {
   std::vector<char*> bases_;   // every rank's region as mapped here
   uint64_t next_round_ = 0;
   std::atomic<uint64_t> finished_{0};
+  struct Mapping {
+    int peer;
+    BufferRef ref;
+    char* base;
+  };
+  std::vector<Mapping> buffers_;  // most recent last
 };
 
 }  // namespace meshccl

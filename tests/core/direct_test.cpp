@@ -179,6 +179,87 @@ TEST(Direct, AlltoAllInPlace) {
   }
 }
 
+// Inputs in ncclMemAlloc memory are read by the peers in place (no copy into
+// the slot); a rank may reuse its buffer as soon as its call returns. Rank 1
+// uses plain memory, so both kinds of input meet in every round.
+TEST(Direct, RegisteredBuffersReadInPlace) {
+  Env env({{"MESHCCL_DIRECT_SLOT_BYTES", "65536"}, {"MESHCCL_ALGO", "direct_shm"}});
+  for (int n : {2, 3}) {
+    run_ranks(n, [n](ncclComm_t comm, int rank) {
+      const size_t count = 50000;  // several rounds, the last one short
+      const size_t total = count * n;
+      float *send = nullptr, *recv = nullptr;
+      std::vector<float> plain_send, plain_recv;
+      if (rank == 1) {
+        plain_send.resize(total);
+        plain_recv.resize(total);
+        send = plain_send.data();
+        recv = plain_recv.data();
+      } else {
+        ASSERT_EQ(ncclMemAlloc(reinterpret_cast<void**>(&send), total * sizeof(float)), ncclSuccess);
+        ASSERT_EQ(ncclMemAlloc(reinterpret_cast<void**>(&recv), total * sizeof(float)), ncclSuccess);
+      }
+      auto v = [](int r, size_t i, int it) { return static_cast<float>((r * 13 + i * 7 + it * 5) % 17); };
+      for (int it = 0; it < 3; ++it) {
+        for (size_t i = 0; i < total; ++i) send[i] = v(rank, i, it);
+        ASSERT_EQ(ncclAllReduce(send, recv, count, ncclFloat32, ncclSum, comm, nullptr), ncclSuccess);
+        // Overwrite at once: a peer still reading it would see garbage.
+        for (size_t i = 0; i < total; ++i) send[i] = -1000;
+        for (size_t i = 0; i < count; ++i) {
+          float want = 0;
+          for (int r = 0; r < n; ++r) want += v(r, i, it);
+          ASSERT_EQ(recv[i], want) << "AllReduce it=" << it << " i=" << i;
+        }
+        for (size_t i = 0; i < total; ++i) send[i] = v(rank, i, it);
+        ASSERT_EQ(ncclAllGather(send, recv, count, ncclFloat32, comm, nullptr), ncclSuccess);
+        for (size_t i = 0; i < total; ++i) send[i] = -1000;
+        for (int r = 0; r < n; ++r)
+          for (size_t i = 0; i < count; ++i) ASSERT_EQ(recv[r * count + i], v(r, i, it)) << "AllGather";
+        for (size_t i = 0; i < total; ++i) send[i] = v(rank, i, it);
+        ASSERT_EQ(ncclAlltoAll(send, recv, count, ncclFloat32, comm, nullptr), ncclSuccess);
+        for (size_t i = 0; i < total; ++i) send[i] = -1000;
+        for (int p = 0; p < n; ++p)
+          for (size_t i = 0; i < count; ++i) ASSERT_EQ(recv[p * count + i], v(p, rank * count + i, it)) << "AlltoAll";
+        for (size_t i = 0; i < total; ++i) send[i] = v(rank, i, it);
+        ASSERT_EQ(ncclReduceScatter(send, recv, count, ncclFloat32, ncclMax, comm, nullptr), ncclSuccess);
+        for (size_t i = 0; i < total; ++i) send[i] = -1000;
+        for (size_t i = 0; i < count; ++i) {
+          float want = 0;
+          for (int r = 0; r < n; ++r) want = std::max(want, v(r, rank * count + i, it));
+          ASSERT_EQ(recv[i], want) << "ReduceScatter";
+        }
+        const int root = it % n;
+        for (size_t i = 0; i < total; ++i) send[i] = v(rank, i, it);
+        ASSERT_EQ(ncclBroadcast(send, recv, count, ncclFloat32, root, comm, nullptr), ncclSuccess);
+        for (size_t i = 0; i < total; ++i) send[i] = -1000;
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(recv[i], v(root, i, it)) << "Broadcast";
+        for (size_t i = 0; i < total; ++i) send[i] = v(rank, i, it);
+        ASSERT_EQ(ncclScatter(send, recv, count, ncclFloat32, root, comm, nullptr), ncclSuccess);
+        for (size_t i = 0; i < total; ++i) send[i] = -1000;
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(recv[i], v(root, rank * count + i, it)) << "Scatter";
+        for (size_t i = 0; i < total; ++i) send[i] = v(rank, i, it);
+        ASSERT_EQ(ncclGather(send, recv, count, ncclFloat32, root, comm, nullptr), ncclSuccess);
+        for (size_t i = 0; i < total; ++i) send[i] = -1000;
+        if (rank == root)
+          for (int r = 0; r < n; ++r)
+            for (size_t i = 0; i < count; ++i) ASSERT_EQ(recv[r * count + i], v(r, i, it)) << "Gather";
+        // In place.
+        for (size_t i = 0; i < count; ++i) send[i] = v(rank, i, it);
+        ASSERT_EQ(ncclAllReduce(send, send, count, ncclFloat32, ncclSum, comm, nullptr), ncclSuccess);
+        for (size_t i = 0; i < count; ++i) {
+          float want = 0;
+          for (int r = 0; r < n; ++r) want += v(r, i, it);
+          ASSERT_EQ(send[i], want) << "AllReduce in place";
+        }
+      }
+      if (rank != 1) {
+        EXPECT_EQ(ncclMemFree(send), ncclSuccess);
+        EXPECT_EQ(ncclMemFree(recv), ncclSuccess);
+      }
+    });
+  }
+}
+
 // One rank calls something else: every rank gets ncclInvalidUsage naming both
 // calls, in bounded time, instead of corrupt data or a hang.
 TEST(Direct, MismatchedCallsFailEveryRank) {
