@@ -1,28 +1,36 @@
 #include "collectives/algorithms.h"
 
+#include <algorithm>
+
 namespace meshccl {
 
+// The tuner takes the cheapest entry the user allows; on equal estimates the
+// earlier one. A new algorithm adds its builder and its cost function here.
 const std::vector<Algorithm>& algorithm_table() {
   static const std::vector<Algorithm> table = {
-      {"ring", OpKind::AllReduce, build_ring_allreduce},
-      {"ring", OpKind::AllGather, build_ring_allgather},
-      {"ring", OpKind::ReduceScatter, build_ring_reduce_scatter},
-      {"chain", OpKind::Broadcast, build_chain_broadcast},
-      {"chain", OpKind::Reduce, build_chain_reduce},
-      {"pairwise", OpKind::AlltoAll, build_pairwise_alltoall},
-      {"direct", OpKind::Gather, build_direct_gather},
-      {"direct", OpKind::Scatter, build_direct_scatter},
-      {"p2p", OpKind::Send, build_p2p},
-      {"p2p", OpKind::Recv, build_p2p},
+      {"ring", OpKind::AllReduce, build_ring_allreduce, cost_ring_allreduce},
+      {"tree", OpKind::AllReduce, build_tree_allreduce, cost_tree_allreduce},
+      {"halving_doubling", OpKind::AllReduce, build_halving_doubling_allreduce, cost_halving_doubling_allreduce},
+      {"ring", OpKind::AllGather, build_ring_allgather, cost_ring_allgather},
+      {"ring", OpKind::ReduceScatter, build_ring_reduce_scatter, cost_ring_reduce_scatter},
+      {"chain", OpKind::Broadcast, build_chain_broadcast, cost_chain_broadcast},
+      {"tree", OpKind::Broadcast, build_tree_broadcast, cost_tree_broadcast},
+      {"chain", OpKind::Reduce, build_chain_reduce, cost_chain_reduce},
+      {"tree", OpKind::Reduce, build_tree_reduce, cost_tree_reduce},
+      {"pairwise", OpKind::AlltoAll, build_pairwise_alltoall, cost_pairwise_alltoall},
+      {"direct", OpKind::Gather, build_direct_gather, cost_direct_gather_scatter},
+      {"direct", OpKind::Scatter, build_direct_scatter, cost_direct_gather_scatter},
+      {"p2p", OpKind::Send, build_p2p, cost_p2p},
+      {"p2p", OpKind::Recv, build_p2p, cost_p2p},
       // Not plans: make_run starts them (direct_shm.cpp).
-      {kDirectShm, OpKind::AllReduce, nullptr},
-      {kDirectShm, OpKind::Broadcast, nullptr},
-      {kDirectShm, OpKind::Reduce, nullptr},
-      {kDirectShm, OpKind::AllGather, nullptr},
-      {kDirectShm, OpKind::ReduceScatter, nullptr},
-      {kDirectShm, OpKind::AlltoAll, nullptr},
-      {kDirectShm, OpKind::Gather, nullptr},
-      {kDirectShm, OpKind::Scatter, nullptr},
+      {kDirectShm, OpKind::AllReduce, nullptr, nullptr},
+      {kDirectShm, OpKind::Broadcast, nullptr, nullptr},
+      {kDirectShm, OpKind::Reduce, nullptr, nullptr},
+      {kDirectShm, OpKind::AllGather, nullptr, nullptr},
+      {kDirectShm, OpKind::ReduceScatter, nullptr, nullptr},
+      {kDirectShm, OpKind::AlltoAll, nullptr, nullptr},
+      {kDirectShm, OpKind::Gather, nullptr, nullptr},
+      {kDirectShm, OpKind::Scatter, nullptr, nullptr},
   };
   return table;
 }
@@ -43,6 +51,7 @@ size_t chunk_elems(const OpDesc& op, size_t largest_piece, int phases) {
   if (largest_piece / ce >= max_chunks) ce = largest_piece / max_chunks + 1;
   return ce;
 }
+
 }  // namespace detail
 
 }  // namespace meshccl

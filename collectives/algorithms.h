@@ -3,10 +3,12 @@
 // isolation and every rank builds the matching half of each exchange.
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "collectives/tuner.h"
 #include "sched/plan.h"
 #include "util/status.h"
 
@@ -34,22 +36,30 @@ struct OpDesc {
 };
 
 using BuildFn = Status (*)(const OpDesc&, Plan*);
+// Estimated microseconds for op under the model; +infinity where the
+// algorithm does not apply. Same inputs give the same value on every rank.
+using CostFn = double (*)(const TuneModel&, const OpDesc&);
 
 struct Algorithm {
   const char* name;
   OpKind kind;
   BuildFn build;
+  CostFn cost;
 };
 
 // Every algorithm, one entry per (name, collective).
 const std::vector<Algorithm>& algorithm_table();
 
-// Picks an algorithm (MESHCCL_ALGO / NCCL_ALGO first) and builds the plan.
-Status make_plan(const OpDesc& op, std::unique_ptr<Plan>* out);
+// The algorithm for op among the plans: among those MESHCCL_ALGO / NCCL_ALGO
+// allows, the one with the lowest estimated cost (ties: the earlier table
+// entry). *cost_us (optional) receives its estimate.
+Status choose_algorithm(const TuneModel& tune, const OpDesc& op, const Algorithm** out, double* cost_us = nullptr);
+// Chooses and builds the plan.
+Status make_plan(const TuneModel& tune, const OpDesc& op, std::unique_ptr<Plan>* out);
 // Picks between the direct shared-memory algorithm (when the communicator has
 // a shared region) and a plan; the result is ready for Engine::submit.
 // tag_base names the plan's messages (see api/enqueue).
-Status make_run(const OpDesc& op, NodeRegion* node, uint64_t tag_base, std::unique_ptr<Run>* out);
+Status make_run(const TuneModel& tune, const OpDesc& op, NodeRegion* node, uint64_t tag_base, std::unique_ptr<Run>* out);
 // True unless MESHCCL_ALGO / NCCL_ALGO rules `name` out for this collective.
 bool algorithm_allowed(OpKind kind, const char* name);
 // True when MESHCCL_ALGO names `name` for this collective explicitly.
@@ -76,6 +86,24 @@ std::unique_ptr<Run> make_direct_run(NodeRegion* node, const OpDesc& op, size_t 
 Status run_direct_now(NodeRegion* node, const OpDesc& op, size_t max_bytes, double budget_us, bool* taken,
                       std::unique_ptr<Run>* rest);
 constexpr const char* kDirectShm = "direct_shm";
+Status build_tree_allreduce(const OpDesc& op, Plan* plan);
+Status build_tree_broadcast(const OpDesc& op, Plan* plan);
+Status build_tree_reduce(const OpDesc& op, Plan* plan);
+Status build_halving_doubling_allreduce(const OpDesc& op, Plan* plan);
+
+// Cost functions, next to their builders.
+double cost_p2p(const TuneModel& t, const OpDesc& op);
+double cost_ring_allreduce(const TuneModel& t, const OpDesc& op);
+double cost_ring_allgather(const TuneModel& t, const OpDesc& op);
+double cost_ring_reduce_scatter(const TuneModel& t, const OpDesc& op);
+double cost_chain_broadcast(const TuneModel& t, const OpDesc& op);
+double cost_chain_reduce(const TuneModel& t, const OpDesc& op);
+double cost_pairwise_alltoall(const TuneModel& t, const OpDesc& op);
+double cost_direct_gather_scatter(const TuneModel& t, const OpDesc& op);
+double cost_tree_allreduce(const TuneModel& t, const OpDesc& op);
+double cost_tree_broadcast(const TuneModel& t, const OpDesc& op);
+double cost_tree_reduce(const TuneModel& t, const OpDesc& op);
+double cost_halving_doubling_allreduce(const TuneModel& t, const OpDesc& op);
 
 // Shared helpers for builders.
 namespace detail {
@@ -94,6 +122,9 @@ inline size_t block_begin(size_t count, int n, int b) { return count * static_ca
 size_t chunk_elems(const OpDesc& op, size_t largest_piece, int phases);
 inline char* at(void* base, size_t elems, size_t es) { return static_cast<char*>(base) + elems * es; }
 inline const char* at(const void* base, size_t elems, size_t es) { return static_cast<const char*>(base) + elems * es; }
+// Bytes of the first chunk of a piece: what a pipeline must carry across each
+// hop before its last stage starts (the fill of the pipeline).
+inline double first_chunk(const OpDesc& op, double piece) { return std::min(static_cast<double>(op.chunk_bytes), piece); }
 }  // namespace detail
 
 }  // namespace meshccl

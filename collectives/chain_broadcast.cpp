@@ -31,4 +31,12 @@ Status build_chain_broadcast(const OpDesc& op, Plan* plan) {
   return kOk;
 }
 
+// A pipeline of p-1 links: each carries the data once, after the first chunk
+// has crossed the links before it.
+double cost_chain_broadcast(const TuneModel& t, const OpDesc& op) {
+  const double p = op.nranks, bytes = static_cast<double>(op.count * op.elem());
+  if (op.nranks == 1) return 0;
+  return (p - 1) * t.alpha() + (bytes + (p - 2) * detail::first_chunk(op, bytes)) * t.beta();
+}
+
 }  // namespace meshccl

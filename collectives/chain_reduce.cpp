@@ -53,4 +53,11 @@ Status build_chain_reduce(const OpDesc& op, Plan* plan) {
   return kOk;
 }
 
+// The broadcast's pipeline in reverse, reducing at every hop.
+double cost_chain_reduce(const TuneModel& t, const OpDesc& op) {
+  const double p = op.nranks, bytes = static_cast<double>(op.count * op.elem());
+  if (op.nranks == 1) return 0;
+  return (p - 1) * t.alpha() + (bytes + (p - 2) * detail::first_chunk(op, bytes)) * (t.beta() + t.gamma());
+}
+
 }  // namespace meshccl

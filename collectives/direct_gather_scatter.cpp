@@ -33,4 +33,10 @@ Status build_direct_scatter(const OpDesc& op, Plan* plan) {
   return kOk;
 }
 
+// The root handles p-1 messages of one block each.
+double cost_direct_gather_scatter(const TuneModel& t, const OpDesc& op) {
+  const double p = op.nranks, block = static_cast<double>(op.count * op.elem());
+  return (p - 1) * (t.alpha() + block * t.beta());
+}
+
 }  // namespace meshccl

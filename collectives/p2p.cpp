@@ -12,4 +12,8 @@ Status build_p2p(const OpDesc& op, Plan* plan) {
   return kOk;
 }
 
+double cost_p2p(const TuneModel& t, const OpDesc& op) {
+  return t.alpha() + static_cast<double>(op.count * op.elem()) * t.beta();
+}
+
 }  // namespace meshccl

@@ -29,4 +29,10 @@ Status build_pairwise_alltoall(const OpDesc& op, Plan* plan) {
   return kOk;
 }
 
+// p-1 concurrent exchanges, each one message per direction.
+double cost_pairwise_alltoall(const TuneModel& t, const OpDesc& op) {
+  const double p = op.nranks, block = static_cast<double>(op.count * op.elem());
+  return (p - 1) * (t.alpha() + block * t.beta());
+}
+
 }  // namespace meshccl

@@ -34,4 +34,11 @@ Status build_ring_allgather(const OpDesc& op, Plan* plan) {
   return kOk;
 }
 
+// p-1 steps; every rank sends (p-1)/p of the gathered output.
+double cost_ring_allgather(const TuneModel& t, const OpDesc& op) {
+  const double p = op.nranks, block = static_cast<double>(op.count * op.elem());
+  if (op.nranks == 1) return 0;
+  return (p - 1) * t.alpha() + (p - 1) * block * t.beta();
+}
+
 }  // namespace meshccl

@@ -103,4 +103,12 @@ Status build_ring_allreduce(const OpDesc& op, Plan* plan) {
   return kOk;
 }
 
+// 2(p-1) dependent steps; every rank sends 2(p-1)/p of the data and reduces
+// (p-1)/p of it.
+double cost_ring_allreduce(const TuneModel& t, const OpDesc& op) {
+  const double p = op.nranks, bytes = static_cast<double>(op.count * op.elem());
+  if (op.nranks == 1) return 0;
+  return 2 * (p - 1) * t.alpha() + 2 * (p - 1) / p * bytes * t.beta() + (p - 1) / p * bytes * t.gamma();
+}
+
 }  // namespace meshccl

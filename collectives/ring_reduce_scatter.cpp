@@ -58,4 +58,11 @@ Status build_ring_reduce_scatter(const OpDesc& op, Plan* plan) {
   return kOk;
 }
 
+// p-1 steps; every rank sends and reduces (p-1)/p of the input.
+double cost_ring_reduce_scatter(const TuneModel& t, const OpDesc& op) {
+  const double p = op.nranks, block = static_cast<double>(op.count * op.elem());
+  if (op.nranks == 1) return 0;
+  return (p - 1) * t.alpha() + (p - 1) * block * (t.beta() + t.gamma());
+}
+
 }  // namespace meshccl

@@ -1,9 +1,15 @@
 // Algorithm choice. MESHCCL_ALGO / NCCL_ALGO use NCCL's grammar: a list of
 // names or ^list to exclude, optionally per collective, entries separated by
-// ';' ("ring;broadcast:chain"). Otherwise the first algorithm registered for
-// the collective is used.
+// ';' ("ring;broadcast:chain"). The first entry may name no collective: it
+// then restricts every collective that has one of the algorithms it lists
+// (MESHCCL_ALGO=tree leaves AllGather, which has no tree, to the tuner); a
+// per-collective entry must leave that collective an algorithm.
+// Among the plan algorithms allowed, the one with the lowest estimated cost
+// under the communicator's model wins; the direct shared-memory algorithm is
+// taken first when allowed and the operation fits its slots (make_run).
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <string>
 
 #include "collectives/algorithms.h"
@@ -22,9 +28,11 @@ std::string lower(std::string s) {
 
 std::string kind_key(OpKind k) { return lower(op_kind_name(k)); }
 
-// The list that applies to this collective ("" = none).
-Status rule_for(const std::string& spec, OpKind kind, std::string* out) {
+// The list that applies to this collective ("" = none); *global: it came
+// from the entry without a collective name.
+Status rule_for(const std::string& spec, OpKind kind, std::string* out, bool* global) {
   out->clear();
+  *global = false;
   size_t pos = 0;
   bool first = true;
   while (pos <= spec.size()) {
@@ -37,8 +45,10 @@ Status rule_for(const std::string& spec, OpKind kind, std::string* out) {
     if (colon == std::string::npos) {
       if (!first) return MC_ERROR(ncclInvalidUsage, "MESHCCL_ALGO=\"%s\": only the first entry may omit the collective name", spec.c_str());
       *out = entry;
+      *global = true;
     } else if (entry.substr(0, colon) == kind_key(kind)) {
       *out = entry.substr(colon + 1);
+      *global = false;
     }
     first = false;
   }
@@ -53,7 +63,8 @@ Status parse_rule_uncached(const std::string& spec, OpKind kind, std::vector<std
   if (spec.empty() || kind == OpKind::Send || kind == OpKind::Recv) return kOk;
   const auto& table = algorithm_table();
   std::string rule;
-  MC_TRY(rule_for(spec, kind, &rule));
+  bool global = false;
+  MC_TRY(rule_for(spec, kind, &rule, &global));
   *exclude = !rule.empty() && rule[0] == '^';
   size_t pos = *exclude ? 1 : 0;
   while (!rule.empty() && pos <= rule.size()) {
@@ -66,6 +77,12 @@ Status parse_rule_uncached(const std::string& spec, OpKind kind, std::vector<std
     if (!known) return MC_ERROR(ncclInvalidUsage, "MESHCCL_ALGO=\"%s\": unknown algorithm \"%s\"", spec.c_str(), name.c_str());
     names->push_back(name);
   }
+  // A list for every collective says nothing about one with none of its
+  // algorithms.
+  const bool any_here = std::any_of(table.begin(), table.end(), [&](const Algorithm& a) {
+    return a.kind == kind && std::find(names->begin(), names->end(), a.name) != names->end();
+  });
+  if (global && !*exclude && !any_here) names->clear();
   return kOk;
 }
 
@@ -111,34 +128,44 @@ bool algorithm_forced(OpKind kind, const char* name) {
   return !exclude && std::find(names.begin(), names.end(), name) != names.end();
 }
 
-Status make_plan(const OpDesc& op, std::unique_ptr<Plan>* out) {
-  const auto& table = algorithm_table();
+Status choose_algorithm(const TuneModel& tune, const OpDesc& op, const Algorithm** out, double* cost_us) {
   std::vector<std::string> names;
   bool exclude = false;
   MC_TRY(parse_rule(op.kind, &names, &exclude));
-  const Algorithm* pick = nullptr;
-  const Algorithm* fallback = nullptr;
-  for (const Algorithm& a : table) {
-    if (a.kind != op.kind || a.build == nullptr) continue;
-    if (fallback == nullptr) fallback = &a;
-    if (allowed_by(names, exclude, a.name)) {
-      pick = &a;
-      break;
-    }
+  // The cheapest plan the rule allows; if it allows only algorithms that are
+  // not plans (direct_shm, which could not take this op), the cheapest plan.
+  const Algorithm* best = nullptr;
+  const Algorithm* best_any = nullptr;
+  double best_cost = 0, best_any_cost = 0;
+  bool any_allowed = false;
+  for (const Algorithm& a : algorithm_table()) {
+    if (a.kind != op.kind) continue;
+    const bool ok = allowed_by(names, exclude, a.name);
+    any_allowed |= ok;
+    if (a.build == nullptr || a.cost == nullptr) continue;
+    const double c = a.cost(tune, op);
+    if (best_any == nullptr || c < best_any_cost) best_any = &a, best_any_cost = c;
+    if (ok && (best == nullptr || c < best_cost)) best = &a, best_cost = c;
   }
-  if (pick == nullptr) {
-    // Only non-plan algorithms are allowed, and they cannot run this op.
-    bool any = std::any_of(table.begin(), table.end(), [&](const Algorithm& a) {
-      return a.kind == op.kind && allowed_by(names, exclude, a.name);
-    });
-    if (!any)
-      return MC_ERROR(ncclInvalidUsage, "MESHCCL_ALGO=\"%s\" leaves no algorithm for %s", param_str(Param::Algo).c_str(),
-                      op_kind_name(op.kind));
+  if (!any_allowed)
+    return MC_ERROR(ncclInvalidUsage, "MESHCCL_ALGO=\"%s\" leaves no algorithm for %s", param_str(Param::Algo).c_str(),
+                    op_kind_name(op.kind));
+  if (best == nullptr) {
+    if (best_any == nullptr) return MC_ERROR(ncclInternalError, "no algorithm for %s", op_kind_name(op.kind));
     MC_INFO(kTune, "%s: the algorithm MESHCCL_ALGO allows cannot run %zu elements here; using %s",
-            op_kind_name(op.kind), op.count, fallback != nullptr ? fallback->name : "none");
-    pick = fallback;
+            op_kind_name(op.kind), op.count, best_any->name);
+    best = best_any;
+    best_cost = best_any_cost;
   }
-  if (pick == nullptr) return MC_ERROR(ncclInternalError, "no algorithm for %s", op_kind_name(op.kind));
+  *out = best;
+  if (cost_us != nullptr) *cost_us = best_cost;
+  return kOk;
+}
+
+Status make_plan(const TuneModel& tune, const OpDesc& op, std::unique_ptr<Plan>* out) {
+  const Algorithm* pick = nullptr;
+  double cost = 0;
+  MC_TRY(choose_algorithm(tune, op, &pick, &cost));
   auto plan = std::make_unique<Plan>();
   plan->kind = op.kind;
   plan->dtype = op.dtype;
@@ -146,13 +173,24 @@ Status make_plan(const OpDesc& op, std::unique_ptr<Plan>* out) {
   plan->divisor = op.nranks;
   std::copy(std::begin(op.scalar), std::end(op.scalar), std::begin(plan->scalar));
   MC_TRY(pick->build(op, plan.get()));
-  MC_INFO(kTune, "%s: %zu elements of %s -> algorithm %s (%zu steps)", op_kind_name(op.kind), op.count,
-          kernels::dtype_name(op.dtype), pick->name, plan->size());
+  if (log_enabled(LogLevel::Info, kTune)) {
+    // Every candidate's estimate, so that a surprising pick can be explained.
+    std::string all;
+    for (const Algorithm& a : algorithm_table()) {
+      if (a.kind != op.kind || a.cost == nullptr) continue;
+      char buf[96];
+      std::snprintf(buf, sizeof(buf), "%s%s %.1f", all.empty() ? "" : ", ", a.name, a.cost(tune, op));
+      all += buf;
+    }
+    MC_INFO(kTune, "%s: %zu elements of %s -> algorithm %s, estimated %.1f us (%s; %zu steps)", op_kind_name(op.kind),
+            op.count, kernels::dtype_name(op.dtype), pick->name, cost, all.c_str(), plan->size());
+  }
   *out = std::move(plan);
   return kOk;
 }
 
-Status make_run(const OpDesc& op, NodeRegion* node, uint64_t tag_base, std::unique_ptr<Run>* out) {
+Status make_run(const TuneModel& tune, const OpDesc& op, NodeRegion* node, uint64_t tag_base,
+                std::unique_ptr<Run>* out) {
   if (node != nullptr && op.kind != OpKind::Send && op.kind != OpKind::Recv && algorithm_allowed(op.kind, kDirectShm)) {
     const size_t max_bytes = algorithm_forced(op.kind, kDirectShm)
                                  ? SIZE_MAX
@@ -165,7 +203,7 @@ Status make_run(const OpDesc& op, NodeRegion* node, uint64_t tag_base, std::uniq
     }
   }
   std::unique_ptr<Plan> plan;
-  MC_TRY(make_plan(op, &plan));
+  MC_TRY(make_plan(tune, op, &plan));
   *out = make_plan_run(std::move(plan), tag_base);
   return kOk;
 }

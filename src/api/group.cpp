@@ -74,7 +74,7 @@ Status dispatch(std::vector<PendingOp>& ops, std::vector<std::unique_ptr<Run>>& 
 
 Status launch(std::vector<PendingOp>& ops) {
   std::vector<std::unique_ptr<Run>> runs(ops.size());
-  for (size_t i = 0; i < ops.size(); ++i) MC_TRY(make_run(ops[i].desc, ops[i].comm->node.get(), ops[i].tag_base, &runs[i]));
+  for (size_t i = 0; i < ops.size(); ++i) MC_TRY(make_run(ops[i].comm->tune, ops[i].desc, ops[i].comm->node.get(), ops[i].tag_base, &runs[i]));
   return dispatch(ops, runs);
 }
 
@@ -129,20 +129,13 @@ Status group_simulate_end(ncclSimInfo_t* info) {
     return MC_ERROR(ncclInvalidArgument, "ncclGroupSimulateEnd : simInfo was not initialized with NCCL_SIM_INFO_INITIALIZER");
   if (g_group.depth == 0) return MC_ERROR(ncclInvalidUsage, "ncclGroupSimulateEnd : not in a group call");
   if (--g_group.depth > 0) return kOk;
-  // Alpha-beta estimate per op from its plan: transfers on the critical path
-  // approximated by the number of message steps.
+  // The tuner's estimate for each op, with the algorithm it would pick.
   double us = 0;
   for (const PendingOp& op : g_group.ops) {
-    std::unique_ptr<Plan> plan;
-    MC_TRY(make_plan(op.desc, &plan));
-    size_t msgs = 0, bytes = 0;
-    for (const Step& s : plan->steps())
-      if (s.kind == StepKind::Send) {
-        ++msgs;
-        bytes += s.bytes;
-      }
-    const double alpha_us = 2.0, beta_gbs = 5.0;
-    us += alpha_us * static_cast<double>(msgs) + static_cast<double>(bytes) / (beta_gbs * 1e3);
+    const Algorithm* pick = nullptr;
+    double cost = 0;
+    MC_TRY(choose_algorithm(op.comm->tune, op.desc, &pick, &cost));
+    us += cost;
   }
   g_group.ops.clear();
   g_group.inits.clear();

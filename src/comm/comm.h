@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/tuner.h"
 #include "comm/bootstrap.h"
 #include "comm/identity.h"
 #include "nccl.h"
@@ -59,6 +60,7 @@ struct ncclComm {
   std::unique_ptr<meshccl::Mesh> mesh;
   std::unique_ptr<meshccl::NodeRegion> node;  // null unless every rank is on this host
   std::unique_ptr<meshccl::Engine> engine;
+  meshccl::TuneModel tune;  // agreed by every rank at init
   std::thread async_thread;  // non-blocking init/split/finalize
 
   // Ordered on every rank the same way, so they name operations identically.

@@ -57,6 +57,7 @@ Status finish_setup(ncclComm* comm) {
                             static_cast<size_t>(param_int(Param::DirectSlotBytes)), &comm->node));
   comm->engine = std::make_unique<Engine>(comm->rank, comm->mesh.get(), &comm->abort_flag,
                                           [comm] { return comm->check_peers(); });
+  MC_TRY(tune_init(comm->rank, *comm->bootstrap, *comm->mesh, *comm->engine, comm->peers, &comm->tune));
   comm->send_seq.assign(comm->nranks, 0);
   comm->recv_seq.assign(comm->nranks, 0);
   comm->state.store(ncclComm::State::Ready);

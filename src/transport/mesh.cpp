@@ -28,6 +28,18 @@ const char* Mesh::transport_name(int peer) const {
   return l.transport ? l.transport->name() : "self";
 }
 
+const meshccl_transport_props_v1_t* Mesh::props(int peer) const {
+  const Link& l = links_[peer];
+  return l.transport ? &l.transport->props() : nullptr;
+}
+
+std::string Mesh::transport_for(const std::vector<PeerInfo>& peers, int a, int b) {
+  std::string forced = param_str(Param::Transport);
+  if (!forced.empty()) return forced;
+  const bool same_host = peers[a].machine_hash == peers[b].machine_hash && peers[a].host_hash == peers[b].host_hash;
+  return same_host && param_int(Param::ShmDisable) == 0 ? "shm" : "socket";
+}
+
 Status Mesh::connect_all(Bootstrap& bs, const std::vector<PeerInfo>& peers,
                          const std::atomic<bool>* abort, std::unique_ptr<Mesh>* out) {
   const int n = bs.nranks(), me = bs.rank();
@@ -38,9 +50,6 @@ Status Mesh::connect_all(Bootstrap& bs, const std::vector<PeerInfo>& peers,
     return kOk;
   }
 
-  // The same choice on both sides of a pair: it depends only on the pair.
-  std::string forced = param_str(Param::Transport);
-  bool shm_off = param_int(Param::ShmDisable) != 0;
   Transport* shm = nullptr;
   Transport* net = nullptr;
   auto get = [&](const std::string& name, Transport** slot) -> Status {
@@ -55,20 +64,12 @@ Status Mesh::connect_all(Bootstrap& bs, const std::vector<PeerInfo>& peers,
   };
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
-    bool same_machine = peers[p].machine_hash == peers[me].machine_hash;
-    bool same_host = same_machine && peers[p].host_hash == peers[me].host_hash;
-    if (!forced.empty()) {
-      if (forced == "shm" && !same_machine)
-        return MC_ERROR(ncclInvalidUsage, "MESHCCL_TRANSPORT=shm but rank %d runs on another machine (%s)", p, peers[p].host_id);
-      MC_TRY(get(forced, forced == "shm" ? &shm : &net));
-      mesh->links_[p].transport = forced == "shm" ? shm : net;
-    } else if (same_host && !shm_off) {
-      MC_TRY(get("shm", &shm));
-      mesh->links_[p].transport = shm;
-    } else {
-      MC_TRY(get("socket", &net));
-      mesh->links_[p].transport = net;
-    }
+    const std::string name = transport_for(peers, me, p);
+    if (name == "shm" && peers[p].machine_hash != peers[me].machine_hash)
+      return MC_ERROR(ncclInvalidUsage, "MESHCCL_TRANSPORT=shm but rank %d runs on another machine (%s)", p, peers[p].host_id);
+    Transport** slot = name == "shm" ? &shm : &net;
+    MC_TRY(get(name, slot));
+    mesh->links_[p].transport = *slot;
   }
 
   // Receive side listens for each peer and ships the handle; send side

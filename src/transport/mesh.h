@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "comm/bootstrap.h"
@@ -31,6 +32,11 @@ class Mesh {
     return r.transport->test(r.handle, done, size);
   }
   const char* transport_name(int peer) const;
+  // The declared properties of the transport to peer (nullptr for self).
+  const meshccl_transport_props_v1_t* props(int peer) const;
+  // The transport connect_all uses between ranks a and b: the same on both
+  // sides and on every rank, as it depends only on the pair and the settings.
+  static std::string transport_for(const std::vector<PeerInfo>& peers, int a, int b);
 
  private:
   Mesh() = default;

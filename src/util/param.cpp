@@ -113,6 +113,22 @@ int64_t param_int(Param p) {
   return s.num[i];
 }
 
+double param_double(Param p, double unset) {
+  const ParamInfo& info = param_info(p);
+  const char* v = param_env(p);
+  if (v == nullptr || *v == '\0') v = info.default_value;
+  if (*v == '\0') return unset;
+  char* end = nullptr;
+  double x = std::strtod(v, &end);
+  while (end != nullptr && (*end == ' ' || *end == '\t')) ++end;
+  if (end == v || (end != nullptr && *end != '\0')) {
+    static std::once_flag warned[static_cast<size_t>(Param::Count)];
+    std::call_once(warned[static_cast<size_t>(p)], [&] { MC_WARN("%s=\"%s\" is not a number; ignored", info.name, v); });
+    return unset;
+  }
+  return x;
+}
+
 const char* param_by_name(const char* name) {
   if (name == nullptr) return nullptr;
   for (size_t i = 0; i < table().size(); ++i) {

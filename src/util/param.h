@@ -35,6 +35,8 @@ const char* param_env(Param p);
 const std::string& param_str(Param p);
 // Integer value; a malformed value logs a WARN once and yields the default.
 int64_t param_int(Param p);
+// Floating-point value; unset, empty or malformed (WARN once) yields `unset`.
+double param_double(Param p, double unset);
 // Lookup by name or alias ("MESHCCL_X" / "NCCL_X"); unknown names fall back to
 // getenv(name). For plugins (get_param).
 const char* param_by_name(const char* name);

@@ -1,12 +1,17 @@
-// Correctness matrix for every collective: ranks 1..8 (threads of one
-// process, real transports), counts 0/1/primes/non-multiples/large, every
-// datatype and reduction, roots other than 0, in-place and out-of-place.
-// Inputs are small integers so every datatype holds them exactly; expected
-// values are computed independently on each rank.
+// Correctness matrix for every collective and every algorithm of it, forced
+// in turn with MESHCCL_ALGO: ranks 1..8 (threads of one process, real
+// transports), counts 0/1/primes/non-multiples/large, every datatype and
+// reduction, roots other than 0, in-place and out-of-place. Inputs are small
+// integers so every datatype holds them exactly; expected values are computed
+// independently on each rank. The full datatype x reduction product runs up
+// to 5 ranks; at 7 and 8 every reduction on representative types and every
+// type with sum, which keeps the suite to tens of seconds on 2 cores.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "harness.h"
@@ -68,6 +73,39 @@ ncclRedOp_t make_op(Red red, ncclDataType_t dt, int rank, ncclComm_t comm) {
   return ncclSum;
 }
 
+// MESHCCL_ALGO for the ranks of one test: set before they start, restored
+// after they joined (the tuner reads it at every call).
+class ScopedAlgo {
+ public:
+  explicit ScopedAlgo(const std::string& spec) {
+    const char* old = std::getenv("MESHCCL_ALGO");
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    setenv("MESHCCL_ALGO", spec.c_str(), 1);
+  }
+  ~ScopedAlgo() {
+    if (had_) setenv("MESHCCL_ALGO", old_.c_str(), 1);
+    else unsetenv("MESHCCL_ALGO");
+  }
+
+ private:
+  bool had_ = false;
+  std::string old_;
+};
+
+// The (datatype, reduction) pairs checked at n ranks.
+std::vector<std::pair<ncclDataType_t, Red>> type_ops(int n) {
+  std::vector<std::pair<ncclDataType_t, Red>> out;
+  const bool full = n <= 5;
+  for (ncclDataType_t dt : kTypes)
+    for (Red red : kReds) {
+      const bool family_rep = dt == ncclInt8 || dt == ncclUint64 || dt == ncclFloat32 || dt == ncclBfloat16 ||
+                              dt == ncclFloat8e4m3;
+      if (full || family_rep || red == kSum) out.emplace_back(dt, red);
+    }
+  return out;
+}
+
 struct Buf {
   ncclDataType_t dt;
   std::vector<unsigned char> bytes;
@@ -83,21 +121,19 @@ std::vector<size_t> counts_for(int n) {
 }
 
 void check_allreduce(ncclComm_t comm, int n, int rank, bool in_place) {
-  for (ncclDataType_t dt : kTypes) {
-    for (Red red : kReds) {
-      for (size_t count : counts_for(n)) {
-        Buf send(dt, count), recv(dt, count);
-        for (size_t i = 0; i < count; ++i) send.set(i, input(red, dt, rank, i));
-        Buf& out = in_place ? send : recv;
-        ncclRedOp_t op = make_op(red, dt, rank, comm);
-        ASSERT_EQ(ncclAllReduce(send.ptr(), out.ptr(), count, dt, op, comm, nullptr), ncclSuccess)
-            << ncclGetLastError(nullptr);
-        if (red == kPreMul) ASSERT_EQ(ncclRedOpDestroy(op, comm), ncclSuccess);
-        for (size_t i = 0; i < count; ++i)
-          ASSERT_TRUE(close(dt, out.get(i), expected(red, dt, n, i)))
-              << "AllReduce n=" << n << " dt=" << dt << " red=" << red << " count=" << count << " i=" << i
-              << " got " << out.get(i) << " want " << expected(red, dt, n, i) << (in_place ? " in-place" : "");
-      }
+  for (auto [dt, red] : type_ops(n)) {
+    for (size_t count : counts_for(n)) {
+      Buf send(dt, count), recv(dt, count);
+      for (size_t i = 0; i < count; ++i) send.set(i, input(red, dt, rank, i));
+      Buf& out = in_place ? send : recv;
+      ncclRedOp_t op = make_op(red, dt, rank, comm);
+      ASSERT_EQ(ncclAllReduce(send.ptr(), out.ptr(), count, dt, op, comm, nullptr), ncclSuccess)
+          << ncclGetLastError(nullptr);
+      if (red == kPreMul) ASSERT_EQ(ncclRedOpDestroy(op, comm), ncclSuccess);
+      for (size_t i = 0; i < count; ++i)
+        ASSERT_TRUE(close(dt, out.get(i), expected(red, dt, n, i), n))
+            << "AllReduce n=" << n << " dt=" << dt << " red=" << red << " count=" << count << " i=" << i << " got "
+            << out.get(i) << " want " << expected(red, dt, n, i) << (in_place ? " in-place" : "");
     }
   }
 }
@@ -115,7 +151,7 @@ void check_reduce_scatter(ncclComm_t comm, int n, int rank, bool in_place) {
         const Buf& ob = in_place ? send : recv;
         size_t off = in_place ? rank * rc : 0;
         for (size_t i = 0; i < rc; ++i)
-          ASSERT_TRUE(close(dt, ob.get(off + i), expected(red, dt, n, rank * rc + i)))
+          ASSERT_TRUE(close(dt, ob.get(off + i), expected(red, dt, n, rank * rc + i), n))
               << "ReduceScatter n=" << n << " dt=" << dt << " red=" << red << " rc=" << rc << " i=" << i;
       }
     }
@@ -126,20 +162,23 @@ void check_reduce(ncclComm_t comm, int n, int rank, bool in_place) {
   for (ncclDataType_t dt : {ncclInt8, ncclFloat16, ncclFloat64}) {
     for (Red red : kReds) {
       for (int root : {0, n - 1, n / 2}) {
-        size_t count = 1021;
-        Buf send(dt, count), recv(dt, count);
-        for (size_t i = 0; i < count; ++i) {
-          send.set(i, input(red, dt, rank, i));
-          recv.set(i, 99);
-        }
-        Buf& out = in_place ? send : recv;
-        ncclRedOp_t op = make_op(red, dt, rank, comm);
-        ASSERT_EQ(ncclReduce(send.ptr(), out.ptr(), count, dt, op, root, comm, nullptr), ncclSuccess);
-        if (red == kPreMul) ASSERT_EQ(ncclRedOpDestroy(op, comm), ncclSuccess);
-        for (size_t i = 0; i < count; ++i) {
-          double want = rank == root ? expected(red, dt, n, i)
-                                     : (in_place ? stored(dt, input(red, dt, rank, i)) : stored(dt, 99));
-          ASSERT_TRUE(close(dt, out.get(i), want)) << "Reduce n=" << n << " root=" << root << " red=" << red << " i=" << i;
+        for (size_t count : {size_t{0}, size_t{1}, size_t{1021}}) {
+          Buf send(dt, count), recv(dt, count);
+          for (size_t i = 0; i < count; ++i) {
+            send.set(i, input(red, dt, rank, i));
+            recv.set(i, 99);
+          }
+          Buf& out = in_place ? send : recv;
+          ncclRedOp_t op = make_op(red, dt, rank, comm);
+          ASSERT_EQ(ncclReduce(send.ptr(), out.ptr(), count, dt, op, root, comm, nullptr), ncclSuccess);
+          if (red == kPreMul) ASSERT_EQ(ncclRedOpDestroy(op, comm), ncclSuccess);
+          for (size_t i = 0; i < count; ++i) {
+            // Only the root's output changes.
+            double want = rank == root ? expected(red, dt, n, i)
+                                       : (in_place ? stored(dt, input(red, dt, rank, i)) : stored(dt, 99));
+            ASSERT_TRUE(close(dt, out.get(i), want, n))
+                << "Reduce n=" << n << " root=" << root << " red=" << red << " count=" << count << " i=" << i;
+          }
         }
       }
     }
@@ -148,16 +187,24 @@ void check_reduce(ncclComm_t comm, int n, int rank, bool in_place) {
 
 double pattern(int r, size_t i) { return static_cast<double>((r * 31 + i * 7) % 100); }
 
+void check_broadcast(ncclComm_t comm, int n, int rank, bool in_place) {
+  for (ncclDataType_t dt : {ncclFloat32, ncclInt8, ncclBfloat16}) {
+    for (size_t count : counts_for(n)) {
+      for (int root : {0, n - 1, n / 2}) {
+        Buf send(dt, count), recv(dt, count);
+        for (size_t i = 0; i < count; ++i) send.set(i, rank == root ? pattern(root, i) : -1);
+        Buf& out = in_place ? send : recv;
+        ASSERT_EQ(ncclBroadcast(send.ptr(), out.ptr(), count, dt, root, comm, nullptr), ncclSuccess);
+        for (size_t i = 0; i < count; ++i)
+          ASSERT_EQ(out.get(i), stored(dt, pattern(root, i))) << "Broadcast n=" << n << " root " << root << " i=" << i;
+      }
+    }
+  }
+}
+
 void check_data_movement(ncclComm_t comm, int n, int rank, bool in_place) {
   const ncclDataType_t dt = ncclFloat32;
   for (size_t count : counts_for(n)) {
-    for (int root : {0, n - 1}) {  // Broadcast
-      Buf send(dt, count), recv(dt, count);
-      for (size_t i = 0; i < count; ++i) send.set(i, rank == root ? pattern(root, i) : -1);
-      Buf& out = in_place ? send : recv;
-      ASSERT_EQ(ncclBroadcast(send.ptr(), out.ptr(), count, dt, root, comm, nullptr), ncclSuccess);
-      for (size_t i = 0; i < count; ++i) ASSERT_EQ(out.get(i), pattern(root, i)) << "Broadcast root " << root;
-    }
     {  // AllGather
       Buf send(dt, count), recv(dt, count * n);
       void* src = send.ptr();
@@ -198,23 +245,55 @@ void check_data_movement(ncclComm_t comm, int n, int rank, bool in_place) {
   }
 }
 
-class Collectives : public ::testing::TestWithParam<int> {};
+const int kRankCounts[] = {1, 2, 3, 4, 5, 7, 8};
+std::string ranks_name(int n) { return "n" + std::to_string(n); }
 
-TEST_P(Collectives, AllReduce) {
-  int n = GetParam();
+// One algorithm forced for the collectives it implements.
+using AlgoCase = std::tuple<int, std::string>;
+std::string case_name(const ::testing::TestParamInfo<AlgoCase>& info) {
+  return ranks_name(std::get<0>(info.param)) + "_" + std::get<1>(info.param);
+}
+
+class AllReduceAlgos : public ::testing::TestWithParam<AlgoCase> {};
+
+TEST_P(AllReduceAlgos, Matrix) {
+  const auto& [n, algo] = GetParam();
+  ScopedAlgo forced("allreduce:" + algo);
   run_ranks(n, [n](ncclComm_t comm, int rank) {
     check_allreduce(comm, n, rank, false);
     check_allreduce(comm, n, rank, true);
   });
 }
 
-TEST_P(Collectives, ReduceScatterAndReduce) {
-  int n = GetParam();
+INSTANTIATE_TEST_SUITE_P(Ranks, AllReduceAlgos,
+                         ::testing::Combine(::testing::ValuesIn(kRankCounts),
+                                            ::testing::Values("ring", "tree", "halving_doubling")),
+                         case_name);
+
+// Reduce and Broadcast share their algorithm names.
+class RootedAlgos : public ::testing::TestWithParam<AlgoCase> {};
+
+TEST_P(RootedAlgos, ReduceAndBroadcast) {
+  const auto& [n, algo] = GetParam();
+  ScopedAlgo forced("reduce:" + algo + ";broadcast:" + algo);
   run_ranks(n, [n](ncclComm_t comm, int rank) {
     for (bool ip : {false, true}) {
-      check_reduce_scatter(comm, n, rank, ip);
       check_reduce(comm, n, rank, ip);
+      check_broadcast(comm, n, rank, ip);
     }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, RootedAlgos,
+                         ::testing::Combine(::testing::ValuesIn(kRankCounts), ::testing::Values("chain", "tree")),
+                         case_name);
+
+class Collectives : public ::testing::TestWithParam<int> {};
+
+TEST_P(Collectives, ReduceScatter) {
+  int n = GetParam();
+  run_ranks(n, [n](ncclComm_t comm, int rank) {
+    for (bool ip : {false, true}) check_reduce_scatter(comm, n, rank, ip);
   });
 }
 
@@ -226,22 +305,41 @@ TEST_P(Collectives, DataMovement) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::Values(1, 2, 3, 4, 5, 7, 8),
-                         [](const auto& info) { return "n" + std::to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::ValuesIn(kRankCounts),
+                         [](const auto& info) { return ranks_name(info.param); });
 
-// Large messages cross the chunking and the rendezvous paths.
-TEST(CollectivesLarge, AllReduceAndBroadcast17MiB) {
+// Large messages cross the chunking and the rendezvous paths, with every
+// algorithm; 3 ranks also take halving-doubling's fold.
+using LargeCase = std::tuple<std::string, std::string>;  // collective, algorithm
+class LargeAlgos : public ::testing::TestWithParam<LargeCase> {};
+
+TEST_P(LargeAlgos, Over16MiB) {
+  const auto& [collective, algo] = GetParam();
+  ScopedAlgo forced(collective + ":" + algo);
   const size_t count = (17u << 20) / 4 + 3;
-  run_ranks(3, [count](ncclComm_t comm, int rank) {
-    std::vector<float> buf(count);
+  run_ranks(3, [&, collective = collective](ncclComm_t comm, int rank) {
+    auto sum = [](size_t i) { return static_cast<float>(i % 5 + (1 + i) % 5 + (2 + i) % 5); };
+    std::vector<float> buf(count), out(count, -1.f);
     for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>((rank + i) % 5);
-    ASSERT_EQ(ncclAllReduce(buf.data(), buf.data(), count, ncclFloat, ncclSum, comm, nullptr), ncclSuccess);
-    for (size_t i = 0; i < count; ++i)
-      ASSERT_EQ(buf[i], static_cast<float>(i % 5 + (1 + i) % 5 + (2 + i) % 5)) << i;
-    std::vector<float> b(count, rank == 1 ? 3.5f : 0.f);
-    ASSERT_EQ(ncclBroadcast(b.data(), b.data(), count, ncclFloat, 1, comm, nullptr), ncclSuccess);
-    for (size_t i = 0; i < count; i += 4099) ASSERT_EQ(b[i], 3.5f);
+    if (collective == "allreduce") {
+      ASSERT_EQ(ncclAllReduce(buf.data(), buf.data(), count, ncclFloat, ncclSum, comm, nullptr), ncclSuccess);
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(buf[i], sum(i)) << i;
+    } else if (collective == "reduce") {
+      ASSERT_EQ(ncclReduce(buf.data(), out.data(), count, ncclFloat, ncclSum, 2, comm, nullptr), ncclSuccess);
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[i], rank == 2 ? sum(i) : -1.f) << i;
+    } else {
+      std::vector<float> b(count, rank == 1 ? 3.5f : 0.f);
+      ASSERT_EQ(ncclBroadcast(b.data(), b.data(), count, ncclFloat, 1, comm, nullptr), ncclSuccess);
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(b[i], 3.5f) << i;
+    }
   });
 }
+
+INSTANTIATE_TEST_SUITE_P(Algorithms, LargeAlgos,
+                         ::testing::Values(LargeCase{"allreduce", "ring"}, LargeCase{"allreduce", "tree"},
+                                           LargeCase{"allreduce", "halving_doubling"}, LargeCase{"reduce", "chain"},
+                                           LargeCase{"reduce", "tree"}, LargeCase{"broadcast", "chain"},
+                                           LargeCase{"broadcast", "tree"}),
+                         [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
 
 }  // namespace

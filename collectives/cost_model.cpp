@@ -1,0 +1,297 @@
+// The tuner's constants. Each rank knows some of them: from the transports'
+// declared properties, from what it measured (exchanges with a partner over
+// one link of each class, run as plans through the engine; a 1 MiB
+// reduction), from MESHCCL_TUNE_* settings. All ranks
+// allgather what they know and combine, field by field, the best kind of
+// knowledge any rank has (set > measured > declared > built-in): the same
+// numbers everywhere, so every rank picks the same algorithm.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "collectives/algorithms.h"
+#include "comm/bootstrap.h"
+#include "sched/engine.h"
+#include "transport/mesh.h"
+#include "util/log.h"
+#include "util/param.h"
+#include "util/wait.h"
+
+namespace meshccl {
+
+namespace {
+
+enum Field { kShmAlpha, kShmBw, kNetAlpha, kNetBw, kReduce, kFields };
+// How a rank knows a value, weakest first.
+enum Source : int { kUnknown, kDeclared, kMeasured, kSet };
+const char* const kSourceName[] = {"built-in", "declared by the transport", "measured", "set"};
+const char* const kFieldName[kFields] = {"shm alpha", "shm bandwidth", "net alpha", "net bandwidth", "reduce"};
+const Param kFieldParam[kFields] = {Param::TuneShmAlphaUs, Param::TuneShmBwGbs, Param::TuneNetAlphaUs,
+                                    Param::TuneNetBwGbs, Param::TuneReduceGbs};
+// Used when no rank knows better (no link of that class, nothing measured).
+const double kFallback[kFields] = {2.0, 5.0, 20.0, 1.25, 5.0};
+
+// Tag bases of the measuring plans: bit 62 set, bit 63 clear — a
+// collective's tag base would need 2^38 earlier collectives to reach it (see
+// api/enqueue: seq << 24).
+constexpr uint64_t kPingTag = uint64_t{1} << 62;
+
+bool is_shm(const std::string& transport) { return transport == "shm"; }
+
+// A deterministic matching of ranks whose link is of the given class
+// (greedy, partners searched among the next 16 ranks); -1 when unmatched.
+int partner(const std::vector<PeerInfo>& peers, int me, bool shm) {
+  const int n = static_cast<int>(peers.size());
+  std::vector<int> match(n, -1);
+  for (int i = 0; i <= me; ++i) {  // later ranks cannot change our pair
+    if (match[i] >= 0) continue;
+    for (int j = i + 1; j < n && j <= i + 16; ++j) {
+      if (match[j] >= 0 || is_shm(Mesh::transport_for(peers, i, j)) != shm) continue;
+      match[i] = j;
+      match[j] = i;
+      break;
+    }
+  }
+  return match[me];
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Runs a plan through the engine, as collectives run, and times it.
+Status timed(Engine& engine, std::unique_ptr<Plan> plan, uint64_t* tag_seq, double* us) {
+  const double t0 = now_us();
+  std::shared_ptr<OpHandle> h = engine.submit(make_plan_run(std::move(plan), kPingTag | ((*tag_seq)++ << 24)), 0);
+  MC_TRY(engine.wait(*h));
+  *us = now_us() - t0;
+  return kOk;
+}
+
+// `rounds` exchanges of `bytes` with peer, each round after the previous one
+// arrived: the dependent steps every algorithm is made of.
+std::unique_ptr<Plan> exchanges(int peer, int rounds, char* out, char* in, size_t bytes) {
+  auto plan = std::make_unique<Plan>();
+  plan->algorithm = "tune";
+  Plan::StepId prev = Plan::kNoStep;
+  for (int i = 0; i < rounds; ++i) {
+    const uint32_t tag = static_cast<uint32_t>(i);
+    plan->add_dep(plan->send(peer, tag, out, bytes), prev);
+    Plan::StepId r = plan->recv(peer, tag, in, bytes);
+    plan->add_dep(r, prev);
+    prev = r;
+  }
+  return plan;
+}
+
+// Latency of one dependent step (us) and bandwidth (GB/s) between this rank
+// and peer, both measured through the engine while every pair of the class
+// measures at once (so an oversubscribed host shows in the numbers).
+Status measure_link(Engine& engine, int engine_rank, int peer, uint64_t* tag_seq, double* alpha_us, double* bw_gbs) {
+  // At least 5 repetitions and 1 ms, so that on a host with more ranks than
+  // cores the pairs measure while the others run, as collectives will.
+  constexpr int kRounds = 8, kMinReps = 5, kMaxReps = 200, kLargeReps = 3;
+  constexpr double kMinUs = 1000;
+  constexpr size_t kLarge = size_t{1} << 20;
+  std::vector<char> out(kLarge, 0), in(kLarge, 0);
+  double us = 0;
+  MC_TRY(timed(engine, exchanges(peer, 2, out.data(), in.data(), 8), tag_seq, &us));  // warm-up
+  // Both ends must run the same number of plans: the lower rank decides,
+  // and its messages say whether this plan is the last.
+  std::vector<double> step;
+  const bool decides = engine_rank < peer;
+  const double t0 = now_us();
+  for (int i = 0;; ++i) {
+    if (decides) out[0] = (i + 1 >= kMinReps && now_us() - t0 >= kMinUs) || i + 1 >= kMaxReps;
+    MC_TRY(timed(engine, exchanges(peer, kRounds, out.data(), in.data(), 8), tag_seq, &us));
+    step.push_back(us / kRounds);
+    if (decides ? out[0] != 0 : in[0] != 0) break;
+  }
+  std::vector<double> large;
+  for (int i = 0; i < 1 + kLargeReps; ++i) {
+    MC_TRY(timed(engine, exchanges(peer, 1, out.data(), in.data(), kLarge), tag_seq, &us));
+    if (i > 0) large.push_back(us);
+  }
+  *alpha_us = median(step);
+  const double transfer_us = median(large) - *alpha_us;
+  *bw_gbs = transfer_us > 0 ? static_cast<double>(kLarge) / (transfer_us * 1e3) : 0;
+  return kOk;
+}
+
+// GB/s of output of a float32 sum of 1 MiB (beyond most L2 caches, as
+// collectives worth tuning are): best of three after a warm-up.
+double measure_reduce() {
+  constexpr size_t kCount = 256 * 1024;
+  std::vector<float> a(kCount, 1.0f), b(kCount, 2.0f), d(kCount);
+  double best = 0;
+  for (int i = 0; i < 4; ++i) {
+    const double t0 = now_us();
+    kernels::reduce2(ncclFloat32, kernels::ReduceOp::Sum, d.data(), a.data(), b.data(), kCount);
+    const double us = now_us() - t0;
+    if (i > 0 && us > 0) best = std::max(best, kCount * sizeof(float) / (us * 1e3));
+  }
+  return best;
+}
+
+TreeLoad load_of(int n, int depth, TreeLinks (*links)(int, int, int)) {
+  TreeLoad l;
+  l.depth = depth;
+  for (int r = 0; r < n; ++r) {
+    int up = 0, kids = 0;
+    for (int t = 0; t < 2; ++t) {
+      const TreeLinks k = links(n, r, t);
+      up += k.parent >= 0;
+      kids += k.nchildren();
+    }
+    l.links = std::max(l.links, up + kids);
+    l.children = std::max(l.children, kids);
+  }
+  return l;
+}
+
+TreeLinks rooted_at_0(int n, int rank, int t) { return rooted_double_tree(n, 0, rank, t); }
+
+std::string size_str(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 3) bytes /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.0f%s", bytes, units[u]);
+  return buf;
+}
+
+// "8B-64KiB tree, 128KiB-1GiB ring": the pick for float32 data at each
+// power-of-two size, for every collective that has a choice.
+void log_picks(const TuneModel& t) {
+  for (OpKind kind : {OpKind::AllReduce, OpKind::Broadcast, OpKind::Reduce, OpKind::AllGather, OpKind::ReduceScatter}) {
+    const auto& table = algorithm_table();
+    if (std::count_if(table.begin(), table.end(), [&](const Algorithm& a) { return a.kind == kind; }) < 2) continue;
+    std::string line;
+    const char* run = nullptr;
+    double run_lo = 0, prev = 0;
+    auto flush = [&] {
+      if (run == nullptr) return;
+      line += (line.empty() ? "" : ", ") + size_str(run_lo) + "-" + size_str(prev) + " " + run;
+    };
+    for (double bytes = 8; bytes <= double(size_t{1} << 30); bytes *= 2) {
+      OpDesc op;
+      op.kind = kind;
+      op.dtype = ncclFloat32;
+      op.count = static_cast<size_t>(bytes) / 4;
+      op.nranks = t.nranks;
+      op.chunk_bytes = static_cast<size_t>(param_int(Param::ChunkSize));
+      const Algorithm* a = nullptr;
+      if (!choose_algorithm(t, op, &a).ok()) return;
+      if (run == nullptr || std::string(run) != a->name) {
+        flush();
+        run = a->name;
+        run_lo = bytes;
+      }
+      prev = bytes;
+    }
+    flush();
+    MC_INFO(kTune, "%s on %d ranks: %s", op_kind_name(kind), t.nranks, line.c_str());
+  }
+}
+
+}  // namespace
+
+TreeLoad double_tree_load(int n) { return load_of(n, binary_tree_depth(n), double_tree); }
+TreeLoad rooted_double_tree_load(int n) { return load_of(n, rooted_tree_depth(n), rooted_at_0); }
+
+TuneModel make_tune_model(int nranks, bool network, LinkCost shm, LinkCost net, double reduce_gbs) {
+  TuneModel t;
+  t.nranks = nranks;
+  t.network = network;
+  t.shm = shm;
+  t.net = net;
+  t.reduce_gbs = reduce_gbs;
+  t.tree = double_tree_load(nranks);
+  t.rooted_tree = rooted_double_tree_load(nranks);
+  return t;
+}
+
+Status tune_init(int rank, Bootstrap& bs, Mesh& mesh, Engine& engine, const std::vector<PeerInfo>& peers,
+                 TuneModel* out) {
+  const int n = static_cast<int>(peers.size());
+  bool network = false;
+  for (int j = 1; j < n && !network; ++j) network = !is_shm(Mesh::transport_for(peers, 0, j));
+
+  // This rank's view: value and source of each field.
+  struct Known {
+    double value[kFields];
+    int32_t source[kFields];
+  } mine{};
+  auto know = [&](int f, double v, Source s) {
+    if (v > 0 && std::isfinite(v) && s >= mine.source[f]) mine.value[f] = v, mine.source[f] = s;
+  };
+  for (int p = 0; p < n; ++p) {
+    const meshccl_transport_props_v1_t* pr = p == rank ? nullptr : mesh.props(p);
+    if (pr == nullptr) continue;
+    const int base = is_shm(Mesh::transport_for(peers, rank, p)) ? kShmAlpha : kNetAlpha;
+    know(base, pr->latency_us, kDeclared);
+    know(base + 1, pr->bandwidth_gbs, kDeclared);
+  }
+  // Measuring is collective: only when every rank wants it (also a barrier,
+  // so the ping-pongs start together).
+  std::vector<uint8_t> want(n, 0);
+  want[rank] = param_int(Param::TuneMeasure) != 0;
+  MC_TRY(bs.allgather(want.data(), 1));
+  if (std::all_of(want.begin(), want.end(), [](uint8_t w) { return w != 0; })) {
+    uint64_t tag_seq = 0;
+    for (int cls = 0; cls < 2; ++cls) {
+      const int peer = n > 1 ? partner(peers, rank, cls == 0) : -1;
+      if (peer < 0) continue;
+      double alpha = 0, bw = 0;
+      tag_seq = static_cast<uint64_t>(cls) << 12;  // both ends of a pair count alike
+      MC_TRY(measure_link(engine, rank, peer, &tag_seq, &alpha, &bw));
+      const int base = cls == 0 ? kShmAlpha : kNetAlpha;
+      know(base, alpha, kMeasured);
+      know(base + 1, bw, kMeasured);
+    }
+    know(kReduce, measure_reduce(), kMeasured);
+  }
+  for (int f = 0; f < kFields; ++f) know(f, param_double(kFieldParam[f], 0), kSet);
+  MC_TRACE(kTune, "rank %d knows: shm %.3g us %.3g GB/s, net %.3g us %.3g GB/s, reduce %.3g GB/s", rank,
+           mine.value[kShmAlpha], mine.value[kShmBw], mine.value[kNetAlpha], mine.value[kNetBw], mine.value[kReduce]);
+
+  // Agree: per field, over the ranks with the best source. Measured values
+  // differ by rank, and a collective runs at the pace of its slowest link:
+  // the largest latency, the smallest bandwidths. Others: the median.
+  std::vector<Known> all(n);
+  all[rank] = mine;
+  MC_TRY(bs.allgather(all.data(), sizeof(Known)));
+  double agreed[kFields];
+  int source[kFields];
+  for (int f = 0; f < kFields; ++f) {
+    source[f] = kUnknown;
+    for (const Known& k : all) source[f] = std::max(source[f], static_cast<int>(k.source[f]));
+    std::vector<double> known;
+    for (const Known& k : all)
+      if (k.source[f] == source[f] && source[f] != kUnknown) known.push_back(k.value[f]);
+    if (known.empty()) agreed[f] = kFallback[f];
+    else if (source[f] != kMeasured) agreed[f] = median(known);
+    else if (f == kShmAlpha || f == kNetAlpha) agreed[f] = *std::max_element(known.begin(), known.end());
+    else agreed[f] = *std::min_element(known.begin(), known.end());
+  }
+  *out = make_tune_model(n, network, LinkCost{agreed[kShmAlpha], agreed[kShmBw]},
+                         LinkCost{agreed[kNetAlpha], agreed[kNetBw]}, agreed[kReduce]);
+  if (rank == 0 && log_enabled(LogLevel::Info, kTune)) {
+    std::string consts;
+    for (int f = 0; f < kFields; ++f) {
+      char buf[96];
+      std::snprintf(buf, sizeof(buf), "%s%s %.3g %s (%s)", f ? ", " : "", kFieldName[f], agreed[f],
+                    f == kShmAlpha || f == kNetAlpha ? "us" : "GB/s", kSourceName[source[f]]);
+      consts += buf;
+    }
+    MC_INFO(kTune, "cost model on %d ranks, %s links: %s", n, network ? "network" : "shared-memory", consts.c_str());
+    log_picks(*out);
+  }
+  return kOk;
+}
+
+}  // namespace meshccl

@@ -1,0 +1,175 @@
+// Recursive halving-doubling AllReduce (Rabenseifner): a reduce-scatter by
+// recursive halving — at step k each rank swaps half of what it still holds
+// with the partner whose new rank differs in one bit, keeping and reducing the
+// other half — then an all-gather by recursive doubling that retraces the
+// steps. 2 log2(p) steps instead of the ring's 2(p-1), with the ring's
+// bandwidth: each rank sends 2(p-1)/p of the data.
+//
+// With p not a power of two, the first 2(p - p2) ranks pair up (p2 = largest
+// power of two <= p): the even rank of each pair sends its input to the odd
+// one, which folds it in, and gets the result back at the end.
+// Every exchange is cut into chunks, each chunk waiting only for the chunks it
+// reads, so consecutive steps overlap.
+#include <algorithm>
+#include <bit>
+#include <vector>
+
+#include "collectives/algorithms.h"
+#include "collectives/rank_math.h"
+
+namespace meshccl {
+
+using detail::at;
+
+namespace {
+
+// Steps that wrote or read [lo, hi) of the output, sorted and disjoint.
+struct Piece {
+  size_t lo, hi;
+  Plan::StepId id;
+};
+using Pieces = std::vector<Piece>;
+
+// Makes s wait for every piece overlapping [lo, hi).
+void depend(Plan* plan, Plan::StepId s, const Pieces& ps, size_t lo, size_t hi) {
+  auto it = std::lower_bound(ps.begin(), ps.end(), lo, [](const Piece& p, size_t v) { return p.hi <= v; });
+  for (; it != ps.end() && it->lo < hi; ++it) plan->add_dep(s, it->id);
+}
+
+// Chunked transfers of ranges of the data, each chunk tagged by (phase,
+// chunk) and started after the pieces it overlaps in `after`.
+class Exchanges {
+ public:
+  Exchanges(const OpDesc& op, Plan* plan, Plan::StepId ready, int phases)
+      : op_(op), plan_(plan), es_(op.elem()), ready_(ready),
+        ce_(detail::chunk_elems(op, op.count, phases)), per_((op.count + ce_ - 1) / ce_) {}
+
+  // Sends base[lo, hi) to peer.
+  Pieces send(int peer, int phase, const void* base, size_t lo, size_t hi, const std::vector<const Pieces*>& after) {
+    return each(phase, lo, hi, [&](uint32_t tag, size_t a, size_t b) {
+      Plan::StepId s = plan_->send(peer, tag, at(base, a, es_), (b - a) * es_);
+      for (const Pieces* p : after) depend(plan_, s, *p, a, b);
+      return s;
+    });
+  }
+  // Receives peer's [lo, hi) into the output.
+  Pieces recv(int peer, int phase, size_t lo, size_t hi, const Pieces& after) {
+    return each(phase, lo, hi, [&](uint32_t tag, size_t a, size_t b) {
+      Plan::StepId s = plan_->recv(peer, tag, at(op_.recvbuff, a, es_), (b - a) * es_);
+      depend(plan_, s, after, a, b);
+      return s;
+    });
+  }
+  // output[lo, hi) = src[lo, hi) op peer's [lo, hi), through a ring of slots.
+  Pieces recv_reduce(int peer, int phase, const void* src, size_t lo, size_t hi, const Pieces& after) {
+    if (slots_ == nullptr) slots_ = plan_->scratch(kSlots * ce_ * es_);
+    return each(phase, lo, hi, [&](uint32_t tag, size_t a, size_t b) {
+      const size_t slot = used_++ % kSlots;
+      Plan::StepId s = plan_->recv_reduce(peer, tag, static_cast<char*>(slots_) + slot * ce_ * es_,
+                                          at(op_.recvbuff, a, es_), at(src, a, es_), b - a);
+      depend(plan_, s, after, a, b);
+      plan_->add_dep(s, last_[slot]);
+      last_[slot] = s;
+      return s;
+    });
+  }
+
+ private:
+  static constexpr int kSlots = 8;
+  template <typename Fn>
+  Pieces each(int phase, size_t lo, size_t hi, Fn&& fn) {
+    Pieces out;
+    uint32_t c = 0;
+    for (size_t a = lo; a < hi; a += ce_, ++c) {
+      const size_t b = std::min(hi, a + ce_);
+      Plan::StepId s = fn(static_cast<uint32_t>(static_cast<size_t>(phase) * per_) + c, a, b);
+      plan_->add_dep(s, ready_);
+      out.push_back({a, b, s});
+    }
+    return out;
+  }
+
+  const OpDesc& op_;
+  Plan* plan_;
+  size_t es_;
+  Plan::StepId ready_;
+  size_t ce_, per_;
+  void* slots_ = nullptr;
+  size_t used_ = 0;
+  std::vector<Plan::StepId> last_ = std::vector<Plan::StepId>(kSlots, Plan::kNoStep);
+};
+
+}  // namespace
+
+Status build_halving_doubling_allreduce(const OpDesc& op, Plan* plan) {
+  const int n = op.nranks, r = op.rank;
+  const size_t es = op.elem(), count = op.count;
+  plan->algorithm = "halving_doubling";
+  // With PreMulSum the output buffer holds the scaled input (as in place).
+  const detail::OwnInput own = detail::own_input(op, plan, op.recvbuff, count);
+  if (n == 1) {
+    if (!op.premul) plan->copy(op.recvbuff, op.sendbuff, count * es);
+    return kOk;
+  }
+  const int p2 = hd_pof2(n), rem = n - p2, steps = std::countr_zero(static_cast<unsigned>(p2));
+  const int fold_phase = 0, last_phase = 2 * steps + 1;
+  Exchanges x(op, plan, own.scaled, last_phase + 1);
+  const void* base = own.data;  // where this rank's partial sums are before step 0
+  Pieces folded;
+  if (r < 2 * rem) {
+    if (r % 2 == 0) {  // fold into r+1, then wait for the result
+      Pieces sent = x.send(r + 1, fold_phase, own.data, 0, count, {});
+      x.recv(r + 1, last_phase, 0, count, sent);
+      return kOk;
+    }
+    folded = x.recv_reduce(r - 1, fold_phase, own.data, 0, count, {});
+    base = op.recvbuff;
+  }
+  const int nr = hd_newrank(n, r);
+  auto edge = [&](int b) { return detail::block_begin(count, p2, b); };
+
+  // Reduce-scatter by recursive halving over blocks [lo, hi) of p2 blocks.
+  int lo = 0, hi = p2;
+  Pieces partial = std::move(folded);    // the latest sums written to the output
+  std::vector<Pieces> given(steps);      // what step k sent away (read from the output)
+  for (int k = 0; k < steps; ++k) {
+    const int bit = p2 >> (k + 1), peer = hd_rank_of(n, nr ^ bit), half = (hi - lo) / 2;
+    const bool upper = (nr & bit) != 0;
+    const int keep_lo = upper ? lo + half : lo, give_lo = upper ? lo : lo + half;
+    const void* src = k == 0 ? base : op.recvbuff;
+    given[k] = x.send(peer, 1 + k, src, edge(give_lo), edge(give_lo + half), {&partial});
+    partial = x.recv_reduce(peer, 1 + k, src, edge(keep_lo), edge(keep_lo + half), partial);
+    lo = keep_lo;
+    hi = keep_lo + half;
+  }
+  // Block nr is complete here; ncclAvg divides it, once.
+  if (op.avg)
+    for (Piece& p : partial) p.id = plan->divide(at(op.recvbuff, p.lo, es), at(op.recvbuff, p.lo, es), p.hi - p.lo, {p.id});
+
+  // All-gather by recursive doubling: step j swaps aligned groups of 2^j blocks.
+  std::vector<Pieces> got(steps);
+  std::vector<const Pieces*> have = {&partial};
+  for (int j = 0; j < steps; ++j) {
+    const int bit = 1 << j, peer = hd_rank_of(n, nr ^ bit);
+    const int mine = nr & ~(bit - 1), theirs = (nr ^ bit) & ~(bit - 1);
+    x.send(peer, 1 + steps + j, op.recvbuff, edge(mine), edge(mine + bit), have);
+    // That range was sent away at the mirror step of the reduce-scatter.
+    got[j] = x.recv(peer, 1 + steps + j, edge(theirs), edge(theirs + bit), given[steps - 1 - j]);
+    have.push_back(&got[j]);
+  }
+  if (r < 2 * rem) x.send(r - 1, last_phase, op.recvbuff, 0, count, have);
+  return kOk;
+}
+
+// 2 log2(p2) steps plus two for the fold; a rank that folds a partner in also
+// receives, reduces and sends back the whole data once more.
+double cost_halving_doubling_allreduce(const TuneModel& t, const OpDesc& op) {
+  if (op.nranks == 1) return 0;
+  const int p2 = hd_pof2(op.nranks);
+  const double bytes = static_cast<double>(op.count * op.elem()), share = (p2 - 1.0) / p2;
+  const double fold = op.nranks > p2 ? 1 : 0, steps = std::countr_zero(static_cast<unsigned>(p2));
+  return (2 * steps + 2 * fold) * t.alpha() + (2 * share + fold) * bytes * t.beta() +
+         (share + fold) * bytes * t.gamma();
+}
+
+}  // namespace meshccl

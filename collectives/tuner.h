@@ -1,0 +1,64 @@
+// The cost model behind algorithm choice: alpha (latency of one dependent
+// message step), beta (time per byte on a link, 1 / bandwidth) and gamma
+// (time per byte of local reduction), kept per link class. Its constants are
+// set by parameter or measured at communicator init, then agreed across ranks
+// so that every rank picks the same algorithm for the same operation.
+#pragma once
+
+#include <vector>
+
+#include "collectives/rank_math.h"
+#include "util/status.h"
+
+namespace meshccl {
+
+class Bootstrap;
+class Engine;
+class Mesh;
+struct PeerInfo;
+
+// What one message step costs on a class of links.
+struct LinkCost {
+  double alpha_us = 0;  // latency of one dependent step, microseconds
+  double bw_gbs = 0;    // bandwidth per direction, GB/s (beta = 1 / bw)
+};
+
+// How much the busiest rank does in a double binary tree, counted in
+// transfers of half the data (each tree carries one half).
+struct TreeLoad {
+  int depth = 0;     // edges from the deepest rank to the root
+  int links = 0;     // parent + children, both trees: halves sent (and received) by AllReduce
+  int children = 0;  // children, both trees: halves received (and reduced) from below
+};
+TreeLoad double_tree_load(int n);        // double_tree: AllReduce
+TreeLoad rooted_double_tree_load(int n); // rooted_double_tree: Broadcast, Reduce
+
+// Everything a cost function may look at. Identical on every rank of a
+// communicator (a pure function of agreed values), so costs compare alike.
+struct TuneModel {
+  int nranks = 1;
+  bool network = false;  // some pair of ranks talks over a network transport
+  LinkCost shm;          // shared memory between processes of one host
+  LinkCost net;          // network transports (socket, plugins)
+  double reduce_gbs = 0; // local reduction throughput, bytes of output per ns
+  TreeLoad tree, rooted_tree;
+
+  // Flat algorithms run at the pace of their slowest link: the network
+  // class as soon as one pair of ranks uses it.
+  const LinkCost& link() const { return network ? net : shm; }
+  double alpha() const { return link().alpha_us; }
+  double beta() const { return 1e-3 / link().bw_gbs; }  // us per byte
+  double gamma() const { return 1e-3 / reduce_gbs; }    // us per byte
+};
+
+// A model from explicit constants (tests, tools); tree loads filled in.
+TuneModel make_tune_model(int nranks, bool network, LinkCost shm, LinkCost net, double reduce_gbs);
+
+// Collective over the communicator, once its connections and engine exist:
+// fills the model from MESHCCL_TUNE_* parameters, transport properties and a
+// short measurement (a few milliseconds), agreed across ranks through the
+// bootstrap.
+Status tune_init(int rank, Bootstrap& bootstrap, Mesh& mesh, Engine& engine, const std::vector<PeerInfo>& peers,
+                 TuneModel* out);
+
+}  // namespace meshccl

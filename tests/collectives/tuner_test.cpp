@@ -1,0 +1,162 @@
+// The tuner: which algorithm the cost model picks in clear-cut regimes, that
+// estimates behave, and MESHCCL_ALGO / NCCL_ALGO forcing.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "collectives/algorithms.h"
+#include "util/param.h"
+
+namespace meshccl {
+namespace {
+
+// Sets an environment variable for one scope (settings are read again at
+// once, as a new communicator would).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    setenv(name, value, 1);
+    param_refresh();
+  }
+  ~ScopedEnv() {
+    if (had_) setenv(name_, old_.c_str(), 1);
+    else unsetenv(name_);
+    param_refresh();
+  }
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
+
+OpDesc op_of(OpKind kind, int nranks, size_t bytes) {
+  OpDesc op;
+  op.kind = kind;
+  op.dtype = ncclFloat32;
+  op.count = bytes / 4;
+  op.nranks = nranks;
+  op.chunk_bytes = 512 * 1024;
+  return op;
+}
+
+std::string pick(const TuneModel& t, OpKind kind, int nranks, size_t bytes) {
+  const Algorithm* a = nullptr;
+  EXPECT_TRUE(choose_algorithm(t, op_of(kind, nranks, bytes), &a).ok());
+  return a ? a->name : "";
+}
+
+// Shared memory with a cheap step, or one where a step costs a context switch.
+TuneModel fast(int n) { return make_tune_model(n, false, {1.0, 10.0}, {20.0, 1.25}, 10.0); }
+TuneModel slow_steps(int n) { return make_tune_model(n, false, {200.0, 2.0}, {20.0, 1.25}, 10.0); }
+
+TEST(Tuner, EveryEstimateIsFiniteAndGrowsWithSize) {
+  for (int n : {1, 2, 3, 5, 8, 64}) {
+    for (const Algorithm& a : algorithm_table()) {
+      if (a.cost == nullptr) continue;  // not chosen by cost (direct_shm)
+      double prev = -1;
+      for (size_t bytes = 4; bytes <= (size_t{1} << 30); bytes *= 4) {
+        const double c = a.cost(fast(n), op_of(a.kind, n, bytes));
+        EXPECT_TRUE(std::isfinite(c) && c >= 0) << a.name << " n=" << n;
+        EXPECT_GE(c, prev) << a.name << " n=" << n << " bytes=" << bytes;
+        prev = c;
+      }
+    }
+  }
+}
+
+TEST(Tuner, FewStepsWinSmallMessages) {
+  EXPECT_NE(pick(fast(4), OpKind::AllReduce, 4, 8), "ring");
+  for (int n : {8, 16}) {
+    EXPECT_NE(pick(fast(n), OpKind::AllReduce, n, 8), "ring") << n;
+    EXPECT_EQ(pick(fast(n), OpKind::Broadcast, n, 8), "tree") << n;
+    EXPECT_EQ(pick(fast(n), OpKind::Reduce, n, 8), "tree") << n;
+  }
+  // A power of two: halving-doubling moves what the ring moves in fewer steps.
+  EXPECT_EQ(pick(fast(8), OpKind::AllReduce, 8, 64 << 20), "halving_doubling");
+}
+
+TEST(Tuner, BandwidthWinsLargeMessages) {
+  // Not a power of two: halving-doubling's fold moves the data once more, and
+  // the tree moves about twice what the ring does.
+  EXPECT_EQ(pick(fast(5), OpKind::AllReduce, 5, 256 << 20), "ring");
+  EXPECT_EQ(pick(fast(7), OpKind::AllReduce, 7, 256 << 20), "ring");
+  EXPECT_EQ(pick(fast(3), OpKind::Broadcast, 3, 256 << 20), "chain");
+  // The crossover moves up when steps are expensive.
+  size_t cross_fast = 0, cross_slow = 0;
+  for (size_t b = 8; b <= (size_t{1} << 30) && (!cross_fast || !cross_slow); b *= 2) {
+    if (!cross_fast && pick(fast(5), OpKind::AllReduce, 5, b) == "ring") cross_fast = b;
+    if (!cross_slow && pick(slow_steps(5), OpKind::AllReduce, 5, b) == "ring") cross_slow = b;
+  }
+  EXPECT_GT(cross_fast, 8u);
+  EXPECT_GT(cross_slow, cross_fast);
+}
+
+TEST(Tuner, NetworkLinksPaceTheModel) {
+  TuneModel shm = make_tune_model(8, false, {1.0, 10.0}, {30.0, 1.0}, 10.0);
+  TuneModel net = make_tune_model(8, true, {1.0, 10.0}, {30.0, 1.0}, 10.0);
+  EXPECT_EQ(shm.alpha(), 1.0);
+  EXPECT_EQ(net.alpha(), 30.0);
+  const OpDesc op = op_of(OpKind::AllReduce, 8, 1 << 20);
+  EXPECT_GT(cost_ring_allreduce(net, op), cost_ring_allreduce(shm, op));
+}
+
+TEST(Tuner, ForcedByEnvironment) {
+  const TuneModel t = fast(8);
+  {
+    ScopedEnv e("MESHCCL_ALGO", "ring");
+    EXPECT_EQ(pick(t, OpKind::AllReduce, 8, 8), "ring");
+    // No ring for Broadcast: the list leaves it to the tuner.
+    EXPECT_EQ(pick(t, OpKind::Broadcast, 8, 8), "tree");
+  }
+  {
+    ScopedEnv e("NCCL_ALGO", "Tree");  // the NCCL name, any case
+    EXPECT_EQ(pick(t, OpKind::AllReduce, 8, 64 << 20), "tree");
+    EXPECT_EQ(pick(t, OpKind::AllGather, 8, 8), "ring");
+    ScopedEnv m("MESHCCL_ALGO", "halving_doubling");  // wins over the alias
+    EXPECT_EQ(pick(t, OpKind::AllReduce, 8, 64 << 20), "halving_doubling");
+  }
+  {
+    ScopedEnv e("MESHCCL_ALGO", "^halving_doubling,tree");
+    EXPECT_EQ(pick(t, OpKind::AllReduce, 8, 8), "ring");
+    EXPECT_EQ(pick(t, OpKind::Broadcast, 8, 8), "chain");
+  }
+  {
+    ScopedEnv e("MESHCCL_ALGO", "ring;broadcast:chain;reduce:tree");
+    EXPECT_EQ(pick(t, OpKind::AllReduce, 8, 8), "ring");
+    EXPECT_EQ(pick(t, OpKind::Broadcast, 8, 8), "chain");
+    EXPECT_EQ(pick(t, OpKind::Reduce, 8, 1 << 30), "tree");
+  }
+}
+
+TEST(Tuner, BadForcingIsInvalidUsage) {
+  const TuneModel t = fast(4);
+  const Algorithm* a = nullptr;
+  for (const char* spec : {"allgather:tree", "nosuchalgo", "allreduce:ring;tree", "broadcast:^chain,tree,direct_shm"}) {
+    ScopedEnv e("MESHCCL_ALGO", spec);
+    OpKind kind = std::string(spec).rfind("broadcast", 0) == 0 ? OpKind::Broadcast
+                  : std::string(spec).rfind("allgather", 0) == 0 ? OpKind::AllGather
+                                                                 : OpKind::AllReduce;
+    EXPECT_EQ(choose_algorithm(t, op_of(kind, 4, 64), &a).code(), ncclInvalidUsage) << spec;
+  }
+}
+
+TEST(Tuner, PlanWhenOnlyDirectIsAllowed) {
+  // direct_shm is not a plan: when it cannot take an operation (no shared
+  // region, or too large), the cheapest plan runs it.
+  ScopedEnv e("MESHCCL_ALGO", "broadcast:direct_shm");
+  EXPECT_EQ(pick(fast(8), OpKind::Broadcast, 8, 8), "tree");
+}
+
+TEST(Tuner, SendAndRecvIgnoreForcing) {
+  ScopedEnv e("MESHCCL_ALGO", "tree");
+  EXPECT_EQ(pick(fast(2), OpKind::Send, 2, 64), "p2p");
+}
+
+}  // namespace
+}  // namespace meshccl
