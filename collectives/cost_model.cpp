@@ -94,7 +94,7 @@ std::unique_ptr<Plan> exchanges(int peer, int rounds, char* out, char* in, size_
 Status measure_link(Engine& engine, int engine_rank, int peer, uint64_t* tag_seq, double* alpha_us, double* bw_gbs) {
   // At least 5 repetitions and 1 ms, so that on a host with more ranks than
   // cores the pairs measure while the others run, as collectives will.
-  constexpr int kRounds = 8, kMinReps = 5, kMaxReps = 200, kLargeReps = 3;
+  constexpr int kRounds = 8, kMinReps = 5, kMaxReps = 200, kLargeReps = 5;
   constexpr double kMinUs = 1000;
   constexpr size_t kLarge = size_t{1} << 20;
   std::vector<char> out(kLarge, 0), in(kLarge, 0);
@@ -169,7 +169,8 @@ std::string size_str(double bytes) {
 void log_picks(const TuneModel& t) {
   for (OpKind kind : {OpKind::AllReduce, OpKind::Broadcast, OpKind::Reduce, OpKind::AllGather, OpKind::ReduceScatter}) {
     const auto& table = algorithm_table();
-    if (std::count_if(table.begin(), table.end(), [&](const Algorithm& a) { return a.kind == kind; }) < 2) continue;
+    if (std::count_if(table.begin(), table.end(), [&](const Algorithm& a) { return a.kind == kind && a.cost; }) < 2)
+      continue;
     std::string line;
     const char* run = nullptr;
     double run_lo = 0, prev = 0;
@@ -259,9 +260,11 @@ Status tune_init(int rank, Bootstrap& bs, Mesh& mesh, Engine& engine, const std:
   MC_TRACE(kTune, "rank %d knows: shm %.3g us %.3g GB/s, net %.3g us %.3g GB/s, reduce %.3g GB/s", rank,
            mine.value[kShmAlpha], mine.value[kShmBw], mine.value[kNetAlpha], mine.value[kNetBw], mine.value[kReduce]);
 
-  // Agree: per field, over the ranks with the best source. Measured values
-  // differ by rank, and a collective runs at the pace of its slowest link:
-  // the largest latency, the smallest bandwidths. Others: the median.
+  // Agree: per field, over the ranks with the best source. A step waits for
+  // its slowest pair, so of measured latencies the largest counts (on a host
+  // with more ranks than cores, most pairs see the others' share of the
+  // cores); other values, bandwidths included, by their median, which a
+  // single disturbed measurement cannot move.
   std::vector<Known> all(n);
   all[rank] = mine;
   MC_TRY(bs.allgather(all.data(), sizeof(Known)));
@@ -274,9 +277,9 @@ Status tune_init(int rank, Bootstrap& bs, Mesh& mesh, Engine& engine, const std:
     for (const Known& k : all)
       if (k.source[f] == source[f] && source[f] != kUnknown) known.push_back(k.value[f]);
     if (known.empty()) agreed[f] = kFallback[f];
-    else if (source[f] != kMeasured) agreed[f] = median(known);
-    else if (f == kShmAlpha || f == kNetAlpha) agreed[f] = *std::max_element(known.begin(), known.end());
-    else agreed[f] = *std::min_element(known.begin(), known.end());
+    else if (source[f] == kMeasured && (f == kShmAlpha || f == kNetAlpha))
+      agreed[f] = *std::max_element(known.begin(), known.end());
+    else agreed[f] = median(known);
   }
   *out = make_tune_model(n, network, LinkCost{agreed[kShmAlpha], agreed[kShmBw]},
                          LinkCost{agreed[kNetAlpha], agreed[kNetBw]}, agreed[kReduce]);
