@@ -1,12 +1,11 @@
 // The tuner's constants. Each rank knows some of them: from the transports'
 // declared properties, from what it measured (exchanges with a partner over
-// one link of each class, run as plans through the engine; a 1 MiB
+// one link of each class, run as plans through the engine; a 256 KiB
 // reduction), from MESHCCL_TUNE_* settings. All ranks
 // allgather what they know and combine, field by field, the best kind of
 // knowledge any rank has (set > measured > declared > built-in): the same
 // numbers everywhere, so every rank picks the same algorithm.
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -94,9 +93,9 @@ std::unique_ptr<Plan> exchanges(int peer, int rounds, char* out, char* in, size_
 Status measure_link(Engine& engine, int engine_rank, int peer, uint64_t* tag_seq, double* alpha_us, double* bw_gbs) {
   // At least 5 repetitions and 1 ms, so that on a host with more ranks than
   // cores the pairs measure while the others run, as collectives will.
-  constexpr int kRounds = 8, kMinReps = 5, kMaxReps = 200, kLargeReps = 5;
+  constexpr int kRounds = 8, kMinReps = 5, kMaxReps = 200, kLargeReps = 3;
   constexpr double kMinUs = 1000;
-  constexpr size_t kLarge = size_t{1} << 20;
+  constexpr size_t kLarge = size_t{256} << 10;  // above every transport's eager limit
   std::vector<char> out(kLarge, 0), in(kLarge, 0);
   double us = 0;
   MC_TRY(timed(engine, exchanges(peer, 2, out.data(), in.data(), 8), tag_seq, &us));  // warm-up
@@ -122,13 +121,14 @@ Status measure_link(Engine& engine, int engine_rank, int peer, uint64_t* tag_seq
   return kOk;
 }
 
-// GB/s of output of a float32 sum of 1 MiB (beyond most L2 caches, as
-// collectives worth tuning are): best of three after a warm-up.
+// GB/s of output of a float32 sum of 256 KiB: best of two after a warm-up.
+// (Larger buffers would be closer to big collectives but cost page faults
+// at every communicator creation; gamma is the smallest of the three terms.)
 double measure_reduce() {
-  constexpr size_t kCount = 256 * 1024;
+  constexpr size_t kCount = 64 * 1024;
   std::vector<float> a(kCount, 1.0f), b(kCount, 2.0f), d(kCount);
   double best = 0;
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 3; ++i) {
     const double t0 = now_us();
     kernels::reduce2(ncclFloat32, kernels::ReduceOp::Sum, d.data(), a.data(), b.data(), kCount);
     const double us = now_us() - t0;
@@ -238,7 +238,7 @@ Status tune_init(int rank, Bootstrap& bs, Mesh& mesh, Engine& engine, const std:
     know(base + 1, pr->bandwidth_gbs, kDeclared);
   }
   // Measuring is collective: only when every rank wants it (also a barrier,
-  // so the ping-pongs start together).
+  // so that the pairs start measuring together).
   std::vector<uint8_t> want(n, 0);
   want[rank] = param_int(Param::TuneMeasure) != 0;
   MC_TRY(bs.allgather(want.data(), 1));
