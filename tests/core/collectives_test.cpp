@@ -214,13 +214,14 @@ void check_data_movement(ncclComm_t comm, int n, int rank, bool in_place) {
       for (int r = 0; r < n; ++r)
         for (size_t i = 0; i < count; ++i) ASSERT_EQ(recv.get(r * count + i), pattern(r, i)) << "AllGather";
     }
-    if (!in_place) {  // AlltoAll
+    {  // AlltoAll
       Buf send(dt, count * n), recv(dt, count * n);
       for (int p = 0; p < n; ++p)
         for (size_t i = 0; i < count; ++i) send.set(p * count + i, pattern(rank * n + p, i));
-      ASSERT_EQ(ncclAlltoAll(send.ptr(), recv.ptr(), count, dt, comm, nullptr), ncclSuccess);
+      Buf& out = in_place ? send : recv;
+      ASSERT_EQ(ncclAlltoAll(send.ptr(), out.ptr(), count, dt, comm, nullptr), ncclSuccess);
       for (int p = 0; p < n; ++p)
-        for (size_t i = 0; i < count; ++i) ASSERT_EQ(recv.get(p * count + i), pattern(p * n + rank, i)) << "AlltoAll";
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(out.get(p * count + i), pattern(p * n + rank, i)) << "AlltoAll";
     }
     for (int root : {0, n - 1}) {  // Gather
       Buf send(dt, count), recv(dt, count * n);
@@ -267,7 +268,7 @@ TEST_P(AllReduceAlgos, Matrix) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, AllReduceAlgos,
                          ::testing::Combine(::testing::ValuesIn(kRankCounts),
-                                            ::testing::Values("ring", "tree", "halving_doubling")),
+                                            ::testing::Values("ring", "tree", "halving_doubling", "direct_shm")),
                          case_name);
 
 // Reduce and Broadcast share their algorithm names.
@@ -285,28 +286,39 @@ TEST_P(RootedAlgos, ReduceAndBroadcast) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, RootedAlgos,
-                         ::testing::Combine(::testing::ValuesIn(kRankCounts), ::testing::Values("chain", "tree")),
+                         ::testing::Combine(::testing::ValuesIn(kRankCounts),
+                                            ::testing::Values("chain", "tree", "direct_shm")),
                          case_name);
 
-class Collectives : public ::testing::TestWithParam<int> {};
+// The other collectives: their plans ("plans") or the direct shared-memory
+// algorithm, each forced.
+class Collectives : public ::testing::TestWithParam<AlgoCase> {};
+
+std::string other_collectives(const std::string& algo) {
+  if (algo == "plans") return "reducescatter:ring;allgather:ring;alltoall:pairwise;gather:direct;scatter:direct";
+  return "reducescatter:" + algo + ";allgather:" + algo + ";alltoall:" + algo + ";gather:" + algo + ";scatter:" + algo;
+}
 
 TEST_P(Collectives, ReduceScatter) {
-  int n = GetParam();
+  const auto& [n, algo] = GetParam();
+  ScopedAlgo forced(other_collectives(algo));
   run_ranks(n, [n](ncclComm_t comm, int rank) {
     for (bool ip : {false, true}) check_reduce_scatter(comm, n, rank, ip);
   });
 }
 
 TEST_P(Collectives, DataMovement) {
-  int n = GetParam();
+  const auto& [n, algo] = GetParam();
+  ScopedAlgo forced(other_collectives(algo));
   run_ranks(n, [n](ncclComm_t comm, int rank) {
     check_data_movement(comm, n, rank, false);
     check_data_movement(comm, n, rank, true);
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::ValuesIn(kRankCounts),
-                         [](const auto& info) { return ranks_name(info.param); });
+INSTANTIATE_TEST_SUITE_P(Ranks, Collectives,
+                         ::testing::Combine(::testing::ValuesIn(kRankCounts), ::testing::Values("plans", "direct_shm")),
+                         case_name);
 
 // Large messages cross the chunking and the rendezvous paths, with every
 // algorithm; 3 ranks also take halving-doubling's fold.
@@ -339,7 +351,8 @@ INSTANTIATE_TEST_SUITE_P(Algorithms, LargeAlgos,
                          ::testing::Values(LargeCase{"allreduce", "ring"}, LargeCase{"allreduce", "tree"},
                                            LargeCase{"allreduce", "halving_doubling"}, LargeCase{"reduce", "chain"},
                                            LargeCase{"reduce", "tree"}, LargeCase{"broadcast", "chain"},
-                                           LargeCase{"broadcast", "tree"}),
+                                           LargeCase{"broadcast", "tree"}, LargeCase{"allreduce", "direct_shm"},
+                                           LargeCase{"reduce", "direct_shm"}, LargeCase{"broadcast", "direct_shm"}),
                          [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
 
 }  // namespace
