@@ -64,6 +64,10 @@ Status make_run(const TuneModel& tune, const OpDesc& op, NodeRegion* node, uint6
 bool algorithm_allowed(OpKind kind, const char* name);
 // True when MESHCCL_ALGO names `name` for this collective explicitly.
 bool algorithm_forced(OpKind kind, const char* name);
+// The most input bytes per rank the direct shared-memory algorithm takes for
+// this collective: 0 when MESHCCL_ALGO rules it out, no limit when it names it
+// or MESHCCL_DIRECT_MAX_BYTES is 0, else that setting.
+size_t direct_max_bytes(OpKind kind);
 
 // Builders, one per file.
 Status build_p2p(const OpDesc& op, Plan* plan);

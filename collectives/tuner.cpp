@@ -189,12 +189,17 @@ Status make_plan(const TuneModel& tune, const OpDesc& op, std::unique_ptr<Plan>*
   return kOk;
 }
 
+size_t direct_max_bytes(OpKind kind) {
+  if (kind == OpKind::Send || kind == OpKind::Recv || !algorithm_allowed(kind, kDirectShm)) return 0;
+  const int64_t limit = param_int(Param::DirectMaxBytes);
+  if (algorithm_forced(kind, kDirectShm) || limit <= 0) return SIZE_MAX;
+  return static_cast<size_t>(limit);
+}
+
 Status make_run(const TuneModel& tune, const OpDesc& op, NodeRegion* node, uint64_t tag_base,
                 std::unique_ptr<Run>* out) {
-  if (node != nullptr && op.kind != OpKind::Send && op.kind != OpKind::Recv && algorithm_allowed(op.kind, kDirectShm)) {
-    const size_t max_bytes = algorithm_forced(op.kind, kDirectShm)
-                                 ? SIZE_MAX
-                                 : static_cast<size_t>(param_int(Param::DirectMaxBytes));
+  const size_t max_bytes = direct_max_bytes(op.kind);
+  if (node != nullptr && max_bytes > 0) {
     *out = make_direct_run(node, op, max_bytes);
     if (*out != nullptr) {
       MC_INFO(kTune, "%s: %zu elements of %s -> algorithm %s", op_kind_name(op.kind), op.count,

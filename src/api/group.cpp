@@ -83,12 +83,9 @@ Status launch_one(PendingOp& op) {
   NodeRegion* node = comm->node.get();
   // A direct collective with nothing ahead of it runs right here: no run
   // object, no queue, no other thread.
-  if (node != nullptr && op.desc.kind != OpKind::Send && op.desc.kind != OpKind::Recv &&
-      (op.stream == nullptr || op.stream->idle()) && comm->engine->fatal().ok() && !comm->abort_flag.load() &&
-      algorithm_allowed(op.desc.kind, kDirectShm)) {
-    const size_t max_bytes = algorithm_forced(op.desc.kind, kDirectShm)
-                                 ? SIZE_MAX
-                                 : static_cast<size_t>(param_int(Param::DirectMaxBytes));
+  const size_t max_bytes = node != nullptr ? direct_max_bytes(op.desc.kind) : 0;
+  if (max_bytes > 0 && (op.stream == nullptr || op.stream->idle()) && comm->engine->fatal().ok() &&
+      !comm->abort_flag.load()) {
     bool taken = false;
     std::vector<std::unique_ptr<Run>> rest(1);
     Status s = run_direct_now(node, op.desc, max_bytes, static_cast<double>(param_int(Param::InlineUs)), &taken,
