@@ -46,8 +46,8 @@ size_t chunk_elems(const OpDesc& op, size_t largest_piece, int phases) {
   size_t es = op.elem();
   size_t ce = op.chunk_bytes / es;
   if (ce == 0) ce = 1;
-  // Tags are 24 bits: phases * chunks must stay below 2^23.
-  const size_t max_chunks = (size_t{1} << 23) / static_cast<size_t>(phases > 0 ? phases : 1);
+  // Step tags of data stay below kControlTag: phases * chunks must too.
+  const size_t max_chunks = size_t{kControlTag} / static_cast<size_t>(phases > 0 ? phases : 1);
   if (largest_piece / ce >= max_chunks) ce = largest_piece / max_chunks + 1;
   return ce;
 }

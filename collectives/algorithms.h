@@ -32,7 +32,9 @@ struct OpDesc {
   int rank = 0;
   int nranks = 1;
   size_t chunk_bytes = 512 * 1024;
+  bool checks = false;  // MESHCCL_CHECKS on this communicator
   size_t elem() const { return kernels::dtype_size(dtype); }
+  OpSignature signature() const;
 };
 
 using BuildFn = Status (*)(const OpDesc&, Plan*);
@@ -109,6 +111,10 @@ double cost_tree_broadcast(const TuneModel& t, const OpDesc& op);
 double cost_tree_reduce(const TuneModel& t, const OpDesc& op);
 double cost_halving_doubling_allreduce(const TuneModel& t, const OpDesc& op);
 
+// Adds the signature check to a collective's plan where it applies (every
+// collective with MESHCCL_CHECKS, large ones always); see signature_check.cpp.
+Status add_signature_check(const OpDesc& op, Plan* plan);
+
 // Shared helpers for builders.
 namespace detail {
 // This rank's contribution to a reduction. With PreMulSum it is first scaled
@@ -122,7 +128,7 @@ OwnInput own_input(const OpDesc& op, Plan* plan, void* into, size_t count);
 
 // [begin, end) of block b when `count` elements are cut into n balanced blocks.
 inline size_t block_begin(size_t count, int n, int b) { return count * static_cast<size_t>(b) / static_cast<size_t>(n); }
-// Elements per chunk, large enough that a plan's tags fit in 24 bits.
+// Elements per chunk, large enough that a plan's step tags stay below kControlTag.
 size_t chunk_elems(const OpDesc& op, size_t largest_piece, int phases);
 inline char* at(void* base, size_t elems, size_t es) { return static_cast<char*>(base) + elems * es; }
 inline const char* at(const void* base, size_t elems, size_t es) { return static_cast<const char*>(base) + elems * es; }

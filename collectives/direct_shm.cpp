@@ -46,39 +46,6 @@ size_t input_bytes(const OpDesc& op) {
   return per_peer_blocks(op.kind) ? bytes * static_cast<size_t>(op.nranks) : bytes;
 }
 
-struct Signature {
-  uint64_t w[3];
-};
-
-Signature signature_of(const OpDesc& op) {
-  const bool rooted = op.kind == OpKind::Broadcast || op.kind == OpKind::Reduce || op.kind == OpKind::Gather ||
-                      op.kind == OpKind::Scatter;
-  const bool reducing = op.kind == OpKind::AllReduce || op.kind == OpKind::Reduce || op.kind == OpKind::ReduceScatter;
-  Signature s{};
-  s.w[0] = static_cast<uint64_t>(op.kind) | static_cast<uint64_t>(op.dtype) << 8 |
-           (reducing ? (static_cast<uint64_t>(op.op) | uint64_t{op.avg} << 4 | uint64_t{op.premul} << 5) << 16 : 0) |
-           (rooted ? static_cast<uint64_t>(op.root + 1) << 32 : 0);
-  s.w[1] = op.count;
-  s.w[2] = 0x4d534844u;  // "DHSM": a version mark
-  return s;
-}
-
-std::string describe(const uint64_t w[3]) {
-  const auto kind = static_cast<OpKind>(w[0] & 0xff);
-  const auto dtype = static_cast<ncclDataType_t>((w[0] >> 8) & 0xff);
-  const unsigned redop = static_cast<unsigned>((w[0] >> 16) & 0x3f);
-  const long root = static_cast<long>(w[0] >> 32) - 1;
-  static const char* const kOps[] = {"sum", "prod", "max", "min"};
-  char buf[160];
-  std::snprintf(buf, sizeof(buf), "%s(count %llu, %s", op_kind_name(kind), static_cast<unsigned long long>(w[1]),
-                kernels::dtype_name(dtype));
-  std::string out = buf;
-  if (kind == OpKind::AllReduce || kind == OpKind::Reduce || kind == OpKind::ReduceScatter)
-    out += std::string(", ") + ((redop & 0x20) ? "premulsum" : (redop & 0x10) ? "avg" : kOps[redop & 3]);
-  if (root >= 0) out += ", root " + std::to_string(root);
-  return out + ")";
-}
-
 // Elements of each block one round covers.
 size_t round_elems(const NodeRegion* node, const OpDesc& op) {
   const size_t blocks = per_peer_blocks(op.kind) ? static_cast<size_t>(op.nranks) : 1;
@@ -88,7 +55,7 @@ size_t round_elems(const NodeRegion* node, const OpDesc& op) {
 class DirectRun final : public Run {
  public:
   DirectRun(NodeRegion* node, const OpDesc& op, uint64_t first, uint64_t rounds)
-      : node_(node), op_(op), sig_(signature_of(op)), first_(first), last_(first + rounds - 1), round_(first) {
+      : node_(node), op_(op), sig_(op.signature()), first_(first), last_(first + rounds - 1), round_(first) {
     round_elems_ = round_elems(node, op);
     // Reduce within a round by one rank (small) or split over all ranks.
     two_phase_ = (op.kind == OpKind::AllReduce || op.kind == OpKind::Reduce) &&
@@ -199,7 +166,7 @@ class DirectRun final : public Run {
     }
     NodeRegion::SlotHeader& h = node_->header(me(), round_);
     h.round = round_;
-    std::memcpy(h.signature, sig_.w, sizeof(sig_.w));
+    h.signature = sig_;
     node_->control(me()).arrived.value.store(round_, std::memory_order_release);
   }
 
@@ -256,7 +223,7 @@ class DirectRun final : public Run {
       for (int q = 0; q < n(); ++q) {
         const uint64_t failed = node_->control(q).failed.value.load(std::memory_order_acquire);
         if (q != me() && failed != 0)
-          return MC_ERROR(ncclInvalidUsage, "%s: rank %d found mismatched collective calls on this communicator",
+          return MC_ERROR(ncclInvalidUsage, "%s: mismatched calls across ranks: rank %d found them on this communicator",
                           op_kind_name(op_.kind), q);
       }
       return kOk;
@@ -264,10 +231,11 @@ class DirectRun final : public Run {
     waiting_ = -1;
     for (int p = 0; p < n(); ++p) {
       const NodeRegion::SlotHeader& h = node_->header(p, round_);
-      if (h.round == round_ && std::memcmp(h.signature, sig_.w, sizeof(sig_.w)) == 0) continue;
+      if (h.round == round_ && h.signature == sig_) continue;
       node_->control(me()).failed.value.store(round_, std::memory_order_release);
-      return MC_ERROR(ncclInvalidUsage, "mismatched collective calls across ranks: rank %d called %s, rank %d called %s",
-                      me(), describe(sig_.w).c_str(), p, describe(h.signature).c_str());
+      const std::string diff = h.round == round_ ? signature_difference(sig_, me(), h.signature, p)
+                                                 : "rank " + std::to_string(p) + " is at another call";
+      return MC_ERROR(ncclInvalidUsage, "%s: mismatched calls across ranks: %s", op_kind_name(op_.kind), diff.c_str());
     }
     *ready = true;
     return kOk;
@@ -403,7 +371,7 @@ class DirectRun final : public Run {
 
   NodeRegion* node_;
   OpDesc op_;
-  Signature sig_;
+  OpSignature sig_;
   uint64_t first_, last_, round_;
   size_t round_elems_ = 0;
   bool two_phase_ = false;

@@ -173,6 +173,7 @@ Status make_plan(const TuneModel& tune, const OpDesc& op, std::unique_ptr<Plan>*
   plan->divisor = op.nranks;
   std::copy(std::begin(op.scalar), std::end(op.scalar), std::begin(plan->scalar));
   MC_TRY(pick->build(op, plan.get()));
+  MC_TRY(add_signature_check(op, plan.get()));
   if (log_enabled(LogLevel::Info, kTune)) {
     // Every candidate's estimate, so that a surprising pick can be explained.
     std::string all;
@@ -182,8 +183,10 @@ Status make_plan(const TuneModel& tune, const OpDesc& op, std::unique_ptr<Plan>*
       std::snprintf(buf, sizeof(buf), "%s%s %.1f", all.empty() ? "" : ", ", a.name, a.cost(tune, op));
       all += buf;
     }
-    MC_INFO(kTune, "%s: %zu elements of %s -> algorithm %s, estimated %.1f us (%s; %zu steps)", op_kind_name(op.kind),
-            op.count, kernels::dtype_name(op.dtype), pick->name, cost, all.c_str(), plan->size());
+    MC_INFO(kTune, "%s: %zu elements of %s -> algorithm %s, estimated %.1f us (%s; %zu steps%s)",
+            op_kind_name(op.kind), op.count, kernels::dtype_name(op.dtype), pick->name, cost, all.c_str(),
+            plan->size(),
+            plan->signatures.empty() ? "" : plan->check_gates_data ? ", checked first" : ", checked alongside");
   }
   *out = std::move(plan);
   return kOk;

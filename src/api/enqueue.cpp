@@ -10,7 +10,7 @@ namespace meshccl {
 
 namespace {
 constexpr uint64_t kP2PBit = uint64_t{1} << 63;
-constexpr int kStepBits = 24;
+constexpr int kStepBits = kStepTagBits;
 constexpr uint64_t kSeqMask = (uint64_t{1} << 39) - 1;
 }  // namespace
 
@@ -25,8 +25,10 @@ Status enqueue(ncclComm* comm, OpDesc& desc, cudaStream_t stream) {
            op_kind_name(desc.kind), static_cast<unsigned long long>(comm->coll_seq), desc.sendbuff, desc.recvbuff,
            desc.count, static_cast<int>(desc.dtype), desc.root, desc.peer, static_cast<void*>(comm), comm->nranks,
            static_cast<void*>(stream));
-  // Empty operations are dropped after the checks, on every rank alike.
-  if (desc.count == 0) return kOk;
+  desc.checks = comm->checks;
+  // Empty operations are dropped after the checks, on every rank alike; with
+  // MESHCCL_CHECKS an empty collective still exchanges its signature.
+  if (desc.count == 0 && !(desc.checks && !is_p2p(desc.kind))) return kOk;
   uint64_t tag;
   if (desc.kind == OpKind::Send) tag = kP2PBit | ((comm->send_seq[desc.peer]++ & kSeqMask) << kStepBits);
   else if (desc.kind == OpKind::Recv) tag = kP2PBit | ((comm->recv_seq[desc.peer]++ & kSeqMask) << kStepBits);

@@ -48,6 +48,7 @@ struct ncclComm {
   int nranks = 0;
   int cuda_dev = -1;
   uint64_t comm_hash = 0;  // for logs: same on every rank
+  bool checks = false;     // MESHCCL_CHECKS on any rank at init: every collective checks signatures
   meshccl::CommConfig config;
   std::atomic<State> state{State::Initializing};
   std::atomic<int> async_error{ncclSuccess};  // ncclInProgress while a non-blocking call runs

@@ -49,6 +49,7 @@ PeerInfo local_peer_info() {
   std::memset(&info, 0, sizeof(info));
   info.pid = static_cast<int32_t>(getpid());
   info.cuda_dev = -1;
+  if (param_int(Param::Checks) != 0) info.flags |= kPeerChecks;
   std::string mk = machine_key();
   info.machine_hash = hash64(mk.data(), mk.size());
   std::string hostid = param_str(Param::HostId);

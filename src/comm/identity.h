@@ -13,12 +13,16 @@ struct PeerInfo {
   int32_t rank;
   int32_t pid;
   int32_t cuda_dev;
-  int32_t reserved;
+  uint32_t flags;         // kPeer* settings this rank brings to the communicator
   uint64_t host_hash;     // equal = same (possibly emulated) host: MESHCCL_HOSTID
   uint64_t machine_hash;  // equal = same kernel and pid namespace: pids are comparable
   char host_id[64];       // for logs
   sockaddr_storage bootstrap_addr;
 };
+
+// MESHCCL_CHECKS=1 on this rank: checks apply to a communicator when any of its
+// ranks asks for them, so every rank runs the same exchange.
+constexpr uint32_t kPeerChecks = 1u << 0;
 
 // This process's identity (rank and bootstrap address left for the caller).
 PeerInfo local_peer_info();

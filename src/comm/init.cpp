@@ -53,17 +53,22 @@ Status finish_setup(ncclComm* comm) {
   for (const PeerInfo& p : comm->peers) local += p.machine_hash == comm->peers[comm->rank].machine_hash;
   note_local_ranks(local);
   MC_TRY(Mesh::connect_all(*comm->bootstrap, comm->peers, &comm->abort_flag, &comm->mesh));
-  MC_TRY(NodeRegion::create(*comm->bootstrap, comm->peers, *comm->mesh,
-                            static_cast<size_t>(param_int(Param::DirectSlotBytes)), &comm->node));
+  comm->checks = std::any_of(comm->peers.begin(), comm->peers.end(),
+                             [](const PeerInfo& p) { return (p.flags & kPeerChecks) != 0; });
+  // With checks every collective is a plan whose signature exchange comes
+  // first: the direct algorithms check too, but a mismatch there fails the
+  // communicator, and a rank whose call went to a plan instead is never seen.
+  const size_t slot_bytes = comm->checks ? 0 : static_cast<size_t>(param_int(Param::DirectSlotBytes));
+  MC_TRY(NodeRegion::create(*comm->bootstrap, comm->peers, *comm->mesh, slot_bytes, &comm->node));
   comm->engine = std::make_unique<Engine>(comm->rank, comm->mesh.get(), &comm->abort_flag,
                                           [comm] { return comm->check_peers(); });
   MC_TRY(tune_init(comm->rank, *comm->bootstrap, *comm->mesh, *comm->engine, comm->peers, &comm->tune));
   comm->send_seq.assign(comm->nranks, 0);
   comm->recv_seq.assign(comm->nranks, 0);
   comm->state.store(ncclComm::State::Ready);
-  MC_INFO(kInit, "comm %p rank %d nranks %d host %s commId 0x%llx - Init COMPLETE", static_cast<void*>(comm),
+  MC_INFO(kInit, "comm %p rank %d nranks %d host %s commId 0x%llx%s - Init COMPLETE", static_cast<void*>(comm),
           comm->rank, comm->nranks, comm->peers[comm->rank].host_id,
-          static_cast<unsigned long long>(comm->comm_hash));
+          static_cast<unsigned long long>(comm->comm_hash), comm->checks ? " checks on" : "");
   return kOk;
 }
 
@@ -156,6 +161,7 @@ Status comm_split(ncclComm* parent, int color, int key, ncclComm* child) {
     addrs[i].len = addrs[i].ss.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
     child->peers[i] = parent->peers[pr];
     child->peers[i].rank = i;
+    if (parent->checks) child->peers[i].flags |= kPeerChecks;  // the child keeps its parent's checks
     std::memcpy(&child->peers[i].bootstrap_addr, &all[pr].addr, sizeof(sockaddr_storage));
   }
   child->bootstrap = std::make_unique<Bootstrap>(crank, cn, std::move(listener), std::move(addrs), secret,

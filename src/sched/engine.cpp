@@ -1,12 +1,19 @@
 #include "sched/engine.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "util/log.h"
 #include "util/wait.h"
 
 namespace meshccl {
+
+namespace {
+// No operation uses this tag: collectives leave bit 63 clear and
+// point-to-point operations use step tag 0 only (api/enqueue).
+constexpr uint64_t kNoticeTag = ~uint64_t{0};
+}  // namespace
 
 // ---------------------------------------------------------------- scratch
 
@@ -110,16 +117,18 @@ class PlanRun final : public Run {
         uint32_t i = inflight_[k];
         bool done = false;
         size_t got = 0;
-        MC_TRY(Mesh::test(reqs_[i], &done, &got));
+        const Step& s = plan_->steps()[i];
+        Status ts = Mesh::test(reqs_[i], &done, &got);
+        if (!ts.ok()) return explain_transfer_error(ts, s);
         if (!done) {
           inflight_[keep++] = i;
           continue;
         }
-        const Step& s = plan_->steps()[i];
         if (s.kind != StepKind::Send && got != s.bytes)
           return MC_ERROR(ncclInvalidUsage,
-                          "%s: received %zu bytes from rank %d, expected %zu (mismatched calls across ranks?)",
-                          op_kind_name(plan_->kind), got, s.peer, s.bytes);
+                          "%s: received %zu bytes from rank %d where this rank expected %zu: mismatched calls "
+                          "across ranks %s",
+                          op_kind_name(plan_->kind), got, s.peer, s.bytes, mismatch_hint());
         if (s.kind == StepKind::RecvReduce)
           kernels::reduce2(plan_->dtype, plan_->op, s.dst, s.src, s.tmp, s.count);
         complete_step(i);
@@ -134,6 +143,7 @@ class PlanRun final : public Run {
   }
 
   bool finished() const override { return completed_ == plan_->size(); }
+  bool can_end_alone() const override { return check_failed_ && plan_->check_gates_data && inflight_.empty(); }
   int waiting_on() const override {
     for (uint32_t i : inflight_) return plan_->steps()[i].peer;
     return -1;
@@ -185,11 +195,57 @@ class PlanRun final : public Run {
       case StepKind::Scale:
         kernels::scale(plan_->dtype, s.dst, s.src, s.count, plan_->scalar);
         break;
+      case StepKind::Check:
+        MC_TRY(check_signatures(rank));
+        break;
     }
     *started = true;
     complete_step(i);
     return kOk;
   }
+
+  // Every rank's signature arrived: any difference fails the operation.
+  Status check_signatures(int rank) {
+    const std::vector<OpSignature>& sigs = plan_->signatures;
+    int first = -1, others = 0;
+    for (int p = 0; p < static_cast<int>(sigs.size()); ++p) {
+      if (p == rank || sigs[p] == sigs[rank]) continue;
+      if (first < 0) first = p;
+      else ++others;
+    }
+    if (first < 0) return kOk;
+    check_failed_ = true;
+    std::string diff = signature_difference(sigs[rank], rank, sigs[first], first);
+    if (others > 0) diff += " (and " + std::to_string(others) + " more ranks differ from this one)";
+    return MC_ERROR(ncclInvalidUsage, "%s: mismatched calls across ranks (collective #%llu of this communicator): %s",
+                    op_kind_name(plan_->kind), static_cast<unsigned long long>(seq()), diff.c_str());
+  }
+
+  // A transfer failed: say with whom, and that a message that did not fit its
+  // receive is a mismatch (the transport's own line says so in its terms).
+  Status explain_transfer_error(Status ts, const Step& s) const {
+    if (ts.code() == ncclRemoteError)
+      return MC_ERROR(ncclRemoteError, "%s: lost rank %d (it exited or closed its connections)",
+                      op_kind_name(plan_->kind), s.peer);
+    if (ts.code() != ncclInvalidUsage) return ts;
+    if (s.kind == StepKind::Send)
+      return MC_ERROR(ncclInvalidUsage,
+                      "%s: rank %d refused this rank's message of %zu bytes as larger than it expected: mismatched "
+                      "calls across ranks %s",
+                      op_kind_name(plan_->kind), s.peer, s.bytes, mismatch_hint());
+    return MC_ERROR(ncclInvalidUsage,
+                    "%s: a message from rank %d is larger than the %zu bytes this rank expected: mismatched calls "
+                    "across ranks %s",
+                    op_kind_name(plan_->kind), s.peer, s.bytes, mismatch_hint());
+  }
+
+  const char* mismatch_hint() const {
+    if (is_p2p(plan_->kind)) return "(the send and the receive differ in count or datatype)";
+    return "(count or datatype differ; MESHCCL_CHECKS=1 names the argument that differs)";
+  }
+
+  // The operation's number in its communicator's collective sequence.
+  uint64_t seq() const { return (tag_base_ & ~(uint64_t{1} << 63)) >> kStepTagBits; }
 
   std::unique_ptr<Plan> plan_;
   uint64_t tag_base_;
@@ -201,6 +257,7 @@ class PlanRun final : public Run {
   std::vector<uint32_t> inflight_;
   size_t completed_ = 0;
   std::vector<unsigned char>* scratch_ = nullptr;
+  bool check_failed_ = false;
 };
 
 std::unique_ptr<Run> make_plan_run(std::unique_ptr<Plan> plan, uint64_t tag_base) {
@@ -269,17 +326,35 @@ void Engine::progress_locked(bool* moved) {
   if (!fatal().ok()) return;
   for (size_t k = 0; k < active_.size(); ++k) {
     Run* run = active_[k].get();
+    if (run->finished() || !run->error_.ok()) continue;
     Status s = run->poll(this, moved);
-    if (!s.ok()) {
-      fail_all(s);
-      return;
+    if (s.ok()) continue;
+    if (run->can_end_alone()) {
+      run->error_ = s;
+      *moved = true;
+      continue;
     }
+    // A peer that failed and closed its connections: its notice, if it
+    // sent one, says why.
+    if (s.code() == ncclRemoteError) {
+      Status notice = poll_notices();
+      if (!notice.ok()) {
+        fail_all(notice);
+        return;
+      }
+    }
+    fail_all(s);
+    // Peers see a lost peer for themselves; an error found here they would
+    // otherwise only meet at MESHCCL_TIMEOUT.
+    if (s.code() != ncclRemoteError) notify_peers(s);
+    return;
   }
   size_t keep = 0;
   for (size_t k = 0; k < active_.size(); ++k) {
-    if (active_[k]->finished()) {
-      active_[k]->release(scratch_);
-      complete_run(active_[k].get(), kOk);
+    Run* run = active_[k].get();
+    if (run->finished() || !run->error_.ok()) {
+      run->release(scratch_);
+      complete_run(run, run->error_);
       *moved = true;
     } else {
       active_[keep++] = std::move(active_[k]);
@@ -331,17 +406,83 @@ void Engine::check_stalled(OpHandle& op) {
   const double idle = now - last_progress_us_.load(std::memory_order_relaxed);
   if (idle <= 100000 || now - last_check_us_.load(std::memory_order_relaxed) <= 100000) return;
   last_check_us_.store(now, std::memory_order_relaxed);
-  Status live = liveness_ ? liveness_() : kOk;
   const double timeout_us = timeout_seconds() * 1e6;
   std::lock_guard<std::mutex> lock(mu_);
   if (op.done.load()) return;
-  if (!live.ok()) {
-    fail_all(live);
+  // A peer's notice first: it says why the peer stopped (it may have exited since).
+  Status bad = poll_notices();
+  if (bad.ok() && liveness_) bad = liveness_();
+  if (!bad.ok()) {
+    fail_all(bad);
   } else if (timeout_us > 0 && idle > timeout_us) {
     int peer = active_.empty() ? -1 : active_.front()->waiting_on();
     fail_all(MC_ERROR(ncclRemoteError, "rank %d: no progress for %.0f s (MESHCCL_TIMEOUT)%s%s", rank_, idle / 1e6,
                       peer >= 0 ? ", waiting for rank " : "", peer >= 0 ? std::to_string(peer).c_str() : ""));
   }
+}
+
+// ---------------------------------------------------------------- notices
+
+void Engine::notify_peers(Status s) {
+  const int n = mesh_ != nullptr ? mesh_->size() : 0;
+  if (notified_ || n <= 1) return;
+  notified_ = true;
+  LastErrorScope keep;  // a notice that cannot be delivered is not the error
+  notice_out_.code = s.code();
+  std::snprintf(notice_out_.text, sizeof(notice_out_.text), "%s", thread_last_error().c_str());
+  // Best effort, briefly: a small message normally leaves at once; a peer
+  // that does not drain its connection falls back on MESHCCL_TIMEOUT.
+  std::vector<Request> reqs(n);
+  std::vector<char> state(n, 0);  // 0 to post, 1 posted, 2 done or failed
+  state[rank_] = 2;
+  Deadline dl = Deadline::after(std::min(1.0, timeout_seconds() > 0 ? timeout_seconds() : 1.0));
+  Backoff backoff;
+  for (int left = n - 1; left > 0 && !dl.expired();) {
+    for (int p = 0; p < n; ++p) {
+      if (state[p] == 0) {
+        if (!mesh_->isend(p, &notice_out_, sizeof(notice_out_), kNoticeTag, &reqs[p]).ok()) state[p] = 2, --left;
+        else if (reqs[p].handle != nullptr) state[p] = 1;
+      }
+      if (state[p] != 1) continue;
+      bool done = false;
+      if (!Mesh::test(reqs[p], &done, nullptr).ok() || done) state[p] = 2, --left;
+    }
+    backoff.idle();
+  }
+}
+
+Status Engine::poll_notices() {
+  const int n = mesh_ != nullptr ? mesh_->size() : 0;
+  if (n <= 1) return kOk;
+  if (notices_in_.empty()) {
+    notices_in_.resize(n);
+    notice_reqs_.resize(n);
+    notice_state_.assign(n, 0);
+    notice_state_[rank_] = 2;
+  }
+  int from = -1;
+  {
+    LastErrorScope keep;  // a peer that is gone is reported by liveness, not here
+    for (int p = 0; p < n && from < 0; ++p) {
+      if (notice_state_[p] == 0) {
+        if (!mesh_->irecv(p, &notices_in_[p], sizeof(Notice), kNoticeTag, &notice_reqs_[p]).ok()) notice_state_[p] = 2;
+        else if (notice_reqs_[p].handle != nullptr) notice_state_[p] = 1;
+      }
+      if (notice_state_[p] != 1) continue;
+      bool done = false;
+      size_t got = 0;
+      const bool ok = Mesh::test(notice_reqs_[p], &done, &got).ok();
+      if (!ok || done) notice_state_[p] = 2;
+      if (ok && done && got == sizeof(Notice)) from = p;
+    }
+  }
+  if (from < 0) return kOk;
+  Notice& m = notices_in_[from];
+  m.text[sizeof(m.text) - 1] = '\0';
+  // A mismatch is the caller's error on every rank; anything else is a
+  // failure elsewhere.
+  return MC_ERROR(m.code == ncclInvalidUsage ? ncclInvalidUsage : ncclRemoteError,
+                  "rank %d: rank %d failed an operation of this communicator: %s", rank_, from, m.text);
 }
 
 }  // namespace meshccl

@@ -48,6 +48,10 @@ class Run {
   // Advances as far as possible without blocking; *moved when anything did.
   virtual Status poll(Engine* eng, bool* moved) = 0;
   virtual bool finished() const = 0;
+  // After a failed poll: nothing of the operation is in flight (a signature
+  // check that gates the data failed), so it can fail by itself and leave the
+  // communicator usable.
+  virtual bool can_end_alone() const { return false; }
   // A peer this operation waits for (for timeout messages), or -1.
   virtual int waiting_on() const { return -1; }
   // Called once finished or failed and no longer referenced by transports.
@@ -60,6 +64,7 @@ class Run {
   friend class Engine;
   int priority_ = 0;
   std::shared_ptr<OpHandle> handle_;  // made at submission
+  Status error_;                      // set when it failed by itself
 };
 
 class PlanRun;
@@ -105,6 +110,14 @@ class Engine {
  private:
   void progress_locked(bool* moved);
   void complete_run(Run* run, Status s);
+  // Error notices: when a step fails here, the peers learn it at their next
+  // stall check (100 ms without progress) instead of at MESHCCL_TIMEOUT.
+  struct Notice {
+    int32_t code;     // the ncclResult_t it failed with
+    char text[508];   // its message
+  };
+  void notify_peers(Status s);  // with mu_ held
+  Status poll_notices();        // with mu_ held; the error a peer reported
 
   int rank_;
   Mesh* mesh_;
@@ -121,6 +134,11 @@ class Engine {
   std::vector<std::unique_ptr<Run>> graveyard_;
   std::atomic<double> last_progress_us_{0};
   std::atomic<double> last_check_us_{0};
+  bool notified_ = false;
+  Notice notice_out_{};
+  std::vector<Notice> notices_in_;       // per peer, posted at the first stall check
+  std::vector<Request> notice_reqs_;
+  std::vector<char> notice_state_;       // 0 to post, 1 posted, 2 done or unusable
 };
 
 }  // namespace meshccl

@@ -2,22 +2,6 @@
 
 namespace meshccl {
 
-const char* op_kind_name(OpKind k) {
-  switch (k) {
-    case OpKind::AllReduce: return "AllReduce";
-    case OpKind::Broadcast: return "Broadcast";
-    case OpKind::Reduce: return "Reduce";
-    case OpKind::AllGather: return "AllGather";
-    case OpKind::ReduceScatter: return "ReduceScatter";
-    case OpKind::AlltoAll: return "AlltoAll";
-    case OpKind::Gather: return "Gather";
-    case OpKind::Scatter: return "Scatter";
-    case OpKind::Send: return "Send";
-    case OpKind::Recv: return "Recv";
-  }
-  return "?";
-}
-
 Plan::StepId Plan::add(Step s, std::initializer_list<StepId> deps) {
   s.dep_begin = static_cast<uint32_t>(deps_.size());
   s.dep_count = static_cast<uint32_t>(deps.size());
@@ -89,6 +73,8 @@ Plan::StepId Plan::scale(void* dst, const void* src, size_t count, std::initiali
   s.count = count;
   return add(s, deps);
 }
+
+Plan::StepId Plan::check() { return add(Step{StepKind::Check}, {}); }
 
 void* Plan::scratch(size_t bytes) {
   size_t off = (scratch_bytes_ + 63) & ~size_t{63};

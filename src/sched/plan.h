@@ -10,6 +10,7 @@
 
 #include "collectives/kernels/reduce.h"
 #include "nccl.h"
+#include "sched/signature.h"
 
 namespace meshccl {
 
@@ -21,7 +22,16 @@ enum class StepKind : uint8_t {
   Reduce,      // dst = src op src2 (count elements)
   Divide,      // dst = src / divisor (ncclAvg), count elements
   Scale,       // dst = src * scalar (PreMulSum), count elements
+  Check,       // compare Plan::signatures; a difference fails the operation
 };
+
+// Step tags are kStepTagBits wide (api/enqueue packs them under the
+// operation's sequence number). Algorithms use [0, kControlTag)
+// (detail::chunk_elems keeps them there); tags from kControlTag up carry the
+// signature exchange, so it can never match a data message, whatever the
+// ranks called.
+constexpr int kStepTagBits = 24;
+constexpr uint32_t kControlTag = 1u << (kStepTagBits - 1);
 
 struct Step {
   StepKind kind;
@@ -36,11 +46,6 @@ struct Step {
   uint32_t dep_begin = 0;  // deps[dep_begin, dep_begin + dep_count)
   uint32_t dep_count = 0;
 };
-
-enum class OpKind : uint8_t {
-  AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AlltoAll, Gather, Scatter, Send, Recv,
-};
-const char* op_kind_name(OpKind k);
 
 class Plan {
  public:
@@ -57,6 +62,7 @@ class Plan {
   StepId reduce(void* dst, const void* a, const void* b, size_t count, std::initializer_list<StepId> deps = {});
   StepId divide(void* dst, const void* src, size_t count, std::initializer_list<StepId> deps = {});
   StepId scale(void* dst, const void* src, size_t count, std::initializer_list<StepId> deps = {});
+  StepId check();  // dependencies added with add_dep
   // Add a dependency after the fact (the step must not have started);
   // dep == kNoStep adds nothing.
   void add_dep(StepId step, StepId dep);
@@ -77,6 +83,13 @@ class Plan {
 
   OpKind kind = OpKind::AllReduce;
   std::string algorithm;  // for logs and traces
+
+  // Signature check (collectives/signature_check.cpp): one entry per rank,
+  // this rank's filled in, the others received by the exchange. Gated: every
+  // data step waits for the check, so a mismatch fails the operation before
+  // any data moves and nothing else of it is in flight.
+  std::vector<OpSignature> signatures;
+  bool check_gates_data = false;
 
   const std::vector<Step>& steps() const { return steps_; }
   std::vector<Step>& steps() { return steps_; }

@@ -37,6 +37,7 @@ class Mesh {
   // The transport connect_all uses between ranks a and b: the same on both
   // sides and on every rank, as it depends only on the pair and the settings.
   static std::string transport_for(const std::vector<PeerInfo>& peers, int a, int b);
+  int size() const { return static_cast<int>(links_.size()); }  // ranks, this one included
 
  private:
   Mesh() = default;

@@ -25,6 +25,7 @@
 
 #include "comm/bootstrap.h"
 #include "comm/identity.h"
+#include "sched/signature.h"
 #include "util/status.h"
 
 namespace meshccl {
@@ -58,7 +59,7 @@ class NodeRegion {
   };
   struct alignas(kLine) SlotHeader {
     uint64_t round;
-    uint64_t signature[3];  // what the rank called; see collectives/direct_shm.cpp
+    OpSignature signature;  // what the rank called
     BufferRef input;
   };
 

@@ -36,6 +36,7 @@ LogState& state() {
   return *s;
 }
 
+thread_local std::string t_last_error;
 std::atomic<int> g_level{-1};  // cached level; -1 = not initialized
 std::atomic<uint32_t> g_subsys{0};
 
@@ -134,7 +135,7 @@ void log_msg(LogLevel level, uint32_t subsys, const char* file, int line, const 
   LogState& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   init_locked(s);
-  if (level == LogLevel::Warn) s.last_error = msg;
+  if (level == LogLevel::Warn) s.last_error = t_last_error = msg;
   if (s.level < level) return;
   if (level > LogLevel::Warn && (s.subsys & subsys) == 0) return;
   const char* base = std::strrchr(file, '/');
@@ -165,6 +166,14 @@ std::string last_error() {
   LogState& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   return s.last_error;
+}
+
+std::string thread_last_error() { return t_last_error; }
+
+LastErrorScope::~LastErrorScope() {
+  if (saved_.empty() || saved_ == t_last_error) return;
+  t_last_error = saved_;
+  set_last_error(saved_);
 }
 
 void set_last_error(const std::string& msg) {

@@ -38,6 +38,22 @@ void log_reset();
 // Text of the last WARN in this process ("" if none).
 std::string last_error();
 void set_last_error(const std::string& msg);
+// Text of the last WARN logged by the calling thread ("" if none): the message
+// of a Status this thread just created, untouched by other threads' errors.
+std::string thread_last_error();
+
+// Keeps the calling thread's last error (and the process's) across
+// best-effort work whose failures must not replace the error being reported.
+class LastErrorScope {
+ public:
+  LastErrorScope() : saved_(thread_last_error()) {}
+  ~LastErrorScope();
+  LastErrorScope(const LastErrorScope&) = delete;
+  LastErrorScope& operator=(const LastErrorScope&) = delete;
+
+ private:
+  std::string saved_;
+};
 
 }  // namespace meshccl
 

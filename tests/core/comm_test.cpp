@@ -66,6 +66,26 @@ TEST(P2P, MismatchedCountIsReported) {
   });
 }
 
+// MESHCCL_CHECKS=1 (read at init): in a group, the collective whose count
+// differs on one rank fails on every rank; the other one completes, and the
+// communicator stays usable.
+TEST(Groups, CheckedMismatchFailsOnlyItsOperation) {
+  setenv("MESHCCL_CHECKS", "1", 1);
+  run_ranks(3, [](ncclComm_t comm, int rank) {
+    std::vector<int> a(10, rank), b(11, rank);
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    ASSERT_EQ(ncclAllReduce(a.data(), a.data(), 10, ncclInt, ncclSum, comm, nullptr), ncclSuccess);
+    ASSERT_EQ(ncclAllReduce(b.data(), b.data(), rank == 2 ? 11 : 10, ncclInt, ncclSum, comm, nullptr), ncclSuccess);
+    EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
+    EXPECT_EQ(a, std::vector<int>(10, 3));
+    EXPECT_EQ(b, std::vector<int>(11, rank)) << "data moved despite the mismatch";
+    int v = rank;
+    EXPECT_EQ(ncclAllReduce(&v, &v, 1, ncclInt, ncclSum, comm, nullptr), ncclSuccess) << ncclGetLastError(nullptr);
+    EXPECT_EQ(v, 3);
+  });
+  unsetenv("MESHCCL_CHECKS");
+}
+
 TEST(Groups, OneThreadDrivesSeveralRanksAndNesting) {
   const int n = 4;
   std::vector<ncclComm_t> comms(n);

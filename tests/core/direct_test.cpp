@@ -268,8 +268,8 @@ TEST(Direct, MismatchedCallsFailEveryRank) {
     const char* what;
     const char* expect;  // in the message
   };
-  const Case cases[] = {{"count", "count 65"}, {"dtype", "int32"}, {"op", "max"}, {"root", "root 2"},
-                        {"collective", "Broadcast"}};
+  const Case cases[] = {{"count", "65 on rank 1"}, {"dtype", "int32 on rank 1"}, {"op", "max on rank 1"},
+                        {"root", "2 on rank 1"}, {"collective", "Broadcast on rank 1"}};
   for (const Case& c : cases) {
     const int n = 3;
     run_ranks(n, [&c](ncclComm_t comm, int rank) {
@@ -295,7 +295,7 @@ TEST(Direct, MismatchedCallsFailEveryRank) {
       EXPECT_EQ(res, ncclInvalidUsage) << c.what << " rank " << rank;
       // Every rank saw every header: each message names rank 1's call.
       std::string msg = ncclGetLastError(comm);
-      EXPECT_NE(msg.find("mismatched collective calls"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("mismatched calls across ranks"), std::string::npos) << msg;
       EXPECT_NE(msg.find(c.expect), std::string::npos) << msg;
     });
   }

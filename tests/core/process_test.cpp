@@ -1,6 +1,6 @@
 // Ranks as separate processes (fork), and failure cases that only show up
 // across processes: a rank killed mid-job, abort from another thread, stray
-// connections to the bootstrap root, mismatched sizes, leaked descriptors.
+// connections to the bootstrap root, mismatched calls, leaked descriptors.
 //
 // Children are forked before they create any thread and report through exit
 // codes and a shared anonymous mapping; GoogleTest assertions run only in the
@@ -26,6 +26,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "comm/unique_id.h"
@@ -44,9 +45,9 @@ void set_timeout_env() { setenv("MESHCCL_TIMEOUT", "10", 1); }
 
 // What a child leaves for the parent, in memory shared across fork.
 struct Slot {
-  int result;      // an ncclResult_t the child wants checked
-  double seconds;  // how long the interesting call took
-  char message[256];
+  int result = -1;      // an ncclResult_t the child wants checked
+  double seconds = -1;  // how long the interesting call took
+  char message[256] = {};
 };
 
 struct Child {
@@ -57,21 +58,26 @@ struct Child {
   bool killed_at_deadline = false;
 };
 
-class SharedSlots {
+// n default-initialised T, shared by the parent and the children it forks.
+template <class T>
+class SharedArray {
+  static_assert(std::is_trivially_copyable_v<T>);
+
  public:
-  explicit SharedSlots(int n) : n_(n) {
-    void* p = mmap(nullptr, sizeof(Slot) * n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  explicit SharedArray(int n) : n_(n) {
+    void* p = mmap(nullptr, sizeof(T) * n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) std::abort();
-    slots_ = static_cast<Slot*>(p);
-    for (int i = 0; i < n; ++i) slots_[i] = Slot{-1, -1, {}};
+    slots_ = static_cast<T*>(p);
+    for (int i = 0; i < n; ++i) slots_[i] = T{};
   }
-  ~SharedSlots() { munmap(slots_, sizeof(Slot) * n_); }
-  Slot& operator[](int i) { return slots_[i]; }
+  ~SharedArray() { munmap(slots_, sizeof(T) * n_); }
+  T& operator[](int i) { return slots_[i]; }
 
  private:
   int n_;
-  Slot* slots_;
+  T* slots_;
 };
+using SharedSlots = SharedArray<Slot>;
 
 // Forks n children; child r runs body(r) and exits with its return value.
 // Children still running after deadline_s are killed with SIGKILL.
@@ -349,6 +355,202 @@ TEST(ProcessFailure, MismatchedNranks) {
     std::printf("[mismatch] rank %d -> %s after %.3f s: %s\n", k.rank, ncclGetErrorString(ncclResult_t(s.result)),
                 s.seconds, s.message);
   }
+}
+
+// ---------------------------------------------------------------------------
+// (g) Mismatched calls: one rank calls a different collective, count,
+// datatype, reduction or root. Every rank gets ncclInvalidUsage — never
+// a hang, never a silent success everywhere.
+
+// What one rank saw of one mismatched call, and of a correct AllReduce after it.
+struct MismatchSlot {
+  int result = -1;
+  int after = -1;  // ncclResult_t of the AllReduce that follows; 99 = wrong sum
+  char message[400] = {};
+};
+
+struct MismatchCase {
+  const char* field;  // what the message must name
+  // Issues the call; `odd` is the rank that deviates.
+  ncclResult_t (*call)(ncclComm_t comm, bool odd, std::vector<float>& in, std::vector<float>& out);
+};
+
+const MismatchCase kMismatchCases[] = {
+    {"collective",
+     [](ncclComm_t c, bool odd, std::vector<float>& in, std::vector<float>& out) {
+       return odd ? ncclAllGather(in.data(), out.data(), 4, ncclFloat, c, nullptr)
+                  : ncclAllReduce(in.data(), out.data(), 4, ncclFloat, ncclSum, c, nullptr);
+     }},
+    {"count",
+     [](ncclComm_t c, bool odd, std::vector<float>& in, std::vector<float>& out) {
+       return ncclAllReduce(in.data(), out.data(), odd ? 5 : 4, ncclFloat, ncclSum, c, nullptr);
+     }},
+    {"datatype",
+     [](ncclComm_t c, bool odd, std::vector<float>& in, std::vector<float>& out) {
+       return ncclAllReduce(in.data(), out.data(), 4, odd ? ncclInt32 : ncclFloat, ncclSum, c, nullptr);
+     }},
+    {"reduction op",
+     [](ncclComm_t c, bool odd, std::vector<float>& in, std::vector<float>& out) {
+       return ncclAllReduce(in.data(), out.data(), 4, ncclFloat, odd ? ncclMax : ncclSum, c, nullptr);
+     }},
+    {"root",
+     [](ncclComm_t c, bool odd, std::vector<float>& in, std::vector<float>& out) {
+       return ncclBroadcast(in.data(), out.data(), 4, ncclFloat, odd ? 1 : 0, c, nullptr);
+     }},
+    {"count",  // an empty call against a non-empty one
+     [](ncclComm_t c, bool odd, std::vector<float>& in, std::vector<float>& out) {
+       return ncclAllReduce(in.data(), out.data(), odd ? 0 : 4, ncclFloat, ncclSum, c, nullptr);
+     }},
+};
+
+// A correct AllReduce: ncclSuccess with the right sum, 99 with a wrong one.
+int allreduce_after(ncclComm_t comm, int rank, int n) {
+  int v = rank + 1;
+  ncclResult_t r = ncclAllReduce(&v, &v, 1, ncclInt, ncclSum, comm, nullptr);
+  return r != ncclSuccess ? r : v == n * (n + 1) / 2 ? ncclSuccess : 99;
+}
+
+bool mentions(const char* message, const char* what) { return std::strstr(message, what) != nullptr; }
+
+// MESHCCL_CHECKS=1, set on rank 0 only: the whole communicator checks (every
+// collective a plan). Each mismatch fails on every rank before data moves, and
+// the communicator stays usable.
+TEST(Mismatch, ChecksNameTheDifferenceOnEveryRankAndKeepTheCommUsable) {
+  set_timeout_env();
+  const int n = 3, odd = 2;
+  const int ncases = int(std::size(kMismatchCases));
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  SharedArray<MismatchSlot> slots(n * ncases);
+  auto kids = run_procs(n, kChildDeadline, [&](int rank) {
+    if (rank == 0) setenv("MESHCCL_CHECKS", "1", 1);
+    ncclComm_t comm = nullptr;
+    ncclResult_t res = ncclCommInitRank(&comm, n, id, rank);
+    if (res != ncclSuccess) return fail(10, rank, "ncclCommInitRank", res);
+    std::vector<float> in(16, float(rank)), out(16 * n);
+    for (int c = 0; c < ncases; ++c) {
+      MismatchSlot& s = slots[c * n + rank];
+      s.result = kMismatchCases[c].call(comm, rank == odd, in, out);
+      std::snprintf(s.message, sizeof(s.message), "%s", ncclGetLastError(nullptr));
+      s.after = allreduce_after(comm, rank, n);
+    }
+    res = ncclCommDestroy(comm);
+    if (res != ncclSuccess) return fail(11, rank, "ncclCommDestroy", res);
+    return 0;
+  });
+  ASSERT_EQ(kids.size(), size_t(n));
+  for (auto& k : kids) EXPECT_TRUE(exited_ok(k)) << describe(k);
+  for (int c = 0; c < ncases; ++c) {
+    for (int r = 0; r < n; ++r) {
+      const MismatchSlot& s = slots[c * n + r];
+      const char* field = kMismatchCases[c].field;
+      EXPECT_EQ(s.result, ncclInvalidUsage) << "case " << field << ", rank " << r << ": " << s.message;
+      EXPECT_TRUE(mentions(s.message, field) && mentions(s.message, "(this rank)"))
+          << "case " << field << ", rank " << r << ": " << s.message;
+      EXPECT_EQ(s.after, ncclSuccess) << "case " << field << ", rank " << r << ": the communicator is not usable";
+    }
+    std::printf("[mismatch] checks, %s: rank 0: %s\n[mismatch] checks, %s: rank %d: %s\n", kMismatchCases[c].field,
+                slots[c * n].message, kMismatchCases[c].field, odd, slots[c * n + odd].message);
+  }
+}
+
+// Without MESHCCL_CHECKS, a small call whose count differs, run as a plan (no
+// shared region, so not by the direct algorithms, which compare signatures
+// themselves): the rank that sees a message of the wrong size fails the
+// communicator and tells its peers, so every rank reports ncclInvalidUsage (on
+// that call or the next one), not ncclRemoteError at MESHCCL_TIMEOUT. Failed
+// ranks either abort at once (their peers see closed connections) or stay
+// until every rank has its answer (their peers notice while waiting).
+void unchecked_size_mismatch(const char* transport, bool abort_at_once) {
+  set_timeout_env();
+  const int n = 3, odd = 2;
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  SharedSlots slots(n);
+  SharedArray<int> answered(1);
+  auto kids = run_procs(n, kChildDeadline, [&](int rank) {
+    if (transport) setenv("MESHCCL_TRANSPORT", transport, 1);
+    setenv("MESHCCL_DIRECT_SLOT_BYTES", "0", 1);
+    ncclComm_t comm = nullptr;
+    ncclResult_t res = ncclCommInitRank(&comm, n, id, rank);
+    if (res != ncclSuccess) return fail(10, rank, "ncclCommInitRank", res);
+    std::vector<float> buf(3000, 1.0f);
+    auto t0 = Clock::now();
+    res = ncclAllReduce(buf.data(), buf.data(), rank == odd ? 3000 : 1000, ncclFloat, ncclSum, comm, nullptr);
+    if (res == ncclSuccess) res = ncclResult_t(allreduce_after(comm, rank, n));
+    slots[rank].seconds = since(t0);
+    slots[rank].result = res;
+    std::snprintf(slots[rank].message, sizeof(slots[rank].message), "%s", ncclGetLastError(nullptr));
+    __atomic_add_fetch(&answered[0], 1, __ATOMIC_SEQ_CST);
+    while (!abort_at_once && __atomic_load_n(&answered[0], __ATOMIC_SEQ_CST) < n)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ncclCommAbort(comm);
+    return 0;
+  });
+  ASSERT_EQ(kids.size(), size_t(n));
+  for (auto& k : kids) {
+    EXPECT_TRUE(exited_ok(k)) << describe(k);
+    const Slot& s = slots[k.rank];
+    EXPECT_EQ(s.result, ncclInvalidUsage) << "rank " << k.rank << ": " << s.message;
+    EXPECT_TRUE(mentions(s.message, "mismatched calls")) << "rank " << k.rank << ": " << s.message;
+    std::printf("[mismatch] %s, no checks, count, %s: rank %d -> %s after %.3f s: %s\n",
+                transport ? transport : "shm", abort_at_once ? "abort at once" : "abort later", k.rank,
+                ncclGetErrorString(ncclResult_t(s.result)), s.seconds, s.message);
+  }
+}
+
+TEST(Mismatch, UncheckedSizeMismatchFailsEveryRankShm) {
+  unchecked_size_mismatch(nullptr, true);
+  unchecked_size_mismatch(nullptr, false);
+}
+TEST(Mismatch, UncheckedSizeMismatchFailsEveryRankSocket) {
+  unchecked_size_mismatch("socket", true);
+  unchecked_size_mismatch("socket", false);
+}
+
+// Without MESHCCL_CHECKS, large plans (no shared region here, as between
+// hosts) check signatures alongside the data (free at that size): a datatype
+// of the same width or a different root —
+// which move the same bytes and would otherwise pass silently — fail on every
+// rank. The communicator fails with them (data was in flight), so each case
+// runs on its own communicator split from the first.
+TEST(Mismatch, LargeCallsAreCheckedWithoutChecks) {
+  set_timeout_env();
+  const int n = 3, odd = 2;
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  SharedSlots slots(2 * n);
+  auto kids = run_procs(n, kChildDeadline, [&](int rank) {
+    setenv("MESHCCL_DIRECT_SLOT_BYTES", "0", 1);
+    ncclComm_t world = nullptr, a = nullptr, b = nullptr;
+    ncclResult_t res = ncclCommInitRank(&world, n, id, rank);
+    if (res != ncclSuccess) return fail(10, rank, "ncclCommInitRank", res);
+    if ((res = ncclCommSplit(world, 0, rank, &a, nullptr)) != ncclSuccess) return fail(11, rank, "ncclCommSplit", res);
+    if ((res = ncclCommSplit(world, 0, rank, &b, nullptr)) != ncclSuccess) return fail(11, rank, "ncclCommSplit", res);
+    const size_t count = size_t{1} << 19;  // 2 MiB of 4-byte elements
+    std::vector<float> buf(count, 1.0f);
+    Slot& sa = slots[rank];
+    sa.result = ncclAllReduce(buf.data(), buf.data(), count, rank == odd ? ncclInt32 : ncclFloat, ncclSum, a, nullptr);
+    std::snprintf(sa.message, sizeof(sa.message), "%s", ncclGetLastError(nullptr));
+    Slot& sb = slots[n + rank];
+    sb.result = ncclBroadcast(buf.data(), buf.data(), count, ncclFloat, rank == odd ? 1 : 0, b, nullptr);
+    std::snprintf(sb.message, sizeof(sb.message), "%s", ncclGetLastError(nullptr));
+    ncclCommAbort(a);
+    ncclCommAbort(b);
+    res = ncclCommDestroy(world);
+    if (res != ncclSuccess) return fail(12, rank, "ncclCommDestroy", res);
+    return 0;
+  });
+  ASSERT_EQ(kids.size(), size_t(n));
+  for (auto& k : kids) EXPECT_TRUE(exited_ok(k)) << describe(k);
+  const char* fields[2] = {"datatype", "root"};
+  for (int c = 0; c < 2; ++c)
+    for (int r = 0; r < n; ++r) {
+      const Slot& s = slots[c * n + r];
+      EXPECT_EQ(s.result, ncclInvalidUsage) << fields[c] << ", rank " << r << ": " << s.message;
+      EXPECT_TRUE(mentions(s.message, fields[c])) << fields[c] << ", rank " << r << ": " << s.message;
+      std::printf("[mismatch] large, no checks, %s: rank %d: %s\n", fields[c], r, s.message);
+    }
 }
 
 // ---------------------------------------------------------------------------
