@@ -90,6 +90,14 @@ bool isa_supported(const char* name) {
   return false;
 }
 
+#if MESHCCL_KERNELS_X86
+bool avx512_fp8_extras_supported() {
+  __builtin_cpu_init();
+  return isa_supported("avx512") && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vbmi") &&
+         __builtin_cpu_supports("avx512vbmi2");
+}
+#endif
+
 bool select_isa(const char* name) {
   if (name == nullptr) return false;
   const KernelTable* t = table_by_name(name);

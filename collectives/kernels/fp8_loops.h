@@ -1,0 +1,169 @@
+// Fast fp8 (e4m3, e5m2) loops for the x86 vector files.
+//
+// Sum and Prod work in a scaled float domain: a code's sign, exponent and
+// mantissa bits are moved into a float unchanged, which makes the float the
+// fp8 value times 2^-kScale; fp8 subnormals become float denormals with the
+// same spacing, so decoding is a bit move with no special case, and rounding
+// back to fp8 is a round-to-nearest-even at one fixed bit of the float's
+// encoding. Scaling by a power of two is exact and float arithmetic rounds
+// scaled values exactly as it rounds unscaled ones (the denormal range only
+// ever holds exact multiples of the fp8 spacing), so results match the
+// generic loops bit for bit. That needs denormals to stay denormals: with
+// denormals-are-zero or flush-to-zero set in MXCSR a call goes to the
+// general (codec) path instead, and so does every block holding a NaN or
+// an infinity, which the bit move does not decode. Max and Min need no
+// arithmetic at all: they compare the codes as sign-magnitude integers.
+//
+// A policy P supplies, for one format and ISA:
+//   Tr, R (register of raw codes), kBlock (codes per R), kVecs, M (float math)
+//   load(p), store(p, r)
+//   special(acc, r): folds r into a running check for NaN/inf codes (start
+//     from zero); any_special(acc)
+//   decode(r, v): kVecs scaled float vectors (any lane order encode inverts)
+//   unscale(v): v * 2^kScale, for Prod (one operand scaled, not both)
+//   encode<kJam>(v): round to codes; kJam keeps the bits that the encoder
+//     shifts out as a sticky bit (only sums of three or more inputs need it:
+//     the sum or product of two fp8 values never has a false tie there)
+//   select<kOp>(a, b): Max/Min on codes with the generic loops' NaN and
+//     signed-zero rules; finish(r): what storing through a float does to the
+//     selected code (e5m2: infinity saturates, NaN becomes 0x7f | sign)
+//   general2<kOp>, general_n(begin, end): the codec path for the fallbacks
+//
+// Included inside an ISA file after its policies; shares its namespace.
+#pragma once
+
+#include <immintrin.h>
+
+#include "collectives/kernels/simd_loops.h"
+
+namespace meshccl::kernels::MESHCCL_KERNEL_NS {
+
+// Where each format's fields sit once moved into a float.
+template <class Tr>
+struct Fp8Format;
+
+template <>
+struct Fp8Format<E4m3Traits> {
+  static constexpr int kMan = 3;                    // mantissa bits
+  static constexpr int kScale = 120;                // decoded float = value * 2^-120
+  static constexpr float kUnscale = 0x1p120f;
+  static constexpr float kMaxScaled = 0x1.cp-112f;  // 448 * 2^-120, the saturation value
+  static constexpr int kSpecialOr = 0x80;           // (code | this) == 0xff: NaN
+  static constexpr int kNanMag = 0x7f;              // magnitudes >= this are NaN
+};
+
+template <>
+struct Fp8Format<E5m2Traits> {
+  static constexpr int kMan = 2;
+  static constexpr int kScale = 112;
+  static constexpr float kUnscale = 0x1p112f;
+  static constexpr float kMaxScaled = 0x1.cp-97f;  // 57344 * 2^-112
+  static constexpr int kSpecialOr = 0x83;          // all-ones exponent: inf or NaN
+  static constexpr int kNanMag = 0x7d;
+  static constexpr int kInfMag = 0x7c;
+};
+
+// Bits of the float that hold the code's magnitude, and the sign.
+template <class Tr>
+inline constexpr uint32_t kFp8FloatMask = 0x80000000u | (0x7fu << (23 - Fp8Format<Tr>::kMan));
+
+inline bool denormals_kept() { return (_mm_getcsr() & 0x8040u) == 0; }  // neither FTZ nor DAZ
+
+// The loops run over blocks free of special codes without any call, so the
+// compiler keeps its constants in registers; a special block leaves the
+// inner loop, goes to the general path, and the inner loop resumes after it.
+template <class P, ReduceOp kOp>
+void reduce2_fp8(void* dst, const void* a, const void* b, size_t count) {
+  static_assert(kOp == ReduceOp::Sum || kOp == ReduceOp::Prod);
+  using V = typename P::M::V;
+  if (!denormals_kept()) return P::template general2<kOp>(dst, a, b, count);
+  size_t i = 0;
+  while (i + P::kBlock <= count) {
+    for (; i + P::kBlock <= count; i += P::kBlock) {
+      const auto x = P::load(at(a, i)), y = P::load(at(b, i));
+      if (P::any_special(P::special(P::special(P::zero(), x), y))) break;
+      V u[P::kVecs], v[P::kVecs];
+      P::decode(x, u);
+      P::decode(y, v);
+#pragma GCC unroll 8
+      for (int k = 0; k < P::kVecs; ++k) {
+        u[k] = kOp == ReduceOp::Sum ? P::M::add(u[k], v[k]) : P::M::mul(u[k], P::unscale(v[k]));
+      }
+      P::store(at(dst, i), P::template encode<false>(u));
+    }
+    if (i + P::kBlock <= count) {
+      P::template general2<kOp>(at(dst, i), at(a, i), at(b, i), P::kBlock);
+      i += P::kBlock;
+    }
+  }
+  if (i < count) P::template general2<kOp>(at(dst, i), at(a, i), at(b, i), count - i);
+}
+
+template <class P>
+void reduce_n_fp8_sum(void* dst, const void* const* srcs, int nsrc, size_t count) {
+  using V = typename P::M::V;
+  if (!denormals_kept()) return P::general_n(dst, srcs, nsrc, 0, count);
+  size_t i = 0;
+  while (i + P::kBlock <= count) {
+    for (; i + P::kBlock <= count; i += P::kBlock) {
+      auto x = P::load(at(srcs[0], i));
+      auto check = P::special(P::zero(), x);
+      V acc[P::kVecs], v[P::kVecs];
+      P::decode(x, acc);
+      for (int k = 1; k < nsrc; ++k) {
+        x = P::load(at(srcs[k], i));
+        check = P::special(check, x);
+        P::decode(x, v);
+#pragma GCC unroll 8
+        for (int j = 0; j < P::kVecs; ++j) acc[j] = P::M::add(acc[j], v[j]);
+      }
+      if (P::any_special(check)) break;
+      P::store(at(dst, i), P::template encode<true>(acc));
+    }
+    if (i + P::kBlock <= count) {
+      P::general_n(dst, srcs, nsrc, i, i + P::kBlock);
+      i += P::kBlock;
+    }
+  }
+  if (i < count) P::general_n(dst, srcs, nsrc, i, count);
+}
+
+template <class P, ReduceOp kOp>
+void select2_fp8(void* dst, const void* a, const void* b, size_t count) {
+  size_t i = 0;
+  for (; i + P::kBlock <= count; i += P::kBlock) {
+    P::store(at(dst, i), P::finish(P::template select<kOp>(P::load(at(a, i)), P::load(at(b, i)))));
+  }
+  if (i < count) reduce2_generic<typename P::Tr, kOp>(at(dst, i), at(a, i), at(b, i), count - i);
+}
+
+template <class P, ReduceOp kOp>
+void select_n_fp8(void* dst, const void* const* srcs, int nsrc, size_t count) {
+  size_t i = 0;
+  for (; i + P::kBlock <= count; i += P::kBlock) {
+    auto r = P::load(at(srcs[0], i));
+    for (int k = 1; k < nsrc; ++k) r = P::template select<kOp>(r, P::load(at(srcs[k], i)));
+    P::store(at(dst, i), P::finish(r));
+  }
+  if (i < count) reduce_n_range<typename P::Tr, kOp>(dst, srcs, nsrc, i, count);
+}
+
+// Sum and Prod of reduce2, Sum of reduce_n (a product of many inputs rounds
+// inexactly in ways the one-shot encoder does not reproduce: it stays on the
+// codec path, as do divide and scale).
+template <class P>
+void fill_fp8_arith(KernelTable& t, ncclDataType_t dt) {
+  t.reduce2[dt][0] = reduce2_fp8<P, ReduceOp::Sum>;
+  t.reduce2[dt][1] = reduce2_fp8<P, ReduceOp::Prod>;
+  t.reduce_n[dt][0] = reduce_n_fp8_sum<P>;
+}
+
+template <class P>
+void fill_fp8_select(KernelTable& t, ncclDataType_t dt) {
+  t.reduce2[dt][2] = select2_fp8<P, ReduceOp::Max>;
+  t.reduce2[dt][3] = select2_fp8<P, ReduceOp::Min>;
+  t.reduce_n[dt][2] = select_n_fp8<P, ReduceOp::Max>;
+  t.reduce_n[dt][3] = select_n_fp8<P, ReduceOp::Min>;
+}
+
+}  // namespace meshccl::kernels::MESHCCL_KERNEL_NS
