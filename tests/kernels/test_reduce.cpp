@@ -13,6 +13,11 @@
 #include "collectives/kernels/table.h"
 #include "tests/kernels/reference.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#define KERNEL_TEST_MXCSR 1
+#endif
+
 namespace mk = meshccl::kernels;
 using mk::ReduceOp;
 
@@ -428,6 +433,207 @@ TEST_P(KernelTest, ChosenEdgeCases) {
   mk::reduce2(ncclFloat8e4m3, ReduceOp::Sum, ed, e1, e2, 40);
   for (int i = 0; i < 40; ++i) EXPECT_TRUE(std::isnan(mk::e4m3_to_float(ed[i]))) << i;
 }
+
+
+// ---- the fast paths against the portable path ------------------------------------
+// The vector code for the narrow types (bfloat16 by halves of a float, fp8 in
+// a scaled float domain or on codes) must give the portable loops' results
+// bit for bit; only the NaN payload of a Sum/Prod result may differ (it is
+// unspecified), and even Max/Min's NaN and signed-zero choices must agree.
+
+void expect_same_as_portable(ncclDataType_t dt, ReduceOp op, const void* want, const void* got, size_t count,
+                             const std::string& what) {
+  for (size_t i = 0; i < count; ++i) {
+    const uint64_t w = kref::get(dt, want, i), g = kref::get(dt, got, i);
+    const bool arith = op == ReduceOp::Sum || op == ReduceOp::Prod;
+    if (w == g || (arith && kref::is_nan_code(dt, w) && kref::is_nan_code(dt, g))) continue;
+    ADD_FAILURE() << what << ": element " << i << " of " << count << " portable " << hex(w) << " got " << hex(g);
+    return;
+  }
+}
+
+// Runs fn with the portable implementation selected, then selects isa again.
+template <class F>
+void on_portable(const char* isa, F fn) {
+  ASSERT_TRUE(mk::select_isa("portable"));
+  fn();
+  ASSERT_TRUE(mk::select_isa(isa));
+}
+
+// Every (a, b) pair of 8-bit codes, the pairs without a NaN or inf code
+// first, so that whole vector blocks of them take the fast path and the
+// blocks holding a special code take the general one.
+struct CodePairs {
+  std::vector<unsigned char> a, b;
+};
+CodePairs fp8_pairs(ncclDataType_t dt) {
+  auto special = [dt](uint32_t c) { return !std::isfinite(kref::decode_narrow(dt, c)); };
+  CodePairs p;
+  for (bool with_special : {false, true}) {
+    for (uint32_t x = 0; x < 256; ++x) {
+      for (uint32_t y = 0; y < 256; ++y) {
+        if ((special(x) || special(y)) != with_special) continue;
+        p.a.push_back(static_cast<unsigned char>(x));
+        p.b.push_back(static_cast<unsigned char>(y));
+      }
+    }
+  }
+  return p;
+}
+
+// reduce2 and reduce_n of every pair of fp8 codes, each op, against the
+// portable path and the reference; out of place, in place, and shifted by
+// three elements so other pairs share a vector block and the tail differs.
+void check_fp8_every_pair(const char* isa, const std::string& mode) {
+  for (ncclDataType_t dt : {ncclFloat8e4m3, ncclFloat8e5m2}) {
+    const CodePairs p = fp8_pairs(dt);
+    const size_t n = p.a.size();
+    for (ReduceOp op : kOps) {
+      const std::string what = std::string(mk::dtype_name(dt)) + " " + kOpNames[static_cast<int>(op)] + mode;
+      std::vector<unsigned char> want(n), want_n(n), got(n), got_n(n);
+      const void* srcs[2] = {p.a.data(), p.b.data()};
+      on_portable(isa, [&] {
+        mk::reduce2(dt, op, want.data(), p.a.data(), p.b.data(), n);
+        mk::reduce_n(dt, op, want_n.data(), srcs, 2, n);
+      });
+      mk::reduce2(dt, op, got.data(), p.a.data(), p.b.data(), n);
+      expect_same_as_portable(dt, op, want.data(), got.data(), n, what + " reduce2");
+      mk::reduce_n(dt, op, got_n.data(), srcs, 2, n);
+      expect_same_as_portable(dt, op, want_n.data(), got_n.data(), n, what + " reduce_n");
+      expect_elems(dt, op, got.data(), n,
+                   [&](size_t i) {
+                     const uint64_t v[2] = {p.a[i], p.b[i]};
+                     return kref::reduce_elem(dt, op, v, 2);
+                   },
+                   what + " reduce2 vs reference");
+      std::vector<unsigned char> in_place = p.a;
+      mk::reduce2(dt, op, in_place.data(), in_place.data(), p.b.data(), n);
+      expect_same_as_portable(dt, op, want.data(), in_place.data(), n, what + " reduce2 dst==a");
+      mk::reduce2(dt, op, got.data(), p.a.data() + 3, p.b.data() + 3, n - 5);
+      expect_same_as_portable(dt, op, want.data() + 3, got.data(), n - 5, what + " reduce2 offset 3");
+    }
+  }
+}
+
+TEST_P(KernelTest, Fp8EveryPairOfCodes) { check_fp8_every_pair(GetParam(), ""); }
+
+// Sums of three or more fp8 values can need the bits the encoder shifts out
+// as a sticky bit: 256 + 16 + 2^-9 is just above the tie between 256 and 288
+// in e4m3 (so 288), and 16 + 2 + 2^-16 just above the tie between 16 and 20
+// in e5m2. Whole blocks of such triples, in every sign combination, then
+// random finite codes for 3..8 inputs, against the portable path.
+TEST_P(KernelTest, Fp8ManyInputs) {
+  struct Case {
+    ncclDataType_t dt;
+    float v[3];
+  };
+  const Case cases[] = {{ncclFloat8e4m3, {256.0f, 16.0f, 0x1p-9f}}, {ncclFloat8e4m3, {1.0f, 0.0625f, 0x1p-9f}},
+                        {ncclFloat8e5m2, {16.0f, 2.0f, 0x1p-16f}}, {ncclFloat8e5m2, {1024.0f, 128.0f, 0x1p-16f}}};
+  for (const Case& c : cases) {
+    const size_t n = 256;
+    std::vector<unsigned char> in[3];
+    for (int k = 0; k < 3; ++k) {
+      in[k].resize(n);
+      for (size_t i = 0; i < n; ++i) {
+        const float v = (i >> k) & 1 ? -c.v[k] : c.v[k];
+        in[k][i] = static_cast<unsigned char>(kref::encoder(c.dt).encode(v));
+      }
+    }
+    const void* srcs[3] = {in[0].data(), in[1].data(), in[2].data()};
+    std::vector<unsigned char> want(n), got(n);
+    on_portable(GetParam(), [&] { mk::reduce_n(c.dt, ReduceOp::Sum, want.data(), srcs, 3, n); });
+    mk::reduce_n(c.dt, ReduceOp::Sum, got.data(), srcs, 3, n);
+    expect_same_as_portable(c.dt, ReduceOp::Sum, want.data(), got.data(), n, std::string(mk::dtype_name(c.dt)) + " triple");
+    expect_elems(c.dt, ReduceOp::Sum, got.data(), n,
+                 [&](size_t i) {
+                   const uint64_t v[3] = {in[0][i], in[1][i], in[2][i]};
+                   return kref::reduce_elem(c.dt, ReduceOp::Sum, v, 3);
+                 },
+                 std::string(mk::dtype_name(c.dt)) + " triple vs reference");
+  }
+  std::mt19937_64 rng(17);
+  for (ncclDataType_t dt : {ncclFloat8e4m3, ncclFloat8e5m2}) {
+    for (ReduceOp op : kOps) {
+      for (int nsrc = 1; nsrc <= 8; ++nsrc) {
+        const size_t n = 4099;
+        std::vector<std::vector<unsigned char>> in(nsrc, std::vector<unsigned char>(n));
+        std::vector<const void*> srcs;
+        for (auto& v : in) {
+          for (auto& c : v) {
+            do c = static_cast<unsigned char>(rng()); while (!std::isfinite(kref::decode_narrow(dt, c)));
+          }
+          srcs.push_back(v.data());
+        }
+        std::vector<unsigned char> want(n), got(n);
+        on_portable(GetParam(), [&] { mk::reduce_n(dt, op, want.data(), srcs.data(), nsrc, n); });
+        mk::reduce_n(dt, op, got.data(), srcs.data(), nsrc, n);
+        expect_same_as_portable(dt, op, want.data(), got.data(), n,
+                                std::string(mk::dtype_name(dt)) + " " + kOpNames[static_cast<int>(op)] + " n " +
+                                    std::to_string(nsrc));
+      }
+    }
+  }
+}
+
+// Every bfloat16 / half code against edge values (signed zeros, the smallest
+// and largest subnormals and normals, the largest finite value, a value at a
+// rounding tie, infinities, a quiet and a signalling NaN), each op, reduce2
+// and reduce_n of three; and reduce_n of one source, which only converts:
+// a signalling NaN comes out quiet as the scalar store makes it.
+TEST_P(KernelTest, Bf16AndHalfEveryCodeAgainstEdgeValues) {
+  const uint16_t bf16_edges[] = {0x0000, 0x8000, 0x0001, 0x807f, 0x0080, 0x7f7f, 0xff7f, 0x3f80,
+                                 0x3b80, 0xbb80, 0x7f80, 0xff80, 0x7fc0, 0x7f81, 0xff81, 0x4b00};
+  const uint16_t half_edges[] = {0x0000, 0x8000, 0x0001, 0x83ff, 0x0400, 0x7bff, 0xfbff, 0x3c00,
+                                 0x1000, 0x9000, 0x7c00, 0xfc00, 0x7e00, 0x7c01, 0xfc01, 0x4c00};
+  for (ncclDataType_t dt : {ncclBfloat16, ncclFloat16}) {
+    const uint16_t* edges = dt == ncclBfloat16 ? bf16_edges : half_edges;
+    const size_t n = 0x10000;
+    std::vector<uint16_t> all(n), other(n), third(n);
+    for (size_t i = 0; i < n; ++i) {
+      all[i] = static_cast<uint16_t>(i);
+      third[i] = static_cast<uint16_t>(i * 40503u);
+    }
+    for (ReduceOp op : kOps) {
+      for (int e = 0; e < 16; ++e) {
+        for (auto& v : other) v = edges[e];
+        const std::string what = std::string(mk::dtype_name(dt)) + " " + kOpNames[static_cast<int>(op)] +
+                                 " with " + hex(edges[e]);
+        std::vector<uint16_t> want(n), got(n), want3(n), got3(n);
+        const void* srcs[3] = {all.data(), other.data(), third.data()};
+        on_portable(GetParam(), [&] {
+          mk::reduce2(dt, op, want.data(), all.data(), other.data(), n);
+          mk::reduce_n(dt, op, want3.data(), srcs, 3, n);
+        });
+        mk::reduce2(dt, op, got.data(), all.data(), other.data(), n);
+        expect_same_as_portable(dt, op, want.data(), got.data(), n, what);
+        mk::reduce2(dt, op, got.data(), other.data(), all.data(), n);
+        on_portable(GetParam(), [&] { mk::reduce2(dt, op, want.data(), other.data(), all.data(), n); });
+        expect_same_as_portable(dt, op, want.data(), got.data(), n, what + " swapped");
+        mk::reduce_n(dt, op, got3.data(), srcs, 3, n);
+        expect_same_as_portable(dt, op, want3.data(), got3.data(), n, what + " reduce_n 3");
+      }
+      const void* one[1] = {all.data()};
+      std::vector<uint16_t> want(n), got(n);
+      on_portable(GetParam(), [&] { mk::reduce_n(dt, op, want.data(), one, 1, n); });
+      mk::reduce_n(dt, op, got.data(), one, 1, n);
+      // No arithmetic happens, so not even the NaN payload may differ.
+      expect_same_as_portable(dt, ReduceOp::Max, want.data(), got.data(), n,
+                              std::string(mk::dtype_name(dt)) + " reduce_n of one");
+    }
+  }
+}
+
+#if KERNEL_TEST_MXCSR
+// The fast fp8 path decodes subnormals to float denormals; with flush-to-zero
+// and denormals-are-zero set it must hand over to the general path, and every
+// implementation must still match the portable one run under the same mode.
+TEST_P(KernelTest, FlushToZeroModeMatchesPortable) {
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(saved | 0x8040u);
+  check_fp8_every_pair(GetParam(), " under FTZ/DAZ");
+  _mm_setcsr(saved);
+}
+#endif
 
 INSTANTIATE_TEST_SUITE_P(Isa, KernelTest, ::testing::Values("portable", "avx2", "avx512"),
                          [](const auto& info) { return std::string(info.param); });
