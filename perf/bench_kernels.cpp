@@ -2,6 +2,9 @@
 // of one operand (count x element size), the same as for the memcpy baseline
 // of that size, so the two columns compare directly: memcpy reads and writes
 // each byte once, reduce2 reads two and writes one, reduce_n reads n.
+// reduce2 Sum runs for every datatype, Prod/Max/Min for the floating-point
+// ones; reduce_n runs Sum and Max with 2, 4 and 8 inputs for float and the
+// narrow types.
 //
 //   bench_kernels [--isa=portable|avx2|avx512|all] [google-benchmark flags]
 #include <benchmark/benchmark.h>
@@ -23,7 +26,12 @@ namespace {
 constexpr ncclDataType_t kTypes[] = {ncclInt8,    ncclUint8,   ncclInt32,    ncclUint32,
                                      ncclInt64,   ncclUint64,  ncclFloat16,  ncclFloat32,
                                      ncclFloat64, ncclBfloat16, ncclFloat8e4m3, ncclFloat8e5m2};
+constexpr ncclDataType_t kNarrowTypes[] = {ncclFloat32, ncclBfloat16, ncclFloat16, ncclFloat8e4m3, ncclFloat8e5m2};
 constexpr size_t kBytes[] = {64u << 10, 1u << 20, 64u << 20};
+constexpr mk::ReduceOp kOps[] = {mk::ReduceOp::Sum, mk::ReduceOp::Prod, mk::ReduceOp::Max, mk::ReduceOp::Min};
+const char* const kOpNames[] = {"sum", "prod", "max", "min"};
+
+bool is_float(ncclDataType_t dt) { return dt >= ncclFloat16; }
 
 // Page-aligned buffers, like ncclMemAlloc gives, so that results do not
 // depend on where malloc happened to place them relative to each other.
@@ -69,7 +77,7 @@ void bench_memcpy(benchmark::State& state, size_t bytes) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
 }
 
-void bench_reduce2(benchmark::State& state, std::string isa, ncclDataType_t dt, size_t bytes) {
+void bench_reduce2(benchmark::State& state, std::string isa, mk::ReduceOp op, ncclDataType_t dt, size_t bytes) {
   if (!mk::select_isa(isa.c_str())) {
     state.SkipWithError("ISA not supported");
     return;
@@ -78,14 +86,15 @@ void bench_reduce2(benchmark::State& state, std::string isa, ncclDataType_t dt, 
   Buffer d = alloc_buffer(bytes);
   const size_t count = bytes / mk::dtype_size(dt);
   for (auto _ : state) {
-    mk::reduce2(dt, mk::ReduceOp::Sum, d.get(), a.get(), b.get(), count);
+    mk::reduce2(dt, op, d.get(), a.get(), b.get(), count);
     benchmark::DoNotOptimize(d.get());
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
 }
 
-void bench_reduce_n(benchmark::State& state, std::string isa, ncclDataType_t dt, size_t bytes, int n) {
+void bench_reduce_n(benchmark::State& state, std::string isa, mk::ReduceOp op, ncclDataType_t dt, size_t bytes,
+                    int n) {
   if (!mk::select_isa(isa.c_str())) {
     state.SkipWithError("ISA not supported");
     return;
@@ -97,7 +106,7 @@ void bench_reduce_n(benchmark::State& state, std::string isa, ncclDataType_t dt,
   Buffer d = alloc_buffer(bytes);
   const size_t count = bytes / mk::dtype_size(dt);
   for (auto _ : state) {
-    mk::reduce_n(dt, mk::ReduceOp::Sum, d.get(), srcs.data(), n, count);
+    mk::reduce_n(dt, op, d.get(), srcs.data(), n, count);
     benchmark::DoNotOptimize(d.get());
     benchmark::ClobberMemory();
   }
@@ -132,20 +141,27 @@ int main(int argc, char** argv) {
   }
   for (const std::string& isa : isas) {
     if (!mk::isa_supported(isa.c_str())) continue;
-    for (size_t bytes : kBytes) {
-      for (ncclDataType_t dt : kTypes) {
-        benchmark::RegisterBenchmark(
-            ("reduce2_sum/" + isa + "/" + mk::dtype_name(dt) + "/" + size_name(bytes)).c_str(), bench_reduce2,
-            isa, dt, bytes);
+    for (mk::ReduceOp op : kOps) {
+      const std::string opname = kOpNames[static_cast<int>(op)];
+      for (size_t bytes : kBytes) {
+        for (ncclDataType_t dt : kTypes) {
+          if (op != mk::ReduceOp::Sum && !is_float(dt)) continue;
+          benchmark::RegisterBenchmark(
+              ("reduce2_" + opname + "/" + isa + "/" + mk::dtype_name(dt) + "/" + size_name(bytes)).c_str(),
+              bench_reduce2, isa, op, dt, bytes);
+        }
       }
     }
-    for (ncclDataType_t dt : {ncclFloat32, ncclBfloat16, ncclFloat16}) {
-      for (int n : {2, 4, 8}) {
-        for (size_t bytes : {size_t{1} << 20, size_t{64} << 20}) {
-          benchmark::RegisterBenchmark(("reduce_n_sum/" + isa + "/" + mk::dtype_name(dt) + "/n" +
-                                        std::to_string(n) + "/" + size_name(bytes))
-                                           .c_str(),
-                                       bench_reduce_n, isa, dt, bytes, n);
+    for (mk::ReduceOp op : {mk::ReduceOp::Sum, mk::ReduceOp::Max}) {
+      const std::string opname = kOpNames[static_cast<int>(op)];
+      for (ncclDataType_t dt : kNarrowTypes) {
+        for (int n : {2, 4, 8}) {
+          for (size_t bytes : {size_t{1} << 20, size_t{64} << 20}) {
+            benchmark::RegisterBenchmark(("reduce_n_" + opname + "/" + isa + "/" + mk::dtype_name(dt) + "/n" +
+                                          std::to_string(n) + "/" + size_name(bytes))
+                                             .c_str(),
+                                         bench_reduce_n, isa, op, dt, bytes, n);
+          }
         }
       }
     }

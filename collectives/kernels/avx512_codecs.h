@@ -194,45 +194,5 @@ struct E4m3Codec : Fp8Store<3, 7, 0x7e> {
 template <class Tr>
 using Fp8Codec = std::conditional_t<std::is_same_v<Tr, E4m3Traits>, E4m3Codec, E5m2Codec>;
 
-// Max/Min of 64 fp8 codes (fp8_loops.h): magnitude negated for negative codes
-// (so -0 == +0), NaN given the key that never wins; a NaN second operand
-// yields the first.
-template <class Tr_>
-struct Fp8Select {
-  using Tr = Tr_;
-  using F = Fp8Format<Tr>;
-  using R = __m512i;
-  static constexpr size_t kBlock = 64;
-
-  static R load(const void* p) { return _mm512_loadu_si512(p); }
-  static void store(void* p, R r) { _mm512_storeu_si512(p, r); }
-
-  template <ReduceOp kOp>
-  static R select(R a, R b) {
-    const __m512i ma = _mm512_and_si512(a, c8(0x7f)), mb = _mm512_and_si512(b, c8(0x7f));
-    const __m512i ka = _mm512_mask_sub_epi8(ma, _mm512_movepi8_mask(a), _mm512_setzero_si512(), ma);
-    const __m512i kb = _mm512_mask_sub_epi8(mb, _mm512_movepi8_mask(b), _mm512_setzero_si512(), mb);
-    const __mmask64 nan_a = _mm512_cmpge_epu8_mask(ma, c8(F::kNanMag));
-    const __mmask64 nan_b = _mm512_cmpge_epu8_mask(mb, c8(F::kNanMag));
-    __mmask64 take_a;
-    if constexpr (kOp == ReduceOp::Max) {
-      take_a = _mm512_cmpgt_epi8_mask(_mm512_mask_mov_epi8(ka, nan_a, c8(0x80)), kb);
-    } else {
-      take_a = _mm512_cmplt_epi8_mask(_mm512_mask_mov_epi8(ka, nan_a, c8(0x7f)), kb);
-    }
-    return _mm512_mask_blend_epi8(take_a | nan_b, b, a);
-  }
-  static R finish(R r) {
-    if constexpr (std::is_same_v<Tr, E5m2Traits>) {
-      const __m512i m = _mm512_and_si512(r, c8(0x7f));
-      const __mmask64 inf = _mm512_cmpeq_epi8_mask(m, c8(F::kInfMag));
-      const __mmask64 nan = _mm512_cmpgt_epu8_mask(m, c8(F::kInfMag));
-      r = _mm512_mask_sub_epi8(r, inf, r, c8(1));  // inf -> largest finite
-      r = _mm512_mask_blend_epi8(nan, r, _mm512_or_si512(r, c8(0x7f)));
-    }
-    return r;
-  }
-};
-
 }  // namespace
 }  // namespace meshccl::kernels::MESHCCL_KERNEL_NS

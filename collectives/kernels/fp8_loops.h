@@ -2,7 +2,7 @@
 //
 // Sum and Prod work in a scaled float domain: a code's sign, exponent and
 // mantissa bits are moved into a float unchanged, which makes the float the
-// fp8 value times 2^-kScale; fp8 subnormals become float denormals with the
+// fp8 value divided by 2^120 (e4m3) or 2^112 (e5m2); fp8 subnormals become float denormals with the
 // same spacing, so decoding is a bit move with no special case, and rounding
 // back to fp8 is a round-to-nearest-even at one fixed bit of the float's
 // encoding. Scaling by a power of two is exact and float arithmetic rounds
@@ -17,16 +17,19 @@
 // A policy P supplies, for one format and ISA:
 //   Tr, R (register of raw codes), kBlock (codes per R), kVecs, M (float math)
 //   load(p), store(p, r)
-//   special(acc, r): folds r into a running check for NaN/inf codes (start
-//     from zero); any_special(acc)
+//   special(r): r with every bit that cannot make a code NaN or inf set, so
+//     that exactly the lanes of such codes are 0xff; merge(a, b) keeps the
+//     0xff lanes of both; any_special(m): whether a lane is 0xff
 //   decode(r, v): kVecs scaled float vectors (any lane order encode inverts)
-//   unscale(v): v * 2^kScale, for Prod (one operand scaled, not both)
+//   unscale(v): v * kUnscale, for Prod (one operand scaled, not both)
 //   encode<kJam>(v): round to codes; kJam keeps the bits that the encoder
 //     shifts out as a sticky bit (only sums of three or more inputs need it:
 //     the sum or product of two fp8 values never has a false tie there)
-//   select<kOp>(a, b): Max/Min on codes with the generic loops' NaN and
-//     signed-zero rules; finish(r): what storing through a float does to the
-//     selected code (e5m2: infinity saturates, NaN becomes 0x7f | sign)
+//   key<kOp>(r): the codes as ordered signed bytes (+0 and -0 equal, NaN the
+//     key that never wins); step<kOp>(acc, acc_key, x): acc = Max/Min(acc, x)
+//     with the generic loops' rules (a NaN x keeps acc, ties take x);
+//     finish(r): what storing through a float does to the selected code
+//     (e5m2: infinity saturates, NaN becomes 0x7f | sign)
 //   general2<kOp>, general_n(begin, end): the codec path for the fallbacks
 //
 // Included inside an ISA file after its policies; shares its namespace.
@@ -45,22 +48,22 @@ struct Fp8Format;
 template <>
 struct Fp8Format<E4m3Traits> {
   static constexpr int kMan = 3;                    // mantissa bits
-  static constexpr int kScale = 120;                // decoded float = value * 2^-120
-  static constexpr float kUnscale = 0x1p120f;
+  static constexpr float kUnscale = 0x1p120f;       // decoded float = value / kUnscale
   static constexpr float kMaxScaled = 0x1.cp-112f;  // 448 * 2^-120, the saturation value
   static constexpr int kSpecialOr = 0x80;           // (code | this) == 0xff: NaN
   static constexpr int kNanMag = 0x7f;              // magnitudes >= this are NaN
+  static constexpr int kMaxCode = 0x7e;             // 448
 };
 
 template <>
 struct Fp8Format<E5m2Traits> {
   static constexpr int kMan = 2;
-  static constexpr int kScale = 112;
   static constexpr float kUnscale = 0x1p112f;
   static constexpr float kMaxScaled = 0x1.cp-97f;  // 57344 * 2^-112
   static constexpr int kSpecialOr = 0x83;          // all-ones exponent: inf or NaN
   static constexpr int kNanMag = 0x7d;
   static constexpr int kInfMag = 0x7c;
+  static constexpr int kMaxCode = 0x7b;  // 57344
 };
 
 // Bits of the float that hold the code's magnitude, and the sign.
@@ -81,7 +84,7 @@ void reduce2_fp8(void* dst, const void* a, const void* b, size_t count) {
   while (i + P::kBlock <= count) {
     for (; i + P::kBlock <= count; i += P::kBlock) {
       const auto x = P::load(at(a, i)), y = P::load(at(b, i));
-      if (P::any_special(P::special(P::special(P::zero(), x), y))) break;
+      if (P::any_special(P::merge(P::special(x), P::special(y)))) break;
       V u[P::kVecs], v[P::kVecs];
       P::decode(x, u);
       P::decode(y, v);
@@ -107,12 +110,12 @@ void reduce_n_fp8_sum(void* dst, const void* const* srcs, int nsrc, size_t count
   while (i + P::kBlock <= count) {
     for (; i + P::kBlock <= count; i += P::kBlock) {
       auto x = P::load(at(srcs[0], i));
-      auto check = P::special(P::zero(), x);
+      auto check = P::special(x);
       V acc[P::kVecs], v[P::kVecs];
       P::decode(x, acc);
       for (int k = 1; k < nsrc; ++k) {
         x = P::load(at(srcs[k], i));
-        check = P::special(check, x);
+        check = P::merge(check, P::special(x));
         P::decode(x, v);
 #pragma GCC unroll 8
         for (int j = 0; j < P::kVecs; ++j) acc[j] = P::M::add(acc[j], v[j]);
@@ -132,7 +135,10 @@ template <class P, ReduceOp kOp>
 void select2_fp8(void* dst, const void* a, const void* b, size_t count) {
   size_t i = 0;
   for (; i + P::kBlock <= count; i += P::kBlock) {
-    P::store(at(dst, i), P::finish(P::template select<kOp>(P::load(at(a, i)), P::load(at(b, i)))));
+    auto acc = P::load(at(a, i));
+    auto key = P::template key<kOp>(acc);
+    P::template step<kOp>(acc, key, P::load(at(b, i)));
+    P::store(at(dst, i), P::finish(acc));
   }
   if (i < count) reduce2_generic<typename P::Tr, kOp>(at(dst, i), at(a, i), at(b, i), count - i);
 }
@@ -141,16 +147,17 @@ template <class P, ReduceOp kOp>
 void select_n_fp8(void* dst, const void* const* srcs, int nsrc, size_t count) {
   size_t i = 0;
   for (; i + P::kBlock <= count; i += P::kBlock) {
-    auto r = P::load(at(srcs[0], i));
-    for (int k = 1; k < nsrc; ++k) r = P::template select<kOp>(r, P::load(at(srcs[k], i)));
-    P::store(at(dst, i), P::finish(r));
+    auto acc = P::load(at(srcs[0], i));
+    auto key = P::template key<kOp>(acc);
+    for (int k = 1; k < nsrc; ++k) P::template step<kOp>(acc, key, P::load(at(srcs[k], i)));
+    P::store(at(dst, i), P::finish(acc));
   }
   if (i < count) reduce_n_range<typename P::Tr, kOp>(dst, srcs, nsrc, i, count);
 }
 
-// Sum and Prod of reduce2, Sum of reduce_n (a product of many inputs rounds
-// inexactly in ways the one-shot encoder does not reproduce: it stays on the
-// codec path, as do divide and scale).
+// Sum and Prod of reduce2, Sum of reduce_n. A product of three or more scaled
+// inputs would underflow, and undoing the scale before encoding would round
+// twice, so Prod of reduce_n stays on the codec path, as do divide and scale.
 template <class P>
 void fill_fp8_arith(KernelTable& t, ncclDataType_t dt) {
   t.reduce2[dt][0] = reduce2_fp8<P, ReduceOp::Sum>;

@@ -191,10 +191,10 @@ using Fp8Codec = std::conditional_t<std::is_same_v<Tr, E4m3Traits>, E4m3Codec, E
 // multiplies each code, as a signed byte, by 2^(7-kMan), which puts the
 // magnitude where a float's high half wants it with the sign spread above;
 // a shift and a mask then make four float vectors: lane i of v[k] is code
-// 4i+k of the block. Encoding clamps to the largest finite value, moves the
-// code's bits down so that vcvtps2ph (rounding to nearest even by its
-// immediate) rounds at the code's last bit of a half with exponent 1, and
-// reassembles the bytes.
+// 4i+k of the block. Encoding moves the value's bits down under a constant
+// exponent so that vcvtps2ph (rounding to nearest even by its immediate)
+// rounds at the code's last bit, saturates in 16-bit lanes, and reassembles
+// the bytes.
 template <class Tr_>
 struct Fp8Fast {
   using Tr = Tr_;
@@ -207,8 +207,8 @@ struct Fp8Fast {
 
   static R load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
   static void store(void* p, R r) { _mm256_storeu_si256(static_cast<__m256i*>(p), r); }
-  static R zero() { return _mm256_setzero_si256(); }
-  static R special(R acc, R x) { return _mm256_max_epu8(acc, _mm256_or_si256(x, c8(F::kSpecialOr))); }
+  static R special(R x) { return _mm256_or_si256(x, c8(F::kSpecialOr)); }
+  static R merge(R a, R b) { return _mm256_max_epu8(a, b); }
   static bool any_special(R acc) { return _mm256_movemask_epi8(_mm256_cmpeq_epi8(acc, c8(0xff))) != 0; }
 
   static void decode(R x, __m256* v) {
@@ -222,44 +222,50 @@ struct Fp8Fast {
   }
   static __m256 unscale(__m256 v) { return _mm256_mul_ps(v, _mm256_set1_ps(F::kUnscale)); }
 
-  // Eight values -> eight halves (s << 15 | 1 << 10 | code) -> code | s << 7 in 16-bit lanes.
+  // Eight values -> eight halves s << 15 | (1 << 10) + m, where m is the
+  // value's bits from the code's last one up, rounded there: the code itself
+  // when in range, more when the value is beyond the largest finite one.
+  // (A finite fp8 sum or product never reaches the float exponent bit that
+  // the mask drops.)
   template <bool kJam>
-  static __m128i encode8(__m256 v) {
-    const __m256 c = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-F::kMaxScaled)), _mm256_set1_ps(F::kMaxScaled));
-    const __m256i u = _mm256_castps_si256(c);
+  static __m128i halves(__m256 v) {
+    const __m256i u = _mm256_castps_si256(v);
     __m256i y = _mm256_or_si256(_mm256_and_si256(_mm256_srai_epi32(u, kShift), c32(0x807fffffu)), c32(113u << 23));
     if constexpr (kJam) y = _mm256_or_si256(y, _mm256_and_si256(u, c32((1u << kShift) - 1)));
-    const __m128i h = _mm256_cvtps_ph(_mm256_castsi256_ps(y), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    return _mm_maddubs_epi16(_mm_and_si128(h, _mm_set1_epi16(static_cast<short>(0x807f))), _mm_set1_epi16(0x0101));
+    return _mm256_cvtps_ph(_mm256_castsi256_ps(y), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  // Sixteen halves -> code | s << 7 in 16-bit lanes, saturated.
+  static __m256i codes(__m256i h) {
+    const __m256i m = _mm256_min_epu16(_mm256_and_si256(h, c16(0x7fff)), c16(0x0400 + F::kMaxCode));
+    return _mm256_or_si256(_mm256_and_si256(m, c16(0x7f)), _mm256_and_si256(_mm256_srli_epi16(h, 8), c16(0x80)));
   }
   template <bool kJam>
   static R encode(const __m256* v) {
     // Words j < 8: codes 4j (from v[0]) and 4j+1 (v[1]); words 8 + j: codes 4j+2 and 4j+3.
-    const __m256i e = _mm256_set_m128i(encode8<kJam>(v[2]), encode8<kJam>(v[0]));
-    const __m256i o = _mm256_set_m128i(encode8<kJam>(v[3]), encode8<kJam>(v[1]));
+    const __m256i e = codes(_mm256_set_m128i(halves<kJam>(v[2]), halves<kJam>(v[0])));
+    const __m256i o = codes(_mm256_set_m128i(halves<kJam>(v[3]), halves<kJam>(v[1])));
     const __m256i pairs = _mm256_permute4x64_epi64(_mm256_or_si256(e, _mm256_slli_epi16(o, 8)), 0xd8);
     return _mm256_shuffle_epi8(pairs, _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15,  //
                                                        0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15));
   }
 
-  // Max/Min: magnitude negated for negative codes (so -0 == +0), NaN given
-  // the key that never wins; a NaN second operand yields the first.
+  // Max/Min: the magnitude, negated for negative codes (so -0 == +0); NaN
+  // gets the key below (Max) or above (Min) every other.
   template <ReduceOp kOp>
-  static R select(R a, R b) {
-    const __m256i ma = _mm256_and_si256(a, c8(0x7f)), mb = _mm256_and_si256(b, c8(0x7f));
-    const __m256i nan_a = _mm256_cmpgt_epi8(ma, c8(F::kNanMag - 1));
-    const __m256i nan_b = _mm256_cmpgt_epi8(mb, c8(F::kNanMag - 1));
-    const __m256i kb = _mm256_sign_epi8(mb, b);
-    __m256i ka = _mm256_sign_epi8(ma, a);
-    __m256i take_a;
-    if constexpr (kOp == ReduceOp::Max) {
-      ka = _mm256_blendv_epi8(ka, c8(0x80), nan_a);
-      take_a = _mm256_cmpgt_epi8(ka, kb);
-    } else {
-      ka = _mm256_blendv_epi8(ka, c8(0x7f), nan_a);
-      take_a = _mm256_cmpgt_epi8(kb, ka);
-    }
-    return _mm256_blendv_epi8(b, a, _mm256_or_si256(take_a, nan_b));
+  static R key(R c) {
+    const __m256i m = _mm256_and_si256(c, c8(0x7f));
+    const __m256i nan = _mm256_cmpgt_epi8(m, c8(F::kNanMag - 1));
+    return _mm256_blendv_epi8(_mm256_sign_epi8(m, c), c8(kOp == ReduceOp::Max ? 0x80 : 0x7f), nan);
+  }
+  // acc stays where it beats x or x is NaN; otherwise (ties included) x wins.
+  template <ReduceOp kOp>
+  static void step(R& acc, R& acc_key, R x) {
+    const __m256i m = _mm256_and_si256(x, c8(0x7f));
+    const __m256i kx = _mm256_sign_epi8(m, x);
+    const __m256i beats = kOp == ReduceOp::Max ? _mm256_cmpgt_epi8(acc_key, kx) : _mm256_cmpgt_epi8(kx, acc_key);
+    const __m256i keep = _mm256_or_si256(beats, _mm256_cmpgt_epi8(m, c8(F::kNanMag - 1)));
+    acc = _mm256_blendv_epi8(x, acc, keep);
+    acc_key = _mm256_blendv_epi8(kx, acc_key, keep);
   }
   static R finish(R r) {
     if constexpr (std::is_same_v<Tr, E5m2Traits>) {
@@ -290,6 +296,12 @@ void fill_avx2_fp8_arith(KernelTable& t) {
   fill_fp8_arith<Fp8Fast<E5m2Traits>>(t, ncclFloat8e5m2);
 }
 
+void fill_avx2_fp8_select(KernelTable& t) {
+  using namespace avx2;
+  fill_fp8_select<Fp8Fast<E4m3Traits>>(t, ncclFloat8e4m3);
+  fill_fp8_select<Fp8Fast<E5m2Traits>>(t, ncclFloat8e5m2);
+}
+
 const KernelTable& avx2_table() {
   static const KernelTable table = [] {
     using namespace avx2;
@@ -303,8 +315,7 @@ const KernelTable& avx2_table() {
     fill_vec_type<F32, E4m3Codec, E4m3Traits>(t, ncclFloat8e4m3);
     fill_vec_type<F32, E5m2Codec, E5m2Traits>(t, ncclFloat8e5m2);
     fill_avx2_fp8_arith(t);
-    fill_fp8_select<Fp8Fast<E4m3Traits>>(t, ncclFloat8e4m3);
-    fill_fp8_select<Fp8Fast<E5m2Traits>>(t, ncclFloat8e5m2);
+    fill_avx2_fp8_select(t);
     return t;
   }();
   return table;

@@ -2,9 +2,10 @@
 // called only after the runtime CPU check. Floating-point types use the
 // vector loops of simd_loops.h with the 16-lane codecs of avx512_codecs.h;
 // integer types use the generic loops, which the compiler vectorises for
-// AVX-512. fp8 Max/Min compare codes here; fp8 Sum/Prod take the fast loops
-// of reduce_avx512_fp8.cpp where the CPU has AVX512-BF16, VBMI and VBMI2,
-// and the AVX2 ones otherwise.
+// AVX-512. fp8 Sum/Prod take the fast loops of reduce_avx512_fp8.cpp where
+// the CPU has AVX512-BF16, VBMI and VBMI2, the AVX2 ones otherwise; fp8
+// Max/Min compare codes with the AVX2 loops (AVX-512 compares only produce
+// mask registers, and those made the 512-bit version the slower one).
 #define MESHCCL_KERNEL_NS avx512
 #include "collectives/kernels/avx512_codecs.h"
 
@@ -27,8 +28,7 @@ const KernelTable& avx512_table() {
     } else {
       fill_avx2_fp8_arith(t);
     }
-    fill_fp8_select<Fp8Select<E4m3Traits>>(t, ncclFloat8e4m3);
-    fill_fp8_select<Fp8Select<E5m2Traits>>(t, ncclFloat8e5m2);
+    fill_avx2_fp8_select(t);
     return t;
   }();
   return table;

@@ -33,8 +33,8 @@ struct Fp8Fast {
 
   static R load(const void* p) { return _mm512_loadu_si512(p); }
   static void store(void* p, R r) { _mm512_storeu_si512(p, r); }
-  static R zero() { return _mm512_setzero_si512(); }
-  static R special(R acc, R x) { return _mm512_max_epu8(acc, _mm512_or_si512(x, c8(F::kSpecialOr))); }
+  static R special(R x) { return _mm512_or_si512(x, c8(F::kSpecialOr)); }
+  static R merge(R a, R b) { return _mm512_max_epu8(a, b); }
   static bool any_special(R acc) { return _mm512_cmpeq_epi8_mask(acc, c8(0xff)) != 0; }
 
   static void decode(R x, __m512* v) {

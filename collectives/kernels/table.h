@@ -28,11 +28,12 @@ const KernelTable& portable_table();
 const KernelTable& avx2_table();    // built on x86 only
 const KernelTable& avx512_table();  // built on x86 only
 
-// The fast fp8 Sum/Prod loops (fp8_loops.h) of one ISA file, installed over
-// the codec entries of a table: the AVX-512 table takes the AVX-512 ones when
+// The fast fp8 loops (fp8_loops.h) of one ISA file, installed over the codec
+// entries of a table. The AVX-512 table takes the AVX-512 Sum/Prod loops when
 // the CPU also has AVX512-BF16, VBMI and VBMI2 (avx512_fp8_extras_supported),
-// the AVX2 ones otherwise. x86 only.
+// the AVX2 ones otherwise, and the AVX2 Max/Min loops. x86 only.
 void fill_avx2_fp8_arith(KernelTable& t);
+void fill_avx2_fp8_select(KernelTable& t);
 void fill_avx512_fp8_arith(KernelTable& t);
 bool avx512_fp8_extras_supported();
 
