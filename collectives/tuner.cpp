@@ -88,23 +88,24 @@ Status parse_rule_uncached(const std::string& spec, OpKind kind, std::vector<std
 
 // Parsed once per setting value and collective (the setting's storage is
 // stable until the environment is read again).
-Status parse_rule(OpKind kind, std::vector<std::string>* names, bool* exclude) {
-  struct Cached {
-    const std::string* spec = nullptr;
-    Status status;
-    std::vector<std::string> names;
-    bool exclude = false;
-  };
-  thread_local Cached cache[static_cast<int>(OpKind::Recv) + 1];
+struct Rule {
+  const std::string* spec = nullptr;  // the setting's value this was parsed from
+  Status status;
+  std::vector<std::string> names;
+  bool exclude = false;
+};
+
+// Parsed once per setting value and collective (the setting's storage is
+// stable until the environment is read again); no copy per call.
+const Rule& rule_of(OpKind kind) {
+  thread_local Rule cache[static_cast<int>(OpKind::Recv) + 1];
   const std::string& spec = param_str(Param::Algo);
-  Cached& c = cache[static_cast<int>(kind)];
+  Rule& c = cache[static_cast<int>(kind)];
   if (c.spec != &spec) {
     c.status = parse_rule_uncached(spec, kind, &c.names, &c.exclude);
     c.spec = &spec;
   }
-  *names = c.names;
-  *exclude = c.exclude;
-  return c.status;
+  return c;
 }
 
 bool allowed_by(const std::vector<std::string>& names, bool exclude, const char* name) {
@@ -115,23 +116,20 @@ bool allowed_by(const std::vector<std::string>& names, bool exclude, const char*
 }  // namespace
 
 bool algorithm_allowed(OpKind kind, const char* name) {
-  std::vector<std::string> names;
-  bool exclude = false;
-  if (!parse_rule(kind, &names, &exclude).ok()) return false;
-  return allowed_by(names, exclude, name);
+  const Rule& r = rule_of(kind);
+  return r.status.ok() && allowed_by(r.names, r.exclude, name);
 }
 
 bool algorithm_forced(OpKind kind, const char* name) {
-  std::vector<std::string> names;
-  bool exclude = false;
-  if (!parse_rule(kind, &names, &exclude).ok()) return false;
-  return !exclude && std::find(names.begin(), names.end(), name) != names.end();
+  const Rule& r = rule_of(kind);
+  return r.status.ok() && !r.exclude && std::find(r.names.begin(), r.names.end(), name) != r.names.end();
 }
 
 Status choose_algorithm(const TuneModel& tune, const OpDesc& op, const Algorithm** out, double* cost_us) {
-  std::vector<std::string> names;
-  bool exclude = false;
-  MC_TRY(parse_rule(op.kind, &names, &exclude));
+  const Rule& rule = rule_of(op.kind);
+  MC_TRY(rule.status);
+  const std::vector<std::string>& names = rule.names;
+  const bool exclude = rule.exclude;
   // The cheapest plan the rule allows; if it allows only algorithms that are
   // not plans (direct_shm, which could not take this op), the cheapest plan.
   const Algorithm* best = nullptr;

@@ -80,23 +80,24 @@ meshcclStream::~meshcclStream() {
 }
 
 void meshcclStream::enqueue(std::vector<meshccl::Launch> launches) {
-  bool idle;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    idle = !has_work_locked();
     queue_.push_back(std::move(launches));
     enqueued_.fetch_add(1);
   }
-  if (idle) {
-    // Run it here for a little while: a small operation whose peers are ready
-    // completes without waking the worker.
-    const double budget_us = static_cast<double>(meshccl::param_int(meshccl::Param::InlineUs));
-    const double until = meshccl::now_us() + budget_us;
-    meshccl::Backoff backoff;
-    do {
-      drive() ? backoff.progress() : backoff.yield_only();
-    } while (completed_.load(std::memory_order_acquire) < enqueued_.load() && meshccl::now_us() < until);
-  }
+  // Drive the stream here for a little while: a small operation whose peers
+  // are ready completes without waking the worker, and work queued behind a
+  // slow one drains on this thread, so the stream is idle again for the next
+  // call's express path. Another thread driving makes this return at once.
+  const double budget_us = static_cast<double>(meshccl::param_int(meshccl::Param::InlineUs));
+  const double until = meshccl::now_us() + budget_us;
+  meshccl::Backoff backoff;
+  do {
+    bool busy = false;
+    if (drive(&busy)) backoff.progress();
+    else if (busy) break;  // the worker (or a synchronizing thread) has it
+    else backoff.yield_only();
+  } while (completed_.load(std::memory_order_acquire) < enqueued_.load() && meshccl::now_us() < until);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!has_work_locked()) return;
@@ -104,9 +105,12 @@ void meshcclStream::enqueue(std::vector<meshccl::Launch> launches) {
   cv_work_.notify_one();
 }
 
-bool meshcclStream::drive() {
+bool meshcclStream::drive(bool* busy) {
   std::unique_lock<std::mutex> driving(drive_mu_, std::try_to_lock);
-  if (!driving.owns_lock()) return false;
+  if (!driving.owns_lock()) {
+    if (busy != nullptr) *busy = true;
+    return false;
+  }
   bool moved = false;
   for (;;) {
     if (running_ == nullptr) {

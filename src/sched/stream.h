@@ -81,8 +81,9 @@ struct meshcclStream {
  private:
   void worker();
   // One pass: starts the next item when none runs, polls the running one,
-  // retires it when done. False when nothing moved or another thread drives.
-  bool drive();
+  // retires it when done. False when nothing moved or another thread drives
+  // (then *busy, when given, is set).
+  bool drive(bool* busy = nullptr);
   bool has_work_locked() const { return running_ != nullptr || !queue_.empty(); }
 
   std::mutex mu_;     // queue_, running_ hand-over, error_, counters' waiters
