@@ -57,6 +57,9 @@ class DirectRun final : public Run {
   DirectRun(NodeRegion* node, const OpDesc& op, uint64_t first, uint64_t rounds)
       : node_(node), op_(op), sig_(op.signature()), first_(first), last_(first + rounds - 1), round_(first) {
     round_elems_ = round_elems(node, op);
+    // Inputs that fit the header's first line travel with the arrival itself
+    // (single-round operations only: the slot data is not touched at all).
+    inline_ = input_bytes(op) <= NodeRegion::kInlineBytes && op.count <= round_elems_;
     // Reduce within a round by one rank (small) or split over all ranks.
     two_phase_ = (op.kind == OpKind::AllReduce || op.kind == OpKind::Reduce) &&
                  std::min(op.count, round_elems_) * op.elem() * static_cast<size_t>(op.nranks) > kOnePhaseBytes;
@@ -65,12 +68,15 @@ class DirectRun final : public Run {
   Status poll(Engine* /*eng*/, bool* moved) override {
     for (;;) {
       switch (state_) {
-        case State::Turn:
-          if (!my_turn()) return kOk;
+        case State::Turn: {
+          bool turn = false;
+          MC_TRY(my_turn(&turn));
+          if (!turn) return kOk;
           publish();
           state_ = State::Arrive;
           *moved = true;
           [[fallthrough]];
+        }
         case State::Arrive: {
           bool ready = false;
           MC_TRY(all_arrived(&ready));
@@ -141,15 +147,29 @@ class DirectRun final : public Run {
     *end = std::min(len(), *begin + per);
   }
 
-  bool my_turn() {
-    if (node_->finished().load(std::memory_order_acquire) != round_ - 1) return false;
+  Status my_turn(bool* ready) {
+    *ready = false;
+    if (node_->finished().load(std::memory_order_acquire) != round_ - 1) return kOk;
     for (int p = 0; p < n(); ++p) {
-      if (node_->control(p).arrived.value.load(std::memory_order_acquire) + 1 < round_) {
+      if (round_ > 1 && !arrived(p, round_ - 1)) {
         waiting_ = p;
-        return false;
+        return peer_failure();
       }
     }
-    return true;
+    *ready = true;
+    return kOk;
+  }
+
+  // A rank that found a mismatch never arrives at later rounds: waiting for
+  // it ends with its finding.
+  Status peer_failure() const {
+    for (int q = 0; q < n(); ++q) {
+      const uint64_t failed = node_->control(q).failed.value.load(std::memory_order_acquire);
+      if (q != me() && failed != 0)
+        return MC_ERROR(ncclInvalidUsage, "%s: mismatched calls across ranks: rank %d found them on this communicator",
+                        op_kind_name(op_.kind), q);
+    }
+    return kOk;
   }
 
   void publish() {
@@ -159,15 +179,20 @@ class DirectRun final : public Run {
     NodeRegion::SlotHeader& hdr = node_->header(me(), round_);
     hdr.input.valid = 0;
     MemBlockRef ref;
-    if (zero_copy_input() && mem_find_block(op_.sendbuff, input_bytes(op_), &ref)) {
+    if (inline_) {
+      copy_input(reinterpret_cast<char*>(hdr.inline_data), in);
+    } else if (zero_copy_input() && mem_find_block(op_.sendbuff, input_bytes(op_), &ref)) {
       hdr.input = NodeRegion::BufferRef{1, ref.pid, ref.fd, 0, ref.ino, ref.dev, ref.offset, ref.file_size};
     } else {
       copy_input(slot, in);
     }
-    NodeRegion::SlotHeader& h = node_->header(me(), round_);
-    h.round = round_;
-    h.signature = sig_;
-    node_->control(me()).arrived.value.store(round_, std::memory_order_release);
+    hdr.signature = sig_;
+    hdr.round.store(round_, std::memory_order_release);  // arrival
+  }
+
+  // Rank p has published round r (or a later one in the same slot).
+  bool arrived(int p, uint64_t r) const {
+    return node_->header(p, r).round.load(std::memory_order_acquire) >= r;
   }
 
   template <typename In>
@@ -217,24 +242,18 @@ class DirectRun final : public Run {
   Status all_arrived(bool* ready) {
     *ready = false;
     for (int p = 0; p < n(); ++p) {
-      if (p == me() || node_->control(p).arrived.value.load(std::memory_order_acquire) >= round_) continue;
+      if (p == me() || arrived(p, round_)) continue;
       waiting_ = p;
-      // A rank that found a mismatch never arrives at later rounds.
-      for (int q = 0; q < n(); ++q) {
-        const uint64_t failed = node_->control(q).failed.value.load(std::memory_order_acquire);
-        if (q != me() && failed != 0)
-          return MC_ERROR(ncclInvalidUsage, "%s: mismatched calls across ranks: rank %d found them on this communicator",
-                          op_kind_name(op_.kind), q);
-      }
-      return kOk;
+      return peer_failure();
     }
     waiting_ = -1;
     for (int p = 0; p < n(); ++p) {
       const NodeRegion::SlotHeader& h = node_->header(p, round_);
-      if (h.round == round_ && h.signature == sig_) continue;
+      const bool same_round = h.round.load(std::memory_order_relaxed) == round_;
+      if (same_round && h.signature == sig_) continue;
       node_->control(me()).failed.value.store(round_, std::memory_order_release);
-      const std::string diff = h.round == round_ ? signature_difference(sig_, me(), h.signature, p)
-                                                 : "rank " + std::to_string(p) + " is at another call";
+      const std::string diff = same_round ? signature_difference(sig_, me(), h.signature, p)
+                                          : "rank " + std::to_string(p) + " is at another call";
       return MC_ERROR(ncclInvalidUsage, "%s: mismatched calls across ranks: %s", op_kind_name(op_.kind), diff.c_str());
     }
     *ready = true;
@@ -262,6 +281,9 @@ class DirectRun final : public Run {
   // its own buffer when it published one, else in its slot.
   const char* input(int p, size_t block) {
     const NodeRegion::SlotHeader& h = node_->header(p, round_);
+    if (inline_) {
+      return reinterpret_cast<const char*>(h.inline_data) + (per_peer_blocks(op_.kind) ? block * len() * es() : 0);
+    }
     if (h.input.valid) {
       const char* base = p == me() ? static_cast<const char*>(op_.sendbuff) : node_->map_peer_buffer(p, h.input);
       if (base == nullptr) return nullptr;
@@ -377,6 +399,7 @@ class DirectRun final : public Run {
   bool two_phase_ = false;
   State state_ = State::Turn;
   bool peers_read_buffers_ = false;
+  bool inline_ = false;
   int waiting_ = -1;
 };
 

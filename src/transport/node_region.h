@@ -12,12 +12,15 @@
 //   Slot 1    the same; round k uses slot k % 2
 //
 // Rounds are numbered from 1 in the same order on every rank. A rank runs its
-// rounds one at a time. Before it writes slot k % 2 for round k it waits until
-// every peer has arrived at round k - 1: a peer arrives at k - 1 only after it
-// finished round k - 2, the last reader of that slot.
+// rounds one at a time and arrives at round k by writing k into the header of
+// slot k % 2 (so "rank p arrived at round r" reads as header(p, r).round >= r).
+// Before it writes slot k % 2 it waits until every peer has arrived at round
+// k - 1: a peer arrives at k - 1 only after it finished round k - 2, the last
+// reader of that slot.
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -40,7 +43,6 @@ class NodeRegion {
     std::atomic<uint64_t> value{0};
   };
   struct Control {
-    Flag arrived;  // last round whose slot holds this rank's input
     Flag reduced;  // last round whose slot holds this rank's reduced block
     Flag done;     // last round in which this rank read its peers' buffers
     Flag failed;   // round at which this rank found a mismatch (0: none)
@@ -57,11 +59,18 @@ class NodeRegion {
     uint64_t offset;  // of the operation's sendbuff in the file
     uint64_t file_size;
   };
+  // Bytes of input small enough to travel in the header's first line.
+  static constexpr size_t kInlineBytes = 40;
+  // The first cache line is all a peer reads for a small operation: the
+  // round (written last, with release: it is the rank's arrival at that
+  // round), the signature and the input itself.
   struct alignas(kLine) SlotHeader {
-    uint64_t round;
-    OpSignature signature;  // what the rank called
-    BufferRef input;
+    std::atomic<uint64_t> round;  // last round published in this slot
+    OpSignature signature;        // what the rank called
+    alignas(8) unsigned char inline_data[kInlineBytes];
+    BufferRef input;  // second line
   };
+  static_assert(offsetof(SlotHeader, input) == kLine, "round, signature and inline data share one line");
 
   ~NodeRegion();
   // Collective over the communicator. *out stays null (and no error is
