@@ -82,7 +82,7 @@ class DirectRun final : public Run {
           MC_TRY(all_arrived(&ready));
           if (!ready) return kOk;
           peers_read_buffers_ = false;
-          for (int p = 0; p < n(); ++p) peers_read_buffers_ |= node_->header(p, round_).input.valid != 0;
+          for (int p = 0; p < n(); ++p) peers_read_buffers_ |= node_->header(p, round_).input_at == NodeRegion::kInBuffer;
           MC_TRY(read_inputs());
           *moved = true;
           if (!two_phase_) break;
@@ -177,14 +177,16 @@ class DirectRun final : public Run {
     const size_t e = es(), c = op_.count;
     auto in = [&](size_t block) { return at(op_.sendbuff, block * c + lo(), e); };
     NodeRegion::SlotHeader& hdr = node_->header(me(), round_);
-    hdr.input.valid = 0;
     MemBlockRef ref;
     if (inline_) {
       copy_input(reinterpret_cast<char*>(hdr.inline_data), in);
+      hdr.input_at = NodeRegion::kInline;
     } else if (zero_copy_input() && mem_find_block(op_.sendbuff, input_bytes(op_), &ref)) {
-      hdr.input = NodeRegion::BufferRef{1, ref.pid, ref.fd, 0, ref.ino, ref.dev, ref.offset, ref.file_size};
+      hdr.input = NodeRegion::BufferRef{0, ref.pid, ref.fd, 0, ref.ino, ref.dev, ref.offset, ref.file_size};
+      hdr.input_at = NodeRegion::kInBuffer;
     } else {
       copy_input(slot, in);
+      hdr.input_at = NodeRegion::kInSlot;
     }
     hdr.signature = sig_;
     hdr.round.store(round_, std::memory_order_release);  // arrival
@@ -281,10 +283,10 @@ class DirectRun final : public Run {
   // its own buffer when it published one, else in its slot.
   const char* input(int p, size_t block) {
     const NodeRegion::SlotHeader& h = node_->header(p, round_);
-    if (inline_) {
+    if (h.input_at == NodeRegion::kInline) {
       return reinterpret_cast<const char*>(h.inline_data) + (per_peer_blocks(op_.kind) ? block * len() * es() : 0);
     }
-    if (h.input.valid) {
+    if (h.input_at == NodeRegion::kInBuffer) {
       const char* base = p == me() ? static_cast<const char*>(op_.sendbuff) : node_->map_peer_buffer(p, h.input);
       if (base == nullptr) return nullptr;
       return base + (block * op_.count + lo()) * es();

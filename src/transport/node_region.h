@@ -50,7 +50,7 @@ class NodeRegion {
   // Where a rank's input lies when peers read it from the rank's own buffer
   // (ncclMemAlloc memory) instead of its slot.
   struct BufferRef {
-    int32_t valid;
+    int32_t reserved;
     int32_t pid;
     int32_t fd;
     int32_t pad;
@@ -60,15 +60,19 @@ class NodeRegion {
     uint64_t file_size;
   };
   // Bytes of input small enough to travel in the header's first line.
-  static constexpr size_t kInlineBytes = 40;
+  static constexpr size_t kInlineBytes = 32;
+  // Where a round's input lies.
+  enum InputAt : uint32_t { kInSlot = 0, kInline = 1, kInBuffer = 2 };
   // The first cache line is all a peer reads for a small operation: the
   // round (written last, with release: it is the rank's arrival at that
   // round), the signature and the input itself.
   struct alignas(kLine) SlotHeader {
     std::atomic<uint64_t> round;  // last round published in this slot
     OpSignature signature;        // what the rank called
+    uint32_t input_at;            // InputAt
+    uint32_t pad;
     alignas(8) unsigned char inline_data[kInlineBytes];
-    BufferRef input;  // second line
+    BufferRef input;  // second line: read only when input_at == kInBuffer
   };
   static_assert(offsetof(SlotHeader, input) == kLine, "round, signature and inline data share one line");
 
