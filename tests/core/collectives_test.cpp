@@ -73,24 +73,10 @@ ncclRedOp_t make_op(Red red, ncclDataType_t dt, int rank, ncclComm_t comm) {
   return ncclSum;
 }
 
-// MESHCCL_ALGO for the ranks of one test: set before they start, restored
-// after they joined (the tuner reads it at every call).
-class ScopedAlgo {
- public:
-  explicit ScopedAlgo(const std::string& spec) {
-    const char* old = std::getenv("MESHCCL_ALGO");
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    setenv("MESHCCL_ALGO", spec.c_str(), 1);
-  }
-  ~ScopedAlgo() {
-    if (had_) setenv("MESHCCL_ALGO", old_.c_str(), 1);
-    else unsetenv("MESHCCL_ALGO");
-  }
-
- private:
-  bool had_ = false;
-  std::string old_;
+// MESHCCL_ALGO for the ranks of one test: set before they start (it is read
+// when their communicators are created), restored after they joined.
+struct ScopedAlgo : ScopedEnv {
+  explicit ScopedAlgo(const std::string& spec) : ScopedEnv({{"MESHCCL_ALGO", spec}}) {}
 };
 
 // The (datatype, reduction) pairs checked at n ranks.

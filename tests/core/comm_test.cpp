@@ -12,6 +12,7 @@
 #include "harness.h"
 
 using meshccl_test::run_ranks;
+using meshccl_test::ScopedEnv;
 
 namespace {
 
@@ -70,7 +71,7 @@ TEST(P2P, MismatchedCountIsReported) {
 // differs on one rank fails on every rank; the other one completes, and the
 // communicator stays usable.
 TEST(Groups, CheckedMismatchFailsOnlyItsOperation) {
-  setenv("MESHCCL_CHECKS", "1", 1);
+  ScopedEnv checks({{"MESHCCL_CHECKS", "1"}});
   run_ranks(3, [](ncclComm_t comm, int rank) {
     std::vector<int> a(10, rank), b(11, rank);
     ASSERT_EQ(ncclGroupStart(), ncclSuccess);
@@ -83,7 +84,6 @@ TEST(Groups, CheckedMismatchFailsOnlyItsOperation) {
     EXPECT_EQ(ncclAllReduce(&v, &v, 1, ncclInt, ncclSum, comm, nullptr), ncclSuccess) << ncclGetLastError(nullptr);
     EXPECT_EQ(v, 3);
   });
-  unsetenv("MESHCCL_CHECKS");
 }
 
 TEST(Groups, OneThreadDrivesSeveralRanksAndNesting) {

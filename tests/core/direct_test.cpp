@@ -15,34 +15,11 @@ using namespace meshccl_test;
 
 namespace {
 
-// Sets environment variables for the life of one test.
-class Env {
- public:
-  Env(std::initializer_list<std::pair<const char*, const char*>> vars) {
-    for (auto& [k, v] : vars) {
-      const char* old = std::getenv(k);
-      saved_.push_back({k, old ? std::string(old) : std::string(), old != nullptr});
-      setenv(k, v, 1);
-    }
-  }
-  ~Env() {
-    for (auto& s : saved_) s.had ? (void)setenv(s.key, s.value.c_str(), 1) : (void)unsetenv(s.key);
-  }
-
- private:
-  struct Saved {
-    const char* key;
-    std::string value;
-    bool had;
-  };
-  std::vector<Saved> saved_;
-};
-
 float in(int r, size_t i) { return static_cast<float>((r * 5 + i * 3) % 7); }
 
 // 4 KiB slots: a 3001-element double buffer takes six rounds.
 TEST(Direct, ManyRoundsEveryCollective) {
-  Env env({{"MESHCCL_DIRECT_SLOT_BYTES", "4096"}, {"MESHCCL_ALGO", "direct_shm"}});
+  ScopedEnv env({{"MESHCCL_DIRECT_SLOT_BYTES", "4096"}, {"MESHCCL_ALGO", "direct_shm"}});
   for (int n : {2, 3, 5}) {
     run_ranks(n, [n](ncclComm_t comm, int rank) {
       for (size_t count : {size_t{1}, size_t{511}, size_t{3001}}) {
@@ -129,7 +106,7 @@ TEST(Direct, ManyRoundsEveryCollective) {
 // Several operations in flight on one communicator (a group, and host
 // streams of different priorities) still run their rounds in order.
 TEST(Direct, GroupsAndStreams) {
-  Env env({{"MESHCCL_DIRECT_SLOT_BYTES", "4096"}, {"MESHCCL_ALGO", "direct_shm"}});
+  ScopedEnv env({{"MESHCCL_DIRECT_SLOT_BYTES", "4096"}, {"MESHCCL_ALGO", "direct_shm"}});
   const int n = 3;
   run_ranks(n, [n](ncclComm_t comm, int rank) {
     meshcclStream_t hi, lo;
@@ -161,7 +138,7 @@ TEST(Direct, GroupsAndStreams) {
 // direct path and on the pairwise plan.
 TEST(Direct, AlltoAllInPlace) {
   for (const char* algo : {"alltoall:direct_shm", "alltoall:pairwise"}) {
-    Env env({{"MESHCCL_ALGO", algo}});
+    ScopedEnv env({{"MESHCCL_ALGO", algo}});
     for (int n : {1, 2, 3, 4}) {
       run_ranks(n, [n, algo](ncclComm_t comm, int rank) {
         for (size_t count : {size_t{1}, size_t{333}}) {
@@ -183,7 +160,7 @@ TEST(Direct, AlltoAllInPlace) {
 // the slot); a rank may reuse its buffer as soon as its call returns. Rank 1
 // uses plain memory, so both kinds of input meet in every round.
 TEST(Direct, RegisteredBuffersReadInPlace) {
-  Env env({{"MESHCCL_DIRECT_SLOT_BYTES", "65536"}, {"MESHCCL_ALGO", "direct_shm"}});
+  ScopedEnv env({{"MESHCCL_DIRECT_SLOT_BYTES", "65536"}, {"MESHCCL_ALGO", "direct_shm"}});
   for (int n : {2, 3}) {
     run_ranks(n, [n](ncclComm_t comm, int rank) {
       const size_t count = 50000;  // several rounds, the last one short
@@ -263,7 +240,7 @@ TEST(Direct, RegisteredBuffersReadInPlace) {
 // One rank calls something else: every rank gets ncclInvalidUsage naming both
 // calls, in bounded time, instead of corrupt data or a hang.
 TEST(Direct, MismatchedCallsFailEveryRank) {
-  Env env({{"MESHCCL_TIMEOUT", "20"}});
+  ScopedEnv env({{"MESHCCL_TIMEOUT", "20"}});
   struct Case {
     const char* what;
     const char* expect;  // in the message

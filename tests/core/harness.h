@@ -3,13 +3,43 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <functional>
+#include <initializer_list>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "meshccl.h"
 
 namespace meshccl_test {
+
+// Sets environment variables for one scope and restores them after. Settings
+// are read when a communicator is created, so set them before run_ranks.
+class ScopedEnv {
+ public:
+  ScopedEnv(std::initializer_list<std::pair<const char*, std::string>> vars) {
+    for (const auto& [key, value] : vars) {
+      const char* old = std::getenv(key);
+      saved_.push_back({key, old != nullptr ? std::string(old) : std::string(), old != nullptr});
+      setenv(key, value.c_str(), 1);
+    }
+  }
+  ~ScopedEnv() {
+    for (const Saved& s : saved_) s.had ? (void)setenv(s.key, s.value.c_str(), 1) : (void)unsetenv(s.key);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  struct Saved {
+    const char* key;
+    std::string value;
+    bool had;
+  };
+  std::vector<Saved> saved_;
+};
 
 // body(comm, rank) runs on its own thread per rank with an initialised
 // communicator; the communicator is destroyed afterwards.
