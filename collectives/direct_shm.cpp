@@ -91,9 +91,7 @@ class DirectRun final : public Run {
           [[fallthrough]];
         }
         case State::Reduced: {
-          bool ready = false;
-          MC_TRY(all_reduced(&ready));
-          if (!ready) return kOk;
+          if (!all_at(&NodeRegion::Control::reduced)) return kOk;
           copy_blocks_out();
           *moved = true;
           break;
@@ -272,11 +270,6 @@ class DirectRun final : public Run {
     }
     waiting_ = -1;
     return true;
-  }
-
-  Status all_reduced(bool* ready) {
-    *ready = all_at(&NodeRegion::Control::reduced);
-    return kOk;
   }
 
   // Peer p's input for `block` (a per-peer block, else 0) in this round: in
