@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "base/op_desc.h"
 #include "collectives/tuner.h"
 #include "sched/plan.h"
 #include "util/status.h"
@@ -16,26 +17,6 @@ namespace meshccl {
 
 class Run;
 class NodeRegion;
-
-struct OpDesc {
-  OpKind kind = OpKind::AllReduce;
-  const void* sendbuff = nullptr;
-  void* recvbuff = nullptr;
-  size_t count = 0;  // per NCCL's definition for the collective
-  ncclDataType_t dtype = ncclFloat32;
-  kernels::ReduceOp op = kernels::ReduceOp::Sum;
-  bool avg = false;     // divide by nranks at the end
-  bool premul = false;  // scale own input by `scalar` first
-  alignas(8) unsigned char scalar[8] = {};
-  int root = 0;
-  int peer = -1;
-  int rank = 0;
-  int nranks = 1;
-  size_t chunk_bytes = 512 * 1024;
-  bool checks = false;  // MESHCCL_CHECKS on this communicator
-  size_t elem() const { return kernels::dtype_size(dtype); }
-  OpSignature signature() const;
-};
 
 using BuildFn = Status (*)(const OpDesc&, Plan*);
 // Estimated microseconds for op under the model; +infinity where the

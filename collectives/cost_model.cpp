@@ -12,6 +12,7 @@
 
 #include "collectives/algorithms.h"
 #include "comm/bootstrap.h"
+#include "kernels/reduce.h"
 #include "sched/engine.h"
 #include "transport/mesh.h"
 #include "util/log.h"
@@ -130,7 +131,7 @@ double measure_reduce() {
   double best = 0;
   for (int i = 0; i < 3; ++i) {
     const double t0 = now_us();
-    kernels::reduce2(ncclFloat32, kernels::ReduceOp::Sum, d.data(), a.data(), b.data(), kCount);
+    kernels::reduce2(ncclFloat32, ReduceOp::Sum, d.data(), a.data(), b.data(), kCount);
     const double us = now_us() - t0;
     if (i > 0 && us > 0) best = std::max(best, kCount * sizeof(float) / (us * 1e3));
   }

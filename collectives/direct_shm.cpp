@@ -25,6 +25,7 @@
 #include <cstring>
 
 #include "collectives/algorithms.h"
+#include "kernels/reduce.h"
 #include "mem/memalloc.h"
 #include "sched/engine.h"
 #include "transport/node_region.h"
@@ -427,7 +428,7 @@ Status run_direct_now(NodeRegion* node, const OpDesc& op, size_t max_bytes, doub
   if (rounds == 0) return kOk;
   *taken = true;
   MC_INFO(kTune, "%s: %zu elements of %s -> algorithm %s, on the calling thread", op_kind_name(op.kind), op.count,
-          kernels::dtype_name(op.dtype), kDirectShm);
+          dtype_name(op.dtype), kDirectShm);
   DirectRun run(node, op, node->reserve_rounds(rounds), rounds);
   // Poll the flags (yielding to a peer that may share this core); look at
   // the clock only every so often.

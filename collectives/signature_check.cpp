@@ -38,11 +38,6 @@ size_t op_bytes(const OpDesc& op) {
 
 }  // namespace
 
-OpSignature OpDesc::signature() const {
-  uint8_t redop = premul ? kRedOpPreMulSum : avg ? static_cast<uint8_t>(ncclAvg) : static_cast<uint8_t>(op);
-  return make_signature(kind, count, dtype, redop, root);
-}
-
 Status add_signature_check(const OpDesc& op, Plan* plan) {
   if (is_p2p(op.kind) || op.nranks == 1) return kOk;
   const bool gate = op.checks;

@@ -182,7 +182,7 @@ Status make_plan(const TuneModel& tune, const OpDesc& op, std::unique_ptr<Plan>*
       all += buf;
     }
     MC_INFO(kTune, "%s: %zu elements of %s -> algorithm %s, estimated %.1f us (%s; %zu steps%s)",
-            op_kind_name(op.kind), op.count, kernels::dtype_name(op.dtype), pick->name, cost, all.c_str(),
+            op_kind_name(op.kind), op.count, dtype_name(op.dtype), pick->name, cost, all.c_str(),
             plan->size(),
             plan->signatures.empty() ? "" : plan->check_gates_data ? ", checked first" : ", checked alongside");
   }
@@ -204,7 +204,7 @@ Status make_run(const TuneModel& tune, const OpDesc& op, NodeRegion* node, uint6
     *out = make_direct_run(node, op, max_bytes);
     if (*out != nullptr) {
       MC_INFO(kTune, "%s: %zu elements of %s -> algorithm %s", op_kind_name(op.kind), op.count,
-              kernels::dtype_name(op.dtype), kDirectShm);
+              dtype_name(op.dtype), kDirectShm);
       return kOk;
     }
   }

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "collectives/kernels/reduce.h"
-#include "collectives/kernels/table.h"
+#include "kernels/reduce.h"
+#include "kernels/table.h"
 
 namespace mk = meshccl::kernels;
 
@@ -28,7 +28,7 @@ constexpr ncclDataType_t kTypes[] = {ncclInt8,    ncclUint8,   ncclInt32,    ncc
                                      ncclFloat64, ncclBfloat16, ncclFloat8e4m3, ncclFloat8e5m2};
 constexpr ncclDataType_t kNarrowTypes[] = {ncclFloat32, ncclBfloat16, ncclFloat16, ncclFloat8e4m3, ncclFloat8e5m2};
 constexpr size_t kBytes[] = {64u << 10, 1u << 20, 64u << 20};
-constexpr mk::ReduceOp kOps[] = {mk::ReduceOp::Sum, mk::ReduceOp::Prod, mk::ReduceOp::Max, mk::ReduceOp::Min};
+constexpr meshccl::ReduceOp kOps[] = {meshccl::ReduceOp::Sum, meshccl::ReduceOp::Prod, meshccl::ReduceOp::Max, meshccl::ReduceOp::Min};
 const char* const kOpNames[] = {"sum", "prod", "max", "min"};
 
 bool is_float(ncclDataType_t dt) { return dt >= ncclFloat16; }
@@ -50,10 +50,10 @@ Buffer alloc_buffer(size_t bytes) {
 // Buffers of small, finite values so no path takes a NaN or inf shortcut.
 Buffer make_buffer(ncclDataType_t dt, size_t bytes, int seed) {
   Buffer b = alloc_buffer(bytes);
-  const size_t n = bytes / mk::dtype_size(dt);
+  const size_t n = bytes / meshccl::dtype_size(dt);
   for (size_t i = 0; i < n; ++i) {
     const float v = static_cast<float>((i * 7 + static_cast<size_t>(seed)) % 13) * 0.25f - 1.5f;
-    unsigned char* p = b.get() + i * mk::dtype_size(dt);
+    unsigned char* p = b.get() + i * meshccl::dtype_size(dt);
     switch (dt) {
       case ncclFloat16: { uint16_t h = mk::float_to_half(v); std::memcpy(p, &h, 2); break; }
       case ncclBfloat16: { uint16_t h = mk::float_to_bf16(v); std::memcpy(p, &h, 2); break; }
@@ -61,7 +61,7 @@ Buffer make_buffer(ncclDataType_t dt, size_t bytes, int seed) {
       case ncclFloat8e5m2: *p = mk::float_to_e5m2(v); break;
       case ncclFloat32: std::memcpy(p, &v, 4); break;
       case ncclFloat64: { double d = v; std::memcpy(p, &d, 8); break; }
-      default: { int64_t x = static_cast<int64_t>(i % 251) - 100; std::memcpy(p, &x, mk::dtype_size(dt)); }
+      default: { int64_t x = static_cast<int64_t>(i % 251) - 100; std::memcpy(p, &x, meshccl::dtype_size(dt)); }
     }
   }
   return b;
@@ -77,14 +77,14 @@ void bench_memcpy(benchmark::State& state, size_t bytes) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
 }
 
-void bench_reduce2(benchmark::State& state, std::string isa, mk::ReduceOp op, ncclDataType_t dt, size_t bytes) {
+void bench_reduce2(benchmark::State& state, std::string isa, meshccl::ReduceOp op, ncclDataType_t dt, size_t bytes) {
   if (!mk::select_isa(isa.c_str())) {
     state.SkipWithError("ISA not supported");
     return;
   }
   auto a = make_buffer(dt, bytes, 1), b = make_buffer(dt, bytes, 2);
   Buffer d = alloc_buffer(bytes);
-  const size_t count = bytes / mk::dtype_size(dt);
+  const size_t count = bytes / meshccl::dtype_size(dt);
   for (auto _ : state) {
     mk::reduce2(dt, op, d.get(), a.get(), b.get(), count);
     benchmark::DoNotOptimize(d.get());
@@ -93,7 +93,7 @@ void bench_reduce2(benchmark::State& state, std::string isa, mk::ReduceOp op, nc
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
 }
 
-void bench_reduce_n(benchmark::State& state, std::string isa, mk::ReduceOp op, ncclDataType_t dt, size_t bytes,
+void bench_reduce_n(benchmark::State& state, std::string isa, meshccl::ReduceOp op, ncclDataType_t dt, size_t bytes,
                     int n) {
   if (!mk::select_isa(isa.c_str())) {
     state.SkipWithError("ISA not supported");
@@ -104,7 +104,7 @@ void bench_reduce_n(benchmark::State& state, std::string isa, mk::ReduceOp op, n
   for (int k = 0; k < n; ++k) bufs.push_back(make_buffer(dt, bytes, k));
   for (auto& b : bufs) srcs.push_back(b.get());
   Buffer d = alloc_buffer(bytes);
-  const size_t count = bytes / mk::dtype_size(dt);
+  const size_t count = bytes / meshccl::dtype_size(dt);
   for (auto _ : state) {
     mk::reduce_n(dt, op, d.get(), srcs.data(), n, count);
     benchmark::DoNotOptimize(d.get());
@@ -141,23 +141,23 @@ int main(int argc, char** argv) {
   }
   for (const std::string& isa : isas) {
     if (!mk::isa_supported(isa.c_str())) continue;
-    for (mk::ReduceOp op : kOps) {
+    for (meshccl::ReduceOp op : kOps) {
       const std::string opname = kOpNames[static_cast<int>(op)];
       for (size_t bytes : kBytes) {
         for (ncclDataType_t dt : kTypes) {
-          if (op != mk::ReduceOp::Sum && !is_float(dt)) continue;
+          if (op != meshccl::ReduceOp::Sum && !is_float(dt)) continue;
           benchmark::RegisterBenchmark(
-              ("reduce2_" + opname + "/" + isa + "/" + mk::dtype_name(dt) + "/" + size_name(bytes)).c_str(),
+              ("reduce2_" + opname + "/" + isa + "/" + meshccl::dtype_name(dt) + "/" + size_name(bytes)).c_str(),
               bench_reduce2, isa, op, dt, bytes);
         }
       }
     }
-    for (mk::ReduceOp op : {mk::ReduceOp::Sum, mk::ReduceOp::Max}) {
+    for (meshccl::ReduceOp op : {meshccl::ReduceOp::Sum, meshccl::ReduceOp::Max}) {
       const std::string opname = kOpNames[static_cast<int>(op)];
       for (ncclDataType_t dt : kNarrowTypes) {
         for (int n : {2, 4, 8}) {
           for (size_t bytes : {size_t{1} << 20, size_t{64} << 20}) {
-            benchmark::RegisterBenchmark(("reduce_n_" + opname + "/" + isa + "/" + mk::dtype_name(dt) + "/n" +
+            benchmark::RegisterBenchmark(("reduce_n_" + opname + "/" + isa + "/" + meshccl::dtype_name(dt) + "/n" +
                                           std::to_string(n) + "/" + size_name(bytes))
                                              .c_str(),
                                          bench_reduce_n, isa, op, dt, bytes, n);

@@ -5,7 +5,7 @@
 
 #include "meshccl.h"
 #include "meshccl_config.h"
-#include "collectives/kernels/reduce.h"
+#include "kernels/reduce.h"
 #include "transport/registry.h"
 #include "util/param.h"
 

@@ -12,7 +12,7 @@ using namespace meshccl;
 namespace {
 
 Status check_size(const char* fn, size_t count, size_t mult, ncclDataType_t dt) {
-  size_t es = kernels::dtype_size(dt);
+  size_t es = dtype_size(dt);
   if (mult != 0 && count > std::numeric_limits<size_t>::max() / mult / es)
     return MC_ERROR(ncclInvalidArgument, "%s : count %zu is too large", fn, count);
   return kOk;

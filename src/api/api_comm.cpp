@@ -379,7 +379,7 @@ MESHCCL_EXPORT ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* sca
     d.in_use = true;
     d.dtype = datatype;
     d.residence = residence;
-    if (residence == ncclScalarHostImmediate) std::memcpy(d.value, scalar, kernels::dtype_size(datatype));
+    if (residence == ncclScalarHostImmediate) std::memcpy(d.value, scalar, dtype_size(datatype));
     else d.ptr = scalar;
     *op = static_cast<ncclRedOp_t>(static_cast<int>(ncclNumOps) + static_cast<int>(idx));
     return kOk;

@@ -47,12 +47,12 @@ Status resolve_op(const char* fn, ncclComm* comm, ncclRedOp_t op, ncclDataType_t
   desc->avg = false;
   desc->premul = false;
   switch (op) {
-    case ncclSum: desc->op = kernels::ReduceOp::Sum; return kOk;
-    case ncclProd: desc->op = kernels::ReduceOp::Prod; return kOk;
-    case ncclMax: desc->op = kernels::ReduceOp::Max; return kOk;
-    case ncclMin: desc->op = kernels::ReduceOp::Min; return kOk;
+    case ncclSum: desc->op = ReduceOp::Sum; return kOk;
+    case ncclProd: desc->op = ReduceOp::Prod; return kOk;
+    case ncclMax: desc->op = ReduceOp::Max; return kOk;
+    case ncclMin: desc->op = ReduceOp::Min; return kOk;
     case ncclAvg:
-      desc->op = kernels::ReduceOp::Sum;
+      desc->op = ReduceOp::Sum;
       desc->avg = true;
       return kOk;
     default: break;
@@ -66,9 +66,9 @@ Status resolve_op(const char* fn, ncclComm* comm, ncclRedOp_t op, ncclDataType_t
   if (d.dtype != dt)
     return MC_ERROR(ncclInvalidArgument, "%s : reduction operation %d was created for type %d, used with type %d", fn,
                     static_cast<int>(op), static_cast<int>(d.dtype), static_cast<int>(dt));
-  desc->op = kernels::ReduceOp::Sum;
+  desc->op = ReduceOp::Sum;
   desc->premul = true;
-  size_t es = kernels::dtype_size(dt);
+  size_t es = dtype_size(dt);
   if (d.residence == ncclScalarHostImmediate) std::memcpy(desc->scalar, d.value, es);
   else std::memcpy(desc->scalar, d.ptr, es);  // read at each use
   return kOk;

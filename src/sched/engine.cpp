@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "kernels/reduce.h"
 #include "util/log.h"
 #include "util/wait.h"
 

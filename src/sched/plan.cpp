@@ -37,7 +37,7 @@ Plan::StepId Plan::recv_reduce(int peer, uint32_t tag, void* tmp, void* dst, con
   s.dst = dst;
   s.src = src;
   s.count = count;
-  s.bytes = count * kernels::dtype_size(dtype);
+  s.bytes = count * dtype_size(dtype);
   return add(s, deps);
 }
 

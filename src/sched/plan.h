@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "collectives/kernels/reduce.h"
+#include "base/op.h"
+#include "base/signature.h"
 #include "nccl.h"
-#include "sched/signature.h"
 
 namespace meshccl {
 
@@ -77,7 +77,7 @@ class Plan {
 
   // Reduction parameters shared by every reducing step of the plan.
   ncclDataType_t dtype = ncclFloat32;
-  kernels::ReduceOp op = kernels::ReduceOp::Sum;
+  ReduceOp op = ReduceOp::Sum;
   int divisor = 1;
   alignas(8) unsigned char scalar[8] = {};  // PreMulSum scalar, one element of dtype
 

@@ -28,7 +28,7 @@
 
 #include "comm/bootstrap.h"
 #include "comm/identity.h"
-#include "sched/signature.h"
+#include "base/signature.h"
 #include "util/status.h"
 
 namespace meshccl {

@@ -6,12 +6,12 @@
 #include <cstdint>
 #include <cstring>
 
-#include "collectives/kernels/reduce.h"
+#include "kernels/reduce.h"
 #include "nccl.h"
 
 namespace meshccl_test {
 
-inline size_t esize(ncclDataType_t dt) { return meshccl::kernels::dtype_size(dt); }
+inline size_t esize(ncclDataType_t dt) { return meshccl::dtype_size(dt); }
 inline bool is_float(ncclDataType_t dt) { return dt >= ncclFloat16; }
 
 inline void encode(ncclDataType_t dt, double v, void* out) {

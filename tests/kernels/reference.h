@@ -8,11 +8,11 @@
 #include <cstring>
 #include <vector>
 
-#include "collectives/kernels/reduce.h"
+#include "kernels/reduce.h"
 
 namespace kref {
 
-using meshccl::kernels::ReduceOp;
+using meshccl::ReduceOp;
 
 inline bool is_int(ncclDataType_t dt) { return dt <= ncclUint64; }
 inline bool is_signed_int(ncclDataType_t dt) { return dt == ncclInt8 || dt == ncclInt32 || dt == ncclInt64; }

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "collectives/kernels/reduce.h"
-#include "collectives/kernels/table.h"
+#include "kernels/reduce.h"
+#include "kernels/table.h"
 #include "tests/kernels/reference.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -19,7 +19,7 @@
 #endif
 
 namespace mk = meshccl::kernels;
-using mk::ReduceOp;
+using meshccl::ReduceOp;
 
 namespace kref {
 const Encoder& encoder(ncclDataType_t dt) {
@@ -125,7 +125,7 @@ TEST_P(KernelTest, Reduce2EveryTypeOpSizeAlignment) {
     for (ReduceOp op : kOps) {
       for (size_t count : kSizes) {
         for (size_t off : offsets_for(dt)) {
-          const std::string what = std::string(mk::dtype_name(dt)) + " " + kOpNames[static_cast<int>(op)] +
+          const std::string what = std::string(meshccl::dtype_name(dt)) + " " + kOpNames[static_cast<int>(op)] +
                                    " count " + std::to_string(count) + " offset " + std::to_string(off);
           auto a = random_buffer(dt, count + 4, rng);
           auto b = random_buffer(dt, count + 4, rng);
@@ -166,7 +166,7 @@ TEST_P(KernelTest, ReduceNOneToEightInputs) {
       for (int n = 1; n <= 8; ++n) {
         for (size_t count : sizes) {
           const size_t off = (count + n) % 3 == 0 ? 1 : kref::size_of(dt) * (n % 3);
-          const std::string what = std::string(mk::dtype_name(dt)) + " " + kOpNames[static_cast<int>(op)] +
+          const std::string what = std::string(meshccl::dtype_name(dt)) + " " + kOpNames[static_cast<int>(op)] +
                                    " n " + std::to_string(n) + " count " + std::to_string(count) + " offset " +
                                    std::to_string(off);
           std::vector<std::vector<unsigned char>> bufs;
@@ -208,7 +208,7 @@ TEST_P(KernelTest, ReduceNOfTwoMatchesReduce2) {
       const void* srcs[2] = {a.data(), b.data()};
       mk::reduce2(dt, op, d1.data(), a.data(), b.data(), 257);
       mk::reduce_n(dt, op, d2.data(), srcs, 2, 257);
-      EXPECT_EQ(0, std::memcmp(d1.data(), d2.data(), 257 * kref::size_of(dt))) << mk::dtype_name(dt);
+      EXPECT_EQ(0, std::memcmp(d1.data(), d2.data(), 257 * kref::size_of(dt))) << meshccl::dtype_name(dt);
     }
   }
 }
@@ -235,7 +235,7 @@ TEST_P(KernelTest, DivideIntegersTruncateLikeC) {
           return v / static_cast<uint64_t>(q);
         };
         expect_elems(dt, ReduceOp::Sum, d.data() + 1, count, want,
-                     std::string(mk::dtype_name(dt)) + " / " + std::to_string(q));
+                     std::string(meshccl::dtype_name(dt)) + " / " + std::to_string(q));
       }
     }
   }
@@ -307,7 +307,7 @@ TEST_P(KernelTest, DivideFloatsRoundOnce) {
           return kref::encoder(dt).encode(static_cast<float>(x));
         };
         expect_elems(dt, ReduceOp::Sum, d.data(), count, want,
-                     std::string(mk::dtype_name(dt)) + " / " + std::to_string(q));
+                     std::string(meshccl::dtype_name(dt)) + " / " + std::to_string(q));
       }
     }
   }
@@ -338,11 +338,11 @@ TEST_P(KernelTest, ScaleMultipliesByOneElementOfTheType) {
           const uint64_t v[2] = {kref::get(dt, s.data(), i), kref::get(dt, k.data(), 0)};
           return kref::reduce_elem(dt, ReduceOp::Prod, v, 2);
         };
-        expect_elems(dt, ReduceOp::Prod, d.data() + 3, count, want, std::string(mk::dtype_name(dt)) + " scale");
+        expect_elems(dt, ReduceOp::Prod, d.data() + 3, count, want, std::string(meshccl::dtype_name(dt)) + " scale");
         // In place.
         mk::scale(dt, s.data(), s.data(), count, k.data());
         expect_elems(dt, ReduceOp::Prod, s.data(), count, [&](size_t i) { return kref::get(dt, d.data() + 3, i); },
-                     std::string(mk::dtype_name(dt)) + " scale in place");
+                     std::string(meshccl::dtype_name(dt)) + " scale in place");
       }
     }
   }
@@ -489,7 +489,7 @@ void check_fp8_every_pair(const char* isa, const std::string& mode) {
     const CodePairs p = fp8_pairs(dt);
     const size_t n = p.a.size();
     for (ReduceOp op : kOps) {
-      const std::string what = std::string(mk::dtype_name(dt)) + " " + kOpNames[static_cast<int>(op)] + mode;
+      const std::string what = std::string(meshccl::dtype_name(dt)) + " " + kOpNames[static_cast<int>(op)] + mode;
       std::vector<unsigned char> want(n), want_n(n), got(n), got_n(n);
       const void* srcs[2] = {p.a.data(), p.b.data()};
       on_portable(isa, [&] {
@@ -543,13 +543,13 @@ TEST_P(KernelTest, Fp8ManyInputs) {
     std::vector<unsigned char> want(n), got(n);
     on_portable(GetParam(), [&] { mk::reduce_n(c.dt, ReduceOp::Sum, want.data(), srcs, 3, n); });
     mk::reduce_n(c.dt, ReduceOp::Sum, got.data(), srcs, 3, n);
-    expect_same_as_portable(c.dt, ReduceOp::Sum, want.data(), got.data(), n, std::string(mk::dtype_name(c.dt)) + " triple");
+    expect_same_as_portable(c.dt, ReduceOp::Sum, want.data(), got.data(), n, std::string(meshccl::dtype_name(c.dt)) + " triple");
     expect_elems(c.dt, ReduceOp::Sum, got.data(), n,
                  [&](size_t i) {
                    const uint64_t v[3] = {in[0][i], in[1][i], in[2][i]};
                    return kref::reduce_elem(c.dt, ReduceOp::Sum, v, 3);
                  },
-                 std::string(mk::dtype_name(c.dt)) + " triple vs reference");
+                 std::string(meshccl::dtype_name(c.dt)) + " triple vs reference");
   }
   std::mt19937_64 rng(17);
   for (ncclDataType_t dt : {ncclFloat8e4m3, ncclFloat8e5m2}) {
@@ -568,7 +568,7 @@ TEST_P(KernelTest, Fp8ManyInputs) {
         on_portable(GetParam(), [&] { mk::reduce_n(dt, op, want.data(), srcs.data(), nsrc, n); });
         mk::reduce_n(dt, op, got.data(), srcs.data(), nsrc, n);
         expect_same_as_portable(dt, op, want.data(), got.data(), n,
-                                std::string(mk::dtype_name(dt)) + " " + kOpNames[static_cast<int>(op)] + " n " +
+                                std::string(meshccl::dtype_name(dt)) + " " + kOpNames[static_cast<int>(op)] + " n " +
                                     std::to_string(nsrc));
       }
     }
@@ -596,7 +596,7 @@ TEST_P(KernelTest, Bf16AndHalfEveryCodeAgainstEdgeValues) {
     for (ReduceOp op : kOps) {
       for (int e = 0; e < 16; ++e) {
         for (auto& v : other) v = edges[e];
-        const std::string what = std::string(mk::dtype_name(dt)) + " " + kOpNames[static_cast<int>(op)] +
+        const std::string what = std::string(meshccl::dtype_name(dt)) + " " + kOpNames[static_cast<int>(op)] +
                                  " with " + hex(edges[e]);
         std::vector<uint16_t> want(n), got(n), want3(n), got3(n);
         const void* srcs[3] = {all.data(), other.data(), third.data()};
@@ -618,7 +618,7 @@ TEST_P(KernelTest, Bf16AndHalfEveryCodeAgainstEdgeValues) {
       mk::reduce_n(dt, op, got.data(), one, 1, n);
       // No arithmetic happens, so not even the NaN payload may differ.
       expect_same_as_portable(dt, ReduceOp::Max, want.data(), got.data(), n,
-                              std::string(mk::dtype_name(dt)) + " reduce_n of one");
+                              std::string(meshccl::dtype_name(dt)) + " reduce_n of one");
     }
   }
 }
@@ -709,9 +709,9 @@ TEST(KernelConvert, EncodeRoundsToNearestEven) {
     auto check = [&](ncclDataType_t dt, uint32_t got) {
       const uint32_t want = kref::encoder(dt).encode(f);
       if (std::isnan(f)) {
-        EXPECT_TRUE(kref::is_nan_code(dt, got)) << mk::dtype_name(dt) << " " << hex(u);
+        EXPECT_TRUE(kref::is_nan_code(dt, got)) << meshccl::dtype_name(dt) << " " << hex(u);
       } else {
-        EXPECT_EQ(got, want) << mk::dtype_name(dt) << " " << hex(u);
+        EXPECT_EQ(got, want) << meshccl::dtype_name(dt) << " " << hex(u);
       }
     };
     check(ncclFloat16, mk::float_to_half(f));
@@ -759,17 +759,17 @@ TEST(KernelConvert, EncodeRoundsToNearestEven) {
 // ---- API behaviour ---------------------------------------------------------------
 
 TEST(KernelApi, SizesAndNames) {
-  EXPECT_EQ(mk::dtype_size(ncclInt8), 1u);
-  EXPECT_EQ(mk::dtype_size(ncclFloat16), 2u);
-  EXPECT_EQ(mk::dtype_size(ncclFloat32), 4u);
-  EXPECT_EQ(mk::dtype_size(ncclUint64), 8u);
-  EXPECT_EQ(mk::dtype_size(ncclFloat8e5m2), 1u);
-  EXPECT_EQ(mk::dtype_size(static_cast<ncclDataType_t>(12)), 0u);
-  EXPECT_EQ(mk::dtype_size(static_cast<ncclDataType_t>(-1)), 0u);
-  EXPECT_STREQ(mk::dtype_name(ncclFloat32), "float");
-  EXPECT_STREQ(mk::dtype_name(ncclBfloat16), "bfloat16");
-  EXPECT_STREQ(mk::dtype_name(ncclFloat8e4m3), "f8e4m3");
-  EXPECT_STREQ(mk::dtype_name(static_cast<ncclDataType_t>(99)), "invalid");
+  EXPECT_EQ(meshccl::dtype_size(ncclInt8), 1u);
+  EXPECT_EQ(meshccl::dtype_size(ncclFloat16), 2u);
+  EXPECT_EQ(meshccl::dtype_size(ncclFloat32), 4u);
+  EXPECT_EQ(meshccl::dtype_size(ncclUint64), 8u);
+  EXPECT_EQ(meshccl::dtype_size(ncclFloat8e5m2), 1u);
+  EXPECT_EQ(meshccl::dtype_size(static_cast<ncclDataType_t>(12)), 0u);
+  EXPECT_EQ(meshccl::dtype_size(static_cast<ncclDataType_t>(-1)), 0u);
+  EXPECT_STREQ(meshccl::dtype_name(ncclFloat32), "float");
+  EXPECT_STREQ(meshccl::dtype_name(ncclBfloat16), "bfloat16");
+  EXPECT_STREQ(meshccl::dtype_name(ncclFloat8e4m3), "f8e4m3");
+  EXPECT_STREQ(meshccl::dtype_name(static_cast<ncclDataType_t>(99)), "invalid");
 }
 
 TEST(KernelApi, InvalidArgumentsLeaveDstAlone) {

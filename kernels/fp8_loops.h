@@ -37,7 +37,7 @@
 
 #include <immintrin.h>
 
-#include "collectives/kernels/simd_loops.h"
+#include "kernels/simd_loops.h"
 
 namespace meshccl::kernels::MESHCCL_KERNEL_NS {
 

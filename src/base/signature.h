@@ -1,5 +1,5 @@
-// What an operation is, as the ranks called it: its kind, and for
-// collectives a compact signature every rank must agree on (collective,
+// What an operation is, as the ranks called it: for collectives a compact
+// signature every rank must agree on (collective,
 // count, datatype, reduction, root) at the same position of a communicator's
 // call sequence. Plain bytes with no tie to plans or engines: a plan
 // exchanges signatures through its own messages (MESHCCL_CHECKS), and any
@@ -11,21 +11,10 @@
 #include <cstdint>
 #include <string>
 
+#include "base/op.h"
 #include "nccl.h"
 
 namespace meshccl {
-
-enum class OpKind : uint8_t {
-  AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AlltoAll, Gather, Scatter, Send, Recv,
-};
-const char* op_kind_name(OpKind k);
-inline bool is_p2p(OpKind k) { return k == OpKind::Send || k == OpKind::Recv; }
-inline bool is_rooted(OpKind k) {
-  return k == OpKind::Broadcast || k == OpKind::Reduce || k == OpKind::Gather || k == OpKind::Scatter;
-}
-inline bool is_reduction(OpKind k) {
-  return k == OpKind::AllReduce || k == OpKind::Reduce || k == OpKind::ReduceScatter;
-}
 
 // The reduction as called: ncclSum .. ncclAvg keep their ncclRedOp_t values;
 // every ncclRedOpCreatePreMulSum operator is one value (ranks may pass

@@ -6,7 +6,7 @@
 
 #include <immintrin.h>
 
-#include "collectives/kernels/fp8_loops.h"
+#include "kernels/fp8_loops.h"
 
 namespace meshccl::kernels::MESHCCL_KERNEL_NS {
 namespace {

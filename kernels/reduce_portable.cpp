@@ -1,7 +1,7 @@
 // The portable implementation: the generic loops of typed.h compiled for the
 // baseline ISA of the build, vectorised as far as the compiler manages.
 #define MESHCCL_KERNEL_NS portable
-#include "collectives/kernels/typed.h"
+#include "kernels/typed.h"
 
 namespace meshccl::kernels {
 

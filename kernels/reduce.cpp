@@ -1,15 +1,15 @@
 // Entry points of the reduction kernels: argument screening, one table lookup
 // per call, and the choice of implementation made once per process.
 #define MESHCCL_KERNEL_NS portable
-#include "collectives/kernels/reduce.h"
+#include "kernels/reduce.h"
 
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
-#include "collectives/kernels/convert.h"
-#include "collectives/kernels/table.h"
+#include "kernels/convert.h"
+#include "kernels/table.h"
 
 namespace meshccl::kernels {
 
@@ -107,47 +107,6 @@ bool select_isa(const char* name) {
 }
 
 const char* isa_name() { return table().name; }
-
-size_t dtype_size(ncclDataType_t dt) {
-  switch (dt) {
-    case ncclInt8:
-    case ncclUint8:
-    case ncclFloat8e4m3:
-    case ncclFloat8e5m2:
-      return 1;
-    case ncclFloat16:
-    case ncclBfloat16:
-      return 2;
-    case ncclInt32:
-    case ncclUint32:
-    case ncclFloat32:
-      return 4;
-    case ncclInt64:
-    case ncclUint64:
-    case ncclFloat64:
-      return 8;
-    default:
-      return 0;
-  }
-}
-
-const char* dtype_name(ncclDataType_t dt) {
-  switch (dt) {
-    case ncclInt8: return "int8";
-    case ncclUint8: return "uint8";
-    case ncclInt32: return "int32";
-    case ncclUint32: return "uint32";
-    case ncclInt64: return "int64";
-    case ncclUint64: return "uint64";
-    case ncclFloat16: return "half";
-    case ncclFloat32: return "float";
-    case ncclFloat64: return "double";
-    case ncclBfloat16: return "bfloat16";
-    case ncclFloat8e4m3: return "f8e4m3";
-    case ncclFloat8e5m2: return "f8e5m2";
-    default: return "invalid";
-  }
-}
 
 // The runtime validates datatypes and ops before it gets here; an invalid one
 // (or a missing buffer) is ignored rather than allowed to crash a progress thread.

@@ -4,7 +4,7 @@
 
 #include <cstddef>
 
-#include "collectives/kernels/reduce.h"
+#include "kernels/reduce.h"
 
 namespace meshccl::kernels {
 

@@ -7,7 +7,7 @@
 // Max/Min compare codes with the AVX2 loops (AVX-512 compares only produce
 // mask registers, and those made the 512-bit version the slower one).
 #define MESHCCL_KERNEL_NS avx512
-#include "collectives/kernels/avx512_codecs.h"
+#include "kernels/avx512_codecs.h"
 
 namespace meshccl::kernels {
 

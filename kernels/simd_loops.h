@@ -17,7 +17,7 @@
 // Included inside an ISA file after its policies; shares its namespace.
 #pragma once
 
-#include "collectives/kernels/typed.h"
+#include "kernels/typed.h"
 
 namespace meshccl::kernels::MESHCCL_KERNEL_NS {
 

@@ -5,7 +5,7 @@
 #define MESHCCL_KERNEL_NS avx2
 #include <immintrin.h>
 
-#include "collectives/kernels/fp8_loops.h"
+#include "kernels/fp8_loops.h"
 
 namespace meshccl::kernels::avx2 {
 namespace {

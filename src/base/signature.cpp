@@ -1,25 +1,15 @@
-#include "sched/signature.h"
+#include "base/signature.h"
+
+#include "base/op_desc.h"
 
 #include <cstdio>
 
-#include "collectives/kernels/reduce.h"
 
 namespace meshccl {
 
-const char* op_kind_name(OpKind k) {
-  switch (k) {
-    case OpKind::AllReduce: return "AllReduce";
-    case OpKind::Broadcast: return "Broadcast";
-    case OpKind::Reduce: return "Reduce";
-    case OpKind::AllGather: return "AllGather";
-    case OpKind::ReduceScatter: return "ReduceScatter";
-    case OpKind::AlltoAll: return "AlltoAll";
-    case OpKind::Gather: return "Gather";
-    case OpKind::Scatter: return "Scatter";
-    case OpKind::Send: return "Send";
-    case OpKind::Recv: return "Recv";
-  }
-  return "?";
+OpSignature OpDesc::signature() const {
+  uint8_t redop = premul ? kRedOpPreMulSum : avg ? static_cast<uint8_t>(ncclAvg) : static_cast<uint8_t>(op);
+  return make_signature(kind, count, dtype, redop, root);
 }
 
 OpSignature make_signature(OpKind kind, size_t count, ncclDataType_t dtype, uint8_t redop, int root) {
@@ -65,8 +55,8 @@ std::string signature_difference(const OpSignature& mine, int my_rank, const OpS
   };
   field("collective", kind_str(mine.kind), kind_str(theirs.kind));
   field("count", std::to_string(mine.count), std::to_string(theirs.count));
-  field("datatype", kernels::dtype_name(static_cast<ncclDataType_t>(mine.dtype)),
-        kernels::dtype_name(static_cast<ncclDataType_t>(theirs.dtype)));
+  field("datatype", dtype_name(static_cast<ncclDataType_t>(mine.dtype)),
+        dtype_name(static_cast<ncclDataType_t>(theirs.dtype)));
   if (mine.kind == theirs.kind) {  // otherwise these differ as a consequence
     field("reduction op", redop_str(mine.redop), redop_str(theirs.redop));
     field("root", std::to_string(mine.root), std::to_string(theirs.root));

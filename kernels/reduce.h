@@ -9,18 +9,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "base/op.h"
 #include "nccl.h"
 
 namespace meshccl::kernels {
-
-// The elementwise operator of a reduction. Avg reduces as Sum; the caller
-// divides once at the end (divide()). PreMulSum reduces as Sum after each rank
-// scaled its own input (scale()).
-enum class ReduceOp : uint8_t { Sum = 0, Prod = 1, Max = 2, Min = 3 };
-
-// Size in bytes of one element; 0 for an invalid datatype.
-size_t dtype_size(ncclDataType_t dt);
-const char* dtype_name(ncclDataType_t dt);  // "float", "bfloat16", ... as nccl-tests names them
 
 // dst[i] = a[i] op b[i] for i < count. dst may alias a or b.
 void reduce2(ncclDataType_t dt, ReduceOp op, void* dst, const void* a, const void* b, size_t count);

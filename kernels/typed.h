@@ -13,8 +13,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "collectives/kernels/convert.h"
-#include "collectives/kernels/table.h"
+#include "kernels/convert.h"
+#include "kernels/table.h"
 
 namespace meshccl::kernels::MESHCCL_KERNEL_NS {
 

@@ -4,7 +4,7 @@
 // The loops are those of fp8_loops.h; blocks they cannot take fall back to
 // the AVX-512 codecs, which this file instantiates for itself.
 #define MESHCCL_KERNEL_NS avx512fp8
-#include "collectives/kernels/avx512_codecs.h"
+#include "kernels/avx512_codecs.h"
 
 namespace meshccl::kernels::avx512fp8 {
 namespace {

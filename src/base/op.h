@@ -1,0 +1,89 @@
+// The vocabulary every layer shares: what kind of operation a call is, its
+// datatypes and its reduction operators. Pure and header-only, so the
+// kernels, the transports and the scheduler can all use it without linking
+// anything above them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "nccl.h"
+
+namespace meshccl {
+
+enum class OpKind : uint8_t {
+  AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AlltoAll, Gather, Scatter, Send, Recv,
+};
+
+constexpr const char* op_kind_name(OpKind k) {
+  switch (k) {
+    case OpKind::AllReduce: return "AllReduce";
+    case OpKind::Broadcast: return "Broadcast";
+    case OpKind::Reduce: return "Reduce";
+    case OpKind::AllGather: return "AllGather";
+    case OpKind::ReduceScatter: return "ReduceScatter";
+    case OpKind::AlltoAll: return "AlltoAll";
+    case OpKind::Gather: return "Gather";
+    case OpKind::Scatter: return "Scatter";
+    case OpKind::Send: return "Send";
+    case OpKind::Recv: return "Recv";
+  }
+  return "?";
+}
+constexpr bool is_p2p(OpKind k) { return k == OpKind::Send || k == OpKind::Recv; }
+constexpr bool is_rooted(OpKind k) {
+  return k == OpKind::Broadcast || k == OpKind::Reduce || k == OpKind::Gather || k == OpKind::Scatter;
+}
+constexpr bool is_reduction(OpKind k) {
+  return k == OpKind::AllReduce || k == OpKind::Reduce || k == OpKind::ReduceScatter;
+}
+
+// The elementwise operator of a reduction. Avg reduces as Sum; the caller
+// divides once at the end. PreMulSum reduces as Sum after each rank scaled
+// its own input.
+enum class ReduceOp : uint8_t { Sum = 0, Prod = 1, Max = 2, Min = 3 };
+
+// Size in bytes of one element; 0 for an invalid datatype.
+constexpr size_t dtype_size(ncclDataType_t dt) {
+  switch (dt) {
+    case ncclInt8:
+    case ncclUint8:
+    case ncclFloat8e4m3:
+    case ncclFloat8e5m2:
+      return 1;
+    case ncclFloat16:
+    case ncclBfloat16:
+      return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32:
+      return 4;
+    case ncclInt64:
+    case ncclUint64:
+    case ncclFloat64:
+      return 8;
+    default:
+      return 0;
+  }
+}
+
+// "float", "bfloat16", ... as nccl-tests names them; "invalid" otherwise.
+constexpr const char* dtype_name(ncclDataType_t dt) {
+  switch (dt) {
+    case ncclInt8: return "int8";
+    case ncclUint8: return "uint8";
+    case ncclInt32: return "int32";
+    case ncclUint32: return "uint32";
+    case ncclInt64: return "int64";
+    case ncclUint64: return "uint64";
+    case ncclFloat16: return "half";
+    case ncclFloat32: return "float";
+    case ncclFloat64: return "double";
+    case ncclBfloat16: return "bfloat16";
+    case ncclFloat8e4m3: return "f8e4m3";
+    case ncclFloat8e5m2: return "f8e5m2";
+    default: return "invalid";
+  }
+}
+
+}  // namespace meshccl

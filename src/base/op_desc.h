@@ -1,0 +1,34 @@
+// One operation as a rank called it, after argument checks: the input every
+// algorithm plans from and every launch path carries.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "base/op.h"
+#include "base/signature.h"
+#include "nccl.h"
+
+namespace meshccl {
+
+struct OpDesc {
+  OpKind kind = OpKind::AllReduce;
+  const void* sendbuff = nullptr;
+  void* recvbuff = nullptr;
+  size_t count = 0;  // per NCCL's definition for the collective
+  ncclDataType_t dtype = ncclFloat32;
+  ReduceOp op = ReduceOp::Sum;
+  bool avg = false;     // divide by nranks at the end
+  bool premul = false;  // scale own input by `scalar` first
+  alignas(8) unsigned char scalar[8] = {};
+  int root = 0;
+  int peer = -1;
+  int rank = 0;
+  int nranks = 1;
+  size_t chunk_bytes = 512 * 1024;
+  bool checks = false;  // MESHCCL_CHECKS on this communicator
+  size_t elem() const { return dtype_size(dtype); }
+  OpSignature signature() const;
+};
+
+}  // namespace meshccl
