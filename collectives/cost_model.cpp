@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "collectives/algorithms.h"
-#include "comm/bootstrap.h"
+#include "bootstrap/bootstrap.h"
 #include "kernels/reduce.h"
 #include "sched/engine.h"
 #include "transport/mesh.h"

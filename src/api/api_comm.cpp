@@ -7,7 +7,7 @@
 #include "api/group.h"
 #include "api/validate.h"
 #include "comm/comm.h"
-#include "comm/unique_id.h"
+#include "bootstrap/unique_id.h"
 #include "util/log.h"
 #include "util/wait.h"
 

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "collectives/tuner.h"
-#include "comm/bootstrap.h"
-#include "comm/identity.h"
+#include "bootstrap/bootstrap.h"
+#include "bootstrap/identity.h"
 #include "nccl.h"
 #include "sched/engine.h"
 #include "transport/mesh.h"

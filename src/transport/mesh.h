@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "comm/bootstrap.h"
-#include "comm/identity.h"
+#include "bootstrap/bootstrap.h"
+#include "bootstrap/identity.h"
 #include "transport/registry.h"
 
 namespace meshccl {

@@ -26,8 +26,8 @@
 #include <memory>
 #include <vector>
 
-#include "comm/bootstrap.h"
-#include "comm/identity.h"
+#include "bootstrap/bootstrap.h"
+#include "bootstrap/identity.h"
 #include "base/signature.h"
 #include "util/status.h"
 

@@ -29,7 +29,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "comm/unique_id.h"
+#include "bootstrap/unique_id.h"
 #include "meshccl.h"
 
 namespace {

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "comm/identity.h"
+#include "bootstrap/identity.h"
 #include "nccl.h"
 #include "util/socket.h"
 #include "util/status.h"

@@ -1,4 +1,4 @@
-#include "comm/unique_id.h"
+#include "bootstrap/unique_id.h"
 
 #include <arpa/inet.h>
 #include <poll.h>

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "comm/unique_id.h"
+#include "bootstrap/unique_id.h"
 #include "util/socket.h"
 #include "util/status.h"
 

@@ -1,4 +1,4 @@
-#include "comm/identity.h"
+#include "bootstrap/identity.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

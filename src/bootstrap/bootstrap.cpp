@@ -1,4 +1,4 @@
-#include "comm/bootstrap.h"
+#include "bootstrap/bootstrap.h"
 
 #include <cstring>
 
