@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "base/op_desc.h"
-#include "collectives/tuner.h"
+#include "collectives/rank_math.h"
+#include "sched/launch.h"
+#include "topo/cost_model.h"
 #include "sched/plan.h"
 #include "util/status.h"
 
@@ -39,10 +41,10 @@ const std::vector<Algorithm>& algorithm_table();
 Status choose_algorithm(const TuneModel& tune, const OpDesc& op, const Algorithm** out, double* cost_us = nullptr);
 // Chooses and builds the plan.
 Status make_plan(const TuneModel& tune, const OpDesc& op, std::unique_ptr<Plan>* out);
-// Picks between the direct shared-memory algorithm (when the communicator has
-// a shared region) and a plan; the result is ready for Engine::submit.
-// tag_base names the plan's messages (see api/enqueue).
-Status make_run(const TuneModel& tune, const OpDesc& op, NodeRegion* node, uint64_t tag_base, std::unique_ptr<Run>* out);
+// A communicator's algorithms as the scheduler sees them: its make_run picks
+// between the direct shared-memory algorithm (node: the communicator's shared
+// region, or null) and a plan. Rank 0 logs the table of picks (TUNE).
+std::unique_ptr<RunMaker> make_algorithms(int rank, const TuneModel& tune, NodeRegion* node);
 // True unless MESHCCL_ALGO / NCCL_ALGO rules `name` out for this collective.
 bool algorithm_allowed(OpKind kind, const char* name);
 // True when MESHCCL_ALGO names `name` for this collective explicitly.

@@ -1,5 +1,6 @@
 #include "collectives/rank_math.h"
 
+#include <algorithm>
 #include <bit>
 
 namespace meshccl {
@@ -80,5 +81,29 @@ int hd_first(int n, int newrank) {
   const int rem = n - hd_pof2(n);
   return newrank < rem ? 2 * newrank : newrank + rem;
 }
+
+namespace {
+TreeLoad load_of(int n, int depth, TreeLinks (*links)(int, int, int)) {
+  TreeLoad l;
+  l.depth = depth;
+  for (int r = 0; r < n; ++r) {
+    int up = 0, kids = 0;
+    for (int t = 0; t < 2; ++t) {
+      const TreeLinks k = links(n, r, t);
+      up += k.parent >= 0;
+      kids += k.nchildren();
+    }
+    l.links = std::max(l.links, up + kids);
+    l.children = std::max(l.children, kids);
+  }
+  return l;
+}
+
+TreeLinks rooted_at_0(int n, int rank, int t) { return rooted_double_tree(n, 0, rank, t); }
+
+}  // namespace
+
+TreeLoad double_tree_load(int n) { return load_of(n, binary_tree_depth(n), double_tree); }
+TreeLoad rooted_double_tree_load(int n) { return load_of(n, rooted_tree_depth(n), rooted_at_0); }
 
 }  // namespace meshccl

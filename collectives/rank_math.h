@@ -30,6 +30,16 @@ TreeLinks rooted_double_tree(int n, int root, int rank, int t);
 int binary_tree_depth(int n);         // of binary_tree / double_tree
 int rooted_tree_depth(int n);         // of rooted_double_tree
 
+// How much the busiest rank does in a double binary tree, counted in
+// transfers of half the data (each tree carries one half).
+struct TreeLoad {
+  int depth = 0;     // edges from the deepest rank to the root
+  int links = 0;     // parent + children, both trees: halves sent (and received) by AllReduce
+  int children = 0;  // children, both trees: halves received (and reduced) from below
+};
+TreeLoad double_tree_load(int n);        // double_tree: AllReduce
+TreeLoad rooted_double_tree_load(int n); // rooted_double_tree: Broadcast, Reduce
+
 // Recursive halving-doubling runs over the largest power of two p2 <= n.
 // The first 2*(n-p2) ranks pair up: the even rank of each pair folds its
 // data into the odd one and sits out; every other rank gets a new rank in

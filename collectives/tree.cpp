@@ -7,6 +7,8 @@
 //   Reduce / Broadcast: the two trees hang below the root (rooted_double_tree),
 //   so the root sends (or receives) each half once.
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <vector>
 
 #include "collectives/algorithms.h"
@@ -182,28 +184,44 @@ Status build_tree_broadcast(const OpDesc& op, Plan* plan) {
   return kOk;
 }
 
+namespace {
+// The busiest rank's load depends on the rank count alone; costs are asked
+// for at every launch, so each count is worked out once.
+const TreeLoad& load_for(int n, bool rooted) {
+  static std::mutex mu;
+  static std::map<std::pair<int, bool>, TreeLoad> memo;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = memo.find({n, rooted});
+  if (it == memo.end()) it = memo.emplace(std::make_pair(n, rooted), rooted ? rooted_double_tree_load(n) : double_tree_load(n)).first;
+  return it->second;
+}
+}  // namespace
+
 // Each tree carries half the data as a pipeline of chunks that crosses the
 // depth of the tree (twice for AllReduce: up, then down); the busiest rank
 // moves `links` (AllReduce) or max(children, 2) halves per direction.
 double cost_tree_allreduce(const TuneModel& t, const OpDesc& op) {
   if (op.nranks == 1) return 0;
-  const double half = static_cast<double>(op.count * op.elem()) / 2, hops = 2 * t.tree.depth;
-  return hops * t.alpha() + (t.tree.links * half + (hops - 1) * detail::first_chunk(op, half)) * t.beta() +
-         t.tree.children * half * t.gamma();
+  const TreeLoad& tree = load_for(op.nranks, false);
+  const double half = static_cast<double>(op.count * op.elem()) / 2, hops = 2 * tree.depth;
+  return hops * t.alpha() + (tree.links * half + (hops - 1) * detail::first_chunk(op, half)) * t.beta() +
+         tree.children * half * t.gamma();
 }
 
 double cost_tree_broadcast(const TuneModel& t, const OpDesc& op) {
   if (op.nranks == 1) return 0;
-  const double half = static_cast<double>(op.count * op.elem()) / 2, hops = t.rooted_tree.depth;
-  const double moved = std::max(t.rooted_tree.children, 2) * half + (hops - 1) * detail::first_chunk(op, half);
+  const TreeLoad& tree = load_for(op.nranks, true);
+  const double half = static_cast<double>(op.count * op.elem()) / 2, hops = tree.depth;
+  const double moved = std::max(tree.children, 2) * half + (hops - 1) * detail::first_chunk(op, half);
   return hops * t.alpha() + moved * t.beta();
 }
 
 double cost_tree_reduce(const TuneModel& t, const OpDesc& op) {
   if (op.nranks == 1) return 0;
-  const double half = static_cast<double>(op.count * op.elem()) / 2, hops = t.rooted_tree.depth;
-  const double moved = std::max(t.rooted_tree.children, 2) * half + (hops - 1) * detail::first_chunk(op, half);
-  return hops * t.alpha() + moved * t.beta() + t.rooted_tree.children * half * t.gamma();
+  const TreeLoad& tree = load_for(op.nranks, true);
+  const double half = static_cast<double>(op.count * op.elem()) / 2, hops = tree.depth;
+  const double moved = std::max(tree.children, 2) * half + (hops - 1) * detail::first_chunk(op, half);
+  return hops * t.alpha() + moved * t.beta() + tree.children * half * t.gamma();
 }
 
 }  // namespace meshccl

@@ -14,6 +14,7 @@
 
 #include "collectives/algorithms.h"
 #include "sched/engine.h"
+#include "sched/launch.h"
 #include "util/log.h"
 #include "util/param.h"
 
@@ -197,21 +198,103 @@ size_t direct_max_bytes(OpKind kind) {
   return static_cast<size_t>(limit);
 }
 
-Status make_run(const TuneModel& tune, const OpDesc& op, NodeRegion* node, uint64_t tag_base,
-                std::unique_ptr<Run>* out) {
-  const size_t max_bytes = direct_max_bytes(op.kind);
-  if (node != nullptr && max_bytes > 0) {
-    *out = make_direct_run(node, op, max_bytes);
-    if (*out != nullptr) {
-      MC_INFO(kTune, "%s: %zu elements of %s -> algorithm %s", op_kind_name(op.kind), op.count,
-              dtype_name(op.dtype), kDirectShm);
-      return kOk;
+namespace {
+
+std::string size_str(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 3) bytes /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.0f%s", bytes, units[u]);
+  return buf;
+}
+
+// "8B-64KiB tree, 128KiB-1GiB ring": the pick for float32 data at each
+// power-of-two size, for every collective that has a choice.
+void log_picks(const TuneModel& t) {
+  for (OpKind kind : {OpKind::AllReduce, OpKind::Broadcast, OpKind::Reduce, OpKind::AllGather, OpKind::ReduceScatter}) {
+    const auto& table = algorithm_table();
+    if (std::count_if(table.begin(), table.end(), [&](const Algorithm& a) { return a.kind == kind && a.cost; }) < 2)
+      continue;
+    std::string line;
+    const char* run = nullptr;
+    double run_lo = 0, prev = 0;
+    auto flush = [&] {
+      if (run == nullptr) return;
+      line += (line.empty() ? "" : ", ") + size_str(run_lo) + "-" + size_str(prev) + " " + run;
+    };
+    for (double bytes = 8; bytes <= double(size_t{1} << 30); bytes *= 2) {
+      OpDesc op;
+      op.kind = kind;
+      op.dtype = ncclFloat32;
+      op.count = static_cast<size_t>(bytes) / 4;
+      op.nranks = t.nranks;
+      op.chunk_bytes = static_cast<size_t>(param_int(Param::ChunkSize));
+      const Algorithm* a = nullptr;
+      if (!choose_algorithm(t, op, &a).ok()) return;
+      if (run == nullptr || std::string(run) != a->name) {
+        flush();
+        run = a->name;
+        run_lo = bytes;
+      }
+      prev = bytes;
     }
+    flush();
+    MC_INFO(kTune, "%s on %d ranks: %s", op_kind_name(kind), t.nranks, line.c_str());
   }
-  std::unique_ptr<Plan> plan;
-  MC_TRY(make_plan(tune, op, &plan));
-  *out = make_plan_run(std::move(plan), tag_base);
-  return kOk;
+}
+
+// A communicator's algorithms: its agreed cost model and, on a single host,
+// its shared region.
+class CommAlgorithms final : public RunMaker {
+ public:
+  CommAlgorithms(const TuneModel& tune, NodeRegion* node) : tune_(tune), node_(node) {}
+
+  // The one decision: the direct shared-memory algorithm when the
+  // communicator has a shared region, the rules allow it and the operation
+  // fits its slots (run here at once when the caller allows and nothing
+  // direct is pending), else the cheapest plan.
+  Status make_run(const OpDesc& op, uint64_t tag_base, double inline_budget_us, bool* ran_here,
+                  std::unique_ptr<Run>* out) override {
+    *ran_here = false;
+    const size_t max_bytes = node_ != nullptr ? direct_max_bytes(op.kind) : 0;
+    if (max_bytes > 0) {
+      if (inline_budget_us > 0) {
+        bool taken = false;
+        Status s = run_direct_now(node_, op, max_bytes, inline_budget_us, &taken, out);
+        if (taken || !s.ok()) {
+          *ran_here = true;
+          return s;
+        }
+      }
+      *out = make_direct_run(node_, op, max_bytes);
+      if (*out != nullptr) {
+        MC_INFO(kTune, "%s: %zu elements of %s -> algorithm %s", op_kind_name(op.kind), op.count,
+                dtype_name(op.dtype), kDirectShm);
+        return kOk;
+      }
+    }
+    std::unique_ptr<Plan> plan;
+    MC_TRY(make_plan(tune_, op, &plan));
+    *out = make_plan_run(std::move(plan), tag_base);
+    return kOk;
+  }
+
+  Status estimate(const OpDesc& op, double* us) override {
+    const Algorithm* pick = nullptr;
+    return choose_algorithm(tune_, op, &pick, us);
+  }
+
+ private:
+  TuneModel tune_;
+  NodeRegion* node_;
+};
+
+}  // namespace
+
+std::unique_ptr<RunMaker> make_algorithms(int rank, const TuneModel& tune, NodeRegion* node) {
+  if (rank == 0 && log_enabled(LogLevel::Info, kTune)) log_picks(tune);
+  return std::make_unique<CommAlgorithms>(tune, node);
 }
 
 }  // namespace meshccl

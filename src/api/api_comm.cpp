@@ -177,11 +177,11 @@ MESHCCL_EXPORT ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, 
     // Non-blocking: the parent reports progress; the child's own state too.
     comm->async_error.store(ncclInProgress);
     if (comm->async_thread.joinable()) comm->async_thread.join();
-    ++comm->users;
+    ++comm->sched.users;
     comm->async_thread = std::thread([comm, body] {
       Status s = body();
       comm->async_error.store(s.code());
-      --comm->users;
+      --comm->sched.users;
     });
     return Status(ncclInProgress);
   });
@@ -204,10 +204,10 @@ MESHCCL_EXPORT ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRanksLi
 MESHCCL_EXPORT ncclResult_t pncclCommFinalize(ncclComm_t comm) {
   return api_guard("ncclCommFinalize", [&]() -> Status {
     MC_TRY(check_comm("ncclCommFinalize", comm));
-    ++comm->users;
+    ++comm->sched.users;
     Status s = run_maybe_async(comm, [comm] {
       Status r = comm_finalize(comm);
-      --comm->users;
+      --comm->sched.users;
       return r;
     });
     return s;
@@ -224,7 +224,7 @@ Status teardown(const char* fn, ncclComm* comm, bool abort) {
   if (!abort && !comm_wait_idle(comm, Deadline::from_timeout_param())) comm->abort_flag.store(true);
   comm_unregister(comm);
   Backoff backoff;
-  while (comm->users.load() > 0) backoff.idle();  // callers notice the abort flag promptly
+  while (comm->sched.users.load() > 0) backoff.idle();  // callers notice the abort flag promptly
   MC_INFO(kInit, "comm %p rank %d nranks %d - %s COMPLETE", static_cast<void*>(comm), comm->rank, comm->nranks,
           abort ? "Abort" : "Destroy");
   comm_free(comm);

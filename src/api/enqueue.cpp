@@ -33,7 +33,7 @@ Status enqueue(ncclComm* comm, OpDesc& desc, cudaStream_t stream) {
   if (desc.kind == OpKind::Send) tag = kP2PBit | ((comm->send_seq[desc.peer]++ & kSeqMask) << kStepBits);
   else if (desc.kind == OpKind::Recv) tag = kP2PBit | ((comm->recv_seq[desc.peer]++ & kSeqMask) << kStepBits);
   else tag = (comm->coll_seq++ & kSeqMask) << kStepBits;
-  PendingOp op{comm, desc, s, tag};
+  PendingOp op{&comm->sched, desc, s, tag};
   if (in_group()) {
     group_record(op);
     return kOk;

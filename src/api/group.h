@@ -6,19 +6,10 @@
 
 #include <vector>
 
-#include "collectives/algorithms.h"
 #include "comm/comm.h"
-
-struct meshcclStream;
+#include "sched/launch.h"
 
 namespace meshccl {
-
-struct PendingOp {
-  ncclComm* comm;
-  OpDesc desc;
-  meshcclStream* stream;
-  uint64_t tag_base;
-};
 
 struct PendingInit {
   ncclComm* comm;
@@ -34,11 +25,5 @@ Status group_start();
 Status group_end();
 // Only estimates (ncclGroupSimulateEnd); recorded work is dropped.
 Status group_simulate_end(ncclSimInfo_t* info);
-
-// Launches ops now (outside a group or at group end).
-Status launch(std::vector<PendingOp>& ops);
-// Launches one op outside a group; a small direct collective with nothing
-// ahead of it completes on the calling thread without a hand-off.
-Status launch_one(PendingOp& op);
 
 }  // namespace meshccl

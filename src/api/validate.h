@@ -15,8 +15,8 @@ namespace meshccl {
 // while this thread is inside the library on it.
 struct UseGuard {
   ncclComm* c;
-  explicit UseGuard(ncclComm* comm) : c(comm) { ++c->users; }
-  ~UseGuard() { --c->users; }
+  explicit UseGuard(ncclComm* comm) : c(comm) { ++c->sched.users; }
+  ~UseGuard() { --c->sched.users; }
   UseGuard(const UseGuard&) = delete;
   UseGuard& operator=(const UseGuard&) = delete;
 };

@@ -11,11 +11,11 @@
 #include <thread>
 #include <vector>
 
-#include "collectives/tuner.h"
 #include "bootstrap/bootstrap.h"
 #include "bootstrap/identity.h"
 #include "nccl.h"
 #include "sched/engine.h"
+#include "sched/launch.h"
 #include "transport/mesh.h"
 #include "transport/node_region.h"
 #include "util/status.h"
@@ -53,15 +53,14 @@ struct ncclComm {
   std::atomic<State> state{State::Initializing};
   std::atomic<int> async_error{ncclSuccess};  // ncclInProgress while a non-blocking call runs
   std::atomic<bool> abort_flag{false};
-  std::atomic<int> users{0};        // threads inside the library on this comm
-  std::atomic<int> pending_ops{0};  // enqueued, not yet completed
+  meshccl::CommSched sched;  // engine, algorithms and in-flight counts, as the scheduler sees them
 
   std::vector<meshccl::PeerInfo> peers;
   std::unique_ptr<meshccl::Bootstrap> bootstrap;
   std::unique_ptr<meshccl::Mesh> mesh;
   std::unique_ptr<meshccl::NodeRegion> node;  // null unless every rank is on this host
   std::unique_ptr<meshccl::Engine> engine;
-  meshccl::TuneModel tune;  // agreed by every rank at init
+  std::unique_ptr<meshccl::RunMaker> algorithms;  // the agreed cost model and the direct-or-plan decision
   std::thread async_thread;  // non-blocking init/split/finalize
 
   // Ordered on every rank the same way, so they name operations identically.

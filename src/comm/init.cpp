@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include "collectives/algorithms.h"
 #include "comm/comm.h"
+#include "topo/cost_model.h"
 #include "meshccl_config.h"
 #include "util/log.h"
 #include "util/param.h"
@@ -62,7 +64,12 @@ Status finish_setup(ncclComm* comm) {
   MC_TRY(NodeRegion::create(*comm->bootstrap, comm->peers, *comm->mesh, slot_bytes, &comm->node));
   comm->engine = std::make_unique<Engine>(comm->rank, comm->mesh.get(), &comm->abort_flag,
                                           [comm] { return comm->check_peers(); });
-  MC_TRY(tune_init(comm->rank, *comm->bootstrap, *comm->mesh, *comm->engine, comm->peers, &comm->tune));
+  TuneModel tune;
+  MC_TRY(tune_init(comm->rank, *comm->bootstrap, *comm->mesh, *comm->engine, comm->peers, &tune));
+  comm->algorithms = make_algorithms(comm->rank, tune, comm->node.get());
+  comm->sched.engine = comm->engine.get();
+  comm->sched.runs = comm->algorithms.get();
+  comm->sched.abort = &comm->abort_flag;
   comm->send_seq.assign(comm->nranks, 0);
   comm->recv_seq.assign(comm->nranks, 0);
   comm->state.store(ncclComm::State::Ready);
@@ -173,11 +180,11 @@ Status comm_split(ncclComm* parent, int color, int key, ncclComm* child) {
 
 bool comm_wait_idle(ncclComm* comm, Deadline dl) {
   Backoff backoff;
-  while (comm->pending_ops.load() > 0 && !dl.expired()) {
+  while (comm->sched.pending_ops.load() > 0 && !dl.expired()) {
     if (comm->engine && comm->engine->progress()) backoff.progress();
     else backoff.idle();
   }
-  return comm->pending_ops.load() == 0;
+  return comm->sched.pending_ops.load() == 0;
 }
 
 Status comm_finalize(ncclComm* comm) {

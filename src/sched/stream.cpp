@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "comm/comm.h"
+#include "sched/engine.h"
 #include "util/live_set.h"
 #include "util/log.h"
 #include "util/param.h"
@@ -22,7 +22,7 @@ bool Submitted::poll() {
   // Every engine in turn, so none waits on a peer that only this thread can
   // move (one thread driving several ranks).
   bool moved = false;
-  for (ncclComm* c : comms_) moved |= c->engine->progress();
+  for (CommSched* c : comms_) moved |= c->engine->progress();
   for (Waiting& w : ops_)
     if (!w.op->done.load(std::memory_order_acquire)) w.comm->engine->check_stalled(*w.op);
   return moved;

@@ -1,5 +1,5 @@
-// Launching plans: inline on the caller's thread (NULL stream), or through a
-// meshccl host stream whose worker thread runs its work in order.
+// Running launched operations: inline on the caller's thread (NULL stream),
+// or through a meshccl host stream whose worker thread runs its work in order.
 #pragma once
 
 #include <atomic>
@@ -10,10 +10,8 @@
 #include <thread>
 #include <vector>
 
-#include "sched/plan.h"
+#include "sched/launch.h"
 #include "util/status.h"
-
-struct ncclComm;
 
 namespace meshccl {
 
@@ -23,7 +21,7 @@ class Run;
 
 // One operation ready to run on one communicator.
 struct Launch {
-  ncclComm* comm = nullptr;
+  CommSched* comm = nullptr;
   std::unique_ptr<Run> run;
 };
 
@@ -41,11 +39,11 @@ class Submitted {
 
  private:
   struct Waiting {
-    ncclComm* comm;
+    CommSched* comm;
     std::shared_ptr<OpHandle> op;
   };
   std::vector<Waiting> ops_;
-  std::vector<ncclComm*> comms_;
+  std::vector<CommSched*> comms_;
 };
 
 // Submits every launch, then drives all their engines until all complete.

@@ -7,7 +7,7 @@
 #include <functional>
 #include <vector>
 
-#include "collectives/tuner.h"
+#include "collectives/rank_math.h"
 
 namespace meshccl {
 namespace {

@@ -1,4 +1,4 @@
-// The tuner's constants. Each rank knows some of them: from the transports'
+// The cost model's constants. Each rank knows some of them: from the transports'
 // declared properties, from what it measured (exchanges with a partner over
 // one link of each class, run as plans through the engine; a 256 KiB
 // reduction), from MESHCCL_TUNE_* settings. All ranks
@@ -10,13 +10,13 @@
 #include <string>
 #include <vector>
 
-#include "collectives/algorithms.h"
 #include "bootstrap/bootstrap.h"
 #include "kernels/reduce.h"
 #include "sched/engine.h"
 #include "transport/mesh.h"
 #include "util/log.h"
 #include "util/param.h"
+#include "topo/cost_model.h"
 #include "util/wait.h"
 
 namespace meshccl {
@@ -138,72 +138,7 @@ double measure_reduce() {
   return best;
 }
 
-TreeLoad load_of(int n, int depth, TreeLinks (*links)(int, int, int)) {
-  TreeLoad l;
-  l.depth = depth;
-  for (int r = 0; r < n; ++r) {
-    int up = 0, kids = 0;
-    for (int t = 0; t < 2; ++t) {
-      const TreeLinks k = links(n, r, t);
-      up += k.parent >= 0;
-      kids += k.nchildren();
-    }
-    l.links = std::max(l.links, up + kids);
-    l.children = std::max(l.children, kids);
-  }
-  return l;
-}
-
-TreeLinks rooted_at_0(int n, int rank, int t) { return rooted_double_tree(n, 0, rank, t); }
-
-std::string size_str(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 3) bytes /= 1024, ++u;
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.0f%s", bytes, units[u]);
-  return buf;
-}
-
-// "8B-64KiB tree, 128KiB-1GiB ring": the pick for float32 data at each
-// power-of-two size, for every collective that has a choice.
-void log_picks(const TuneModel& t) {
-  for (OpKind kind : {OpKind::AllReduce, OpKind::Broadcast, OpKind::Reduce, OpKind::AllGather, OpKind::ReduceScatter}) {
-    const auto& table = algorithm_table();
-    if (std::count_if(table.begin(), table.end(), [&](const Algorithm& a) { return a.kind == kind && a.cost; }) < 2)
-      continue;
-    std::string line;
-    const char* run = nullptr;
-    double run_lo = 0, prev = 0;
-    auto flush = [&] {
-      if (run == nullptr) return;
-      line += (line.empty() ? "" : ", ") + size_str(run_lo) + "-" + size_str(prev) + " " + run;
-    };
-    for (double bytes = 8; bytes <= double(size_t{1} << 30); bytes *= 2) {
-      OpDesc op;
-      op.kind = kind;
-      op.dtype = ncclFloat32;
-      op.count = static_cast<size_t>(bytes) / 4;
-      op.nranks = t.nranks;
-      op.chunk_bytes = static_cast<size_t>(param_int(Param::ChunkSize));
-      const Algorithm* a = nullptr;
-      if (!choose_algorithm(t, op, &a).ok()) return;
-      if (run == nullptr || std::string(run) != a->name) {
-        flush();
-        run = a->name;
-        run_lo = bytes;
-      }
-      prev = bytes;
-    }
-    flush();
-    MC_INFO(kTune, "%s on %d ranks: %s", op_kind_name(kind), t.nranks, line.c_str());
-  }
-}
-
 }  // namespace
-
-TreeLoad double_tree_load(int n) { return load_of(n, binary_tree_depth(n), double_tree); }
-TreeLoad rooted_double_tree_load(int n) { return load_of(n, rooted_tree_depth(n), rooted_at_0); }
 
 TuneModel make_tune_model(int nranks, bool network, LinkCost shm, LinkCost net, double reduce_gbs) {
   TuneModel t;
@@ -212,8 +147,6 @@ TuneModel make_tune_model(int nranks, bool network, LinkCost shm, LinkCost net, 
   t.shm = shm;
   t.net = net;
   t.reduce_gbs = reduce_gbs;
-  t.tree = double_tree_load(nranks);
-  t.rooted_tree = rooted_double_tree_load(nranks);
   return t;
 }
 
@@ -293,7 +226,6 @@ Status tune_init(int rank, Bootstrap& bs, Mesh& mesh, Engine& engine, const std:
       consts += buf;
     }
     MC_INFO(kTune, "cost model on %d ranks, %s links: %s", n, network ? "network" : "shared-memory", consts.c_str());
-    log_picks(*out);
   }
   return kOk;
 }

@@ -7,7 +7,6 @@
 
 #include <vector>
 
-#include "collectives/rank_math.h"
 #include "util/status.h"
 
 namespace meshccl {
@@ -23,16 +22,6 @@ struct LinkCost {
   double bw_gbs = 0;    // bandwidth per direction, GB/s (beta = 1 / bw)
 };
 
-// How much the busiest rank does in a double binary tree, counted in
-// transfers of half the data (each tree carries one half).
-struct TreeLoad {
-  int depth = 0;     // edges from the deepest rank to the root
-  int links = 0;     // parent + children, both trees: halves sent (and received) by AllReduce
-  int children = 0;  // children, both trees: halves received (and reduced) from below
-};
-TreeLoad double_tree_load(int n);        // double_tree: AllReduce
-TreeLoad rooted_double_tree_load(int n); // rooted_double_tree: Broadcast, Reduce
-
 // Everything a cost function may look at. Identical on every rank of a
 // communicator (a pure function of agreed values), so costs compare alike.
 struct TuneModel {
@@ -41,7 +30,6 @@ struct TuneModel {
   LinkCost shm;          // shared memory between processes of one host
   LinkCost net;          // network transports (socket, plugins)
   double reduce_gbs = 0; // local reduction throughput, bytes of output per ns
-  TreeLoad tree, rooted_tree;
 
   // Flat algorithms run at the pace of their slowest link: the network
   // class as soon as one pair of ranks uses it.
@@ -51,10 +39,10 @@ struct TuneModel {
   double gamma() const { return 1e-3 / reduce_gbs; }    // us per byte
 };
 
-// A model from explicit constants (tests, tools); tree loads filled in.
+// A model from explicit constants (tests, tools).
 TuneModel make_tune_model(int nranks, bool network, LinkCost shm, LinkCost net, double reduce_gbs);
 
-// Collective over the communicator, once its connections and engine exist:
+// Collective over the communicator (link_measure.cpp), once its connections and engine exist:
 // fills the model from MESHCCL_TUNE_* parameters, transport properties and a
 // short measurement (a few milliseconds), agreed across ranks through the
 // bootstrap.

@@ -1,0 +1,58 @@
+#include "sched/launch.h"
+
+#include <map>
+
+#include "sched/engine.h"
+#include "sched/stream.h"
+#include "util/param.h"
+
+namespace meshccl {
+
+namespace {
+// Hands the runs made for ops to their streams, or runs them here (NULL stream).
+Status dispatch(std::vector<PendingOp>& ops, std::vector<std::unique_ptr<Run>>& runs) {
+  std::vector<Launch> inline_launches;
+  std::map<meshcclStream*, std::vector<Launch>> per_stream;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    PendingOp& op = ops[i];
+    if (runs[i] == nullptr) continue;  // completed while it was made
+    ++op.comm->pending_ops;
+    ++op.comm->users;  // released when the launch has run
+    Launch l{op.comm, std::move(runs[i])};
+    if (op.stream != nullptr) per_stream[op.stream].push_back(std::move(l));
+    else inline_launches.push_back(std::move(l));
+  }
+  for (auto& [stream, launches] : per_stream) stream->enqueue(std::move(launches));
+  if (inline_launches.empty()) return kOk;
+  return run_launches(inline_launches, kLeastPriority);
+}
+}  // namespace
+
+Status launch(std::vector<PendingOp>& ops) {
+  std::vector<std::unique_ptr<Run>> runs(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    bool ran_here = false;
+    MC_TRY(ops[i].comm->runs->make_run(ops[i].desc, ops[i].tag_base, 0, &ran_here, &runs[i]));
+  }
+  return dispatch(ops, runs);
+}
+
+Status launch_one(PendingOp& op) {
+  CommSched* comm = op.comm;
+  // With nothing ahead of it on its stream, the operation may run right here:
+  // no run object, no queue, no other thread.
+  const bool express = (op.stream == nullptr || op.stream->idle()) && comm->engine->fatal().ok() &&
+                       !comm->abort->load(std::memory_order_relaxed);
+  const double budget_us = express ? static_cast<double>(param_int(Param::InlineUs)) : 0;
+  std::vector<std::unique_ptr<Run>> runs(1);
+  bool ran_here = false;
+  Status s = comm->runs->make_run(op.desc, op.tag_base, budget_us, &ran_here, &runs[0]);
+  if (!s.ok()) {
+    if (ran_here) comm->engine->fail_all(s);  // as if the engine had run it: the communicator is failed
+    return s;
+  }
+  std::vector<PendingOp> ops{op};
+  return dispatch(ops, runs);
+}
+
+}  // namespace meshccl
