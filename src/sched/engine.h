@@ -1,7 +1,10 @@
-// The progress engine of one communicator. Operations are submitted as plans;
-// whoever waits drives progress (the calling thread for a NULL stream, a host
-// stream's worker otherwise) — one thread at a time, others back off. Steps of
-// more urgent operations (lower priority value) are started first.
+// The progress engine of one communicator: it schedules runs (plans, and
+// algorithms that keep their own state) by priority; plans post their
+// transfers through Links and do their local work on an Executor; failures
+// travel to the peers as Notices. Whoever waits drives progress (the calling
+// thread for a NULL stream, a host stream's worker otherwise), one thread at
+// a time, others back off. Steps of more urgent operations (lower priority
+// value) are started first.
 #pragma once
 
 #include <atomic>
@@ -11,23 +14,15 @@
 #include <mutex>
 #include <vector>
 
+#include "sched/executor.h"
+#include "sched/links.h"
+#include "sched/notices.h"
 #include "sched/plan.h"
+#include "sched/scratch.h"
 #include "transport/mesh.h"
 #include "util/status.h"
 
 namespace meshccl {
-
-// Reusable scratch buffers: allocated once, kept for the communicator's life.
-class ScratchPool {
- public:
-  std::vector<unsigned char>* acquire(size_t bytes);
-  void release(std::vector<unsigned char>* buf);
-  ~ScratchPool();
-
- private:
-  std::mutex mu_;
-  std::vector<std::vector<unsigned char>*> free_;
-};
 
 // Completion of one submitted operation, shared by the engine and waiters.
 struct OpHandle {
@@ -67,8 +62,6 @@ class Run {
   Status error_;                      // set when it failed by itself
 };
 
-class PlanRun;
-
 // A run of `plan`, whose messages carry tag_base (unique per operation and
 // identical on every rank, see api/enqueue) in their upper bits.
 std::unique_ptr<Run> make_plan_run(std::unique_ptr<Plan> plan, uint64_t tag_base);
@@ -94,51 +87,31 @@ class Engine {
   void fail_all(Status s);
   Status fatal() const { return Status(static_cast<ncclResult_t>(fatal_.load())); }
   ScratchPool& scratch() { return scratch_; }
+  Links& links() { return links_; }  // only by the thread driving progress
+  Executor& executor() { return *exec_; }
   Mesh* mesh() const { return mesh_; }
   int rank() const { return rank_; }
-
-  // Self-transfers (peer == rank) are matched here by tag.
-  struct SelfEntry {
-    PlanRun* run;
-    uint32_t step;
-    void* dst;
-    const void* src;
-    size_t bytes;
-  };
-  void self_post(bool is_send, uint64_t tag, SelfEntry e);
 
  private:
   void progress_locked(bool* moved);
   void complete_run(Run* run, Status s);
-  // Error notices: when a step fails here, the peers learn it at their next
-  // stall check (100 ms without progress) instead of at MESHCCL_TIMEOUT.
-  struct Notice {
-    int32_t code;     // the ncclResult_t it failed with
-    char text[508];   // its message
-  };
-  void notify_peers(Status s);  // with mu_ held
-  Status poll_notices();        // with mu_ held; the error a peer reported
-
   int rank_;
   Mesh* mesh_;
   std::atomic<bool>* abort_;
   std::function<Status()> liveness_;
+  Executor* exec_;
   ScratchPool scratch_;
+  Links links_;      // with mu_ held
+  Notices notices_;  // with mu_ held
   std::mutex mu_;  // held by the thread driving progress
   std::mutex incoming_mu_;
   std::vector<std::unique_ptr<Run>> incoming_;
   std::vector<std::unique_ptr<Run>> active_;  // sorted by priority, then submission
   std::atomic<size_t> nactive_{0};
   std::atomic<int> fatal_{ncclSuccess};
-  std::map<uint64_t, std::vector<SelfEntry>> self_sends_, self_recvs_;
   std::vector<std::unique_ptr<Run>> graveyard_;
   std::atomic<double> last_progress_us_{0};
   std::atomic<double> last_check_us_{0};
-  bool notified_ = false;
-  Notice notice_out_{};
-  std::vector<Notice> notices_in_;       // per peer, posted at the first stall check
-  std::vector<Request> notice_reqs_;
-  std::vector<char> notice_state_;       // 0 to post, 1 posted, 2 done or unusable
 };
 
 }  // namespace meshccl

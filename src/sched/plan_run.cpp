@@ -1,0 +1,225 @@
+// Running one plan: its steps start as their dependencies complete;
+// transfers go through the engine's links, local work to its executor.
+#include <cstring>
+#include <string>
+
+#include "sched/engine.h"
+#include "sched/links.h"
+#include "util/log.h"
+
+namespace meshccl {
+
+class PlanRun final : public Run, public StepSink {
+ public:
+  PlanRun(std::unique_ptr<Plan> plan, uint64_t tag_base) : plan_(std::move(plan)), tag_base_(tag_base) {}
+
+  void start(ScratchPool& pool) override {
+    const size_t n = plan_->size();
+    remaining_.assign(n, 0);
+    reqs_.assign(n, Request{});
+    // Dependents in CSR form.
+    std::vector<uint32_t> counts(n + 1, 0);
+    auto each_dep = [&](auto&& fn) {
+      for (uint32_t i = 0; i < n; ++i) {
+        const Step& s = plan_->steps()[i];
+        for (uint32_t k = 0; k < s.dep_count; ++k) fn(plan_->deps()[s.dep_begin + k], i);
+      }
+      for (auto& [step, dep] : plan_->late_deps_) fn(dep, step);
+    };
+    each_dep([&](uint32_t dep, uint32_t i) {
+      ++counts[dep + 1];
+      ++remaining_[i];
+    });
+    for (size_t i = 0; i < n; ++i) counts[i + 1] += counts[i];
+    dep_offsets_ = counts;
+    dependents_.assign(counts[n], 0);
+    std::vector<uint32_t> fill(counts.begin(), counts.end() - 1);
+    each_dep([&](uint32_t dep, uint32_t i) { dependents_[fill[dep]++] = i; });
+    for (uint32_t i = 0; i < n; ++i)
+      if (remaining_[i] == 0) ready_.push_back(i);
+    if (plan_->scratch_bytes() > 0) {
+      scratch_ = pool.acquire(plan_->scratch_bytes());
+      for (Step& s : plan_->steps()) {
+        s.dst = bind(s.dst);
+        s.src = bind(s.src);
+        s.src2 = bind(s.src2);
+        s.tmp = bind(s.tmp);
+      }
+    }
+  }
+
+  void complete_step(uint32_t i) override {
+    ++completed_;
+    for (uint32_t k = dep_offsets_[i]; k < dep_offsets_[i + 1]; ++k) {
+      uint32_t j = dependents_[k];
+      if (--remaining_[j] == 0) ready_.push_back(j);
+    }
+  }
+
+  Status poll(Engine* eng, bool* moved) override {
+    Links& links = eng->links();
+    Executor& exec = eng->executor();
+    // A few passes: local steps and completions make more steps ready.
+    for (int pass = 0; pass < 8; ++pass) {
+      bool local = false;
+      std::vector<uint32_t> retry;
+      for (size_t r = 0; r < ready_.size(); ++r) {  // grows while local steps complete
+        uint32_t i = ready_[r];
+        bool started = false;
+        MC_TRY(start_step(links, exec, i, &started));
+        if (started) local = true;
+        else retry.push_back(i);
+      }
+      ready_.swap(retry);
+      size_t keep = 0;
+      for (size_t k = 0; k < inflight_.size(); ++k) {
+        uint32_t i = inflight_[k];
+        bool done = false;
+        size_t got = 0;
+        const Step& s = plan_->steps()[i];
+        Status ts = links.test(s.peer, s.bytes, reqs_[i], &done, &got);
+        if (!ts.ok()) return explain_transfer_error(ts, s);
+        if (!done) {
+          inflight_[keep++] = i;
+          continue;
+        }
+        if (s.kind != StepKind::Send && got != s.bytes)
+          return MC_ERROR(ncclInvalidUsage,
+                          "%s: received %zu bytes from rank %d where this rank expected %zu: mismatched calls "
+                          "across ranks %s",
+                          op_kind_name(plan_->kind), got, s.peer, s.bytes, mismatch_hint());
+        if (s.kind == StepKind::RecvReduce) exec.reduce2(plan_->dtype, plan_->op, s.dst, s.src, s.tmp, s.count);
+        complete_step(i);
+        local = true;
+      }
+      inflight_.resize(keep);
+      if (!local) break;
+      *moved = true;
+      if (ready_.empty()) break;
+    }
+    return kOk;
+  }
+
+  bool finished() const override { return completed_ == plan_->size(); }
+  bool can_end_alone() const override { return check_failed_ && plan_->check_gates_data && inflight_.empty(); }
+  int waiting_on() const override {
+    for (uint32_t i : inflight_) return plan_->steps()[i].peer;
+    return -1;
+  }
+  void release(ScratchPool& pool) override {
+    pool.release(scratch_);
+    scratch_ = nullptr;
+  }
+
+ private:
+  template <typename T>
+  T* bind(T* p) {
+    if (p == nullptr || !Plan::is_scratch(p)) return p;
+    return reinterpret_cast<T*>(scratch_->data() + Plan::scratch_offset(p));
+  }
+
+  Status start_step(Links& links, Executor& exec, uint32_t i, bool* started) {
+    const Step& s = plan_->steps()[i];
+    const uint64_t tag = tag_base_ | s.tag;
+    switch (s.kind) {
+      case StepKind::Send:
+      case StepKind::Recv:
+      case StepKind::RecvReduce: {
+        bool is_send = s.kind == StepKind::Send;
+        void* dst = s.kind == StepKind::RecvReduce ? s.tmp : s.dst;
+        if (s.peer == links.rank()) {
+          if (s.kind == StepKind::RecvReduce) return MC_ERROR(ncclInternalError, "reduce from self in a plan");
+          *started = true;
+          links.self_post(is_send, tag, Links::SelfEntry{this, i, dst, s.src, s.bytes});
+          return kOk;
+        }
+        Request& r = reqs_[i];
+        if (is_send) MC_TRY(links.isend(s.peer, s.src, s.bytes, tag, &r));
+        else MC_TRY(links.irecv(s.peer, dst, s.bytes, tag, &r));
+        if (r.handle == nullptr) return kOk;  // transport busy: retry later
+        inflight_.push_back(i);
+        *started = true;
+        return kOk;
+      }
+      case StepKind::Copy:
+        exec.copy(s.dst, s.src, s.bytes);
+        break;
+      case StepKind::Reduce:
+        exec.reduce2(plan_->dtype, plan_->op, s.dst, s.src, s.src2, s.count);
+        break;
+      case StepKind::Divide:
+        exec.divide(plan_->dtype, s.dst, s.src, s.count, plan_->divisor);
+        break;
+      case StepKind::Scale:
+        exec.scale(plan_->dtype, s.dst, s.src, s.count, plan_->scalar);
+        break;
+      case StepKind::Check:
+        MC_TRY(check_signatures(links.rank()));
+        break;
+    }
+    *started = true;
+    complete_step(i);
+    return kOk;
+  }
+
+  // Every rank's signature arrived: any difference fails the operation.
+  Status check_signatures(int rank) {
+    const std::vector<OpSignature>& sigs = plan_->signatures;
+    int first = -1, others = 0;
+    for (int p = 0; p < static_cast<int>(sigs.size()); ++p) {
+      if (p == rank || sigs[p] == sigs[rank]) continue;
+      if (first < 0) first = p;
+      else ++others;
+    }
+    if (first < 0) return kOk;
+    check_failed_ = true;
+    std::string diff = signature_difference(sigs[rank], rank, sigs[first], first);
+    if (others > 0) diff += " (and " + std::to_string(others) + " more ranks differ from this one)";
+    return MC_ERROR(ncclInvalidUsage, "%s: mismatched calls across ranks (collective #%llu of this communicator): %s",
+                    op_kind_name(plan_->kind), static_cast<unsigned long long>(seq()), diff.c_str());
+  }
+
+  // A transfer failed: say with whom, and that a message that did not fit its
+  // receive is a mismatch (the transport's own line says so in its terms).
+  Status explain_transfer_error(Status ts, const Step& s) const {
+    if (ts.code() == ncclRemoteError)
+      return MC_ERROR(ncclRemoteError, "%s: lost rank %d (it exited or closed its connections)",
+                      op_kind_name(plan_->kind), s.peer);
+    if (ts.code() != ncclInvalidUsage) return ts;
+    if (s.kind == StepKind::Send)
+      return MC_ERROR(ncclInvalidUsage,
+                      "%s: rank %d refused this rank's message of %zu bytes as larger than it expected: mismatched "
+                      "calls across ranks %s",
+                      op_kind_name(plan_->kind), s.peer, s.bytes, mismatch_hint());
+    return MC_ERROR(ncclInvalidUsage,
+                    "%s: a message from rank %d is larger than the %zu bytes this rank expected: mismatched calls "
+                    "across ranks %s",
+                    op_kind_name(plan_->kind), s.peer, s.bytes, mismatch_hint());
+  }
+
+  const char* mismatch_hint() const {
+    if (is_p2p(plan_->kind)) return "(the send and the receive differ in count or datatype)";
+    return "(count or datatype differ; MESHCCL_CHECKS=1 names the argument that differs)";
+  }
+
+  // The operation's number in its communicator's collective sequence.
+  uint64_t seq() const { return (tag_base_ & ~(uint64_t{1} << 63)) >> kStepTagBits; }
+
+  std::unique_ptr<Plan> plan_;
+  uint64_t tag_base_;
+  std::vector<uint32_t> remaining_;
+  std::vector<uint32_t> dep_offsets_;
+  std::vector<uint32_t> dependents_;
+  std::vector<Request> reqs_;
+  std::vector<uint32_t> ready_;
+  std::vector<uint32_t> inflight_;
+  size_t completed_ = 0;
+  std::vector<unsigned char>* scratch_ = nullptr;
+  bool check_failed_ = false;
+};
+
+std::unique_ptr<Run> make_plan_run(std::unique_ptr<Plan> plan, uint64_t tag_base) {
+  return std::make_unique<PlanRun>(std::move(plan), tag_base);
+}
+
+}  // namespace meshccl
