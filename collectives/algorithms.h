@@ -20,10 +20,29 @@ namespace meshccl {
 class Run;
 class NodeRegion;
 
-using BuildFn = Status (*)(const OpDesc&, Plan*);
-// Estimated microseconds for op under the model; +infinity where the
-// algorithm does not apply. Same inputs give the same value on every rank.
-using CostFn = double (*)(const TuneModel&, const OpDesc&);
+// What a builder plans for: the cost model of the links, and the group of
+// ranks the plan runs over. Builders name peers by position in the group
+// (0..nranks-1) and the plan maps them to communicator ranks (PlanGroup), so
+// an algorithm runs on any sub-group: the whole communicator, the ranks of one
+// host, one rank per host.
+struct BuildCtx {
+  const TuneModel& model;
+  int rank = 0;                // this rank's position in the group
+  int nranks = 1;              // the group's size
+  const int* ranks = nullptr;  // communicator rank of each position; null: the whole communicator
+  uint32_t tag_base = 0;       // added to every step tag of the plan built
+
+  // The whole communicator of op.
+  static BuildCtx whole(const TuneModel& model, const OpDesc& op) { return BuildCtx{model, op.rank, op.nranks}; }
+  PlanGroup group() const { return PlanGroup{ranks, tag_base}; }
+};
+
+// Builds op's plan for ctx's group into plan (see build_in).
+using BuildFn = Status (*)(const BuildCtx&, const OpDesc&, Plan*);
+// Estimated microseconds for op on ctx's group under ctx's model; +infinity
+// where the algorithm does not apply. Same inputs give the same value on
+// every rank.
+using CostFn = double (*)(const BuildCtx&, const OpDesc&);
 
 struct Algorithm {
   const char* name;
@@ -39,6 +58,9 @@ const std::vector<Algorithm>& algorithm_table();
 // allows, the one with the lowest estimated cost (ties: the earlier table
 // entry). *cost_us (optional) receives its estimate.
 Status choose_algorithm(const TuneModel& tune, const OpDesc& op, const Algorithm** out, double* cost_us = nullptr);
+// Runs build for ctx's group: the steps it adds name communicator ranks and
+// carry ctx's tag base. Composed algorithms call it for each sub-group.
+Status build_in(const BuildCtx& ctx, BuildFn build, const OpDesc& op, Plan* plan);
 // Chooses and builds the plan.
 Status make_plan(const TuneModel& tune, const OpDesc& op, std::unique_ptr<Plan>* out);
 // A communicator's algorithms as the scheduler sees them: its make_run picks
@@ -55,15 +77,15 @@ bool algorithm_forced(OpKind kind, const char* name);
 size_t direct_max_bytes(OpKind kind);
 
 // Builders, one per file.
-Status build_p2p(const OpDesc& op, Plan* plan);
-Status build_ring_allreduce(const OpDesc& op, Plan* plan);
-Status build_ring_allgather(const OpDesc& op, Plan* plan);
-Status build_ring_reduce_scatter(const OpDesc& op, Plan* plan);
-Status build_chain_broadcast(const OpDesc& op, Plan* plan);
-Status build_chain_reduce(const OpDesc& op, Plan* plan);
-Status build_pairwise_alltoall(const OpDesc& op, Plan* plan);
-Status build_direct_gather(const OpDesc& op, Plan* plan);
-Status build_direct_scatter(const OpDesc& op, Plan* plan);
+Status build_p2p(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
+Status build_ring_allreduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
+Status build_ring_allgather(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
+Status build_ring_reduce_scatter(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
+Status build_chain_broadcast(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
+Status build_chain_reduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
+Status build_pairwise_alltoall(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
+Status build_direct_gather(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
+Status build_direct_scatter(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
 // The direct shared-memory algorithm (not a plan): a run for op over the
 // shared region, or null when it does not apply (the op needs more than
 // max_bytes of slot per rank, or more than one slot for a one-round kind).
@@ -75,24 +97,24 @@ std::unique_ptr<Run> make_direct_run(NodeRegion* node, const OpDesc& op, size_t 
 Status run_direct_now(NodeRegion* node, const OpDesc& op, size_t max_bytes, double budget_us, bool* taken,
                       std::unique_ptr<Run>* rest);
 constexpr const char* kDirectShm = "direct_shm";
-Status build_tree_allreduce(const OpDesc& op, Plan* plan);
-Status build_tree_broadcast(const OpDesc& op, Plan* plan);
-Status build_tree_reduce(const OpDesc& op, Plan* plan);
-Status build_halving_doubling_allreduce(const OpDesc& op, Plan* plan);
+Status build_tree_allreduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
+Status build_tree_broadcast(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
+Status build_tree_reduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
+Status build_halving_doubling_allreduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
 
 // Cost functions, next to their builders.
-double cost_p2p(const TuneModel& t, const OpDesc& op);
-double cost_ring_allreduce(const TuneModel& t, const OpDesc& op);
-double cost_ring_allgather(const TuneModel& t, const OpDesc& op);
-double cost_ring_reduce_scatter(const TuneModel& t, const OpDesc& op);
-double cost_chain_broadcast(const TuneModel& t, const OpDesc& op);
-double cost_chain_reduce(const TuneModel& t, const OpDesc& op);
-double cost_pairwise_alltoall(const TuneModel& t, const OpDesc& op);
-double cost_direct_gather_scatter(const TuneModel& t, const OpDesc& op);
-double cost_tree_allreduce(const TuneModel& t, const OpDesc& op);
-double cost_tree_broadcast(const TuneModel& t, const OpDesc& op);
-double cost_tree_reduce(const TuneModel& t, const OpDesc& op);
-double cost_halving_doubling_allreduce(const TuneModel& t, const OpDesc& op);
+double cost_p2p(const BuildCtx& ctx, const OpDesc& op);
+double cost_ring_allreduce(const BuildCtx& ctx, const OpDesc& op);
+double cost_ring_allgather(const BuildCtx& ctx, const OpDesc& op);
+double cost_ring_reduce_scatter(const BuildCtx& ctx, const OpDesc& op);
+double cost_chain_broadcast(const BuildCtx& ctx, const OpDesc& op);
+double cost_chain_reduce(const BuildCtx& ctx, const OpDesc& op);
+double cost_pairwise_alltoall(const BuildCtx& ctx, const OpDesc& op);
+double cost_direct_gather_scatter(const BuildCtx& ctx, const OpDesc& op);
+double cost_tree_allreduce(const BuildCtx& ctx, const OpDesc& op);
+double cost_tree_broadcast(const BuildCtx& ctx, const OpDesc& op);
+double cost_tree_reduce(const BuildCtx& ctx, const OpDesc& op);
+double cost_halving_doubling_allreduce(const BuildCtx& ctx, const OpDesc& op);
 
 // Adds the signature check to a collective's plan where it applies (every
 // collective with MESHCCL_CHECKS, large ones always); see signature_check.cpp.

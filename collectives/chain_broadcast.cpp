@@ -8,12 +8,12 @@ namespace meshccl {
 
 using detail::at;
 
-Status build_chain_broadcast(const OpDesc& op, Plan* plan) {
-  const int n = op.nranks;
+Status build_chain_broadcast(const BuildCtx& ctx, const OpDesc& op, Plan* plan) {
+  const int n = ctx.nranks;
   const size_t es = op.elem(), bytes = op.count * es;
   plan->algorithm = "chain";
-  const int pos = (op.rank - op.root + n) % n;
-  const int prev = (op.rank + n - 1) % n, next = (op.rank + 1) % n;
+  const int pos = (ctx.rank - op.root + n) % n;
+  const int prev = (ctx.rank + n - 1) % n, next = (ctx.rank + 1) % n;
   if (pos == 0) plan->copy(op.recvbuff, op.sendbuff, bytes);  // no-op in place
   if (n == 1 || bytes == 0) return kOk;
   const size_t ce = detail::chunk_elems(op, op.count, 1);
@@ -33,9 +33,10 @@ Status build_chain_broadcast(const OpDesc& op, Plan* plan) {
 
 // A pipeline of p-1 links: each carries the data once, after the first chunk
 // has crossed the links before it.
-double cost_chain_broadcast(const TuneModel& t, const OpDesc& op) {
-  const double p = op.nranks, bytes = static_cast<double>(op.count * op.elem());
-  if (op.nranks == 1) return 0;
+double cost_chain_broadcast(const BuildCtx& ctx, const OpDesc& op) {
+  const TuneModel& t = ctx.model;
+  const double p = ctx.nranks, bytes = static_cast<double>(op.count * op.elem());
+  if (ctx.nranks == 1) return 0;
   return (p - 1) * t.alpha() + (bytes + (p - 2) * detail::first_chunk(op, bytes)) * t.beta();
 }
 

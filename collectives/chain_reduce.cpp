@@ -10,12 +10,12 @@ namespace meshccl {
 
 using detail::at;
 
-Status build_chain_reduce(const OpDesc& op, Plan* plan) {
-  const int n = op.nranks;
+Status build_chain_reduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan) {
+  const int n = ctx.nranks;
   const size_t es = op.elem(), count = op.count;
   plan->algorithm = "chain";
-  const int pos = (op.rank - op.root + n) % n;
-  const int toward = (op.rank + n - 1) % n, from = (op.rank + 1) % n;
+  const int pos = (ctx.rank - op.root + n) % n;
+  const int toward = (ctx.rank + n - 1) % n, from = (ctx.rank + 1) % n;
   // The root scales its input straight into its output buffer.
   const detail::OwnInput own = detail::own_input(op, plan, pos == 0 ? op.recvbuff : nullptr, count);
   const void* in = own.data;
@@ -54,9 +54,10 @@ Status build_chain_reduce(const OpDesc& op, Plan* plan) {
 }
 
 // The broadcast's pipeline in reverse, reducing at every hop.
-double cost_chain_reduce(const TuneModel& t, const OpDesc& op) {
-  const double p = op.nranks, bytes = static_cast<double>(op.count * op.elem());
-  if (op.nranks == 1) return 0;
+double cost_chain_reduce(const BuildCtx& ctx, const OpDesc& op) {
+  const TuneModel& t = ctx.model;
+  const double p = ctx.nranks, bytes = static_cast<double>(op.count * op.elem());
+  if (ctx.nranks == 1) return 0;
   return (p - 1) * t.alpha() + (bytes + (p - 2) * detail::first_chunk(op, bytes)) * (t.beta() + t.gamma());
 }
 

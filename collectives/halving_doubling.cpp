@@ -101,8 +101,8 @@ class Exchanges {
 
 }  // namespace
 
-Status build_halving_doubling_allreduce(const OpDesc& op, Plan* plan) {
-  const int n = op.nranks, r = op.rank;
+Status build_halving_doubling_allreduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan) {
+  const int n = ctx.nranks, r = ctx.rank;
   const size_t es = op.elem(), count = op.count;
   plan->algorithm = "halving_doubling";
   // With PreMulSum the output buffer holds the scaled input (as in place).
@@ -163,11 +163,12 @@ Status build_halving_doubling_allreduce(const OpDesc& op, Plan* plan) {
 
 // 2 log2(p2) steps plus two for the fold; a rank that folds a partner in also
 // receives, reduces and sends back the whole data once more.
-double cost_halving_doubling_allreduce(const TuneModel& t, const OpDesc& op) {
-  if (op.nranks == 1) return 0;
-  const int p2 = hd_pof2(op.nranks);
+double cost_halving_doubling_allreduce(const BuildCtx& ctx, const OpDesc& op) {
+  const TuneModel& t = ctx.model;
+  if (ctx.nranks == 1) return 0;
+  const int p2 = hd_pof2(ctx.nranks);
   const double bytes = static_cast<double>(op.count * op.elem()), share = (p2 - 1.0) / p2;
-  const double fold = op.nranks > p2 ? 1 : 0, steps = std::countr_zero(static_cast<unsigned>(p2));
+  const double fold = ctx.nranks > p2 ? 1 : 0, steps = std::countr_zero(static_cast<unsigned>(p2));
   return (2 * steps + 2 * fold) * t.alpha() + (2 * share + fold) * bytes * t.beta() +
          (share + fold) * bytes * t.gamma();
 }

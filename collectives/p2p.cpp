@@ -4,7 +4,7 @@
 
 namespace meshccl {
 
-Status build_p2p(const OpDesc& op, Plan* plan) {
+Status build_p2p(const BuildCtx& /*ctx*/, const OpDesc& op, Plan* plan) {
   plan->algorithm = "p2p";
   const size_t bytes = op.count * op.elem();
   if (op.kind == OpKind::Send) plan->send(op.peer, 0, op.sendbuff, bytes);
@@ -12,7 +12,8 @@ Status build_p2p(const OpDesc& op, Plan* plan) {
   return kOk;
 }
 
-double cost_p2p(const TuneModel& t, const OpDesc& op) {
+double cost_p2p(const BuildCtx& ctx, const OpDesc& op) {
+  const TuneModel& t = ctx.model;
   return t.alpha() + static_cast<double>(op.count * op.elem()) * t.beta();
 }
 

@@ -7,8 +7,8 @@ namespace meshccl {
 
 using detail::at;
 
-Status build_pairwise_alltoall(const OpDesc& op, Plan* plan) {
-  const int n = op.nranks, r = op.rank;
+Status build_pairwise_alltoall(const BuildCtx& ctx, const OpDesc& op, Plan* plan) {
+  const int n = ctx.nranks, r = ctx.rank;
   const size_t es = op.elem(), c = op.count, bytes = c * es;
   plan->algorithm = "pairwise";
   if (bytes == 0) return kOk;
@@ -30,8 +30,9 @@ Status build_pairwise_alltoall(const OpDesc& op, Plan* plan) {
 }
 
 // p-1 concurrent exchanges, each one message per direction.
-double cost_pairwise_alltoall(const TuneModel& t, const OpDesc& op) {
-  const double p = op.nranks, block = static_cast<double>(op.count * op.elem());
+double cost_pairwise_alltoall(const BuildCtx& ctx, const OpDesc& op) {
+  const TuneModel& t = ctx.model;
+  const double p = ctx.nranks, block = static_cast<double>(op.count * op.elem());
   return (p - 1) * (t.alpha() + block * t.beta());
 }
 

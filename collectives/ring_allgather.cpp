@@ -9,8 +9,8 @@ namespace meshccl {
 
 using detail::at;
 
-Status build_ring_allgather(const OpDesc& op, Plan* plan) {
-  const int n = op.nranks, r = op.rank;
+Status build_ring_allgather(const BuildCtx& ctx, const OpDesc& op, Plan* plan) {
+  const int n = ctx.nranks, r = ctx.rank;
   const size_t es = op.elem(), sc = op.count;
   plan->algorithm = "ring";
   plan->copy(at(op.recvbuff, r * sc, es), op.sendbuff, sc * es);  // no-op in place
@@ -35,9 +35,10 @@ Status build_ring_allgather(const OpDesc& op, Plan* plan) {
 }
 
 // p-1 steps; every rank sends (p-1)/p of the gathered output.
-double cost_ring_allgather(const TuneModel& t, const OpDesc& op) {
-  const double p = op.nranks, block = static_cast<double>(op.count * op.elem());
-  if (op.nranks == 1) return 0;
+double cost_ring_allgather(const BuildCtx& ctx, const OpDesc& op) {
+  const TuneModel& t = ctx.model;
+  const double p = ctx.nranks, block = static_cast<double>(op.count * op.elem());
+  if (ctx.nranks == 1) return 0;
   return (p - 1) * t.alpha() + (p - 1) * block * t.beta();
 }
 

@@ -12,8 +12,8 @@ namespace meshccl {
 using detail::at;
 using detail::block_begin;
 
-Status build_ring_allreduce(const OpDesc& op, Plan* plan) {
-  const int n = op.nranks, r = op.rank;
+Status build_ring_allreduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan) {
+  const int n = ctx.nranks, r = ctx.rank;
   const size_t es = op.elem(), count = op.count;
   plan->algorithm = "ring";
   // With PreMulSum the output buffer holds the scaled input (as in place).
@@ -105,9 +105,10 @@ Status build_ring_allreduce(const OpDesc& op, Plan* plan) {
 
 // 2(p-1) dependent steps; every rank sends 2(p-1)/p of the data and reduces
 // (p-1)/p of it.
-double cost_ring_allreduce(const TuneModel& t, const OpDesc& op) {
-  const double p = op.nranks, bytes = static_cast<double>(op.count * op.elem());
-  if (op.nranks == 1) return 0;
+double cost_ring_allreduce(const BuildCtx& ctx, const OpDesc& op) {
+  const TuneModel& t = ctx.model;
+  const double p = ctx.nranks, bytes = static_cast<double>(op.count * op.elem());
+  if (ctx.nranks == 1) return 0;
   return 2 * (p - 1) * t.alpha() + 2 * (p - 1) / p * bytes * t.beta() + (p - 1) / p * bytes * t.gamma();
 }
 

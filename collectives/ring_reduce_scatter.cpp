@@ -11,8 +11,8 @@ namespace meshccl {
 
 using detail::at;
 
-Status build_ring_reduce_scatter(const OpDesc& op, Plan* plan) {
-  const int n = op.nranks, r = op.rank;
+Status build_ring_reduce_scatter(const BuildCtx& ctx, const OpDesc& op, Plan* plan) {
+  const int n = ctx.nranks, r = ctx.rank;
   const size_t es = op.elem(), rc = op.count;
   plan->algorithm = "ring";
   const detail::OwnInput own = detail::own_input(op, plan, nullptr, rc * n);
@@ -59,9 +59,10 @@ Status build_ring_reduce_scatter(const OpDesc& op, Plan* plan) {
 }
 
 // p-1 steps; every rank sends and reduces (p-1)/p of the input.
-double cost_ring_reduce_scatter(const TuneModel& t, const OpDesc& op) {
-  const double p = op.nranks, block = static_cast<double>(op.count * op.elem());
-  if (op.nranks == 1) return 0;
+double cost_ring_reduce_scatter(const BuildCtx& ctx, const OpDesc& op) {
+  const TuneModel& t = ctx.model;
+  const double p = ctx.nranks, block = static_cast<double>(op.count * op.elem());
+  if (ctx.nranks == 1) return 0;
   return (p - 1) * t.alpha() + (p - 1) * block * (t.beta() + t.gamma());
 }
 

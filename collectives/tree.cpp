@@ -112,8 +112,8 @@ uint32_t tag_base(const Span sp[2], int tree, int phase, int phases) {
 
 }  // namespace
 
-Status build_tree_allreduce(const OpDesc& op, Plan* plan) {
-  const int n = op.nranks;
+Status build_tree_allreduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan) {
+  const int n = ctx.nranks;
   const size_t es = op.elem();
   plan->algorithm = "tree";
   // With PreMulSum the output buffer holds the scaled input (as in place).
@@ -126,7 +126,7 @@ Status build_tree_allreduce(const OpDesc& op, Plan* plan) {
   halves(op, 2, sp);
   for (int tr = 0; tr < 2; ++tr) {
     if (sp[tr].len == 0) continue;
-    const TreeLinks t = double_tree(n, op.rank, tr);
+    const TreeLinks t = double_tree(n, ctx.rank, tr);
     std::vector<Plan::StepId> up = reduce_up(op, plan, t, own, op.recvbuff, sp[tr], tag_base(sp, tr, 0, 2));
     // The root finishes the result (ncclAvg divides once, here); every other
     // rank overwrites its partial sums only after sending them up.
@@ -140,11 +140,11 @@ Status build_tree_allreduce(const OpDesc& op, Plan* plan) {
   return kOk;
 }
 
-Status build_tree_reduce(const OpDesc& op, Plan* plan) {
-  const int n = op.nranks;
+Status build_tree_reduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan) {
+  const int n = ctx.nranks;
   const size_t es = op.elem();
   plan->algorithm = "tree";
-  const bool is_root = op.rank == op.root;
+  const bool is_root = ctx.rank == op.root;
   // The root scales its input straight into its output buffer; other ranks
   // never touch their receive buffer.
   const detail::OwnInput own = detail::own_input(op, plan, is_root ? op.recvbuff : nullptr, op.count);
@@ -156,7 +156,7 @@ Status build_tree_reduce(const OpDesc& op, Plan* plan) {
   halves(op, 1, sp);
   for (int tr = 0; tr < 2; ++tr) {
     if (sp[tr].len == 0) continue;
-    const TreeLinks t = rooted_double_tree(n, op.root, op.rank, tr);
+    const TreeLinks t = rooted_double_tree(n, op.root, ctx.rank, tr);
     std::vector<Plan::StepId> up =
         reduce_up(op, plan, t, own, is_root ? op.recvbuff : nullptr, sp[tr], tag_base(sp, tr, 0, 1));
     if (is_root && op.avg)
@@ -168,17 +168,17 @@ Status build_tree_reduce(const OpDesc& op, Plan* plan) {
   return kOk;
 }
 
-Status build_tree_broadcast(const OpDesc& op, Plan* plan) {
-  const int n = op.nranks;
+Status build_tree_broadcast(const BuildCtx& ctx, const OpDesc& op, Plan* plan) {
+  const int n = ctx.nranks;
   const size_t es = op.elem();
   plan->algorithm = "tree";
-  if (op.rank == op.root) plan->copy(op.recvbuff, op.sendbuff, op.count * es);  // no-op in place
+  if (ctx.rank == op.root) plan->copy(op.recvbuff, op.sendbuff, op.count * es);  // no-op in place
   if (n == 1) return kOk;
   Span sp[2];
   halves(op, 1, sp);
   for (int tr = 0; tr < 2; ++tr) {
     if (sp[tr].len == 0) continue;
-    const TreeLinks t = rooted_double_tree(n, op.root, op.rank, tr);
+    const TreeLinks t = rooted_double_tree(n, op.root, ctx.rank, tr);
     broadcast_down(op, plan, t, op.recvbuff, op.sendbuff, sp[tr], tag_base(sp, tr, 0, 1), {});
   }
   return kOk;
@@ -200,25 +200,28 @@ const TreeLoad& load_for(int n, bool rooted) {
 // Each tree carries half the data as a pipeline of chunks that crosses the
 // depth of the tree (twice for AllReduce: up, then down); the busiest rank
 // moves `links` (AllReduce) or max(children, 2) halves per direction.
-double cost_tree_allreduce(const TuneModel& t, const OpDesc& op) {
-  if (op.nranks == 1) return 0;
-  const TreeLoad& tree = load_for(op.nranks, false);
+double cost_tree_allreduce(const BuildCtx& ctx, const OpDesc& op) {
+  const TuneModel& t = ctx.model;
+  if (ctx.nranks == 1) return 0;
+  const TreeLoad& tree = load_for(ctx.nranks, false);
   const double half = static_cast<double>(op.count * op.elem()) / 2, hops = 2 * tree.depth;
   return hops * t.alpha() + (tree.links * half + (hops - 1) * detail::first_chunk(op, half)) * t.beta() +
          tree.children * half * t.gamma();
 }
 
-double cost_tree_broadcast(const TuneModel& t, const OpDesc& op) {
-  if (op.nranks == 1) return 0;
-  const TreeLoad& tree = load_for(op.nranks, true);
+double cost_tree_broadcast(const BuildCtx& ctx, const OpDesc& op) {
+  const TuneModel& t = ctx.model;
+  if (ctx.nranks == 1) return 0;
+  const TreeLoad& tree = load_for(ctx.nranks, true);
   const double half = static_cast<double>(op.count * op.elem()) / 2, hops = tree.depth;
   const double moved = std::max(tree.children, 2) * half + (hops - 1) * detail::first_chunk(op, half);
   return hops * t.alpha() + moved * t.beta();
 }
 
-double cost_tree_reduce(const TuneModel& t, const OpDesc& op) {
-  if (op.nranks == 1) return 0;
-  const TreeLoad& tree = load_for(op.nranks, true);
+double cost_tree_reduce(const BuildCtx& ctx, const OpDesc& op) {
+  const TuneModel& t = ctx.model;
+  if (ctx.nranks == 1) return 0;
+  const TreeLoad& tree = load_for(ctx.nranks, true);
   const double half = static_cast<double>(op.count * op.elem()) / 2, hops = tree.depth;
   const double moved = std::max(tree.children, 2) * half + (hops - 1) * detail::first_chunk(op, half);
   return hops * t.alpha() + moved * t.beta() + tree.children * half * t.gamma();

@@ -127,6 +127,7 @@ bool algorithm_forced(OpKind kind, const char* name) {
 }
 
 Status choose_algorithm(const TuneModel& tune, const OpDesc& op, const Algorithm** out, double* cost_us) {
+  const BuildCtx ctx = BuildCtx::whole(tune, op);
   const Rule& rule = rule_of(op.kind);
   MC_TRY(rule.status);
   const std::vector<std::string>& names = rule.names;
@@ -142,7 +143,7 @@ Status choose_algorithm(const TuneModel& tune, const OpDesc& op, const Algorithm
     const bool ok = allowed_by(names, exclude, a.name);
     any_allowed |= ok;
     if (a.build == nullptr || a.cost == nullptr) continue;
-    const double c = a.cost(tune, op);
+    const double c = a.cost(ctx, op);
     if (best_any == nullptr || c < best_any_cost) best_any = &a, best_any_cost = c;
     if (ok && (best == nullptr || c < best_cost)) best = &a, best_cost = c;
   }
@@ -161,6 +162,13 @@ Status choose_algorithm(const TuneModel& tune, const OpDesc& op, const Algorithm
   return kOk;
 }
 
+Status build_in(const BuildCtx& ctx, BuildFn build, const OpDesc& op, Plan* plan) {
+  const PlanGroup outer = plan->set_group(ctx.group());
+  Status s = build(ctx, op, plan);
+  plan->set_group(outer);
+  return s;
+}
+
 Status make_plan(const TuneModel& tune, const OpDesc& op, std::unique_ptr<Plan>* out) {
   const Algorithm* pick = nullptr;
   double cost = 0;
@@ -171,7 +179,7 @@ Status make_plan(const TuneModel& tune, const OpDesc& op, std::unique_ptr<Plan>*
   plan->op = op.op;
   plan->divisor = op.nranks;
   std::copy(std::begin(op.scalar), std::end(op.scalar), std::begin(plan->scalar));
-  MC_TRY(pick->build(op, plan.get()));
+  MC_TRY(build_in(BuildCtx::whole(tune, op), pick->build, op, plan.get()));
   MC_TRY(add_signature_check(op, plan.get()));
   if (log_enabled(LogLevel::Info, kTune)) {
     // Every candidate's estimate, so that a surprising pick can be explained.
@@ -179,7 +187,7 @@ Status make_plan(const TuneModel& tune, const OpDesc& op, std::unique_ptr<Plan>*
     for (const Algorithm& a : algorithm_table()) {
       if (a.kind != op.kind || a.cost == nullptr) continue;
       char buf[96];
-      std::snprintf(buf, sizeof(buf), "%s%s %.1f", all.empty() ? "" : ", ", a.name, a.cost(tune, op));
+      std::snprintf(buf, sizeof(buf), "%s%s %.1f", all.empty() ? "" : ", ", a.name, a.cost(BuildCtx::whole(tune, op), op));
       all += buf;
     }
     MC_INFO(kTune, "%s: %zu elements of %s -> algorithm %s, estimated %.1f us (%s; %zu steps%s)",

@@ -12,8 +12,8 @@ Plan::StepId Plan::add(Step s, std::initializer_list<StepId> deps) {
 
 Plan::StepId Plan::send(int peer, uint32_t tag, const void* src, size_t bytes, std::initializer_list<StepId> deps) {
   Step s{StepKind::Send};
-  s.peer = peer;
-  s.tag = tag;
+  s.peer = peer_of(peer);
+  s.tag = group_.tag_base + tag;
   s.src = src;
   s.bytes = bytes;
   return add(s, deps);
@@ -21,8 +21,8 @@ Plan::StepId Plan::send(int peer, uint32_t tag, const void* src, size_t bytes, s
 
 Plan::StepId Plan::recv(int peer, uint32_t tag, void* dst, size_t bytes, std::initializer_list<StepId> deps) {
   Step s{StepKind::Recv};
-  s.peer = peer;
-  s.tag = tag;
+  s.peer = peer_of(peer);
+  s.tag = group_.tag_base + tag;
   s.dst = dst;
   s.bytes = bytes;
   return add(s, deps);
@@ -31,8 +31,8 @@ Plan::StepId Plan::recv(int peer, uint32_t tag, void* dst, size_t bytes, std::in
 Plan::StepId Plan::recv_reduce(int peer, uint32_t tag, void* tmp, void* dst, const void* src, size_t count,
                                std::initializer_list<StepId> deps) {
   Step s{StepKind::RecvReduce};
-  s.peer = peer;
-  s.tag = tag;
+  s.peer = peer_of(peer);
+  s.tag = group_.tag_base + tag;
   s.tmp = tmp;
   s.dst = dst;
   s.src = src;

@@ -47,6 +47,15 @@ struct Step {
   uint32_t dep_count = 0;
 };
 
+// The ranks a plan's steps name are positions in a group of the
+// communicator's ranks (as in an MPI sub-communicator); the plan maps them to
+// communicator ranks as steps are added, and adds tag_base to their tags, so
+// that plans built for sub-groups compose into one plan.
+struct PlanGroup {
+  const int* ranks = nullptr;  // communicator rank of each position; null: the whole communicator
+  uint32_t tag_base = 0;
+};
+
 class Plan {
  public:
   using StepId = uint32_t;
@@ -63,6 +72,13 @@ class Plan {
   StepId divide(void* dst, const void* src, size_t count, std::initializer_list<StepId> deps = {});
   StepId scale(void* dst, const void* src, size_t count, std::initializer_list<StepId> deps = {});
   StepId check();  // dependencies added with add_dep
+  // The group later steps are built for; returns the previous one.
+  PlanGroup set_group(PlanGroup g) {
+    PlanGroup prev = group_;
+    group_ = g;
+    return prev;
+  }
+
   // Add a dependency after the fact (the step must not have started);
   // dep == kNoStep adds nothing.
   void add_dep(StepId step, StepId dep);
@@ -98,6 +114,8 @@ class Plan {
 
  private:
   StepId add(Step s, std::initializer_list<StepId> deps);
+  int peer_of(int pos) const { return group_.ranks != nullptr ? group_.ranks[pos] : pos; }
+  PlanGroup group_;
   std::vector<Step> steps_;
   std::vector<uint32_t> deps_;
   std::vector<std::pair<StepId, StepId>> late_deps_;

@@ -61,7 +61,8 @@ TEST(Tuner, EveryEstimateIsFiniteAndGrowsWithSize) {
       if (a.cost == nullptr) continue;  // not chosen by cost (direct_shm)
       double prev = -1;
       for (size_t bytes = 4; bytes <= (size_t{1} << 30); bytes *= 4) {
-        const double c = a.cost(fast(n), op_of(a.kind, n, bytes));
+        const OpDesc op = op_of(a.kind, n, bytes);
+        const double c = a.cost(BuildCtx::whole(fast(n), op), op);
         EXPECT_TRUE(std::isfinite(c) && c >= 0) << a.name << " n=" << n;
         EXPECT_GE(c, prev) << a.name << " n=" << n << " bytes=" << bytes;
         prev = c;
@@ -103,7 +104,7 @@ TEST(Tuner, NetworkLinksPaceTheModel) {
   EXPECT_EQ(shm.alpha(), 1.0);
   EXPECT_EQ(net.alpha(), 30.0);
   const OpDesc op = op_of(OpKind::AllReduce, 8, 1 << 20);
-  EXPECT_GT(cost_ring_allreduce(net, op), cost_ring_allreduce(shm, op));
+  EXPECT_GT(cost_ring_allreduce(BuildCtx::whole(net, op), op), cost_ring_allreduce(BuildCtx::whole(shm, op), op));
 }
 
 TEST(Tuner, ForcedByEnvironment) {
