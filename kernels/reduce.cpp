@@ -4,8 +4,6 @@
 #include "kernels/reduce.h"
 
 #include <atomic>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 
 #include "kernels/convert.h"
@@ -32,33 +30,12 @@ const KernelTable* best_table() {
   return &portable_table();
 }
 
-// MESHCCL_KERNEL_ISA=portable|avx2|avx512 (unset or "auto": the best this CPU
-// runs) forces an implementation, for tests and for comparing them. The
-// kernels have no logger of their own, so a bad value is reported on stderr.
-const KernelTable* initial_table() {
-  const char* want = std::getenv("MESHCCL_KERNEL_ISA");
-  if (want == nullptr || *want == '\0' || std::strcmp(want, "auto") == 0) return best_table();
-  const KernelTable* t = table_by_name(want);
-  const KernelTable* best = best_table();
-  if (t == nullptr) {
-    std::fprintf(stderr, "meshccl: MESHCCL_KERNEL_ISA=%s is not one of portable, avx2, avx512, auto; using %s\n",
-                 want, best->name);
-    return best;
-  }
-  if (!isa_supported(want)) {
-    std::fprintf(stderr, "meshccl: MESHCCL_KERNEL_ISA=%s is not supported by this CPU; using %s\n", want,
-                 best->name);
-    return best;
-  }
-  return t;
-}
-
 std::atomic<const KernelTable*> g_table{nullptr};
 
 const KernelTable& table() {
   const KernelTable* t = g_table.load(std::memory_order_acquire);
   if (t == nullptr) [[unlikely]] {
-    const KernelTable* fresh = initial_table();
+    const KernelTable* fresh = best_table();
     // A racing first call, or select_isa(), may have set it already; keep theirs.
     if (g_table.compare_exchange_strong(t, fresh, std::memory_order_acq_rel)) t = fresh;
   }
@@ -100,6 +77,10 @@ bool avx512_fp8_extras_supported() {
 
 bool select_isa(const char* name) {
   if (name == nullptr) return false;
+  if (std::strcmp(name, "auto") == 0) {
+    g_table.store(best_table(), std::memory_order_release);
+    return true;
+  }
   const KernelTable* t = table_by_name(name);
   if (t == nullptr || !isa_supported(name)) return false;
   g_table.store(t, std::memory_order_release);

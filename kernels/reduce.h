@@ -3,7 +3,8 @@
 // Pure functions with no communicator state. Half, bfloat16 and fp8 are
 // widened to float, combined, and rounded back to nearest-even once per
 // output element; integers wrap on overflow like NCCL. The implementation
-// picks AVX-512 / AVX2 / portable code once, at first use, from the CPU.
+// picks AVX-512 / AVX2 / portable code at first use, from the CPU, unless
+// select_isa chose one.
 #pragma once
 
 #include <cstddef>
@@ -33,6 +34,13 @@ void scale(ncclDataType_t dt, void* dst, const void* src, size_t count, const vo
 
 // Which implementation is in use: "avx512", "avx2" or "portable".
 const char* isa_name();
+// Chooses "portable", "avx2", "avx512" or "auto" (the best this CPU runs) for
+// every later call in the process; returns false (and changes nothing) when
+// the name is unknown or this CPU cannot run that code. The kernels read no
+// settings: the runtime applies MESHCCL_KERNEL_ISA at communicator creation.
+bool select_isa(const char* name);
+// Whether this CPU can run the named implementation.
+bool isa_supported(const char* name);
 
 // Scalar conversions shared with tests and tools (round to nearest even).
 float half_to_float(uint16_t h);

@@ -37,11 +37,5 @@ void fill_avx2_fp8_select(KernelTable& t);
 void fill_avx512_fp8_arith(KernelTable& t);
 bool avx512_fp8_extras_supported();
 
-// Internal selector for tests and tools. Chooses "portable", "avx2" or
-// "avx512" for every later call in the process; returns false (and changes
-// nothing) when the name is unknown or this CPU cannot run that code.
-bool select_isa(const char* name);
-// Whether this CPU can run the named implementation.
-bool isa_supported(const char* name);
 
 }  // namespace meshccl::kernels

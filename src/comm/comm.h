@@ -49,6 +49,8 @@ struct ncclComm {
   int cuda_dev = -1;
   uint64_t comm_hash = 0;  // for logs: same on every rank
   bool checks = false;     // MESHCCL_CHECKS on any rank at init: every collective checks signatures
+  int local_ranks = 0;     // ranks on this machine's cores (at least the parent's, for a split child)
+  meshccl::WaitPolicy wait;  // how this communicator's waits poll
   meshccl::CommConfig config;
   std::atomic<State> state{State::Initializing};
   std::atomic<int> async_error{ncclSuccess};  // ncclInProgress while a non-blocking call runs

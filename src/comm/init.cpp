@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "collectives/algorithms.h"
+#include "kernels/reduce.h"
 #include "comm/comm.h"
 #include "topo/cost_model.h"
 #include "meshccl_config.h"
@@ -49,11 +50,17 @@ void print_version_once() {
 }
 
 Status finish_setup(ncclComm* comm) {
+  // Settings that act process-wide, as they are now.
+  if (!kernels::select_isa(param_str(Param::KernelIsa).c_str()))
+    MC_WARN("MESHCCL_KERNEL_ISA=%s is not one of auto, portable, avx2, avx512 supported by this CPU; using %s",
+            param_str(Param::KernelIsa).c_str(), kernels::isa_name());
   // Ranks sharing this machine's cores (emulated hosts included) decide how
-  // long waits may poll.
+  // long this communicator's waits may poll; a split child keeps its
+  // parent's count, as its processes still share the cores.
   int local = 0;
   for (const PeerInfo& p : comm->peers) local += p.machine_hash == comm->peers[comm->rank].machine_hash;
-  note_local_ranks(local);
+  comm->local_ranks = std::max(comm->local_ranks, local);
+  comm->wait = WaitPolicy::for_local_ranks(comm->local_ranks);
   MC_TRY(Mesh::connect_all(*comm->bootstrap, comm->peers, &comm->abort_flag, &comm->mesh));
   comm->checks = std::any_of(comm->peers.begin(), comm->peers.end(),
                              [](const PeerInfo& p) { return (p.flags & kPeerChecks) != 0; });
@@ -63,7 +70,7 @@ Status finish_setup(ncclComm* comm) {
   const size_t slot_bytes = comm->checks ? 0 : static_cast<size_t>(param_int(Param::DirectSlotBytes));
   MC_TRY(NodeRegion::create(*comm->bootstrap, comm->peers, *comm->mesh, slot_bytes, &comm->node));
   comm->engine = std::make_unique<Engine>(comm->rank, comm->mesh.get(), &comm->abort_flag,
-                                          [comm] { return comm->check_peers(); });
+                                          [comm] { return comm->check_peers(); }, comm->wait);
   TuneModel tune;
   MC_TRY(tune_init(comm->rank, *comm->bootstrap, *comm->mesh, *comm->engine, comm->peers, &tune));
   comm->algorithms = make_algorithms(comm->rank, tune, comm->node.get());
@@ -154,6 +161,7 @@ Status comm_split(ncclComm* parent, int color, int key, ncclComm* child) {
   int crank = static_cast<int>(std::find(members.begin(), members.end(), parent->rank) - members.begin());
   child->rank = crank;
   child->nranks = cn;
+  child->local_ranks = parent->local_ranks;
   uint8_t secret[kSecretBytes];
   uint64_t h1 = hash64(parent->bootstrap->secret(), kSecretBytes, 0x5b17 + seq);
   uint64_t h2 = hash64(&color, sizeof(color), h1);
@@ -179,7 +187,7 @@ Status comm_split(ncclComm* parent, int color, int key, ncclComm* child) {
 }
 
 bool comm_wait_idle(ncclComm* comm, Deadline dl) {
-  Backoff backoff;
+  Backoff backoff(comm->wait);
   while (comm->sched.pending_ops.load() > 0 && !dl.expired()) {
     if (comm->engine && comm->engine->progress()) backoff.progress();
     else backoff.idle();

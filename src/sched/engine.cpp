@@ -9,11 +9,12 @@ namespace meshccl {
 
 // ---------------------------------------------------------------- engine
 
-Engine::Engine(int rank, Mesh* mesh, std::atomic<bool>* abort, std::function<Status()> liveness)
+Engine::Engine(int rank, Mesh* mesh, std::atomic<bool>* abort, std::function<Status()> liveness, WaitPolicy wait)
     : rank_(rank),
       mesh_(mesh),
       abort_(abort),
       liveness_(std::move(liveness)),
+      wait_(wait),
       exec_(&host_executor()),
       links_(rank, mesh, exec_),
       notices_(rank, mesh) {}
@@ -116,7 +117,7 @@ void Engine::fail_all(Status s) {
 }
 
 Status Engine::wait(OpHandle& op) {
-  Backoff backoff;
+  Backoff backoff(wait_);
   while (!op.done.load(std::memory_order_acquire)) {
     if (progress()) backoff.progress();
     else backoff.idle();

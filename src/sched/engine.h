@@ -21,6 +21,7 @@
 #include "sched/scratch.h"
 #include "transport/mesh.h"
 #include "util/status.h"
+#include "util/wait.h"
 
 namespace meshccl {
 
@@ -70,7 +71,8 @@ class Engine {
  public:
   // liveness: called when an operation makes no progress for a while; returns
   // an error when a peer is known dead.
-  Engine(int rank, Mesh* mesh, std::atomic<bool>* abort, std::function<Status()> liveness);
+  Engine(int rank, Mesh* mesh, std::atomic<bool>* abort, std::function<Status()> liveness,
+         WaitPolicy wait = WaitPolicy::standalone());
   ~Engine();
 
   std::shared_ptr<OpHandle> submit(std::unique_ptr<Run> run, int priority);
@@ -91,6 +93,7 @@ class Engine {
   Executor& executor() { return *exec_; }
   Mesh* mesh() const { return mesh_; }
   int rank() const { return rank_; }
+  const WaitPolicy& wait_policy() const { return wait_; }
 
  private:
   void progress_locked(bool* moved);
@@ -99,6 +102,7 @@ class Engine {
   Mesh* mesh_;
   std::atomic<bool>* abort_;
   std::function<Status()> liveness_;
+  WaitPolicy wait_;
   Executor* exec_;
   ScratchPool scratch_;
   Links links_;      // with mu_ held

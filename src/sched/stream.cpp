@@ -14,7 +14,10 @@ Submitted::Submitted(std::vector<Launch>& launches, int priority) {
   ops_.reserve(launches.size());
   for (Launch& l : launches) {
     ops_.push_back({l.comm, l.comm->engine->submit(std::move(l.run), priority)});
-    if (std::find(comms_.begin(), comms_.end(), l.comm) == comms_.end()) comms_.push_back(l.comm);
+    if (std::find(comms_.begin(), comms_.end(), l.comm) != comms_.end()) continue;
+    const WaitPolicy& w = l.comm->engine->wait_policy();
+    if (comms_.empty() || w.yield < wait_.yield) wait_ = w;
+    comms_.push_back(l.comm);
   }
 }
 
@@ -47,7 +50,7 @@ Status Submitted::finish() {
 
 Status run_launches(std::vector<Launch>& launches, int priority) {
   Submitted sub(launches, priority);
-  Backoff backoff;
+  Backoff backoff(sub.wait_policy());
   while (!sub.done()) sub.poll() ? backoff.progress() : backoff.idle();
   return sub.finish();
 }
@@ -123,6 +126,7 @@ bool meshcclStream::drive(bool* busy) {
         // running_ is set before mu_ is released: the stream never looks idle
         // between the pop and the submit.
         running_ = std::make_unique<meshccl::Submitted>(item, priority);
+        wait_ = running_->wait_policy();
       }
       moved = true;
     }
@@ -146,6 +150,7 @@ void meshcclStream::worker() {
       std::unique_lock<std::mutex> lock(mu_);
       cv_work_.wait(lock, [&] { return (shutdown_ && syncers_.load() == 0) || (has_work_locked() && syncers_.load() == 0); });
       if (!has_work_locked()) return;  // shutdown with nothing left
+      backoff.set_policy(wait_);
     }
     drive() ? backoff.progress() : backoff.idle();
   }
@@ -154,8 +159,11 @@ void meshcclStream::worker() {
 meshccl::Status meshcclStream::synchronize() {
   const uint64_t target = enqueued_.load();
   ++syncers_;
-  meshccl::Backoff backoff;
-  while (completed_.load(std::memory_order_acquire) < target) drive() ? backoff.progress() : backoff.idle();
+  meshccl::Backoff backoff(wait_policy());
+  while (completed_.load(std::memory_order_acquire) < target) {
+    drive() ? backoff.progress() : backoff.idle();
+    backoff.set_policy(wait_policy());
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     --syncers_;

@@ -12,6 +12,7 @@
 
 #include "sched/launch.h"
 #include "util/status.h"
+#include "util/wait.h"
 
 namespace meshccl {
 
@@ -36,6 +37,8 @@ class Submitted {
   bool done() const;
   // After done(): releases the communicators and returns the first error.
   Status finish();
+  // How to wait for these launches: the most yielding of their communicators'.
+  const WaitPolicy& wait_policy() const { return wait_; }
 
  private:
   struct Waiting {
@@ -44,6 +47,7 @@ class Submitted {
   };
   std::vector<Waiting> ops_;
   std::vector<CommSched*> comms_;
+  WaitPolicy wait_;
 };
 
 // Submits every launch, then drives all their engines until all complete.
@@ -83,6 +87,10 @@ struct meshcclStream {
   // (then *busy, when given, is set).
   bool drive(bool* busy = nullptr);
   bool has_work_locked() const { return running_ != nullptr || !queue_.empty(); }
+  meshccl::WaitPolicy wait_policy() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return wait_;
+  }
 
   std::mutex mu_;     // queue_, running_ hand-over, error_, counters' waiters
   std::mutex drive_mu_;  // held by the one thread driving
@@ -93,6 +101,7 @@ struct meshcclStream {
   std::atomic<uint64_t> completed_{0};
   std::atomic<int> syncers_{0};
   meshccl::Status error_;
+  meshccl::WaitPolicy wait_ = meshccl::WaitPolicy::standalone();  // of the last work started
   bool shutdown_ = false;
   std::thread thread_;
 };

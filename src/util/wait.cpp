@@ -3,7 +3,6 @@
 #include <sched.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <time.h>
 
 #include "util/param.h"
@@ -19,9 +18,6 @@
 
 namespace meshccl {
 
-namespace {
-std::atomic<int> g_local_ranks{0};
-
 int online_cores() {
   static const int n = [] {
     cpu_set_t set;
@@ -32,30 +28,15 @@ int online_cores() {
   return n;
 }
 
-struct BackoffConfig {
-  uint32_t spin;
-  int64_t yield;  // < 0: chosen from the host's load
-  BackoffConfig() : spin(static_cast<uint32_t>(param_int(Param::SpinCount))) {
-    yield = param_env(Param::YieldCount) != nullptr ? param_int(Param::YieldCount) : -1;
-  }
-};
-const BackoffConfig& backoff_config() {
-  static const BackoffConfig c;
-  return c;
-}
-}  // namespace
-
-void note_local_ranks(int n) {
-  int cur = g_local_ranks.load(std::memory_order_relaxed);
-  while (n > cur && !g_local_ranks.compare_exchange_weak(cur, n)) {
-  }
-}
-
-bool host_oversubscribed() { return g_local_ranks.load(std::memory_order_relaxed) > online_cores(); }
-
-Backoff::Backoff() : spin_(backoff_config().spin) {
-  const int64_t y = backoff_config().yield;
-  yield_ = static_cast<uint32_t>(y >= 0 ? y : host_oversubscribed() ? 200 : 20000);
+WaitPolicy WaitPolicy::for_local_ranks(int local_ranks) {
+  WaitPolicy p;
+  p.spin = static_cast<uint32_t>(param_int(Param::SpinCount));
+  // A sleep costs tens of microseconds of latency when the peer answers, so
+  // waits yield long before sleeping unless the ranks outnumber the cores.
+  p.yield = param_env(Param::YieldCount) != nullptr ? static_cast<uint32_t>(param_int(Param::YieldCount))
+            : local_ranks > online_cores()          ? 200
+                                                     : 20000;
+  return p;
 }
 
 void Backoff::idle() {

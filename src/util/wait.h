@@ -1,9 +1,7 @@
 // Polling waits that stay cheap when a peer answers quickly and polite when it
 // does not: spin (with a CPU pause), then sched_yield, then short sleeps that
 // grow to a cap. Oversubscribed ranks (8 on 2 cores) thus leave the CPU to the
-// peer they wait for. Deadline bounds every wait. While a host runs no more
-// ranks than it has cores, a wait yields far longer before it sleeps: a sleep
-// costs tens of microseconds of latency when the peer answers.
+// peer they wait for. Deadline bounds every wait.
 #pragma once
 
 #include <chrono>
@@ -11,9 +9,28 @@
 
 namespace meshccl {
 
+// How a wait polls. Per communicator: while no more of its ranks share this
+// machine's cores than there are cores, a wait yields far longer before it
+// sleeps; otherwise it leaves the CPU to the peer it waits for sooner.
+// MESHCCL_SPIN_COUNT / MESHCCL_YIELD_COUNT override, as read at the last
+// settings refresh (communicator creation).
+struct WaitPolicy {
+  uint32_t spin = 32;
+  uint32_t yield = 20000;
+  // For a communicator with local_ranks ranks on this machine's cores.
+  static WaitPolicy for_local_ranks(int local_ranks);
+  // Waits that belong to no communicator (setup, tools).
+  static WaitPolicy standalone() { return for_local_ranks(1); }
+};
+
 class Backoff {
  public:
-  Backoff();
+  explicit Backoff(const WaitPolicy& policy = WaitPolicy::standalone()) : spin_(policy.spin), yield_(policy.yield) {}
+  // A wait that moves on to work of another policy; the count goes on.
+  void set_policy(const WaitPolicy& policy) {
+    spin_ = policy.spin;
+    yield_ = policy.yield;
+  }
   // Call after a poll that found nothing to do.
   void idle();
   // Like idle(), but never sleeps: for short bounded waits.
@@ -27,10 +44,8 @@ class Backoff {
   uint32_t yield_;
 };
 
-// Records that this process takes part in a communicator with `n` ranks on
-// this host; the largest count seen decides whether waits may oversubscribe.
-void note_local_ranks(int n);
-bool host_oversubscribed();
+// Cores this process may run on.
+int online_cores();
 
 class Deadline {
  public:

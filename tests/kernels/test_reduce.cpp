@@ -801,13 +801,4 @@ TEST(KernelApi, SelectIsa) {
   }
 }
 
-// Run alone with MESHCCL_KERNEL_ISA set (see meson.build): the first call
-// picks up the variable.
-TEST(KernelIsaEnv, EnvironmentChoosesImplementation) {
-  const char* want = std::getenv("MESHCCL_KERNEL_ISA");
-  if (want == nullptr) GTEST_SKIP() << "MESHCCL_KERNEL_ISA not set";
-  if (!mk::isa_supported(want)) GTEST_SKIP() << want << " not supported by this CPU";
-  EXPECT_STREQ(mk::isa_name(), want);
-}
-
 }  // namespace
