@@ -6,15 +6,45 @@
 #include "meshccl.h"
 #include "meshccl_config.h"
 #include "kernels/reduce.h"
+#include "topo/discover.h"
+#include "topo/topo_file.h"
 #include "transport/registry.h"
+#include "util/log.h"
 #include "util/param.h"
+
+namespace {
+
+int print_topo() {
+  meshccl::HostTopo host;
+  const char* file = std::getenv("MESHCCL_TOPO_FILE");
+  if (file == nullptr || *file == '\0') file = std::getenv("NCCL_TOPO_FILE");
+  if (file != nullptr && *file != '\0') {
+    meshccl::TopoFile parsed;
+    if (!meshccl::topo_read_file(file, &parsed).ok()) {
+      std::fprintf(stderr, "meshccl_info: %s\n", meshccl::last_error().c_str());
+      return 1;
+    }
+    host = parsed.hosts[0];
+  } else {
+    host = meshccl::local_host_topo();
+  }
+  std::printf("%s", meshccl::describe_host(host).c_str());
+  const meshccl::CpuSet bound = meshccl::current_binding();
+  const int numa = host.numa_of(bound);
+  std::printf("this process: cpus %s, numa %s\n", bound.to_list().c_str(),
+              numa >= 0 ? std::to_string(numa).c_str() : "unbound (spans several NUMA nodes)");
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   const std::string arg = argc > 1 ? argv[1] : "";
   if (arg == "-h" || arg == "--help") {
     std::printf(
-        "usage: meshccl_info [--markdown]\nPrints the meshccl version, build features, transports and settings.\n"
-        "--markdown prints only the settings, as the table of docs/environment.md.\n");
+        "usage: meshccl_info [--markdown | --topo]\nPrints the meshccl version, build features, transports and settings.\n"
+        "--markdown prints only the settings, as the table of docs/environment.md.\n"
+        "--topo prints this host's topology (MESHCCL_TOPO_FILE's first host when set) and where this process runs.\n");
     return 0;
   }
   if (arg == "--markdown") {
@@ -24,6 +54,7 @@ int main(int argc, char** argv) {
                   p.default_value, p.help);
     return 0;
   }
+  if (arg == "--topo") return print_topo();
   if (!arg.empty()) {
     std::fprintf(stderr, "meshccl_info: unknown argument '%s' (try --help)\n", arg.c_str());
     return 2;

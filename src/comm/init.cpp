@@ -10,6 +10,7 @@
 #include "comm/comm.h"
 #include "topo/cost_model.h"
 #include "meshccl_config.h"
+#include "topo/exchange.h"
 #include "util/log.h"
 #include "util/param.h"
 
@@ -61,6 +62,10 @@ Status finish_setup(ncclComm* comm) {
   for (const PeerInfo& p : comm->peers) local += p.machine_hash == comm->peers[comm->rank].machine_hash;
   comm->local_ranks = std::max(comm->local_ranks, local);
   comm->wait = WaitPolicy::for_local_ranks(comm->local_ranks);
+  // A split child already has its parent's graph, restricted to its members.
+  const bool from_split = comm->topo.nranks() == comm->nranks;
+  if (!from_split) MC_TRY(topo_init(comm->rank, *comm->bootstrap, comm->peers, comm->cuda_dev, &comm->topo));
+  MC_TRY(topo_publish(comm->rank, comm->topo, comm->comm_hash, from_split));
   MC_TRY(Mesh::connect_all(*comm->bootstrap, comm->peers, &comm->abort_flag, &comm->mesh));
   comm->checks = std::any_of(comm->peers.begin(), comm->peers.end(),
                              [](const PeerInfo& p) { return (p.flags & kPeerChecks) != 0; });
@@ -170,6 +175,7 @@ Status comm_split(ncclComm* parent, int color, int key, ncclComm* child) {
   child->comm_hash = hash64(secret, kSecretBytes);
   std::vector<SockAddr> addrs(cn);
   child->peers.resize(cn);
+  child->topo = parent->topo.subset(members);
   for (int i = 0; i < cn; ++i) {
     int pr = members[i];
     std::memcpy(&addrs[i].ss, &all[pr].addr, sizeof(sockaddr_storage));
