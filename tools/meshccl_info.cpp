@@ -16,9 +16,8 @@ namespace {
 
 int print_topo() {
   meshccl::HostTopo host;
-  const char* file = std::getenv("MESHCCL_TOPO_FILE");
-  if (file == nullptr || *file == '\0') file = std::getenv("NCCL_TOPO_FILE");
-  if (file != nullptr && *file != '\0') {
+  const std::string& file = meshccl::param_str(meshccl::Param::TopoFile);
+  if (!file.empty()) {
     meshccl::TopoFile parsed;
     if (!meshccl::topo_read_file(file, &parsed).ok()) {
       std::fprintf(stderr, "meshccl_info: %s\n", meshccl::last_error().c_str());

@@ -50,10 +50,11 @@ HostTopo discover_fallback() {
   HostTopo h;
   h.name = host_name();
   h.source = "sysconf";
+  // The online CPUs, numbered from 0, and any this thread may run on beyond
+  // them (sparse numbering): the host, not just the discovering thread.
   CpuSet cpus = current_binding();
   const long online = sysconf(_SC_NPROCESSORS_ONLN);
-  if (cpus.empty())
-    for (long c = 0; c < online && c < CpuSet::kMaxCpus; ++c) cpus.set(static_cast<int>(c));
+  for (long c = 0; c < online && c < CpuSet::kMaxCpus; ++c) cpus.set(static_cast<int>(c));
   h.packages.push_back({0, cpus});
   h.numa.push_back({0, 0, cpus, 0});
   const long pages = sysconf(_SC_PHYS_PAGES);

@@ -74,8 +74,7 @@ void expect_sane(const HostTopo& h) {
     numa_cpus += n.cpus.count();
   }
   EXPECT_EQ(h.cpu_count(), numa_cpus);
-  const long online = sysconf(_SC_NPROCESSORS_ONLN);
-  EXPECT_LE(h.cpu_count(), online);
+  EXPECT_LE(h.cpu_count(), sysconf(_SC_NPROCESSORS_CONF));
   int core_cpus = 0;
   for (const TopoCore& c : h.cores) {
     EXPECT_TRUE(c.cpus.subset_of(all));
@@ -117,7 +116,8 @@ TEST(Discover, Fallback) {
   expect_sane(h);
   EXPECT_EQ(h.numa.size(), 1u);
   EXPECT_EQ(static_cast<int>(h.cores.size()), h.cpu_count());
-  EXPECT_EQ(h.numa[0].cpus, current_binding());
+  EXPECT_TRUE(current_binding().subset_of(h.numa[0].cpus));
+  EXPECT_GE(h.cpu_count(), static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
 }
 
 TEST(Discover, Interfaces) {
