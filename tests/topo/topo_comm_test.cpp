@@ -1,9 +1,16 @@
 // Communicators whose system graph comes from MESHCCL_TOPO_FILE or from
 // discovery: ranks as threads of this process.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <sstream>
@@ -36,20 +43,18 @@ class TempDir {
     path_ = d != nullptr ? d : "";
   }
   ~TempDir() {
-    for (const std::string& f : files_) std::remove(f.c_str());
-    if (!path_.empty()) rmdir(path_.c_str());
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
   }
   const std::string& dir() const { return path_; }
   std::string file(const std::string& name, const std::string& content = "") {
     const std::string p = path_ + "/" + name;
-    files_.push_back(p);
     if (!content.empty()) std::ofstream(p) << content;
     return p;
   }
 
  private:
   std::string path_;
-  std::vector<std::string> files_;
 };
 
 // The expected class of each pair, row by row ("S" self, "N" same NUMA,
@@ -126,8 +131,6 @@ TEST(TopoComm, DumpPerCommunicator) {
     }
     EXPECT_EQ(ncclCommDestroy(child), ncclSuccess);
   });
-  tmp.file(parent_file.substr(dir.size() + 1));
-  tmp.file(child_file.substr(dir.size() + 1));
   TopoFile whole, part;
   ASSERT_TRUE(topo_read_file(parent_file, &whole).ok());
   ASSERT_TRUE(topo_read_file(child_file, &part).ok());
@@ -170,6 +173,66 @@ TEST(TopoComm, Discovered) {
       if (g.hosts[0].numa.size() == 1) EXPECT_EQ(g.ranks[r].numa, g.hosts[0].numa[0].id);
     }
   });
+}
+
+// Ranks as forked processes on emulated hosts (MESHCCL_HOSTID per process),
+// with discovery: each host's description travels from its lowest rank.
+TEST(TopoComm, DiscoveredAcrossEmulatedHosts) {
+  TempDir tmp;
+  const std::string dump = tmp.file("hosts.xml");
+  ScopedEnv env({{"MESHCCL_TOPO_FILE", ""}, {"MESHCCL_TOPO_DUMP_FILE", dump}});
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  const int n = 3;  // ranks 0 and 2 on host a, rank 1 on host b
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::vector<pid_t> kids;
+  for (int r = 0; r < n; ++r) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0) << std::strerror(errno);
+    if (pid == 0) {
+      setenv("MESHCCL_HOSTID", r == 1 ? "topo-host-b" : "topo-host-a", 1);
+      ncclComm_t comm = nullptr;
+      int code = 0;
+      if (ncclCommInitRank(&comm, n, id, r) != ncclSuccess) _exit(2);
+      const SystemGraph& g = comm->topo;
+      if (g.hosts.size() != 2 || g.link(0, 1).cls != LinkClass::kNetwork ||
+          g.link(2, 1).cls != LinkClass::kNetwork || g.link(0, 2).cls == LinkClass::kNetwork)
+        code = 3;
+      if (ncclCommDestroy(comm) != ncclSuccess) code = 4;
+      std::fflush(stdout);
+      _exit(code);
+    }
+    kids.push_back(pid);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  for (pid_t pid : kids) {
+    int st = 0;
+    pid_t got = 0;
+    while ((got = waitpid(pid, &st, WNOHANG)) == 0) {
+      if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(60)) {
+        kill(pid, SIGKILL);
+        got = waitpid(pid, &st, 0);
+        ADD_FAILURE() << "rank process " << pid << " did not finish in 60 s";
+        break;
+      }
+      usleep(10000);
+    }
+    ASSERT_EQ(got, pid);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
+  }
+  TopoFile f;
+  ASSERT_TRUE(topo_read_file(dump, &f).ok());
+  ASSERT_EQ(f.hosts.size(), 2u);
+  EXPECT_EQ(f.hosts[0].name, "topo-host-a");
+  EXPECT_EQ(f.hosts[1].name, "topo-host-b");
+  ASSERT_EQ(f.ranks.size(), 3u);
+  EXPECT_EQ(f.ranks[0].host, 0);
+  EXPECT_EQ(f.ranks[1].host, 1);
+  EXPECT_EQ(f.ranks[2].host, 0);
+  // Both hosts are this machine, described alike.
+  EXPECT_EQ(f.hosts[0].numa.size(), f.hosts[1].numa.size());
+  EXPECT_EQ(f.hosts[0].cores.size(), f.hosts[1].cores.size());
 }
 
 // Every rank's init fails with ncclInvalidArgument and a message containing `what`.
