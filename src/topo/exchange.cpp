@@ -10,6 +10,7 @@
 #include "topo/discover.h"
 #include "util/log.h"
 #include "util/param.h"
+#include "util/wait.h"
 
 namespace meshccl {
 
@@ -94,6 +95,7 @@ Status topo_local(int rank, const std::vector<PeerInfo>& peers, int cuda_dev, co
 }
 
 Status topo_init(int rank, Bootstrap& bootstrap, const std::vector<PeerInfo>& peers, int cuda_dev, SystemGraph* out) {
+  const double t0 = now_us();
   const int nranks = static_cast<int>(peers.size());
   const std::string file_name = param_str(Param::TopoFile);
   TopoFile file;
@@ -159,6 +161,8 @@ Status topo_init(int rank, Bootstrap& bootstrap, const std::vector<PeerInfo>& pe
     p.ifname.assign(wires[r].ifname, strnlen(wires[r].ifname, sizeof(wires[r].ifname)));
     g.ranks.push_back(std::move(p));
   }
+  MC_INFO(kGraph, "Topology: rank %d agreed on %d rank(s) on %zu host(s) in %.2f ms (%s)", rank, nranks, g.hosts.size(),
+          (now_us() - t0) / 1000, file_name.empty() ? "discovered" : file_name.c_str());
   *out = std::move(g);
   return kOk;
 }
