@@ -14,7 +14,7 @@
 #include "meshccl/transport.h"
 #include "plugins/common/msg_engine.h"
 #include "plugins/common/plugin_util.h"
-#include "plugins/socket/socket_iface.h"
+#include "plugins/common/socket_iface.h"
 
 namespace meshccl::plugin::socket {
 

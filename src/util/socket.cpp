@@ -12,7 +12,7 @@
 #include <cstring>
 #include <vector>
 
-#include "plugins/socket/socket_iface.h"
+#include "plugins/common/socket_iface.h"
 #include "util/log.h"
 #include "util/param.h"
 

@@ -23,7 +23,7 @@ struct SockAddr {
 // Parses "host:port", "[v6]:port" or "ipv4:port"; resolves host names.
 Status parse_host_port(const std::string& s, SockAddr* out);
 // The address to listen on, chosen by the same rules as the socket
-// transport (plugins/socket/socket_iface.h: MESHCCL_SOCKET_IFNAME,
+// transport (plugins/common/socket_iface.h: MESHCCL_SOCKET_IFNAME,
 // MESHCCL_SOCKET_FAMILY). Port 0.
 Status pick_interface(SockAddr* out, std::string* ifname);
 

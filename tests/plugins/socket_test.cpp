@@ -15,7 +15,7 @@
 
 #include "plugins/builtin.h"
 #include "plugins/socket/socket_comm.h"
-#include "plugins/socket/socket_iface.h"
+#include "plugins/common/socket_iface.h"
 #include "tests/plugins/test_host.h"
 
 namespace meshccl::test {

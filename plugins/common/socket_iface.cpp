@@ -1,4 +1,4 @@
-#include "plugins/socket/socket_iface.h"
+#include "plugins/common/socket_iface.h"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
