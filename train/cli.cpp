@@ -11,6 +11,7 @@ namespace meshtrain {
 const char* cli_usage() {
   return R"(usage: meshtrain [options]       (multi-rank: meshrun -n N meshtrain ...)
 layout:   --dp N --pp N --tp N          dp x pp x tp must equal the number of ranks
+          --order tp-pp-dp              rank grid order, fastest dimension first
           --schedule gpipe|1f1b         pipeline schedule (default 1f1b)
 model:    --layers N --d-model N --heads N --seq N --vocab N --untied --seed N
 batch:    --micro-batch N --grad-accum N  (global batch = dp x micro-batch x grad-accum)
@@ -58,7 +59,7 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
       {"--temperature", &o->temperature}};
   std::map<std::string, std::string*> strings = {
       {"--data", &o->data}, {"--ckpt-dir", &t.ckpt_dir}, {"--prompt", &o->prompt},
-      {"--schedule", &schedule}};
+      {"--schedule", &schedule}, {"--order", &t.layout.order}};
   int warmup_given = 0;
   for (int i = 1; i < argc; i++) {
     const std::string a = argv[i];

@@ -73,7 +73,10 @@ Engine::Engine(const TrainConfig& cfg, int rank, const Comms& comms, const Corpu
   // being sent, so a pipelined stage needs two slots even when training needs one.
   if (l.pp > 1) slots_ = std::max(slots_, 2);
   stage_ = std::make_unique<Stage>(cfg_.model, l, me_, cfg_.micro_batch, slots_);
-  stage_->tp_comm = comms_.tp;
+  TpComms tc;
+  tc.group = comms_.tp;
+  for (int a = 0; a < 3; a++) tc.axis[a] = comms_.cube[a];
+  stage_->set_tp_comms(tc);
   opt_ = AdamW(stage_->params.size());
   const size_t N = static_cast<size_t>(cfg_.micro_batch) * cfg_.model.seq;
   tokens_.assign(N, 0);
@@ -83,7 +86,8 @@ Engine::Engine(const TrainConfig& cfg, int rank, const Comms& comms, const Corpu
 double Engine::comm_seconds() const {
   double t = 0.0;
   std::set<const Comm*> seen;
-  for (const Comm* c : {comms_.world, comms_.dp, comms_.pp, comms_.tp, comms_.embed}) {
+  for (const Comm* c : {comms_.world, comms_.dp, comms_.pp, comms_.tp, comms_.embed,
+                        comms_.cube[0], comms_.cube[1], comms_.cube[2]}) {
     if (c && seen.insert(c).second) t += c->wait_seconds;
   }
   return t;
@@ -188,6 +192,7 @@ StepStats Engine::train_step(int step) {
     if (launched_lo_ > 0) comms_.dp->all_reduce_async(st.grads.data(), launched_lo_, ReduceOp::Avg);
     comms_.dp->wait_async();
   }
+  st.finish_grads();
   if (comms_.embed) {
     for (const auto& s : st.specs()) {
       if (s.name == "wte") comms_.embed->all_reduce(st.grads.data() + s.offset, s.size, ReduceOp::Sum);
@@ -348,10 +353,8 @@ std::string Engine::sample(const std::string& prompt, int length, float temperat
     }
     float next = 0.0f;
     if (st.last()) {
-      // Assemble the vocabulary from the tensor-parallel slices.
-      std::fill(logits.begin(), logits.end(), 0.0f);
-      std::copy_n(st.logits(0, 0, n - 1), st.vocab_valid(), logits.begin() + st.vocab_lo());
-      if (comms_.tp) comms_.tp->all_reduce(logits.data(), V, ReduceOp::Sum);
+      // The whole vocabulary, assembled from the tensor-parallel slices.
+      st.token_logits(0, 0, n - 1, logits.data());
       int pick = 0;
       if (temperature <= 0.0f) {
         pick = static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());

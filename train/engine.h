@@ -41,8 +41,9 @@ struct Comms {
   Comm* world = nullptr;
   Comm* dp = nullptr;
   Comm* pp = nullptr;
-  Comm* tp = nullptr;
+  Comm* tp = nullptr;     // the whole tensor-parallel group
   Comm* embed = nullptr;
+  Comm* cube[3] = {nullptr, nullptr, nullptr};  // 3D: along the I, W and O axes (CubeAxis)
 };
 
 struct StepStats {

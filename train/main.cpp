@@ -96,10 +96,11 @@ int run(const CliOptions& o) {
   if (talk) {
     size_t n = 0;
     for (const auto& s : engine.stage().specs()) n += s.size;
-    std::printf("meshtrain: %d rank(s) = dp %d x pp %d x tp %d, %s schedule; model L=%d d=%d "
+    std::printf("meshtrain: %d rank(s) = dp %d x pp %d x tp %d (%s, order %s), %s schedule; model L=%d d=%d "
                 "heads=%d seq=%d vocab=%d (%s); global batch %d x %d tokens; rank 0 holds %zu "
                 "parameters; corpus %s (%zu bytes)\n",
                 world_size, cfg.layout.dp, cfg.layout.pp, cfg.layout.tp,
+                tp_mode_name(cfg.layout.tp_mode), cfg.layout.order.c_str(),
                 schedule_name(cfg.schedule), cfg.model.layers, cfg.model.d_model,
                 cfg.model.heads, cfg.model.seq, cfg.model.vocab,
                 cfg.model.tied ? "tied" : "untied", cfg.global_batch(), cfg.model.seq, n,

@@ -37,46 +37,42 @@ uint64_t key_of(uint64_t kind, int layer) { return (kind << 32) | static_cast<ui
 
 }  // namespace
 
-size_t global_index(const ParamSpec& s, size_t local, int tp_rank, int tp) {
+size_t global_index(const ParamSpec& s, size_t local, int, int) {
   const size_t r = local / s.local_cols, c = local % s.local_cols;
-  switch (s.split) {
-    case Split::None:
-      return local;
-    case Split::Rows:
-      return (static_cast<size_t>(tp_rank) * s.local_rows + r) * s.cols + c;
-    case Split::Cols:
-      return r * s.cols + static_cast<size_t>(tp_rank) * s.local_cols + c;
-    case Split::QkvRows: {
-      const size_t block = s.rows / 3 / tp;  // rows of one of Q, K, V on one rank
-      const size_t part = r / block, within = r % block;
-      return (part * (s.rows / 3) + tp_rank * block + within) * s.cols + c;
-    }
+  const size_t col = static_cast<size_t>(s.col_part) * s.local_cols + c;
+  size_t row = 0;
+  if (s.qkv) {
+    // Within the slice: block row_sub, then [Q | K | V] each cut by heads.
+    const size_t third = static_cast<size_t>(s.rows) / 3 / s.row_slices;
+    const size_t rr = static_cast<size_t>(s.row_sub) * s.local_rows + r;
+    row = (rr / third) * (s.rows / 3) + s.row_slice * third + rr % third;
+  } else {
+    row = (static_cast<size_t>(s.row_slice) * s.row_subs + s.row_sub) * s.local_rows + r;
   }
-  return local;
+  return row * s.cols + col;
 }
 
 Stage::Stage(const ModelConfig& cfg, const Layout& layout, const Coords& me, int micro_batch,
              int slots)
     : cfg_(cfg), layout_(layout), me_(me) {
   range_ = stage_layers(cfg.layers, layout.pp, me.pp);
+  tp_ = make_tp_scheme(cfg, layout, me.tp, micro_batch);
+  const TpShapes& sh = tp_->shapes();
   B_ = micro_batch;
   T_ = cfg.seq;
   C_ = cfg.d_model;
-  const int tp = layout.tp;
-  Cl_ = C_ / tp;
-  NHl_ = cfg.heads / tp;
-  Fl_ = 4 * C_ / tp;
-  const int Vp = padded_vocab(cfg.vocab, tp);
-  Vl_ = Vp / tp;
-  vocab_lo_ = me.tp * Vl_;
-  vocab_valid_ = std::max(0, std::min(Vl_, cfg.vocab - vocab_lo_));
+  Nr_ = sh.seqs * T_;
+  Cr_ = sh.width;
+  Bi_ = sh.inner_seqs;
+  Ni_ = Bi_ * T_;
+  const int Vp = padded_vocab(cfg.vocab, layout.tp);
 
   const float std_w = 0.02f;
   const float std_proj = 0.02f / std::sqrt(2.0f * cfg.layers);
-  const bool rep_norm = me.tp == 0;  // replicated tensors count once per tp group
+  const Linear none = Linear::kCount;
   if (first()) {
-    add_param("wte", key_of(kWte, -1), Vp, C_, Split::Rows, std_w, 0, true, true);
-    add_param("wpe", key_of(kWpe, -1), T_, C_, Split::None, std_w, 0, true, rep_norm);
+    add_param("wte", key_of(kWte, -1), Vp, C_, Tensor::TokenTable, none, std_w, 0, true, true);
+    add_param("wpe", key_of(kWpe, -1), T_, C_, Tensor::PosTable, none, std_w, 0, true, true);
   }
   for (int l = range_.lo; l < range_.hi; l++) {
     layer_offset_.push_back(params.size());
@@ -87,29 +83,31 @@ Stage::Stage(const ModelConfig& cfg, const Layout& layout, const Coords& me, int
       std::snprintf(buf, sizeof buf, "h%d.%s", l, field);
       return std::string(buf);
     };
-    add_param(p("ln1w"), key_of(kLn1W, l), C_, 1, Split::None, 0, 1, false, rep_norm);
-    add_param(p("ln1b"), key_of(kLn1B, l), C_, 1, Split::None, 0, 0, false, rep_norm);
-    add_param(p("qkvw"), key_of(kQkvW, l), 3 * C_, C_, Split::QkvRows, std_w, 0, true, true);
-    add_param(p("qkvb"), key_of(kQkvB, l), 3 * C_, 1, Split::QkvRows, 0, 0, false, true);
-    add_param(p("attprojw"), key_of(kAttProjW, l), C_, C_, Split::Cols, std_proj, 0, true, true);
-    add_param(p("attprojb"), key_of(kAttProjB, l), C_, 1, Split::None, 0, 0, false, rep_norm);
-    add_param(p("ln2w"), key_of(kLn2W, l), C_, 1, Split::None, 0, 1, false, rep_norm);
-    add_param(p("ln2b"), key_of(kLn2B, l), C_, 1, Split::None, 0, 0, false, rep_norm);
-    add_param(p("fcw"), key_of(kFcW, l), 4 * C_, C_, Split::Rows, std_w, 0, true, true);
-    add_param(p("fcb"), key_of(kFcB, l), 4 * C_, 1, Split::Rows, 0, 0, false, true);
-    add_param(p("fcprojw"), key_of(kFcProjW, l), C_, 4 * C_, Split::Cols, std_proj, 0, true, true);
-    add_param(p("fcprojb"), key_of(kFcProjB, l), C_, 1, Split::None, 0, 0, false, rep_norm);
+    using T = Tensor;
+    using L = Linear;
+    add_param(p("ln1w"), key_of(kLn1W, l), C_, 1, T::Norm, none, 0, 1, false, true);
+    add_param(p("ln1b"), key_of(kLn1B, l), C_, 1, T::Norm, none, 0, 0, false, true);
+    add_param(p("qkvw"), key_of(kQkvW, l), 3 * C_, C_, T::Weight, L::Qkv, std_w, 0, true, true);
+    add_param(p("qkvb"), key_of(kQkvB, l), 3 * C_, 1, T::Bias, L::Qkv, 0, 0, false, true);
+    add_param(p("attprojw"), key_of(kAttProjW, l), C_, C_, T::Weight, L::AttProj, std_proj, 0, true, true);
+    add_param(p("attprojb"), key_of(kAttProjB, l), C_, 1, T::Bias, L::AttProj, 0, 0, false, true);
+    add_param(p("ln2w"), key_of(kLn2W, l), C_, 1, T::Norm, none, 0, 1, false, true);
+    add_param(p("ln2b"), key_of(kLn2B, l), C_, 1, T::Norm, none, 0, 0, false, true);
+    add_param(p("fcw"), key_of(kFcW, l), 4 * C_, C_, T::Weight, L::Fc, std_w, 0, true, true);
+    add_param(p("fcb"), key_of(kFcB, l), 4 * C_, 1, T::Bias, L::Fc, 0, 0, false, true);
+    add_param(p("fcprojw"), key_of(kFcProjW, l), C_, 4 * C_, T::Weight, L::FcProj, std_proj, 0, true, true);
+    add_param(p("fcprojb"), key_of(kFcProjB, l), C_, 1, T::Bias, L::FcProj, 0, 0, false, true);
   }
   final_offset_ = params.size();
   if (last()) {
-    add_param("lnfw", key_of(kLnfW, -1), C_, 1, Split::None, 0, 1, false, rep_norm);
-    add_param("lnfb", key_of(kLnfB, -1), C_, 1, Split::None, 0, 0, false, rep_norm);
+    add_param("lnfw", key_of(kLnfW, -1), C_, 1, Tensor::Norm, none, 0, 1, false, true);
+    add_param("lnfb", key_of(kLnfB, -1), C_, 1, Tensor::Norm, none, 0, 0, false, true);
     if (!cfg.tied) {
-      add_param("lm_head", key_of(kHead, -1), Vp, C_, Split::Rows, std_w, 0, true, true);
+      add_param("lm_head", key_of(kHead, -1), Vp, C_, Tensor::TokenTable, none, std_w, 0, true, true);
     } else if (!first()) {
       // The last stage's copy of the tied embedding: same values as stage 0's,
       // its gradient summed with stage 0's; counted in the norm only there.
-      add_param("wte", key_of(kWte, -1), Vp, C_, Split::Rows, std_w, 0, true, false);
+      add_param("wte", key_of(kWte, -1), Vp, C_, Tensor::TokenTable, none, std_w, 0, true, false);
     }
   }
   grads.assign(params.size(), 0.0f);
@@ -142,34 +140,31 @@ Stage::Stage(const ModelConfig& cfg, const Layout& layout, const Coords& me, int
 
   slots_.resize(slots);
   for (auto& s : slots_) build_slot(s);
-  const size_t N = static_cast<size_t>(B_) * T_;
-  dres_.assign(N * C_, 0.0f);
-  grad_in_.assign(N * C_, 0.0f);
-  dln_.assign(N * C_, 0.0f);
-  tmp_.assign(N * C_, 0.0f);
-  dqkv_.assign(N * 3 * Cl_, 0.0f);
+  const size_t NC = static_cast<size_t>(Nr_) * Cr_;
+  dres_.assign(NC, 0.0f);
+  grad_in_.assign(NC, 0.0f);
+  dln_.assign(NC, 0.0f);
+  tmp_.assign(NC, 0.0f);
+  dqkv_.assign(static_cast<size_t>(Ni_) * sh.qkv, 0.0f);
   datt_.assign(static_cast<size_t>(T_) * T_, 0.0f);
-  datty_.assign(N * Cl_, 0.0f);
-  dfch_.assign(N * Fl_, 0.0f);
-  dfg_.assign(N * Fl_, 0.0f);
-  if (last()) dlogits_.assign(N * Vl_, 0.0f);
+  datty_.assign(static_cast<size_t>(Ni_) * sh.att, 0.0f);
+  dfch_.assign(static_cast<size_t>(Ni_) * sh.fc, 0.0f);
+  dfg_.assign(static_cast<size_t>(Ni_) * sh.fc, 0.0f);
+  if (last()) dlogits_.assign(static_cast<size_t>(Ni_) * sh.vocab, 0.0f);
 }
 
-void Stage::add_param(const std::string& name, uint64_t key, int rows, int cols, Split split,
-                      float std, float value, bool decay, bool in_norm) {
+void Stage::add_param(const std::string& name, uint64_t key, int rows, int cols, Tensor t,
+                      Linear which, float std, float value, bool decay, bool in_norm) {
   ParamSpec s;
   s.name = name;
   s.key = key;
   s.rows = rows;
   s.cols = cols;
-  s.split = split;
   s.init_std = std;
   s.init_value = value;
   s.decay = decay;
   s.in_norm = in_norm;
-  const int tp = layout_.tp;
-  s.local_rows = (split == Split::Rows || split == Split::QkvRows) ? rows / tp : rows;
-  s.local_cols = split == Split::Cols ? cols / tp : cols;
+  tp_->place(&s, t, which);
   s.offset = params.size();
   s.size = static_cast<size_t>(s.local_rows) * s.local_cols;
   params.resize(params.size() + s.size);
@@ -180,55 +175,56 @@ void Stage::init_params() {
   for (const auto& s : specs_) {
     float* p = params.data() + s.offset;
     for (size_t i = 0; i < s.size; i++) {
-      p[i] = s.init_std > 0
-                 ? s.init_std * normal_at(cfg_.seed, s.key, global_index(s, i, me_.tp, layout_.tp))
-                 : s.init_value;
+      p[i] = s.init_std > 0 ? s.init_std * normal_at(cfg_.seed, s.key, global_index(s, i))
+                            : s.init_value;
     }
   }
 }
 
 void Stage::build_slot(Slot& s) {
-  const size_t N = static_cast<size_t>(B_) * T_;
-  const size_t att = static_cast<size_t>(B_) * NHl_ * T_ * T_;
-  const size_t per_layer = N * (C_ * 4 + 3 * Cl_ + Cl_ + 2 * Fl_) + 4 * N + att;
-  size_t total = N * C_ + per_layer * range_.count();
-  if (last()) total += N * C_ + 2 * N + N * Vl_ + 4 * N;
+  const TpShapes& sh = tp_->shapes();
+  const size_t NC = static_cast<size_t>(Nr_) * Cr_, Nr = Nr_, Ni = Ni_;
+  const size_t att = static_cast<size_t>(Bi_) * sh.heads * T_ * T_;
+  const size_t saved = sh.saved[0] + sh.saved[1] + sh.saved[2] + sh.saved[3];
+  const size_t per_layer =
+      5 * NC + 4 * Nr + Ni * (sh.qkv + sh.att + 2 * sh.fc) + att + saved;
+  size_t total = NC + per_layer * range_.count();
+  if (last()) total += NC + 2 * Nr + Ni * sh.vocab + 4 * Ni + sh.saved[4];
   s.mem.assign(total, 0.0f);
   float* p = s.mem.data();
   auto take = [&](size_t n) { float* r = p; p += n; return r; };
-  s.input = take(N * C_);
+  s.input = take(NC);
   for (int l = 0; l < range_.count(); l++) {
     LayerActs a;
-    a.ln1 = take(N * C_);
-    a.ln1_mean = take(N);
-    a.ln1_rstd = take(N);
-    a.qkv = take(N * 3 * Cl_);
+    a.ln1 = take(NC);
+    a.ln1_mean = take(Nr);
+    a.ln1_rstd = take(Nr);
+    a.qkv = take(Ni * sh.qkv);
     a.att = take(att);
-    a.atty = take(N * Cl_);
-    a.res2 = take(N * C_);
-    a.ln2 = take(N * C_);
-    a.ln2_mean = take(N);
-    a.ln2_rstd = take(N);
-    a.fch = take(N * Fl_);
-    a.fch_gelu = take(N * Fl_);
-    a.out = take(N * C_);
+    a.atty = take(Ni * sh.att);
+    a.res2 = take(NC);
+    a.ln2 = take(NC);
+    a.ln2_mean = take(Nr);
+    a.ln2_rstd = take(Nr);
+    a.fch = take(Ni * sh.fc);
+    a.fch_gelu = take(Ni * sh.fc);
+    a.out = take(NC);
+    for (int k = 0; k < 4; k++) a.saved[k] = take(sh.saved[k]);
     s.layers.push_back(a);
   }
   if (last()) {
-    s.lnf = take(N * C_);
-    s.lnf_mean = take(N);
-    s.lnf_rstd = take(N);
-    s.logits = take(N * Vl_);
-    s.rowmax = take(N);
-    s.ce = take(2 * N);  // sumexp then target logit: reduced together
-    s.losses = take(N);
+    s.lnf = take(NC);
+    s.lnf_mean = take(Nr);
+    s.lnf_rstd = take(Nr);
+    s.logits = take(Ni * sh.vocab);
+    s.rowmax = take(Ni);
+    s.ce = take(2 * Ni);  // sumexp then target logit: reduced together
+    s.losses = take(Ni);
+    s.head_saved = take(sh.saved[4]);
   }
+  const size_t N = static_cast<size_t>(B_) * T_;
   s.tokens.assign(N, 0);
   s.targets.assign(N, 0);
-}
-
-void Stage::tp_sum(float* buf, size_t n) {
-  if (tp_comm) tp_comm->all_reduce(buf, n, ReduceOp::Sum);
 }
 
 const float* Stage::output(int slot) const {
@@ -236,75 +232,63 @@ const float* Stage::output(int slot) const {
   return s.layers.empty() ? s.input : s.layers.back().out;
 }
 
-const float* Stage::logits(int slot, int b, int t) const {
-  return slots_[slot].logits + (static_cast<size_t>(b) * T_ + t) * Vl_;
+void Stage::token_logits(int slot, int b, int t, float* out) {
+  tp_->token_logits(slots_[slot].logits, b, t, cfg_.vocab, out);
 }
 
 void Stage::zero_grads() { std::fill(grads.begin(), grads.end(), 0.0f); }
 
+void Stage::finish_grads() { tp_->finish_grads(grads.data(), specs_.data(), specs_.size()); }
+
 float Stage::forward(int slot, const int32_t* tokens, const int32_t* targets) {
   Slot& s = slots_[slot];
-  const int N = B_ * T_;
+  TpScheme& tp = *tp_;
+  const TpShapes& sh = tp.shapes();
+  const size_t NC = static_cast<size_t>(Nr_) * Cr_;
   if (first()) {
-    std::memcpy(s.tokens.data(), tokens, sizeof(int32_t) * N);
-    // g on the vocab-parallel lookup: rows outside this slice are zero.
-    embedding_forward(s.input, tokens, wte_, N, C_, vocab_lo_, Vl_);
-    tp_sum(s.input, static_cast<size_t>(N) * C_);
-    position_forward(s.input, wpe_, B_, T_, C_);
+    std::memcpy(s.tokens.data(), tokens, sizeof(int32_t) * B_ * T_);
+    tp.embed_forward(s.input, tokens, wte_, wpe_);
   }
   const float* x = s.input;
   for (int l = 0; l < range_.count(); l++) {
     const LayerParams& p = lp_[l];
     LayerActs& a = s.layers[l];
-    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b, N, C_);
-    matmul_forward(a.qkv, a.ln1, p.qkvw, p.qkvb, N, C_, 3 * Cl_);            // column-parallel
-    attention_forward(a.atty, a.att, a.qkv, B_, T_, Cl_, NHl_);               // local heads
-    matmul_forward(tmp_.data(), a.atty, p.attprojw, nullptr, N, Cl_, C_);    // row-parallel
-    tp_sum(tmp_.data(), static_cast<size_t>(N) * C_);                        // g
-    add_bias(tmp_.data(), p.attprojb, N, C_);
-    residual_forward(a.res2, x, tmp_.data(), static_cast<size_t>(N) * C_);
-    layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, N, C_);
-    matmul_forward(a.fch, a.ln2, p.fcw, p.fcb, N, C_, Fl_);                  // column-parallel
-    gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * Fl_);
-    matmul_forward(tmp_.data(), a.fch_gelu, p.fcprojw, nullptr, N, Fl_, C_); // row-parallel
-    tp_sum(tmp_.data(), static_cast<size_t>(N) * C_);                        // g
-    add_bias(tmp_.data(), p.fcprojb, N, C_);
-    residual_forward(a.out, a.res2, tmp_.data(), static_cast<size_t>(N) * C_);
+    tp.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b);
+    tp.linear_forward(Linear::Qkv, a.qkv, a.ln1, a.saved[0], p.qkvw, p.qkvb);
+    attention_forward(a.atty, a.att, a.qkv, Bi_, T_, sh.att, sh.heads);  // local heads
+    tp.linear_forward(Linear::AttProj, tmp_.data(), a.atty, a.saved[1], p.attprojw, p.attprojb);
+    residual_forward(a.res2, x, tmp_.data(), NC);
+    tp.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b);
+    tp.linear_forward(Linear::Fc, a.fch, a.ln2, a.saved[2], p.fcw, p.fcb);
+    gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(Ni_) * sh.fc);
+    tp.linear_forward(Linear::FcProj, tmp_.data(), a.fch_gelu, a.saved[3], p.fcprojw, p.fcprojb);
+    residual_forward(a.out, a.res2, tmp_.data(), NC);
     x = a.out;
   }
   if (!last()) return 0.0f;
 
-  std::memcpy(s.targets.data(), targets, sizeof(int32_t) * N);
-  layernorm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, x, lnfw_, lnfb_, N, C_);
-  matmul_forward(s.logits, s.lnf, head_, nullptr, N, C_, Vl_);  // vocab-parallel head
-  ce_rowmax(s.rowmax, s.logits, N, Vl_, vocab_valid_);
-  if (tp_comm) tp_comm->all_reduce(s.rowmax, N, ReduceOp::Max);
-  ce_sumexp_target(s.ce, s.ce + N, s.logits, s.rowmax, targets, N, Vl_, vocab_valid_, vocab_lo_);
-  tp_sum(s.ce, 2 * static_cast<size_t>(N));
-  ce_loss(s.losses, s.ce, s.rowmax, s.ce + N, N);
-  double sum = 0.0;
-  for (int n = 0; n < N; n++) sum += s.losses[n];
-  return static_cast<float>(sum / N);
+  std::memcpy(s.targets.data(), targets, sizeof(int32_t) * B_ * T_);
+  tp.layernorm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, x, lnfw_, lnfb_);
+  tp.linear_forward(Linear::Head, s.logits, s.lnf, s.head_saved, head_, nullptr);
+  return tp.cross_entropy_forward(s.rowmax, s.ce, s.losses, s.logits, targets);
 }
 
 void Stage::backward(int slot, float loss_scale, const std::function<void(size_t)>& ready) {
   Slot& s = slots_[slot];
-  const int N = B_ * T_;
-  const size_t NC = static_cast<size_t>(N) * C_;
+  TpScheme& tp = *tp_;
+  const TpShapes& sh = tp.shapes();
+  const size_t NC = static_cast<size_t>(Nr_) * Cr_;
   const int nl = range_.count();
   const float* x_last = nl ? s.layers[nl - 1].out : s.input;
 
   if (last()) {
-    ce_backward(dlogits_.data(), s.logits, s.rowmax, s.ce, s.targets.data(), loss_scale / N, N,
-                Vl_, vocab_valid_, vocab_lo_);
-    // f: the head's input is shared by all vocab slices.
-    matmul_backward_input(dln_.data(), dlogits_.data(), head_, N, C_, Vl_);
-    if (tp_comm) tp_comm->all_reduce_start(dln_.data(), NC, ReduceOp::Sum);
-    matmul_backward_weight(ghead_, nullptr, dlogits_.data(), s.lnf, N, C_, Vl_);
-    if (tp_comm) tp_comm->all_reduce_finish();
+    tp.cross_entropy_backward(dlogits_.data(), s.logits, s.rowmax, s.ce, s.targets.data(),
+                              loss_scale / (B_ * T_));
+    tp.linear_backward(Linear::Head, dln_.data(), dlogits_.data(), s.lnf, s.head_saved, head_,
+                       ghead_, nullptr);
     std::fill(dres_.begin(), dres_.end(), 0.0f);
-    layernorm_backward(dres_.data(), glnfw_, glnfb_, dln_.data(), x_last, lnfw_, s.lnf_mean,
-                       s.lnf_rstd, N, C_);
+    tp.layernorm_backward(dres_.data(), glnfw_, glnfb_, dln_.data(), x_last, lnfw_, s.lnf_mean,
+                          s.lnf_rstd);
     if (ready) ready(final_offset_);
   } else {
     std::memcpy(dres_.data(), grad_in_.data(), sizeof(float) * NC);
@@ -316,32 +300,27 @@ void Stage::backward(int slot, float loss_scale, const std::function<void(size_t
     LayerActs& a = s.layers[l];
     const float* x = l ? s.layers[l - 1].out : s.input;
     // MLP: dres is dL/d(out); the residual passes it straight to res2.
-    matmul_backward(dfg_.data(), g.fcprojw, g.fcprojb, dres_.data(), a.fch_gelu, p.fcprojw, N,
-                    Fl_, C_);
-    gelu_backward(dfch_.data(), a.fch, dfg_.data(), static_cast<size_t>(N) * Fl_);
-    // f: the input gradient's sum runs while the weight gradient is computed.
-    matmul_backward_input(dln_.data(), dfch_.data(), p.fcw, N, C_, Fl_);
-    if (tp_comm) tp_comm->all_reduce_start(dln_.data(), NC, ReduceOp::Sum);
-    matmul_backward_weight(g.fcw, g.fcb, dfch_.data(), a.ln2, N, C_, Fl_);
-    if (tp_comm) tp_comm->all_reduce_finish();
-    layernorm_backward(dres_.data(), g.ln2w, g.ln2b, dln_.data(), a.res2, p.ln2w, a.ln2_mean,
-                       a.ln2_rstd, N, C_);
+    tp.linear_backward(Linear::FcProj, dfg_.data(), dres_.data(), a.fch_gelu, a.saved[3],
+                       p.fcprojw, g.fcprojw, g.fcprojb);
+    gelu_backward(dfch_.data(), a.fch, dfg_.data(), static_cast<size_t>(Ni_) * sh.fc);
+    tp.linear_backward(Linear::Fc, dln_.data(), dfch_.data(), a.ln2, a.saved[2], p.fcw, g.fcw,
+                       g.fcb);
+    tp.layernorm_backward(dres_.data(), g.ln2w, g.ln2b, dln_.data(), a.res2, p.ln2w, a.ln2_mean,
+                          a.ln2_rstd);
     // Attention: dres is now dL/d(res2).
-    matmul_backward(datty_.data(), g.attprojw, g.attprojb, dres_.data(), a.atty, p.attprojw, N,
-                    Cl_, C_);
-    attention_backward(dqkv_.data(), datt_.data(), datty_.data(), a.qkv, a.att, B_, T_, Cl_, NHl_);
-    matmul_backward_input(dln_.data(), dqkv_.data(), p.qkvw, N, C_, 3 * Cl_);
-    if (tp_comm) tp_comm->all_reduce_start(dln_.data(), NC, ReduceOp::Sum);  // f
-    matmul_backward_weight(g.qkvw, g.qkvb, dqkv_.data(), a.ln1, N, C_, 3 * Cl_);
-    if (tp_comm) tp_comm->all_reduce_finish();
-    layernorm_backward(dres_.data(), g.ln1w, g.ln1b, dln_.data(), x, p.ln1w, a.ln1_mean,
-                       a.ln1_rstd, N, C_);
+    tp.linear_backward(Linear::AttProj, datty_.data(), dres_.data(), a.atty, a.saved[1],
+                       p.attprojw, g.attprojw, g.attprojb);
+    attention_backward(dqkv_.data(), datt_.data(), datty_.data(), a.qkv, a.att, Bi_, T_, sh.att,
+                       sh.heads);
+    tp.linear_backward(Linear::Qkv, dln_.data(), dqkv_.data(), a.ln1, a.saved[0], p.qkvw, g.qkvw,
+                       g.qkvb);
+    tp.layernorm_backward(dres_.data(), g.ln1w, g.ln1b, dln_.data(), x, p.ln1w, a.ln1_mean,
+                          a.ln1_rstd);
     if (ready) ready(layer_offset_[l]);
   }
 
   if (first()) {
-    position_backward(gwpe_, dres_.data(), B_, T_, C_);
-    embedding_backward(gwte_, dres_.data(), s.tokens.data(), N, C_, vocab_lo_, Vl_);
+    tp.embed_backward(gwte_, gwpe_, dres_.data(), s.tokens.data());
     if (ready) ready(0);
   }
 }

@@ -1,5 +1,6 @@
-// One rank's piece of the GPT: the layers of its pipeline stage, sliced along
-// the tensor-parallel dimension (Megatron 1D). Parameters and gradients each
+// One rank's piece of the GPT: the layers of its pipeline stage, sliced by the
+// tensor-parallel scheme (tp.h), which also does all tensor-parallel
+// communication. Parameters and gradients each
 // live in one arena, ordered so that backward finishes them from the end of the
 // arena towards the start (lets data-parallel buckets be contiguous ranges).
 #pragma once
@@ -7,37 +8,40 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "comm.h"
 #include "grid.h"
+#include "tp.h"
 
 namespace meshtrain {
-
-// How a logical (rows, cols) tensor is cut across tensor-parallel ranks.
-enum class Split {
-  None,     // replicated
-  Rows,     // contiguous row blocks (column-parallel weights, vocab-parallel tables)
-  Cols,     // contiguous column blocks (row-parallel weights)
-  QkvRows,  // rows are [Q | K | V], each cut into row blocks by heads
-};
 
 struct ParamSpec {
   std::string name;       // "wte", "h3.qkvw", ...
   uint64_t key = 0;       // initialisation stream
   int rows = 0, cols = 0; // logical shape
-  Split split = Split::None;
   float init_std = 0.0f;  // normal(0, std) when > 0, else init_value everywhere
   float init_value = 0.0f;
   bool decay = false;     // AdamW weight decay applies (matrices only)
   bool in_norm = true;    // this copy counts once in the global gradient norm
   size_t offset = 0, size = 0;
   int local_rows = 0, local_cols = 0;
+  // Placement, set by the tensor-parallel scheme: rows are cut into
+  // row_slices slices (this rank's is row_slice), each cut into row_subs
+  // blocks (this rank's is row_sub). With qkv the rows are [Q | K | V] and a
+  // slice takes its share of each third (whole heads). Columns are cut into
+  // col_parts blocks.
+  int row_slices = 1, row_slice = 0, row_subs = 1, row_sub = 0;
+  bool qkv = false;
+  int col_parts = 1, col_part = 0;
+  int sync = 0;           // scheme-defined: which ranks' partial gradients finish_grads sums
 };
 
-// Index in the logical tensor of element `local` of this rank's slice.
-size_t global_index(const ParamSpec& s, size_t local, int tp_rank, int tp);
+// Index in the logical tensor of element `local` of this rank's slice (the
+// placement is in the spec; tp_rank and tp are kept for callers' symmetry).
+size_t global_index(const ParamSpec& s, size_t local, int tp_rank = 0, int tp = 1);
 
 struct LayerParams {
   float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb;
@@ -52,7 +56,8 @@ class Stage {
   bool first() const { return me_.pp == 0; }
   bool last() const { return me_.pp == layout_.pp - 1; }
   int tokens_per_micro() const { return B_ * T_; }
-  size_t act_size() const { return static_cast<size_t>(B_) * T_ * C_; }
+  // Floats of this rank's slice of the residual stream (what stages exchange).
+  size_t act_size() const { return static_cast<size_t>(Nr_) * Cr_; }
   const std::vector<ParamSpec>& specs() const { return specs_; }
   const LayerRange& layers() const { return range_; }
 
@@ -73,41 +78,50 @@ class Stage {
   // soon as grads[lo, end) will not change any more in this backward.
   void backward(int slot, float loss_scale, const std::function<void(size_t)>& ready);
 
-  // This rank's slice of the logits of one token position (last stage): entries
-  // [vocab_lo(), vocab_lo() + vocab_valid()) of the vocabulary.
-  const float* logits(int slot, int b, int t) const;
-  int vocab_lo() const { return vocab_lo_; }
-  int vocab_valid() const { return vocab_valid_; }
+  // The logits of token (b, t) of the micro-batch in `slot` (last stage),
+  // `vocab` of them, on every tensor-parallel rank (collective over them).
+  void token_logits(int slot, int b, int t, float* out);
 
   void zero_grads();
+  // Completes gradients that the scheme leaves as partial sums (collective
+  // over the tensor-parallel group; after the step's last backward).
+  void finish_grads();
+
+  // Tensor-parallel communicators; a Layout{} stage with a one-rank comm
+  // behaves as the single-process model.
+  void set_tp_comms(const TpComms& c) { tp_->set_comms(c); }
+  void set_tp_comm(Comm* group) { TpComms c; c.group = group; tp_->set_comms(c); }
+  TpScheme& tp() { return *tp_; }
 
   std::vector<float> params, grads;
-  Comm* tp_comm = nullptr;  // null when tp == 1
 
  private:
   struct LayerActs {
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2;
     float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *out;
+    float *saved[4];  // what each linear of the layer keeps for backward (scheme-defined)
   };
   struct Slot {
     std::vector<float> mem;
     float* input = nullptr;
     std::vector<LayerActs> layers;
-    float *lnf, *lnf_mean, *lnf_rstd, *logits, *rowmax, *ce, *losses;
+    float *lnf, *lnf_mean, *lnf_rstd, *logits, *rowmax, *ce, *losses, *head_saved;
     std::vector<int32_t> tokens, targets;
   };
 
-  void add_param(const std::string& name, uint64_t key, int rows, int cols, Split split,
+  void add_param(const std::string& name, uint64_t key, int rows, int cols, Tensor t, Linear which,
                  float std, float value, bool decay, bool in_norm);
   void build_slot(Slot& s);
   void init_params();
-  void tp_sum(float* buf, size_t n);
 
   ModelConfig cfg_;
   Layout layout_;
   Coords me_;
   LayerRange range_;
-  int B_, T_, C_, Cl_, NHl_, Fl_, Vl_, vocab_lo_, vocab_valid_;
+  std::unique_ptr<TpScheme> tp_;
+  // Micro-batch sequences and length, model width; local residual tokens and
+  // width, inner tokens and sequences (see TpShapes).
+  int B_, T_, C_, Nr_, Cr_, Ni_, Bi_;
 
   std::vector<ParamSpec> specs_;
   // Pointers into params (p*) and grads (g*).

@@ -103,15 +103,18 @@ Comms RankComms::view() const {
   c.pp = pp.get();
   c.tp = tp.get();
   c.embed = embed.get();
+  for (int a = 0; a < 3; a++) c.cube[a] = cube[a].get();
   return c;
 }
 
 RankComms split_comms(ncclComm_t world, const Layout& layout, bool tied) {
   RankComms rc;
   rc.world = std::make_unique<NcclComm>(world);
-  const Coords me = coords_of(rc.world->rank(), layout);
+  const int rank = rc.world->rank();
+  const Grid grid = layout.grid();
+  const Coords me = coords_of(rank, layout);
   // Every rank makes every split in the same order (each is collective over the
-  // world); a dimension of size 1 gets no communicator.
+  // world); a group of one rank gets no communicator.
   auto split = [&](int color, int key, bool keep) -> std::unique_ptr<NcclComm> {
     ncclComm_t child = nullptr;
     check_nccl(ncclCommSplit(world, keep ? color : NCCL_SPLIT_NOCOLOR, key, &child, nullptr),
@@ -119,12 +122,19 @@ RankComms split_comms(ncclComm_t world, const Layout& layout, bool tied) {
     if (!keep || !child) return nullptr;
     return std::make_unique<NcclComm>(child);
   };
-  if (layout.tp > 1) rc.tp = split(tp_color(me, layout), me.tp, true);
-  if (layout.pp > 1) rc.pp = split(pp_color(me, layout), me.pp, true);
-  if (layout.dp > 1) rc.dp = split(dp_color(me, layout), me.dp, true);
+  auto group = [&](const std::vector<std::string>& dims) -> std::unique_ptr<NcclComm> {
+    if (grid.group_size(dims) == 1) return nullptr;
+    return split(grid.group_color(rank, dims), grid.group_key(rank, dims), true);
+  };
+  rc.tp = group(layout.tp_dims());
+  rc.pp = group({"pp"});
+  rc.dp = group({"dp"});
   if (tied && layout.pp > 1) {
     const int ec = embed_color(me, layout, tied);
     rc.embed = split(ec, me.pp, ec >= 0);
+  }
+  if (layout.tp_mode == TpMode::ThreeD) {
+    for (int a = 0; a < 3; a++) rc.cube[a] = group({cube_axis_dim(a)});
   }
   return rc;
 }

@@ -39,6 +39,7 @@ class NcclComm final : public Comm {
 // The communicators of one rank, split from `world` (which this takes over).
 struct RankComms {
   std::unique_ptr<NcclComm> world, dp, pp, tp, embed;
+  std::unique_ptr<NcclComm> cube[3];  // 3D tensor parallelism: I, W and O axes
   Comms view() const;
 };
 RankComms split_comms(ncclComm_t world, const Layout& layout, bool tied);

@@ -241,3 +241,13 @@ TEST(Meshrun, ImpossibleLayoutIsRejected) {
                         MESHTRAIN_TEST_CORPUS, &out), 0);
   EXPECT_NE(out.find("not divisible by heads"), std::string::npos) << out;
 }
+
+// The grid order only moves ranks around: data-parallel peers as neighbours
+// (dp fastest) gives the same run.
+TEST(GridOrder, DataParallelFastestMatchesSingleProcess) {
+  openblas_set_num_threads(1);
+  TrainConfig c = with_layout({2, 2, 2}, PipeSchedule::OneFOneB);
+  c.layout.order = "dp-tp-pp";
+  const RunResult got = run_threads(c, corpus(), meshccl_comms(c));
+  expect_equivalent(got, reference(true), "2x2x2 dp-tp-pp");
+}

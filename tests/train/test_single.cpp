@@ -283,7 +283,7 @@ TEST(Model, TensorParallelCollectivesWhereTheSpecPutsThem) {
   Stage st(m, Layout{}, Coords{}, B, 1);
   Stage plain(m, Layout{}, Coords{}, B, 1);
   CountingComm comm;
-  st.tp_comm = &comm;
+  st.set_tp_comm(&comm);
   std::vector<int32_t> tok(N, 65), tgt(N, 66);
   const float loss = st.forward(0, tok.data(), tgt.data());
   EXPECT_EQ(loss, plain.forward(0, tok.data(), tgt.data()));
