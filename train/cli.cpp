@@ -1,6 +1,9 @@
 #include "cli.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -20,7 +23,7 @@ optim:    --steps N --lr X --min-lr-ratio X --warmup N --weight-decay X --clip X
 data:     --data PATH (default: $MESHTRAIN_DATA, data/kjv.txt, or the build's copy)
           --data-seed N
           --val-every N --val-seqs N
-ckpt:     --ckpt-dir DIR --ckpt-every N --resume
+ckpt:     --ckpt-dir DIR --ckpt-every N --ckpt-keep N (newest N kept; 0: all) --resume
 other:    --bucket-kb N (data-parallel bucket) --blas-threads N --log-every N
           --sample N --prompt TEXT --temperature X --help
 )";
@@ -30,15 +33,19 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
   TrainConfig& t = o->train;
   auto as_int = [](const char* v, int* out) {
     char* end = nullptr;
+    errno = 0;
     const long x = std::strtol(v, &end, 10);
-    if (!*v || *end) return false;
+    if (!*v || *end || errno == ERANGE || x < INT_MIN || x > INT_MAX) return false;
     *out = static_cast<int>(x);
     return true;
   };
+  // Finite numbers only: inf and nan are never a meaningful setting.
   auto as_float = [](const char* v, float* out) {
     char* end = nullptr;
-    *out = std::strtof(v, &end);
-    return *v && !*end;
+    const float x = std::strtof(v, &end);
+    if (!*v || *end || !std::isfinite(x)) return false;
+    *out = x;
+    return true;
   };
   int bucket_kb = -1, seed = -1, data_seed = -1;
   std::string schedule;
@@ -49,6 +56,7 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
       {"--micro-batch", &t.micro_batch}, {"--grad-accum", &t.grad_accum}, {"--steps", &t.steps},
       {"--warmup", &t.optim.warmup}, {"--val-every", &t.val_every},
       {"--val-seqs", &t.val_sequences}, {"--ckpt-every", &t.ckpt_every},
+      {"--ckpt-keep", &t.ckpt_keep},
       {"--bucket-kb", &bucket_kb}, {"--blas-threads", &o->blas_threads},
       {"--sample", &o->sample_chars}, {"--log-every", &o->log_every}, {"--seed", &seed},
       {"--data-seed", &data_seed}};
@@ -83,7 +91,7 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
       if (!as_int(v, ints[a])) return "option " + a + " needs an integer, got '" + v + "'";
       if (a == "--warmup") warmup_given = 1;
     } else if (floats.count(a)) {
-      if (!as_float(v, floats[a])) return "option " + a + " needs a number, got '" + v + "'";
+      if (!as_float(v, floats[a])) return "option " + a + " needs a finite number, got '" + v + "'";
     } else {
       *strings[a] = v;
     }
@@ -93,6 +101,7 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
   }
   if (bucket_kb == 0 || bucket_kb < -1) return "--bucket-kb must be positive";
   if (bucket_kb > 0) t.bucket_elems = static_cast<size_t>(bucket_kb) * 1024 / sizeof(float);
+  if (seed < -1 || data_seed < -1) return "--seed and --data-seed must not be negative";
   if (seed >= 0) t.model.seed = static_cast<uint64_t>(seed);
   if (data_seed >= 0) t.data_seed = static_cast<uint64_t>(data_seed);
   if (t.steps < 1) return "--steps must be at least 1";
@@ -100,7 +109,20 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
   if (t.ckpt_every > 0 && t.ckpt_dir.empty()) return "--ckpt-every needs --ckpt-dir";
   if (o->resume && t.ckpt_dir.empty()) return "--resume needs --ckpt-dir";
   if (!(t.optim.lr > 0)) return "--lr must be positive";
-  if (o->log_every < 1) o->log_every = 1;
+  if (t.optim.min_lr_ratio < 0 || t.optim.min_lr_ratio > 1) return "--min-lr-ratio must be in [0, 1]";
+  if (t.optim.weight_decay < 0) return "--weight-decay must not be negative";
+  if (t.optim.clip < 0) return "--clip must not be negative (0 turns clipping off)";
+  if (t.optim.beta1 < 0 || t.optim.beta1 >= 1 || t.optim.beta2 < 0 || t.optim.beta2 >= 1) {
+    return "--beta1 and --beta2 must be in [0, 1)";
+  }
+  if (o->temperature < 0) return "--temperature must not be negative (0 is greedy)";
+  if (t.optim.warmup < 0) return "--warmup must not be negative";
+  if (t.val_every < 0 || t.ckpt_every < 0 || t.ckpt_keep < 0 || o->sample_chars < 0 ||
+      o->blas_threads < 0) {
+    return "--val-every, --ckpt-every, --ckpt-keep, --sample and --blas-threads must not be negative";
+  }
+  if (t.val_sequences < 1) return "--val-seqs must be at least 1";
+  if (o->log_every < 1) return "--log-every must be at least 1";
   t.optim.total_steps = t.steps;
   if (!warmup_given) t.optim.warmup = std::max(1, t.steps / 20);
   return "";

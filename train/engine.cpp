@@ -1,17 +1,16 @@
 #include "engine.h"
 
+#include "checkpoint.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <set>
 #include <stdexcept>
 
-#include <fcntl.h>
-#include <unistd.h>
 
 namespace meshtrain {
 
@@ -19,38 +18,6 @@ namespace {
 
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-struct CkptHeader {
-  char magic[8];
-  int32_t version, dp, pp, tp, rank;
-  int32_t vocab, seq, layers, d_model, heads, tied;
-  uint64_t seed;
-  int32_t step, pad;
-  uint64_t nparams;
-};
-constexpr char kMagic[8] = {'M', 'T', 'C', 'K', 'P', 'T', '1', '\0'};
-
-// Makes the file's data durable before it is renamed into place, so that even
-// a machine crash cannot leave a complete-looking name over partial data.
-void sync_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) throw std::runtime_error("cannot reopen " + path + " to sync it");
-  const int r = ::fsync(fd);
-  ::close(fd);
-  if (r != 0) throw std::runtime_error("fsync of " + path + " failed");
-}
-
-std::string step_dir(int step) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "step_%08d", step);
-  return buf;
-}
-
-std::string rank_file(int rank) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "rank_%05d.bin", rank);
-  return buf;
 }
 
 }  // namespace
@@ -205,12 +172,21 @@ StepStats Engine::train_step(int step) {
   if (comms_.tp) comms_.tp->all_reduce(&sq, 1, ReduceOp::Sum);
   if (comms_.pp) comms_.pp->all_reduce(&sq, 1, ReduceOp::Sum);
   const double norm = std::sqrt(static_cast<double>(sq));
-  const float lr = lr_at(cfg_.optim, step);
-  opt_.update(st.params, st.grads, st.specs(), cfg_.optim, lr, step + 1, clip_scale(cfg_.optim, norm));
-
   float loss = st.last() ? static_cast<float>(loss_sum / m) : 0.0f;
   if (comms_.pp) comms_.pp->all_reduce(&loss, 1, ReduceOp::Sum);
   if (comms_.dp) comms_.dp->all_reduce(&loss, 1, ReduceOp::Avg);
+  // Every rank holds the same loss and norm, so all stop together, before the
+  // update can spread the damage into the parameters.
+  if (!std::isfinite(loss) || !std::isfinite(norm)) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf,
+                  "step %d: the %s is not finite (loss %g, gradient norm %g); training stopped "
+                  "before the update (try a lower --lr or --clip)",
+                  step + 1, std::isfinite(loss) ? "gradient norm" : "loss", loss, norm);
+    throw std::runtime_error(buf);
+  }
+  const float lr = lr_at(cfg_.optim, step);
+  opt_.update(st.params, st.grads, st.specs(), cfg_.optim, lr, step + 1, clip_scale(cfg_.optim, norm));
 
   StepStats r;
   r.step = step;
@@ -234,92 +210,79 @@ float Engine::validate() {
   return loss;
 }
 
-void Engine::barrier() {
-  if (!comms_.world) return;
-  float x = 1.0f;
-  comms_.world->all_reduce(&x, 1, ReduceOp::Sum);
+void Engine::agree(const std::string& error) {
+  if (!comms_.world) {
+    if (!error.empty()) throw CheckpointError(error);
+    return;
+  }
+  // Every rank learns whether any rank failed, so none waits for a peer that
+  // has given up; the highest failing rank is named.
+  float failed = error.empty() ? 0.0f : static_cast<float>(rank_ + 1);
+  comms_.world->all_reduce(&failed, 1, ReduceOp::Max);
+  if (!error.empty()) throw CheckpointError(error);
+  if (failed > 0) {
+    throw CheckpointError("rank " + std::to_string(static_cast<int>(failed) - 1) +
+                          " failed with its checkpoint (see its message)");
+  }
+}
+
+void Engine::prepare_checkpoints() {
+  std::string error;
+  try {
+    check_dir_usable(cfg_.ckpt_dir, rank_);
+    remove_stale_tmp(cfg_.ckpt_dir, rank_);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  agree(error);
 }
 
 void Engine::save_checkpoint(int step) {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::path(cfg_.ckpt_dir) / step_dir(step);
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (!fs::is_directory(dir)) {
-    throw std::runtime_error("cannot create checkpoint directory " + dir.string());
+  const fs::path dir = fs::path(cfg_.ckpt_dir) / step_dir_name(step);
+  std::string error;
+  try {
+    remove_stale_tmp(cfg_.ckpt_dir, rank_);  // a save killed earlier
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) throw CheckpointError("cannot create checkpoint directory " + dir.string() + ": " + ec.message());
+    const ShardHeader h = make_shard_header(cfg_.model, cfg_.layout, rank_, step, stage_->params.size());
+    write_shard((dir / rank_file_name(rank_)).string(), h, stage_->params.data(), opt_.m.data(),
+                opt_.v.data());
+  } catch (const std::exception& e) {
+    error = e.what();
   }
-  const fs::path final_path = dir / rank_file(rank_);
-  const fs::path tmp_path = final_path.string() + ".tmp";
-  {
-    CkptHeader h{};
-    std::memcpy(h.magic, kMagic, sizeof kMagic);
-    const Layout& l = cfg_.layout;
-    const ModelConfig& mc = cfg_.model;
-    h.version = 1;
-    h.dp = l.dp, h.pp = l.pp, h.tp = l.tp, h.rank = rank_;
-    h.vocab = mc.vocab, h.seq = mc.seq, h.layers = mc.layers, h.d_model = mc.d_model;
-    h.heads = mc.heads, h.tied = mc.tied, h.seed = mc.seed;
-    h.step = step;
-    h.nparams = stage_->params.size();
-    std::ofstream f(tmp_path, std::ios::binary | std::ios::trunc);
-    f.write(reinterpret_cast<const char*>(&h), sizeof h);
-    const std::streamsize bytes = static_cast<std::streamsize>(h.nparams * sizeof(float));
-    f.write(reinterpret_cast<const char*>(stage_->params.data()), bytes);
-    f.write(reinterpret_cast<const char*>(opt_.m.data()), bytes);
-    f.write(reinterpret_cast<const char*>(opt_.v.data()), bytes);
-    f.flush();
-    if (!f) throw std::runtime_error("writing checkpoint shard " + tmp_path.string() + " failed");
-  }
-  sync_file(tmp_path.string());
-  fs::rename(tmp_path, final_path);
-  barrier();  // every shard of this step exists before `latest` names it
+  agree(error);  // every shard of this step exists before `latest` names it
   if (rank_ == 0) {
-    const fs::path latest = fs::path(cfg_.ckpt_dir) / "latest";
-    const fs::path tmp = latest.string() + ".tmp";
-    {
-      std::ofstream f(tmp, std::ios::trunc);
-      f << step_dir(step) << "\n";
-      if (!f) throw std::runtime_error("writing " + tmp.string() + " failed");
+    try {
+      write_latest(cfg_.ckpt_dir, step);
+      prune_checkpoints(cfg_.ckpt_dir, step, cfg_.ckpt_keep);
+    } catch (const std::exception& e) {
+      error = e.what();
     }
-    sync_file(tmp.string());
-    fs::rename(tmp, latest);
   }
-  barrier();
+  agree(error);
 }
 
 int Engine::load_checkpoint() {
   namespace fs = std::filesystem;
-  const fs::path latest = fs::path(cfg_.ckpt_dir) / "latest";
-  std::ifstream lf(latest);
-  if (!lf) return 0;
-  std::string name;
-  lf >> name;
-  const fs::path path = fs::path(cfg_.ckpt_dir) / name / rank_file(rank_);
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw std::runtime_error("checkpoint shard " + path.string() + " is missing");
-  CkptHeader h{};
-  f.read(reinterpret_cast<char*>(&h), sizeof h);
-  const Layout& l = cfg_.layout;
-  const ModelConfig& mc = cfg_.model;
-  if (!f || std::memcmp(h.magic, kMagic, sizeof kMagic) != 0 || h.version != 1) {
-    throw std::runtime_error(path.string() + " is not a meshtrain checkpoint shard");
+  std::string error;
+  int step = -1;
+  std::vector<float> p, m, v;
+  try {
+    step = read_latest(cfg_.ckpt_dir);
+    const fs::path path = fs::path(cfg_.ckpt_dir) / step_dir_name(step) / rank_file_name(rank_);
+    const ShardHeader want = make_shard_header(cfg_.model, cfg_.layout, rank_, step, stage_->params.size());
+    read_shard(path.string(), want, &p, &m, &v);
+  } catch (const std::exception& e) {
+    error = e.what();
   }
-  if (h.dp != l.dp || h.pp != l.pp || h.tp != l.tp || h.rank != rank_) {
-    throw std::runtime_error(path.string() + " was written by rank " + std::to_string(h.rank) +
-                             " of a " + std::to_string(h.dp) + "x" + std::to_string(h.pp) + "x" +
-                             std::to_string(h.tp) + " layout; this run cannot resume from it");
-  }
-  if (h.vocab != mc.vocab || h.seq != mc.seq || h.layers != mc.layers ||
-      h.d_model != mc.d_model || h.heads != mc.heads || h.tied != mc.tied ||
-      h.nparams != stage_->params.size()) {
-    throw std::runtime_error(path.string() + " holds a different model configuration");
-  }
-  const std::streamsize bytes = static_cast<std::streamsize>(h.nparams * sizeof(float));
-  f.read(reinterpret_cast<char*>(stage_->params.data()), bytes);
-  f.read(reinterpret_cast<char*>(opt_.m.data()), bytes);
-  f.read(reinterpret_cast<char*>(opt_.v.data()), bytes);
-  if (!f) throw std::runtime_error(path.string() + " is truncated");
-  return h.step + 1;
+  agree(error);
+  // Copied, not moved: the stage's tensor pointers point into its arena.
+  std::copy(p.begin(), p.end(), stage_->params.begin());
+  opt_.m = std::move(m);
+  opt_.v = std::move(v);
+  return step + 1;
 }
 
 std::string Engine::sample(const std::string& prompt, int length, float temperature,

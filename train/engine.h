@@ -31,6 +31,7 @@ struct TrainConfig {
   int val_sequences = 16; // global, split over data-parallel ranks
   std::string ckpt_dir;   // empty: no checkpoints
   int ckpt_every = 0;
+  int ckpt_keep = 0;      // keep this many newest checkpoints (0: all)
 
   int global_batch() const { return layout.dp * micro_batch * grad_accum; }
 };
@@ -64,11 +65,18 @@ class Engine {
   StepStats train_step(int step);
   // Mean validation loss over cfg.val_sequences held-out sequences.
   float validate();
+  // Checks that every rank can write to the checkpoint directory (creating
+  // it) and removes temporary files a killed save left. Collective.
+  void prepare_checkpoints();
   // Writes step's checkpoint: every rank its shard (temporary name, then
-  // rename), then rank 0 points `latest` at it once all shards exist.
+  // rename), then rank 0 points `latest` at it once all shards exist and
+  // removes checkpoints beyond ckpt_keep. Collective; a failure on any rank
+  // throws on every rank.
   void save_checkpoint(int step);
-  // Loads the checkpoint `latest` names; returns the number of steps done, or
-  // 0 when there is none. Throws on a shard that does not fit this run.
+  // Loads the checkpoint `latest` names and returns the number of steps done.
+  // Throws (on every rank) when there is none, `latest` is not a checkpoint
+  // name, or a shard does not fit this run, is damaged (size, checksum) or
+  // holds non-finite values; the engine is unchanged then.
   int load_checkpoint();
   // Generates `length` bytes after `prompt` (greedy when temperature <= 0).
   // Collective: every rank calls it; all ranks return the same text.
@@ -83,7 +91,8 @@ class Engine {
   double comm_seconds() const;
   void run_schedule(PipeSchedule sched, int m, bool train, int step, double* loss_sum);
   void load_micro(bool train, int step, int micro, int m, int32_t* tokens, int32_t* targets);
-  void barrier();
+  // Throws on every rank if `error` is non-empty on any rank.
+  void agree(const std::string& error);
 
   TrainConfig cfg_;
   int rank_;

@@ -89,9 +89,10 @@ int run(const CliOptions& o) {
   Engine engine(cfg, rank, rc.view(), corpus);
   const bool talk = rank == 0;
   int start = 0;
+  if (!cfg.ckpt_dir.empty()) engine.prepare_checkpoints();  // before any step is spent
   if (o.resume) {
     start = engine.load_checkpoint();
-    if (talk) std::printf("resumed from %s at step %d\n", cfg.ckpt_dir.c_str(), start);
+    if (talk) std::printf("resumed from %s after step %d\n", cfg.ckpt_dir.c_str(), start);
   }
   if (talk) {
     size_t n = 0;

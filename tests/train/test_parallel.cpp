@@ -8,7 +8,11 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <algorithm>
 #include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
 
 #include "harness.h"
 #include "nccl_comm.h"
@@ -250,4 +254,59 @@ TEST(GridOrder, DataParallelFastestMatchesSingleProcess) {
   c.layout.order = "dp-tp-pp";
   const RunResult got = run_threads(c, corpus(), meshccl_comms(c));
   expect_equivalent(got, reference(true), "2x2x2 dp-tp-pp");
+}
+
+// The command line stops before training on what cannot work, with the reason.
+TEST(Meshrun, CheckpointAndNumberErrorsStopAtStart) {
+  const fs::path dir = fs::temp_directory_path() / ("meshtrain_cli_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const std::string base = std::string(MESHTRAIN_BIN) +
+                           " --layers 1 --d-model 32 --heads 2 --seq 16 --micro-batch 2 --steps 2 --data " +
+                           MESHTRAIN_TEST_CORPUS;
+  std::string out;
+  EXPECT_NE(run_cmd(base + " --resume --ckpt-dir " + dir.string(), &out), 0);
+  EXPECT_NE(out.find("no checkpoint to resume from"), std::string::npos) << out;
+  EXPECT_EQ(out.find("step "), std::string::npos) << out;
+  out.clear();
+  EXPECT_NE(run_cmd(base + " --lr inf", &out), 0);
+  EXPECT_NE(out.find("--lr needs a finite number"), std::string::npos) << out;
+  out.clear();
+  EXPECT_NE(run_cmd(base + " --ckpt-every 1 --ckpt-dir /proc/meshtrain_ckpt", &out), 0);
+  EXPECT_NE(out.find("cannot be created"), std::string::npos) << out;
+  EXPECT_EQ(out.find("step "), std::string::npos) << out;
+  out.clear();
+  EXPECT_EQ(run_cmd(base + " --ckpt-every 1 --ckpt-keep 1 --ckpt-dir " + dir.string(), &out), 0) << out;
+  EXPECT_TRUE(fs::exists(dir / "step_00000001"));
+  EXPECT_FALSE(fs::exists(dir / "step_00000000"));
+  fs::remove_all(dir);
+}
+
+// One rank's damaged shard stops every rank (none waits for it in a collective).
+TEST(ParallelResume, OneDamagedShardStopsEveryRank) {
+  openblas_set_num_threads(1);
+  TrainConfig c = with_layout({2, 1, 1}, PipeSchedule::OneFOneB);
+  c.steps = 2;
+  const fs::path dir = fs::temp_directory_path() / ("meshtrain_pdamage_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  c.ckpt_dir = dir.string();
+  const RunResult first = run_threads(c, corpus(), meshccl_comms(c), 0, 1, {},
+                                      [](Engine& e, int s) { e.save_checkpoint(s); });
+  ASSERT_EQ(first.error, "");
+  fs::resize_file(dir / "step_00000000" / "rank_00001.bin", 100);
+  std::mutex mu;
+  std::vector<std::string> errors;
+  run_threads(c, corpus(), meshccl_comms(c), 1, 2, [&](Engine& e) {
+    try {
+      e.load_checkpoint();
+    } catch (const std::exception& ex) {
+      std::lock_guard<std::mutex> lock(mu);
+      errors.push_back(ex.what());
+      throw;
+    }
+  });
+  ASSERT_EQ(errors.size(), 2u);
+  std::sort(errors.begin(), errors.end());
+  EXPECT_NE(errors[0].find("rank_00001.bin has 100 bytes"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("rank 1 failed"), std::string::npos) << errors[1];
+  fs::remove_all(dir);
 }

@@ -8,7 +8,10 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <cstddef>
+#include <limits>
 
+#include "checkpoint.h"
 #include "cli.h"
 #include "engine.h"
 
@@ -125,7 +128,14 @@ TEST(Engine, ResumeGivesTheSameLosses) {
   c.ckpt_dir = dir.string();
   {
     Engine e(c, 0, Comms{}, corpus);
-    EXPECT_EQ(e.load_checkpoint(), 0);  // nothing there yet
+    // Nothing there yet: an error, never a silent start from scratch.
+    try {
+      e.load_checkpoint();
+      ADD_FAILURE() << "resumed from an empty checkpoint directory";
+    } catch (const std::runtime_error& err) {
+      EXPECT_NE(std::string(err.what()).find("no checkpoint to resume from"), std::string::npos)
+          << err.what();
+    }
     for (int s = 0; s < 4; s++) ASSERT_EQ(e.train_step(s).loss, straight[s]);
     e.save_checkpoint(3);
   }
@@ -339,4 +349,200 @@ TEST(Engine, DataParallelBucketsCoverTheGradientsOnce) {
   }
   EXPECT_EQ(total, e.stage().params.size());
   for (size_t i = 0; i + 1 < dp.async.size(); i++) EXPECT_GE(dp.async[i].first, c.bucket_elems);
+}
+
+namespace {
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void write_text(const fs::path& p, const std::string& text) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  f << text;
+}
+}  // namespace
+
+// A damaged shard is found on resume, with a message naming it, and the
+// engine keeps its parameters: flipped bytes (checksum), extra or missing
+// bytes (size), and non-finite values saved from a diverged run.
+TEST(Checkpoint, DamagedShardsAreRefusedByName) {
+  TrainConfig c = tiny_config();
+  const Corpus corpus = test_corpus(c.model.seq);
+  const fs::path dir = fresh_dir("ckpt_damage");
+  c.ckpt_dir = dir.string();
+  {
+    Engine e(c, 0, Comms{}, corpus);
+    e.prepare_checkpoints();
+    e.train_step(0);
+    e.save_checkpoint(0);
+  }
+  const fs::path shard = dir / "step_00000000" / "rank_00000.bin";
+  const auto size = fs::file_size(shard);
+  std::vector<char> good(size);
+  {
+    std::ifstream f(shard, std::ios::binary);
+    f.read(good.data(), static_cast<std::streamsize>(size));
+  }
+  auto put = [&](const std::vector<char>& bytes) {
+    std::ofstream f(shard, std::ios::binary | std::ios::trunc);
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  };
+  Engine e(c, 0, Comms{}, corpus);
+  const std::vector<float> before = e.stage().params;
+  // One flipped bit in the payload.
+  std::vector<char> bad = good;
+  bad[sizeof(ShardHeader) + 1000] ^= 0x10;
+  put(bad);
+  std::string err = error_of([&] { e.load_checkpoint(); });
+  EXPECT_NE(err.find("fails its checksum"), std::string::npos) << err;
+  EXPECT_NE(err.find(shard.string()), std::string::npos) << err;
+  // A flipped bit in the header's step.
+  bad = good;
+  bad[offsetof(ShardHeader, step)] ^= 0x01;
+  put(bad);
+  err = error_of([&] { e.load_checkpoint(); });
+  EXPECT_NE(err.find("checksum"), std::string::npos) << err;
+  // Trailing bytes and a cut.
+  bad = good;
+  bad.push_back('x');
+  put(bad);
+  err = error_of([&] { e.load_checkpoint(); });
+  EXPECT_NE(err.find("bytes where its header promises"), std::string::npos) << err;
+  bad.resize(size - 4);
+  put(bad);
+  err = error_of([&] { e.load_checkpoint(); });
+  EXPECT_NE(err.find("bytes where its header promises"), std::string::npos) << err;
+  EXPECT_EQ(e.stage().params, before) << "a refused shard changed the parameters";
+  put(good);
+  EXPECT_EQ(e.load_checkpoint(), 1);
+  // NaNs written with a valid checksum (a diverged run that saved).
+  {
+    Engine n(c, 0, Comms{}, corpus);
+    n.stage().params[5] = std::nanf("");
+    n.save_checkpoint(1);
+  }
+  err = error_of([&] { e.load_checkpoint(); });
+  EXPECT_NE(err.find("non-finite"), std::string::npos) << err;
+  EXPECT_NE(err.find("step_00000001"), std::string::npos) << err;
+  fs::remove_all(dir);
+}
+
+// `latest` must name a checkpoint directory in the checkpoint directory.
+TEST(Checkpoint, LatestPointerIsValidated) {
+  TrainConfig c = tiny_config();
+  const Corpus corpus = test_corpus(c.model.seq);
+  const fs::path dir = fresh_dir("ckpt_latest");
+  c.ckpt_dir = dir.string();
+  Engine e(c, 0, Comms{}, corpus);
+  e.prepare_checkpoints();
+  e.save_checkpoint(2);
+  for (const char* bad : {"../step_00000002", "step_00000002/../../x", "/etc", "step_2",
+                          "step_0000000x", "", "step_00000002 extra"}) {
+    write_text(dir / "latest", std::string(bad) + "\n");
+    const std::string err = error_of([&] { e.load_checkpoint(); });
+    EXPECT_NE(err.find("not a checkpoint name"), std::string::npos) << bad << ": " << err;
+  }
+  write_text(dir / "latest", "step_00000002\n");
+  EXPECT_EQ(e.load_checkpoint(), 3);
+  EXPECT_EQ(parse_step_dir("step_00000002"), 2);
+  EXPECT_EQ(parse_step_dir(".."), -1);
+  fs::remove_all(dir);
+}
+
+// The directory is checked before training, with the OS's reason; temporary
+// files of a killed save are removed at start and at the next save; old
+// checkpoints beyond --ckpt-keep are removed.
+TEST(Checkpoint, DirectoryTemporaryFilesAndRetention) {
+  TrainConfig c = tiny_config();
+  const Corpus corpus = test_corpus(c.model.seq);
+  const fs::path dir = fresh_dir("ckpt_dir");
+  fs::create_directories(dir);
+  write_text(dir / "file", "x");
+  c.ckpt_dir = (dir / "file" / "sub").string();
+  {
+    Engine e(c, 0, Comms{}, corpus);
+    const std::string err = error_of([&] { e.prepare_checkpoints(); });
+    EXPECT_NE(err.find("cannot be created"), std::string::npos) << err;
+    EXPECT_NE(err.find("Not a directory"), std::string::npos) << err;
+  }
+  c.ckpt_dir = (dir / "ck").string();
+  c.ckpt_keep = 2;
+  Engine e(c, 0, Comms{}, corpus);
+  // What a save killed between write and rename leaves behind.
+  fs::create_directories(dir / "ck" / "step_00000007");
+  write_text(dir / "ck" / "step_00000007" / "rank_00000.bin.tmp", std::string(1000, 'z'));
+  write_text(dir / "ck" / "latest.tmp", "step_0000");
+  e.prepare_checkpoints();
+  EXPECT_FALSE(fs::exists(dir / "ck" / "step_00000007" / "rank_00000.bin.tmp"));
+  EXPECT_FALSE(fs::exists(dir / "ck" / "latest.tmp"));
+  write_text(dir / "ck" / "step_00000007" / "rank_00000.bin.tmp", "z");
+  for (int s = 0; s < 5; s++) e.save_checkpoint(s);
+  EXPECT_FALSE(fs::exists(dir / "ck" / "step_00000007" / "rank_00000.bin.tmp"));
+  std::vector<std::string> left;
+  for (const auto& f : fs::recursive_directory_iterator(dir / "ck")) {
+    left.push_back(fs::relative(f.path(), dir / "ck").string());
+  }
+  std::sort(left.begin(), left.end());
+  // Step 7 (ahead of the run, from an earlier one) is not this run's to prune.
+  EXPECT_EQ(left, (std::vector<std::string>{"latest", "step_00000003", "step_00000003/rank_00000.bin",
+                                            "step_00000004", "step_00000004/rank_00000.bin",
+                                            "step_00000007"}));
+  EXPECT_EQ(e.load_checkpoint(), 5);
+  fs::remove_all(dir);
+}
+
+// A non-finite loss or gradient norm stops training with a clear error before
+// the update touches the parameters.
+TEST(Engine, NonFiniteLossOrNormStops) {
+  TrainConfig c = tiny_config();
+  const Corpus corpus = test_corpus(c.model.seq);
+  Engine e(c, 0, Comms{}, corpus);
+  e.train_step(0);
+  e.stage().params[e.stage().specs()[1].offset] = std::numeric_limits<float>::infinity();
+  const std::vector<float> before = e.stage().params;
+  const std::string err = error_of([&] { e.train_step(1); });
+  EXPECT_NE(err.find("step 2: the loss is not finite"), std::string::npos) << err;
+  EXPECT_EQ(e.stage().params, before);
+  // Gradients alone: a huge loss scale overflows the norm while the loss is finite.
+  TrainConfig big = c;
+  Engine g(big, 0, Comms{}, corpus);
+  const auto& ln = g.stage().specs()[2];  // h0.ln1w
+  ASSERT_EQ(ln.name, "h0.ln1w");
+  for (size_t i = 0; i < ln.size; i++) g.stage().params[ln.offset + i] = 3e37f;
+  const std::string err2 = error_of([&] { g.train_step(0); });
+  EXPECT_NE(err2.find("not finite"), std::string::npos) << err2;
+}
+
+TEST(Cli, RejectsInvalidNumbers) {
+  auto parse = [](std::vector<std::string> args) {
+    std::vector<char*> argv;
+    static std::string prog = "meshtrain";
+    argv.push_back(prog.data());
+    for (auto& a : args) argv.push_back(a.data());
+    CliOptions o;
+    return parse_cli(static_cast<int>(argv.size()), argv.data(), &o);
+  };
+  for (const char* v : {"inf", "nan", "-inf", "1e40", "-1", "0"}) {
+    EXPECT_NE(parse({"--lr", v}), "") << "--lr " << v;
+  }
+  EXPECT_EQ(parse({"--lr", "1e-3"}), "");
+  EXPECT_NE(parse({"--beta2", "1"}), "");
+  EXPECT_NE(parse({"--beta1", "-0.1"}), "");
+  EXPECT_NE(parse({"--min-lr-ratio", "2"}), "");
+  EXPECT_NE(parse({"--weight-decay", "-1"}), "");
+  EXPECT_NE(parse({"--clip", "nan"}), "");
+  EXPECT_NE(parse({"--clip", "-1"}), "");
+  EXPECT_NE(parse({"--temperature", "inf"}), "");
+  EXPECT_NE(parse({"--warmup", "-3"}), "");
+  EXPECT_NE(parse({"--dp", "99999999999"}).find("needs an integer"), std::string::npos);
+  EXPECT_NE(parse({"--log-every", "0"}), "");
+  EXPECT_NE(parse({"--ckpt-keep", "-1"}), "");
+  EXPECT_NE(parse({"--val-seqs", "0"}), "");
+  EXPECT_NE(parse({"--seed", "-5"}), "");
+  EXPECT_EQ(parse({"--ckpt-dir", "/tmp/x", "--ckpt-keep", "3", "--clip", "0"}), "");
 }
