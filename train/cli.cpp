@@ -15,6 +15,7 @@ const char* cli_usage() {
   return R"(usage: meshtrain [options]       (multi-rank: meshrun -n N meshtrain ...)
 layout:   --dp N --pp N --tp N          dp x pp x tp must equal the number of ranks
           --order tp-pp-dp              rank grid order, fastest dimension first
+          --tp-mode 1d|3d               Megatron 1D, or Colossal-AI 3D with tp = q^3
           --schedule gpipe|1f1b         pipeline schedule (default 1f1b)
 model:    --layers N --d-model N --heads N --seq N --vocab N --untied --seed N
 batch:    --micro-batch N --grad-accum N  (global batch = dp x micro-batch x grad-accum)
@@ -48,7 +49,7 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
     return true;
   };
   int bucket_kb = -1, seed = -1, data_seed = -1;
-  std::string schedule;
+  std::string schedule, tp_mode;
   std::map<std::string, int*> ints = {
       {"--dp", &t.layout.dp}, {"--pp", &t.layout.pp}, {"--tp", &t.layout.tp},
       {"--layers", &t.model.layers}, {"--d-model", &t.model.d_model},
@@ -67,7 +68,8 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
       {"--temperature", &o->temperature}};
   std::map<std::string, std::string*> strings = {
       {"--data", &o->data}, {"--ckpt-dir", &t.ckpt_dir}, {"--prompt", &o->prompt},
-      {"--schedule", &schedule}, {"--order", &t.layout.order}};
+      {"--schedule", &schedule}, {"--order", &t.layout.order},
+      {"--tp-mode", &tp_mode}};
   int warmup_given = 0;
   for (int i = 1; i < argc; i++) {
     const std::string a = argv[i];
@@ -98,6 +100,9 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
   }
   if (!schedule.empty() && !parse_schedule(schedule, &t.schedule)) {
     return "--schedule must be gpipe or 1f1b, got '" + schedule + "'";
+  }
+  if (!tp_mode.empty() && !parse_tp_mode(tp_mode, &t.layout.tp_mode)) {
+    return "--tp-mode must be 1d or 3d, got '" + tp_mode + "'";
   }
   if (bucket_kb == 0 || bucket_kb < -1) return "--bucket-kb must be positive";
   if (bucket_kb > 0) t.bucket_elems = static_cast<size_t>(bucket_kb) * 1024 / sizeof(float);

@@ -38,6 +38,11 @@ class Comm {
   // everything enqueued so far. The buffer must stay untouched until then.
   virtual void all_reduce_async(float* buf, size_t n, ReduceOp op) = 0;
   virtual void wait_async() = 0;
+  // Blocking, on the critical path: out (size() x n) = every rank's n floats
+  // in rank order; out (n) = this rank's block of the element-wise sum of
+  // every rank's in (size() x n).
+  virtual void all_gather(const float* in, float* out, size_t n) = 0;
+  virtual void reduce_scatter(const float* in, float* out, size_t n) = 0;
   // All sends and receives as one group (so that matching pairs on two ranks
   // never wait on each other), on a high-priority stream; returns when done.
   virtual void exchange(const P2POp* ops, int n) = 0;
@@ -45,6 +50,10 @@ class Comm {
   // Seconds the caller spent blocked in this communicator (blocking calls and
   // waits), for the progress line's compute/communication split.
   double wait_seconds = 0.0;
+  // Bytes this rank sent, counted as ring algorithms send them: all-reduce
+  // 2(p-1)/p x size, all-gather and reduce-scatter (p-1) x block, point to
+  // point the message (for the communication-volume figures).
+  double bytes_sent = 0.0;
 };
 
 }  // namespace meshtrain

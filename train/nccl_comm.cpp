@@ -56,12 +56,14 @@ NcclComm::~NcclComm() {
 
 void NcclComm::all_reduce(float* buf, size_t n, ReduceOp op) {
   Blocked b(&wait_seconds);
+  bytes_sent += 2.0 * (size_ - 1) / size_ * n * sizeof(float);
   check_nccl(ncclAllReduce(buf, buf, n, ncclFloat32, to_nccl(op), comm_, meshcclStreamAsCuda(fast_)),
              "ncclAllReduce", comm_);
   check_nccl(meshcclStreamSynchronize(fast_), "meshcclStreamSynchronize", comm_);
 }
 
 void NcclComm::all_reduce_start(float* buf, size_t n, ReduceOp op) {
+  bytes_sent += 2.0 * (size_ - 1) / size_ * n * sizeof(float);
   check_nccl(ncclAllReduce(buf, buf, n, ncclFloat32, to_nccl(op), comm_, meshcclStreamAsCuda(fast_)),
              "ncclAllReduce", comm_);
 }
@@ -72,6 +74,7 @@ void NcclComm::all_reduce_finish() {
 }
 
 void NcclComm::all_reduce_async(float* buf, size_t n, ReduceOp op) {
+  bytes_sent += 2.0 * (size_ - 1) / size_ * n * sizeof(float);
   check_nccl(ncclAllReduce(buf, buf, n, ncclFloat32, to_nccl(op), comm_, meshcclStreamAsCuda(slow_)),
              "ncclAllReduce", comm_);
 }
@@ -81,8 +84,27 @@ void NcclComm::wait_async() {
   check_nccl(meshcclStreamSynchronize(slow_), "meshcclStreamSynchronize", comm_);
 }
 
+void NcclComm::all_gather(const float* in, float* out, size_t n) {
+  Blocked b(&wait_seconds);
+  bytes_sent += static_cast<double>(size_ - 1) * n * sizeof(float);
+  check_nccl(ncclAllGather(in, out, n, ncclFloat32, comm_, meshcclStreamAsCuda(fast_)),
+             "ncclAllGather", comm_);
+  check_nccl(meshcclStreamSynchronize(fast_), "meshcclStreamSynchronize", comm_);
+}
+
+void NcclComm::reduce_scatter(const float* in, float* out, size_t n) {
+  Blocked b(&wait_seconds);
+  bytes_sent += static_cast<double>(size_ - 1) * n * sizeof(float);
+  check_nccl(ncclReduceScatter(in, out, n, ncclFloat32, ncclSum, comm_, meshcclStreamAsCuda(fast_)),
+             "ncclReduceScatter", comm_);
+  check_nccl(meshcclStreamSynchronize(fast_), "meshcclStreamSynchronize", comm_);
+}
+
 void NcclComm::exchange(const P2POp* ops, int n) {
   Blocked b(&wait_seconds);
+  for (int i = 0; i < n; i++) {
+    if (ops[i].send) bytes_sent += static_cast<double>(ops[i].count) * sizeof(float);
+  }
   check_nccl(ncclGroupStart(), "ncclGroupStart", comm_);
   ncclResult_t r = ncclSuccess;
   for (int i = 0; i < n && r == ncclSuccess; i++) {

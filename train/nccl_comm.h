@@ -27,6 +27,8 @@ class NcclComm final : public Comm {
   void all_reduce_finish() override;
   void all_reduce_async(float* buf, size_t n, ReduceOp op) override;
   void wait_async() override;
+  void all_gather(const float* in, float* out, size_t n) override;
+  void reduce_scatter(const float* in, float* out, size_t n) override;
   void exchange(const P2POp* ops, int n) override;
   ncclComm_t handle() const { return comm_; }
 

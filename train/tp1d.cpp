@@ -7,7 +7,6 @@
 // f's backward all-reduce is started before the weight-gradient GEMM and
 // finished after it, so the two overlap.
 #include <algorithm>
-#include <stdexcept>
 
 #include "kernels.h"
 #include "model.h"
@@ -188,7 +187,7 @@ std::unique_ptr<TpScheme> make_tp1d(const ModelConfig& m, int tp, int tp_rank, i
 
 std::unique_ptr<TpScheme> make_tp_scheme(const ModelConfig& m, const Layout& l, int tp_rank,
                                          int micro_batch) {
-  if (l.tp_mode == TpMode::ThreeD) throw std::invalid_argument("3D tensor parallelism is not available");
+  if (l.tp_mode == TpMode::ThreeD) return make_tp3d(m, l.cube(), tp_rank, micro_batch);
   return make_tp1d(m, l.tp, tp_rank, micro_batch);
 }
 

@@ -310,3 +310,83 @@ TEST(ParallelResume, OneDamagedShardStopsEveryRank) {
   EXPECT_NE(errors[1].find("rank 1 failed"), std::string::npos) << errors[1];
   fs::remove_all(dir);
 }
+
+// 3D tensor parallelism: a 2 x 2 x 2 cube alone and with data or pipeline
+// parallelism, against one process with the same global batch of 8 sequences
+// (3D cuts each micro-batch into q^2 = 4 blocks of whole sequences).
+namespace {
+struct CubeCase {
+  int dp, pp;
+  PipeSchedule schedule;
+  bool tied;
+  const char* order;
+};
+
+TrainConfig cube_config(const CubeCase& cc) {
+  TrainConfig c = base_config();
+  c.layout = Layout{cc.dp, cc.pp, 8};
+  c.layout.tp_mode = TpMode::ThreeD;
+  c.layout.order = cc.order;
+  c.schedule = cc.schedule;
+  c.model.tied = cc.tied;
+  c.micro_batch = 4;
+  c.grad_accum = 2 / cc.dp;
+  c.val_sequences = 8;  // a whole number of micro-batches on every data-parallel rank
+  return c;
+}
+
+const RunResult& cube_reference(bool tied) {
+  static std::map<bool, RunResult> cache;
+  auto it = cache.find(tied);
+  if (it == cache.end()) {
+    TrainConfig c = base_config();
+    c.model.tied = tied;
+    c.micro_batch = 4;
+    c.grad_accum = 2;
+    c.val_sequences = 8;
+    it = cache.emplace(tied, run_threads(c, corpus(), nullptr)).first;
+  }
+  return it->second;
+}
+
+class Cube : public ::testing::TestWithParam<CubeCase> {
+ protected:
+  static void SetUpTestSuite() { openblas_set_num_threads(1); }
+};
+}  // namespace
+
+TEST_P(Cube, MatchesSingleProcess) {
+  const CubeCase& cc = GetParam();
+  const TrainConfig c = cube_config(cc);
+  const RunResult got = run_threads(c, corpus(), meshccl_comms(c));
+  const std::string name = std::to_string(cc.dp) + "x" + std::to_string(cc.pp) + "x8 3d " + cc.order;
+  expect_equivalent(got, cube_reference(cc.tied), name.c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    ThreeD, Cube,
+    ::testing::Values(CubeCase{1, 1, PipeSchedule::OneFOneB, true, "tp-pp-dp"},
+                      CubeCase{1, 1, PipeSchedule::OneFOneB, false, "tp-pp-dp"},
+                      CubeCase{2, 1, PipeSchedule::OneFOneB, true, "tp-pp-dp"},
+                      CubeCase{1, 2, PipeSchedule::OneFOneB, true, "tp-pp-dp"},
+                      CubeCase{1, 2, PipeSchedule::GPipe, true, "pp-tp-dp"}),
+    [](const ::testing::TestParamInfo<CubeCase>& i) {
+      return std::to_string(i.param.dp) + "x" + std::to_string(i.param.pp) + "x8_" +
+             schedule_name(i.param.schedule) + (i.param.tied ? "" : "_untied") +
+             (i.param.order[0] == 'p' ? "_ppfirst" : "");
+    });
+
+TEST(Meshrun, EightProcessCubeTrains) {
+  std::string out;
+  const std::string cmd = std::string(MESHTRAIN_MESHRUN) + " -n 8 " + MESHTRAIN_BIN +
+                          " --tp 8 --tp-mode 3d --layers 2 --d-model 32 --heads 4 --seq 16"
+                          " --micro-batch 4 --steps 4 --sample 8 --data " + MESHTRAIN_TEST_CORPUS;
+  ASSERT_EQ(run_cmd(cmd, &out), 0) << out;
+  EXPECT_NE(out.find("tp 8 (3d"), std::string::npos) << out;
+  EXPECT_NE(out.find("step     4/4"), std::string::npos) << out;
+  EXPECT_NE(out.find("sample: And God said"), std::string::npos) << out;
+  out.clear();
+  EXPECT_NE(run_cmd(std::string(MESHTRAIN_MESHRUN) + " -n 4 " + MESHTRAIN_BIN +
+                        " --tp-mode 3d --tp 4 --data " + MESHTRAIN_TEST_CORPUS, &out), 0);
+  EXPECT_NE(out.find("tp to be a cube"), std::string::npos) << out;
+}

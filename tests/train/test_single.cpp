@@ -45,7 +45,7 @@ fs::path fresh_dir(const std::string& name) {
 }
 
 // d loss / d param against central differences for every tensor of a small model.
-void gradient_check(bool tied) {
+void gradient_check(bool tied, TpMode mode = TpMode::OneD) {
   ModelConfig m;
   m.vocab = 11;
   m.seq = 5;
@@ -54,7 +54,9 @@ void gradient_check(bool tied) {
   m.heads = 2;
   m.tied = tied;
   const int B = 2, N = B * m.seq;
-  Stage st(m, Layout{}, Coords{}, B, 1);
+  Layout layout;
+  layout.tp_mode = mode;
+  Stage st(m, layout, Coords{}, B, 1);
   std::mt19937 g(9);
   std::vector<int32_t> tok(N), tgt(N);
   for (int i = 0; i < N; i++) tok[i] = static_cast<int32_t>(g() % m.vocab), tgt[i] = static_cast<int32_t>(g() % m.vocab);
@@ -86,6 +88,8 @@ void gradient_check(bool tied) {
 
 TEST(Model, GradientCheckTied) { gradient_check(true); }
 TEST(Model, GradientCheckUntied) { gradient_check(false); }
+// The 3D scheme's own LayerNorm, embedding and cross-entropy code on a 1-rank cube.
+TEST(Model, GradientCheckThreeDScheme) { gradient_check(true, TpMode::ThreeD); }
 
 TEST(Model, InitialLossIsNearUniform) {
   TrainConfig c = tiny_config();
@@ -271,7 +275,16 @@ class CountingComm final : public Comm {
     if (on_async) on_async();
   }
   void wait_async() override {}
+  void all_gather(const float* in, float* out, size_t n) override {
+    std::copy(in, in + n, out);
+    gathers++;
+  }
+  void reduce_scatter(const float* in, float* out, size_t n) override {
+    std::copy(in, in + n, out);
+    scatters++;
+  }
   void exchange(const P2POp*, int) override {}
+  int gathers = 0, scatters = 0;
   std::vector<std::pair<size_t, ReduceOp>> calls, async;
   int pending = 0;
   std::function<void()> on_async;
@@ -545,4 +558,51 @@ TEST(Cli, RejectsInvalidNumbers) {
   EXPECT_NE(parse({"--val-seqs", "0"}), "");
   EXPECT_NE(parse({"--seed", "-5"}), "");
   EXPECT_EQ(parse({"--ckpt-dir", "/tmp/x", "--ckpt-keep", "3", "--clip", "0"}), "");
+}
+
+// 3D: every linear is 3 collectives forward (gather X, gather W, reduce-scatter
+// Y) and 3 backward (gather dY, reduce-scatter dX and dW); the embedding
+// reduce-scatters twice forward and gathers twice backward. On a 1-rank cube
+// every collective is the identity, so the numbers are the plain model's.
+TEST(Model, ThreeDCollectivesPerLinear) {
+  ModelConfig m;
+  m.vocab = 256;
+  m.seq = 8;
+  m.layers = 3;
+  m.d_model = 16;
+  m.heads = 2;
+  const int B = 2, N = B * m.seq;
+  Layout cube;
+  cube.tp_mode = TpMode::ThreeD;
+  Stage st(m, cube, Coords{}, B, 1);
+  Stage plain(m, Layout{}, Coords{}, B, 1);
+  ASSERT_EQ(st.params, plain.params);
+  CountingComm axis[3], group;
+  TpComms tc;
+  tc.group = &group;
+  for (int a = 0; a < 3; a++) tc.axis[a] = &axis[a];
+  st.set_tp_comms(tc);
+  std::vector<int32_t> tok(N, 65), tgt(N, 66);
+  EXPECT_EQ(st.forward(0, tok.data(), tgt.data()), plain.forward(0, tok.data(), tgt.data()));
+  const int linears = 4 * m.layers + 1;
+  int gathers = 0, scatters = 0;
+  for (auto& a : axis) gathers += a.gathers, scatters += a.scatters;
+  EXPECT_EQ(gathers, 2 * linears);
+  EXPECT_EQ(scatters, linears + 2);
+  // The weights are gathered along W only.
+  EXPECT_EQ(axis[kAxisW].gathers, linears);
+  for (auto& a : axis) a.gathers = a.scatters = 0;
+  st.zero_grads();
+  plain.zero_grads();
+  st.backward(0, 1.0f, {});
+  plain.backward(0, 1.0f, {});
+  gathers = scatters = 0;
+  for (auto& a : axis) gathers += a.gathers, scatters += a.scatters;
+  EXPECT_EQ(gathers, linears + 2);
+  EXPECT_EQ(scatters, 2 * linears);
+  EXPECT_EQ(axis[kAxisW].scatters, linears);
+  st.finish_grads();
+  for (size_t i = 0; i < st.grads.size(); i++) {
+    ASSERT_NEAR(st.grads[i], plain.grads[i], 1e-6f + 1e-4f * std::fabs(plain.grads[i])) << i;
+  }
 }
