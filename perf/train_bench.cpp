@@ -4,8 +4,10 @@
 //   2. one process, d_model 256, 4 layers, 4 heads, seq 128, batch 8: step time
 //      against the time of the same step's GEMMs alone;
 //   3. parallel layouts at 2, 4 and 8 ranks (one thread per rank over meshccl):
-//      tokens/s and the share of rank time spent waiting on communication.
-// Usage: train_bench [--steps N] [--quick] [--json PATH] [--data PATH] [--skip-layouts]
+//      tokens/s and the share of rank time spent waiting on communication;
+//   4. 1D against 3D tensor parallelism at tp = 8: bytes each rank sends per
+//      step (measured, and from the formulas) and step time.
+// Usage: train_bench [--steps N] [--quick] [--json PATH] [--data PATH] [--skip-layouts] [--only-tp]
 #include <cblas.h>
 
 #include <algorithm>
@@ -98,6 +100,7 @@ std::vector<Gemm> step_gemms(const TrainConfig& c) {
 
 struct LayoutResult {
   double tokens_per_s = 0, wait_share = 0, step_ms = 0;
+  double tp_bytes = 0;  // tensor-parallel bytes sent per step, mean over ranks
   float loss = 0;
   std::string error;
 };
@@ -123,6 +126,12 @@ LayoutResult run_layout(TrainConfig cfg, const Corpus& corpus, int steps) {
         }
         Engine e(cfg, r, rc.view(), corpus);
         e.train_step(0);  // warm-up: first touch of buffers, connections
+        auto tp_sent = [&rc] {
+          double b = rc.tp ? rc.tp->bytes_sent : 0.0;
+          for (const auto& c : rc.cube) b += c ? c->bytes_sent : 0.0;
+          return b;
+        };
+        const double sent0 = tp_sent();
         double w = 0, t = 0;
         float loss = 0;
         for (int s = 1; s <= steps; s++) {
@@ -134,6 +143,7 @@ LayoutResult run_layout(TrainConfig cfg, const Corpus& corpus, int steps) {
         std::lock_guard<std::mutex> lock(mu);
         wait += w;
         busy += t;
+        res.tp_bytes += (tp_sent() - sent0) / steps / n;
         if (r == 0) rank0_time = t, res.loss = loss;
       } catch (const std::exception& ex) {
         std::lock_guard<std::mutex> lock(mu);
@@ -154,7 +164,7 @@ LayoutResult run_layout(TrainConfig cfg, const Corpus& corpus, int steps) {
 
 int main(int argc, char** argv) {
   int steps = 5;
-  bool quick = false, skip_layouts = false;
+  bool quick = false, skip_layouts = false, only_tp = false;
 #ifdef MESHTRAIN_BUILD_CORPUS
   std::string json, data = MESHTRAIN_BUILD_CORPUS;
 #else
@@ -168,13 +178,15 @@ int main(int argc, char** argv) {
       quick = true;
     } else if (a == "--skip-layouts") {
       skip_layouts = true;
+    } else if (a == "--only-tp") {
+      only_tp = true;
     } else if (a == "--json" && i + 1 < argc) {
       json = argv[++i];
     } else if (a == "--data" && i + 1 < argc) {
       data = argv[++i];
     } else {
       std::fprintf(stderr, "usage: train_bench [--steps N] [--quick] [--json PATH] [--data PATH] "
-                           "[--skip-layouts]\n");
+                           "[--skip-layouts] [--only-tp]\n");
       return 2;
     }
   }
@@ -191,6 +203,7 @@ int main(int argc, char** argv) {
   double step_gemm_s[3] = {0, 0, 0};
   out += "  \"gemm\": [";
   for (int threads : {1, 2}) {
+    if (only_tp) break;
     openblas_set_num_threads(threads);
     const double peak = flops(square) / gemm_seconds(square, quick ? 3 : 10) / 1e9;
     step_gemm_s[threads] = gemm_seconds(gemms, quick ? 2 : 5);
@@ -217,7 +230,7 @@ int main(int argc, char** argv) {
 
   // 2. One process, both cores. Steps and GEMM-only passes alternate so that
   // both see the same host load; the best of each is compared.
-  {
+  if (!only_tp) {
     openblas_set_num_threads(2);
     Engine e(one, 0, Comms{}, corpus);
     e.train_step(0);
@@ -242,7 +255,7 @@ int main(int argc, char** argv) {
   }
 
   // 2b. The same on one BLAS thread, in CPU time of this thread.
-  {
+  if (!only_tp) {
     openblas_set_num_threads(1);
     Engine e(one, 0, Comms{}, corpus);
     e.train_step(0);
@@ -294,7 +307,7 @@ int main(int argc, char** argv) {
       {{2, 4, 1}, PipeSchedule::OneFOneB, 0, ""},
   };
   if (quick) cases.resize(6);
-  if (skip_layouts) cases.clear();
+  if (skip_layouts || only_tp) cases.clear();
   std::printf("\n== layouts: d_model 128, 4 layers, seq 64, micro-batch 4, global batch %d, "
               "%d timed steps ==\n", global, steps);
   std::printf("%-8s %-6s %9s %9s %10s  %s\n", "layout", "sched", "ms/step", "tok/s", "comm wait",
@@ -325,7 +338,66 @@ int main(int argc, char** argv) {
     out += line;
     first = false;
   }
-  out += "\n  ]\n}\n";
+  out += "\n  ]";
+
+  // 4. 1D against 3D tensor parallelism at tp = 8 (a 2 x 2 x 2 cube): bytes
+  // each rank sends per step, measured and from the formulas, and step time.
+  if (!skip_layouts) {
+    TrainConfig t = base;
+    t.model.heads = 8;  // 1D needs heads divisible by 8
+    t.grad_accum = 2;
+    const int L = t.model.layers, C = t.model.d_model, T = t.model.seq;
+    const double N = double(t.micro_batch) * T, m = t.grad_accum, P = 8, q = 2;
+    const double Vp = padded_vocab(t.model.vocab, 8);
+    // 1D: per layer and micro-batch 2 all-reduces of N x C forward and 2
+    // backward, one each for the embedding and the head's input gradient,
+    // 3N scalars for the cross-entropy; one scalar for the norm.
+    const double ar = 2 * (P - 1) / P;
+    const double pred1 = 4 * (ar * (m * ((4 * L + 2) * N * C + 3 * N) + 1));
+    // 3D: per linear 2(q-1)/q^3 (N IC + N OC + IC OC) (the paper's volume);
+    // then LayerNorm statistics, the embedding's scatters and gathers, the
+    // cross-entropy's reductions, and per step the plane sums of replicated
+    // gradients and the norm.
+    auto lin = [&](double IC, double OC) { return 2 * (q - 1) / (q * q * q) * (N * IC + N * OC + IC * OC); };
+    const double linears = L * (lin(C, 3 * C) + lin(C, C) + lin(C, 4 * C) + lin(4 * C, C)) + lin(C, Vp);
+    const double aq = 2 * (q - 1) / q, Nq = N / q, Nq2 = N / (q * q);
+    const double other_micro = (2 * L + 1) * aq * 4 * Nq2 + 2 * (q - 1) * (Nq + Nq2) * C / q +
+                               aq * (3 * Nq2 + 2);
+    const double per_step = aq * (C / q * 2 * 2 * (2 * L + 1) + 9 * C / q * L + 2 * T * C / q) + ar;
+    const double pred3 = 4 * (m * (linears + other_micro) + per_step);
+    const double paper3 = 4 * m * linears;
+    std::printf("\n== tensor parallelism at tp = 8: d_model %d, %d layers, 8 heads, seq %d, "
+                "micro-batch %d x %d, one thread per rank ==\n", C, L, T, t.micro_batch, t.grad_accum);
+    std::printf("%-4s %9s %9s %14s %14s %14s\n", "mode", "ms/step", "comm wait", "sent/rank/step",
+                "predicted", "linears(paper)");
+    out += ",\n  \"tp8\": [";
+    for (TpMode mode : {TpMode::OneD, TpMode::ThreeD}) {
+      TrainConfig c = t;
+      c.layout = Layout{1, 1, 8};
+      c.layout.tp_mode = mode;
+      const LayoutResult r = run_layout(c, corpus, steps);
+      if (!r.error.empty()) {
+        std::printf("%-4s failed: %s\n", tp_mode_name(mode), r.error.c_str());
+        continue;
+      }
+      const bool three = mode == TpMode::ThreeD;
+      const double pred = three ? pred3 : pred1, paper = three ? paper3 : pred1;
+      std::printf("%-4s %9.1f %8.1f%% %11.0f KiB %11.0f KiB %11.0f KiB\n", tp_mode_name(mode),
+                  r.step_ms, 100 * r.wait_share, r.tp_bytes / 1024, pred / 1024, paper / 1024);
+      std::snprintf(line, sizeof line,
+                    "%s\n    {\"mode\": \"%s\", \"ms_per_step\": %.2f, \"comm_wait_share\": %.4f, "
+                    "\"bytes_per_rank_per_step\": %.0f, \"predicted_bytes\": %.0f, "
+                    "\"paper_linear_bytes\": %.0f}",
+                    three ? "," : "", tp_mode_name(mode), r.step_ms, r.wait_share, r.tp_bytes, pred,
+                    paper);
+      out += line;
+    }
+    std::printf("1D all-reduces carry 2(P-1)/P x N x C each; 3D linears 2(q-1)/q^3 x (N IC + N OC + "
+                "IC OC): ratio of the two per layer here %.2f\n",
+                (4 * ar * N * C) / (lin(C, 3 * C) + lin(C, C) + lin(C, 4 * C) + lin(4 * C, C)));
+    out += "\n  ]";
+  }
+  out += "\n}\n";
   if (!json.empty()) {
     std::ofstream f(json);
     f << out;
