@@ -9,7 +9,7 @@
 #include <algorithm>
 
 #include "kernels.h"
-#include "model.h"
+#include "param.h"
 #include "tp.h"
 
 namespace meshtrain {

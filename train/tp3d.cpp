@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "kernels.h"
-#include "model.h"
+#include "param.h"
 #include "tp.h"
 
 namespace meshtrain {
