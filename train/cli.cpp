@@ -16,6 +16,7 @@ const char* cli_usage() {
 layout:   --dp N --pp N --tp N          dp x pp x tp must equal the number of ranks
           --order tp-pp-dp              rank grid order, fastest dimension first
           --tp-mode 1d|3d               Megatron 1D, or Colossal-AI 3D with tp = q^3
+          --stages 3,2,2,1              layers per pipeline stage (default: balanced)
           --schedule gpipe|1f1b         pipeline schedule (default 1f1b)
 model:    --layers N --d-model N --heads N --seq N --vocab N --untied --seed N
 batch:    --micro-batch N --grad-accum N  (global batch = dp x micro-batch x grad-accum)
@@ -49,7 +50,7 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
     return true;
   };
   int bucket_kb = -1, seed = -1, data_seed = -1;
-  std::string schedule, tp_mode;
+  std::string schedule, tp_mode, stages;
   std::map<std::string, int*> ints = {
       {"--dp", &t.layout.dp}, {"--pp", &t.layout.pp}, {"--tp", &t.layout.tp},
       {"--layers", &t.model.layers}, {"--d-model", &t.model.d_model},
@@ -69,7 +70,7 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
   std::map<std::string, std::string*> strings = {
       {"--data", &o->data}, {"--ckpt-dir", &t.ckpt_dir}, {"--prompt", &o->prompt},
       {"--schedule", &schedule}, {"--order", &t.layout.order},
-      {"--tp-mode", &tp_mode}};
+      {"--tp-mode", &tp_mode}, {"--stages", &stages}};
   int warmup_given = 0;
   for (int i = 1; i < argc; i++) {
     const std::string a = argv[i];
@@ -103,6 +104,19 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
   }
   if (!tp_mode.empty() && !parse_tp_mode(tp_mode, &t.layout.tp_mode)) {
     return "--tp-mode must be 1d or 3d, got '" + tp_mode + "'";
+  }
+  if (!stages.empty()) {
+    // Comma-separated layer counts, one per pipeline stage.
+    size_t pos = 0;
+    while (pos <= stages.size()) {
+      const size_t comma = std::min(stages.find(',', pos), stages.size());
+      int n = 0;
+      if (!as_int(stages.substr(pos, comma - pos).c_str(), &n) || n < 1) {
+        return "--stages takes layer counts like 3,2,2,1; got '" + stages + "'";
+      }
+      t.layout.stages.push_back(n);
+      pos = comma + 1;
+    }
   }
   if (bucket_kb == 0 || bucket_kb < -1) return "--bucket-kb must be positive";
   if (bucket_kb > 0) t.bucket_elems = static_cast<size_t>(bucket_kb) * 1024 / sizeof(float);

@@ -1,6 +1,7 @@
 #include "grid.h"
 
 #include <algorithm>
+#include <numeric>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -231,6 +232,14 @@ LayerRange stage_layers(int layers, int pp, int stage) {
   return r;
 }
 
+LayerRange stage_layers(const Layout& l, int layers, int stage) {
+  if (l.stages.empty()) return stage_layers(layers, l.pp, stage);
+  LayerRange r;
+  for (int s = 0; s < stage; s++) r.lo += l.stages[s];
+  r.hi = r.lo + l.stages[stage];
+  return r;
+}
+
 int padded_vocab(int vocab, int tp) {
   const int q = 8 * tp;
   return (vocab + q - 1) / q * q;
@@ -269,6 +278,13 @@ std::string check_layout(const ModelConfig& m, const Layout& l, int world_size, 
       << " (3D activations are cut into q^2 blocks of whole sequences)";
   } else if (l.pp > m.layers) {
     e << "pp " << l.pp << " asks for more pipeline stages than the " << m.layers << " layer(s)";
+  } else if (!l.stages.empty() && static_cast<int>(l.stages.size()) != l.pp) {
+    e << "--stages names " << l.stages.size() << " stage(s) but pp is " << l.pp;
+  } else if (!l.stages.empty() &&
+             (*std::min_element(l.stages.begin(), l.stages.end()) < 1 ||
+              std::accumulate(l.stages.begin(), l.stages.end(), 0) != m.layers)) {
+    e << "--stages must give every stage at least one layer and " << m.layers
+      << " layer(s) in all";
   } else if (micro_batch < 1 || grad_accum < 1) {
     e << "--micro-batch and --grad-accum must be at least 1";
   }

@@ -70,6 +70,7 @@ struct Layout {
   int dp = 1, pp = 1, tp = 1;
   std::string order = "tp-pp-dp";  // fastest first; a permutation of tp, pp, dp
   TpMode tp_mode = TpMode::OneD;
+  std::vector<int> stages;  // layers per pipeline stage; empty: balanced split
   int world() const { return dp * pp * tp; }
   bool single() const { return world() == 1; }
   // Side of the 3D cube (q with q^3 == tp), 0 when tp is not a cube.
@@ -118,6 +119,8 @@ struct LayerRange {
 };
 // Balanced split: the first (layers % pp) stages get one extra layer.
 LayerRange stage_layers(int layers, int pp, int stage);
+// The layout's split: l.stages when given, else the balanced one.
+LayerRange stage_layers(const Layout& l, int layers, int stage);
 
 // Vocabulary padded so that every tensor-parallel slice has the same number of
 // rows, a multiple of 8 floats; padded entries never take part in the softmax.

@@ -40,7 +40,7 @@ uint64_t key_of(uint64_t kind, int layer) { return (kind << 32) | static_cast<ui
 Stage::Stage(const ModelConfig& cfg, const Layout& layout, const Coords& me, int micro_batch,
              int slots)
     : cfg_(cfg), layout_(layout), me_(me) {
-  range_ = stage_layers(cfg.layers, layout.pp, me.pp);
+  range_ = stage_layers(layout, cfg.layers, me.pp);
   tp_ = make_tp_scheme(cfg, layout, me.tp, micro_batch);
   const TpShapes& sh = tp_->shapes();
   B_ = micro_batch;

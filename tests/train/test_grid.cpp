@@ -151,7 +151,9 @@ TEST(Grid, NamedGridsEveryOrderAndEveryGroup) {
                 ASSERT_EQ(g.group_color(m, dims), color);
                 const auto cm = g.coords(m), cr = g.coords(r);
                 for (int d = 0; d < 3; d++) {
-                  if (!(mask & (1 << d))) ASSERT_EQ(cm[d], cr[d]);
+                  if (!(mask & (1 << d))) {
+                    ASSERT_EQ(cm[d], cr[d]);
+                  }
                 }
               }
             }
@@ -230,7 +232,9 @@ TEST(Grid, CubeAxesInThreeDMode) {
         for (int m : g.group_members(r, {cube_axis_dim(a)})) {
           const CubeCoords cm = cube_coords(coords_of(m, l).tp, 2);
           for (int b = 0; b < 3; b++) {
-            if (b != a) EXPECT_EQ(cm.axis(b), cc.axis(b));
+            if (b != a) {
+              EXPECT_EQ(cm.axis(b), cc.axis(b));
+            }
           }
           EXPECT_EQ(cube_axis_color(coords_of(m, l), l, a), cube_axis_color(c, l, a));
         }
@@ -260,4 +264,26 @@ TEST(Grid, CubeAxesInThreeDMode) {
   m.heads = 3;
   m.d_model = 48;
   EXPECT_NE(check_layout(m, ok, 8, 4, 1).find("cube side"), std::string::npos);
+}
+
+TEST(Grid, UnevenStages) {
+  ModelConfig m;
+  m.layers = 6;
+  m.d_model = 64;
+  m.heads = 4;
+  Layout l{1, 3, 1};
+  l.stages = {3, 2, 1};
+  EXPECT_EQ(check_layout(m, l, 3, 2, 2), "");
+  EXPECT_EQ(stage_layers(l, 6, 0).lo, 0);
+  EXPECT_EQ(stage_layers(l, 6, 1).lo, 3);
+  EXPECT_EQ(stage_layers(l, 6, 1).hi, 5);
+  EXPECT_EQ(stage_layers(l, 6, 2).count(), 1);
+  l.stages = {3, 3};
+  EXPECT_NE(check_layout(m, l, 3, 2, 2).find("names 2 stage(s) but pp is 3"), std::string::npos);
+  l.stages = {4, 2, 1};
+  EXPECT_NE(check_layout(m, l, 3, 2, 2).find("6 layer(s) in all"), std::string::npos);
+  l.stages = {6, 0, 0};
+  EXPECT_NE(check_layout(m, l, 3, 2, 2).find("at least one layer"), std::string::npos);
+  l.stages.clear();
+  EXPECT_EQ(stage_layers(l, 6, 1).count(), stage_layers(6, 3, 1).count());
 }

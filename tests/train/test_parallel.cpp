@@ -390,3 +390,14 @@ TEST(Meshrun, EightProcessCubeTrains) {
                         " --tp-mode 3d --tp 4 --data " + MESHTRAIN_TEST_CORPUS, &out), 0);
   EXPECT_NE(out.find("tp to be a cube"), std::string::npos) << out;
 }
+
+// Stages of unequal size (as the planner may choose) change nothing either.
+TEST(GridOrder, UnevenStagesMatchSingleProcess) {
+  openblas_set_num_threads(1);
+  TrainConfig c = with_layout({1, 2, 1}, PipeSchedule::OneFOneB);
+  c.layout.stages = {3, 1};
+  expect_equivalent(run_threads(c, corpus(), meshccl_comms(c)), reference(true), "1x2x1 stages 3,1");
+  c = with_layout({2, 3, 1}, PipeSchedule::GPipe);
+  c.layout.stages = {1, 1, 2};
+  expect_equivalent(run_threads(c, corpus(), meshccl_comms(c)), reference(true), "2x3x1 stages 1,1,2");
+}

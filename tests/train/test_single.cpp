@@ -255,6 +255,15 @@ TEST(Cli, ParsesAndRejects) {
   EXPECT_NE(parse({"--resume"}, &e).find("--ckpt-dir"), std::string::npos);
   CliOptions f;
   EXPECT_NE(parse({"--steps"}, &f).find("needs a value"), std::string::npos);
+  CliOptions g;
+  EXPECT_EQ(parse({"--pp", "3", "--stages", "2,1,1", "--order", "dp-tp-pp", "--tp-mode", "3d"}, &g), "");
+  EXPECT_EQ(g.train.layout.stages, (std::vector<int>{2, 1, 1}));
+  EXPECT_EQ(g.train.layout.order, "dp-tp-pp");
+  EXPECT_EQ(g.train.layout.tp_mode, TpMode::ThreeD);
+  CliOptions h;
+  EXPECT_NE(parse({"--stages", "2,,1"}, &h).find("--stages"), std::string::npos);
+  CliOptions i;
+  EXPECT_NE(parse({"--tp-mode", "2d"}, &i).find("1d or 3d"), std::string::npos);
 }
 
 namespace {
