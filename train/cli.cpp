@@ -26,6 +26,9 @@ data:     --data PATH (default: $MESHTRAIN_DATA, data/kjv.txt, or the build's co
           --data-seed N
           --val-every N --val-seqs N
 ckpt:     --ckpt-dir DIR --ckpt-every N --ckpt-keep N (newest N kept; 0: all) --resume
+plan:     meshtrain plan [--ranks N] [options]   print the planner's choice and alternatives
+          --plan auto                   plan the layout, stage split and micro-batch, then train
+          --global-batch N --mem-limit MiB --profile PATH --plan-top K
 other:    --bucket-kb N (data-parallel bucket) --blas-threads N --log-every N
           --sample N --prompt TEXT --temperature X --help
 )";
@@ -50,7 +53,7 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
     return true;
   };
   int bucket_kb = -1, seed = -1, data_seed = -1;
-  std::string schedule, tp_mode, stages;
+  std::string schedule, tp_mode, stages, plan;
   std::map<std::string, int*> ints = {
       {"--dp", &t.layout.dp}, {"--pp", &t.layout.pp}, {"--tp", &t.layout.tp},
       {"--layers", &t.model.layers}, {"--d-model", &t.model.d_model},
@@ -61,7 +64,9 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
       {"--ckpt-keep", &t.ckpt_keep},
       {"--bucket-kb", &bucket_kb}, {"--blas-threads", &o->blas_threads},
       {"--sample", &o->sample_chars}, {"--log-every", &o->log_every}, {"--seed", &seed},
-      {"--data-seed", &data_seed}};
+      {"--data-seed", &data_seed}, {"--ranks", &o->plan_ranks},
+      {"--global-batch", &o->global_batch}, {"--mem-limit", &o->mem_limit_mib},
+      {"--plan-top", &o->plan_top}};
   std::map<std::string, float*> floats = {
       {"--lr", &t.optim.lr}, {"--min-lr-ratio", &t.optim.min_lr_ratio},
       {"--weight-decay", &t.optim.weight_decay}, {"--clip", &t.optim.clip},
@@ -70,9 +75,15 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
   std::map<std::string, std::string*> strings = {
       {"--data", &o->data}, {"--ckpt-dir", &t.ckpt_dir}, {"--prompt", &o->prompt},
       {"--schedule", &schedule}, {"--order", &t.layout.order},
-      {"--tp-mode", &tp_mode}, {"--stages", &stages}};
+      {"--tp-mode", &tp_mode}, {"--stages", &stages}, {"--plan", &plan},
+      {"--profile", &o->profile}};
   int warmup_given = 0;
-  for (int i = 1; i < argc; i++) {
+  int first = 1;
+  if (argc > 1 && std::string(argv[1]) == "plan") {
+    o->plan_only = true;
+    first = 2;
+  }
+  for (int i = first; i < argc; i++) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
       o->help = true;
@@ -117,6 +128,11 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
       t.layout.stages.push_back(n);
       pos = comma + 1;
     }
+  }
+  if (!plan.empty() && plan != "auto") return "--plan takes 'auto', got '" + plan + "'";
+  o->plan_auto = plan == "auto";
+  if (o->plan_ranks < 0 || o->global_batch < 0 || o->mem_limit_mib < 0 || o->plan_top < 1) {
+    return "--ranks, --global-batch and --mem-limit must not be negative, --plan-top at least 1";
   }
   if (bucket_kb == 0 || bucket_kb < -1) return "--bucket-kb must be positive";
   if (bucket_kb > 0) t.bucket_elems = static_cast<size_t>(bucket_kb) * 1024 / sizeof(float);

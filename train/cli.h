@@ -17,6 +17,13 @@ struct CliOptions {
   float temperature = 0.8f;
   int log_every = 1;
   bool help = false;
+  // Planner: `meshtrain plan ...` only prints; --plan auto plans, then trains.
+  bool plan_only = false, plan_auto = false;
+  int plan_ranks = 0;     // ranks to plan for (plan only; default: the launcher's)
+  int global_batch = 0;   // sequences per step to plan for (default: dp x micro-batch x grad-accum)
+  int mem_limit_mib = 0;  // per rank; 0: no limit
+  int plan_top = 5;       // alternatives printed
+  std::string profile;    // read the profile from here if it exists, else measure and save it here
 };
 
 // Parses argv into opts; returns an empty string on success, else the error.

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -12,6 +13,9 @@
 #include "cli.h"
 #include "engine.h"
 #include "nccl_comm.h"
+#include "plan_links.h"
+#include "plan_profile.h"
+#include "planner.h"
 
 using namespace meshtrain;
 
@@ -61,9 +65,99 @@ std::string corpus_path(const std::string& given) {
   return candidates.front();
 }
 
-int run(const CliOptions& o) {
+// Profiles this machine (or reads --profile), searches every layout for
+// `world` ranks and prints the best few; returns the best (throws if none fits).
+Candidate plan_layout(const CliOptions& o, int world) {
   const TrainConfig& cfg = o.train;
+  PlanRequest req;
+  req.model = cfg.model;
+  req.world = world;
+  req.global_batch = o.global_batch > 0 ? o.global_batch : cfg.global_batch();
+  req.mem_limit = o.mem_limit_mib * 1048576.0;
+  Profile prof;
+  LinkModel links;
+  bool loaded = false;
+  if (!o.profile.empty()) {
+    if (FILE* f = std::fopen(o.profile.c_str(), "r")) {
+      std::fclose(f);
+      load_profile(o.profile, &prof, &links);
+      loaded = true;
+    }
+  }
+  if (!loaded) {
+    std::vector<int> mbs;
+    for (int b = 1; b <= std::min(req.global_batch, 64); b++) {
+      if (req.global_batch % b == 0) mbs.push_back(b);
+    }
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    openblas_set_num_threads(1);
+    prof = profile_compute(cfg.model, mbs, 3, cores);
+    links = world > 1 ? measure_links(world, 7) : LinkModel();
+    if (!o.profile.empty()) save_profile(o.profile, prof, links);
+  }
+  const std::vector<Candidate> all = search(req, prof, links);
+  if (all.empty()) {
+    throw std::runtime_error("no layout of " + std::to_string(world) + " rank(s) fits this model, a global batch of " +
+                             std::to_string(req.global_batch) +
+                             (req.mem_limit > 0 ? " and --mem-limit" : ""));
+  }
+  std::printf("plan: %d rank(s), global batch %d, %zu feasible plans (%s profile; %d core(s))\n",
+              world, req.global_batch, all.size(), loaded ? "saved" : "measured", prof.cores);
+  std::printf("  %-52s %9s %9s %8s %8s %8s %8s\n", "layout", "step ms", "compute", "tp comm",
+              "pp+bubl", "dp exp", "MiB");
+  for (size_t i = 0; i < all.size() && i < static_cast<size_t>(o.plan_top); i++) {
+    const Candidate& c = all[i];
+    std::printf("%s %-52s %9.2f %9.2f %8.2f %8.2f %8.2f %8.1f\n", i == 0 ? "*" : " ",
+                c.describe().c_str(), c.step_s * 1e3, c.compute_s * 1e3, c.tp_comm_s * 1e3,
+                (c.pp_comm_s + c.bubble_s) * 1e3, c.dp_exposed_s * 1e3, c.mem_bytes / 1048576.0);
+  }
+  std::fflush(stdout);
+  return all.front();
+}
+
+// The plan travels from rank 0 as small integers in floats (exact below 2^24).
+constexpr int kPlanFloats = 8 + 256;
+
+void encode_plan(const Candidate& c, float* v) {
+  const Layout& l = c.layout;
+  v[0] = l.dp, v[1] = l.pp, v[2] = l.tp, v[3] = static_cast<float>(l.tp_mode);
+  v[4] = c.micro_batch, v[5] = c.grad_accum, v[6] = static_cast<float>(l.stages.size());
+  for (size_t i = 0; i < l.stages.size() && i < 256; i++) v[8 + i] = l.stages[i];
+}
+
+void apply_plan(const float* v, TrainConfig* cfg) {
+  Layout& l = cfg->layout;
+  l.dp = static_cast<int>(v[0]), l.pp = static_cast<int>(v[1]), l.tp = static_cast<int>(v[2]);
+  l.tp_mode = static_cast<TpMode>(static_cast<int>(v[3]));
+  cfg->micro_batch = static_cast<int>(v[4]);
+  cfg->grad_accum = static_cast<int>(v[5]);
+  l.stages.assign(static_cast<size_t>(v[6]), 0);
+  for (size_t i = 0; i < l.stages.size(); i++) l.stages[i] = static_cast<int>(v[8 + i]);
+}
+
+int run(const CliOptions& opts) {
+  CliOptions o = opts;
+  TrainConfig& cfg = o.train;
+  if (o.plan_only) {
+    plan_layout(o, o.plan_ranks > 0 ? o.plan_ranks : launch_size());
+    return 0;
+  }
   const int world_size = launch_size();
+  ncclComm_t world = nullptr;
+  if (o.plan_auto) {
+    // Rank 0 plans (the others wait in the broadcast), then all take its plan.
+    if (world_size > 1) check_nccl(meshcclCommInitFromEnv(&world, nullptr), "meshcclCommInitFromEnv");
+    int me = 0;
+    if (world) check_nccl(ncclCommUserRank(world, &me), "ncclCommUserRank", world);
+    std::vector<float> v(kPlanFloats, 0.0f);
+    if (me == 0) encode_plan(plan_layout(o, world_size), v.data());
+    if (world) {
+      check_nccl(ncclAllReduce(v.data(), v.data(), v.size(), ncclFloat32, ncclSum, world, nullptr),
+                 "ncclAllReduce", world);
+    }
+    apply_plan(v.data(), &cfg);
+    cfg.optim.total_steps = cfg.steps;
+  }
   if (const std::string e = check_layout(cfg.model, cfg.layout, world_size, cfg.micro_batch,
                                          cfg.grad_accum);
       !e.empty()) {
@@ -76,8 +170,7 @@ int run(const CliOptions& o) {
   RankComms rc;
   int rank = 0;
   if (world_size > 1) {
-    ncclComm_t world = nullptr;
-    check_nccl(meshcclCommInitFromEnv(&world, nullptr), "meshcclCommInitFromEnv");
+    if (!world) check_nccl(meshcclCommInitFromEnv(&world, nullptr), "meshcclCommInitFromEnv");
     rc = split_comms(world, cfg.layout, cfg.model.tied);
     rank = rc.world->rank();
   }

@@ -401,3 +401,24 @@ TEST(GridOrder, UnevenStagesMatchSingleProcess) {
   c.layout.stages = {1, 1, 2};
   expect_equivalent(run_threads(c, corpus(), meshccl_comms(c)), reference(true), "2x3x1 stages 1,1,2");
 }
+
+// The planner end to end: `meshtrain plan` prints a choice; `--plan auto`
+// under meshrun plans on rank 0, every rank takes the plan, and it trains.
+TEST(Meshrun, PlannerChoosesAndTrains) {
+  const std::string model = " --layers 2 --d-model 32 --heads 4 --seq 16 --global-batch 8 --data " +
+                            std::string(MESHTRAIN_TEST_CORPUS);
+  std::string out;
+  ASSERT_EQ(run_cmd(std::string(MESHTRAIN_BIN) + " plan --ranks 4" + model, &out), 0) << out;
+  EXPECT_NE(out.find("plan: 4 rank(s), global batch 8"), std::string::npos) << out;
+  EXPECT_NE(out.find("\n* dp "), std::string::npos) << out;
+  out.clear();
+  ASSERT_EQ(run_cmd(std::string(MESHTRAIN_MESHRUN) + " -n 4 " + MESHTRAIN_BIN + " --plan auto --steps 2" + model, &out), 0)
+      << out;
+  EXPECT_NE(out.find("] * dp "), std::string::npos) << out;
+  EXPECT_NE(out.find("meshtrain: 4 rank(s)"), std::string::npos) << out;
+  EXPECT_NE(out.find("step     2/2"), std::string::npos) << out;
+  out.clear();
+  EXPECT_NE(run_cmd(std::string(MESHTRAIN_BIN) + " plan --ranks 4 --mem-limit 1 --layers 4 --d-model 128"
+                    " --heads 4 --seq 32 --global-batch 8 --data " + MESHTRAIN_TEST_CORPUS, &out), 0);
+  EXPECT_NE(out.find("no layout of 4 rank(s) fits"), std::string::npos) << out;
+}

@@ -1,0 +1,230 @@
+// The planner's pure parts: stage splits, the cost model against an event
+// simulation of the pipeline schedule, memory limits, the search's order and
+// the profile file.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "plan_profile.h"
+#include "planner.h"
+#include "schedule.h"
+
+using namespace meshtrain;
+
+namespace {
+
+Profile uniform_profile(double layer_f, double layer_b, double embed = 0, double head = 0) {
+  Profile p;
+  for (int b : {1, 2, 4, 8}) {
+    MicroProfile m;
+    m.micro_batch = b;
+    m.layer_fwd = layer_f * b;
+    m.layer_bwd = layer_b * b;
+    m.embed_fb = embed * b;
+    m.head_fb = head * b;
+    p.micro.push_back(m);
+  }
+  p.cores = 64;  // no oversubscription
+  return p;
+}
+
+PlanRequest request(int world, int layers = 8) {
+  PlanRequest r;
+  r.model.layers = layers;
+  r.model.d_model = 64;
+  r.model.heads = 8;
+  r.model.seq = 16;
+  r.world = world;
+  r.global_batch = 16;
+  return r;
+}
+
+// Makespan of one stage list per stage under 1F1B or GPipe with the given
+// per-stage forward and backward times, no communication: an op starts when
+// its stage is free and its input exists (forward of micro i on stage s-1,
+// backward of micro i on stage s+1).
+double simulate(PipeSchedule sched, int pp, int m, const std::vector<double>& F,
+                const std::vector<double>& B) {
+  std::vector<std::vector<PipeOp>> ops(pp);
+  for (int s = 0; s < pp; s++) ops[s] = stage_ops(sched, pp, s, m);
+  std::map<std::tuple<int, int, bool>, double> done;  // (stage, micro, forward) -> end
+  std::vector<size_t> next(pp, 0);
+  std::vector<double> free_at(pp, 0);
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int s = 0; s < pp; s++) {
+      if (next[s] == ops[s].size()) continue;
+      const PipeOp& op = ops[s][next[s]];
+      double ready = free_at[s];
+      if (op.forward && s > 0) {
+        auto it = done.find({s - 1, op.micro, true});
+        if (it == done.end()) continue;
+        ready = std::max(ready, it->second);
+      }
+      if (!op.forward) {
+        auto key = s < pp - 1 ? std::make_tuple(s + 1, op.micro, false) : std::make_tuple(s, op.micro, true);
+        auto it = done.find(key);
+        if (it == done.end()) continue;
+        ready = std::max(ready, it->second);
+      }
+      const double end = ready + (op.forward ? F[s] : B[s]);
+      done[{s, op.micro, op.forward}] = end;
+      free_at[s] = end;
+      next[s]++;
+      progress = true;
+    }
+  }
+  return *std::max_element(free_at.begin(), free_at.end());
+}
+
+}  // namespace
+
+TEST(Planner, UniformLayersGiveEqualStages) {
+  for (int pp = 1; pp <= 8; pp++) {
+    const auto split = best_split(16, pp, 1.0, 0, 0);
+    ASSERT_EQ(static_cast<int>(split.size()), pp);
+    int total = 0;
+    for (int n : split) total += n;
+    EXPECT_EQ(total, 16);
+    const auto [lo, hi] = std::minmax_element(split.begin(), split.end());
+    EXPECT_LE(*hi - *lo, 1) << "pp " << pp;
+  }
+  // A heavy head (3 layers' worth) moves layers off the last stage.
+  EXPECT_EQ(best_split(9, 3, 1.0, 0, 3.0), (std::vector<int>{4, 4, 1}));
+  EXPECT_EQ(best_split(9, 3, 1.0, 3.0, 0), (std::vector<int>{1, 4, 4}));
+}
+
+// With no communication, DAPPLE's latency equals the simulated 1F1B and GPipe
+// makespan for equal stages; for unequal ones it is an upper bound (stages
+// other than the slowest overlap part of their work), 12% over at worst here.
+TEST(Planner, LatencyAgreesWithEventSimulation) {
+  for (int pp : {1, 2, 3, 4}) {
+    for (int m : {1, 2, 4, 8}) {
+      std::vector<double> F(pp, 1.0), B(pp, 2.0);
+      double sum = 0, mx = 0;
+      for (int s = 0; s < pp; s++) sum += F[s] + B[s], mx = std::max(mx, F[s] + B[s]);
+      const double L = sum + (m - 1) * mx;
+      for (PipeSchedule sched : {PipeSchedule::OneFOneB, PipeSchedule::GPipe}) {
+        EXPECT_NEAR(simulate(sched, pp, m, F, B), L, 1e-9) << pp << " " << m;
+      }
+    }
+  }
+  // Unequal stages: the slowest stage paces the steady phase.
+  for (int m : {1, 4, 8}) {
+    const std::vector<double> F = {1, 2, 1, 1.5}, B = {2, 4, 2, 3};
+    const double L = 3 + 6 + 3 + 4.5 + (m - 1) * 6.0;
+    const double sim = simulate(PipeSchedule::OneFOneB, 4, m, F, B);
+    EXPECT_LE(sim, L + 1e-9) << m;
+    EXPECT_GE(sim, 0.85 * L) << m;
+  }
+  // The same through predict(): no links, no update cost, one stage per layer.
+  PlanRequest r = request(4, 4);
+  Profile p = uniform_profile(1e-3, 2e-3);
+  LinkModel none;
+  Candidate c;
+  c.layout = Layout{1, 4, 1};
+  c.micro_batch = 2;
+  c.grad_accum = 8;
+  predict(r, p, none, &c);
+  const std::vector<double> F(4, 2e-3), B(4, 4e-3);
+  EXPECT_NEAR(c.step_s, simulate(PipeSchedule::OneFOneB, 4, 8, F, B), 1e-9);
+}
+
+TEST(Planner, MemoryLimitAndOrder) {
+  PlanRequest r = request(4);
+  const Profile p = uniform_profile(1e-3, 2e-3, 1e-4, 5e-4);
+  LinkModel links;
+  links.collective = {{2, 2e-5, 1e-9}, {4, 4e-5, 1e-9}};
+  links.p2p = {2, 1e-5, 1e-10};
+  const auto all = search(r, p, links);
+  ASSERT_FALSE(all.empty());
+  for (size_t i = 1; i < all.size(); i++) EXPECT_LE(all[i - 1].step_s, all[i].step_s);
+  double least = 1e30;
+  for (const auto& c : all) {
+    EXPECT_EQ(c.layout.world(), 4);
+    EXPECT_EQ(c.layout.dp * c.micro_batch * c.grad_accum, r.global_batch);
+    EXPECT_EQ(check_layout(r.model, c.layout, 4, c.micro_batch, c.grad_accum), "") << c.describe();
+    least = std::min(least, c.mem_bytes);
+  }
+  r.mem_limit = least * 1.01;
+  const auto fit = search(r, p, links);
+  ASSERT_FALSE(fit.empty());
+  for (const auto& c : fit) EXPECT_LE(c.mem_bytes, r.mem_limit);
+  EXPECT_LT(fit.size(), all.size());
+  r.mem_limit = least / 2;
+  EXPECT_TRUE(search(r, p, links).empty());
+  // 3D appears at 8 ranks when allowed.
+  PlanRequest r8 = request(8);
+  const auto with3d = search(r8, p, links);
+  EXPECT_TRUE(std::any_of(with3d.begin(), with3d.end(),
+                          [](const Candidate& c) { return c.layout.tp_mode == TpMode::ThreeD; }));
+  r8.allow_3d = false;
+  const auto without = search(r8, p, links);
+  EXPECT_TRUE(std::none_of(without.begin(), without.end(),
+                           [](const Candidate& c) { return c.layout.tp_mode == TpMode::ThreeD; }));
+}
+
+// Slow links push the plan towards fewer communicating dimensions; free links
+// and a large model towards more parallelism per layer.
+TEST(Planner, LinksMoveTheChoice) {
+  PlanRequest r = request(4);
+  const Profile p = uniform_profile(1e-3, 2e-3, 1e-4, 5e-4);
+  LinkModel slow;
+  slow.collective = {{2, 1e-2, 1e-7}, {4, 2e-2, 1e-7}};
+  slow.p2p = {2, 1e-3, 1e-8};
+  const Candidate best = search(r, p, slow).front();
+  EXPECT_EQ(best.layout.tp, 1) << best.describe();
+}
+
+TEST(Planner, ProfileFileRoundTripsAndRejectsJunk) {
+  const auto dir = std::filesystem::temp_directory_path();
+  const std::string path = (dir / ("meshtrain_profile_" + std::to_string(::getpid()))).string();
+  Profile p = uniform_profile(1e-3, 2e-3, 1e-4, 5e-4);
+  p.update_per_param = 3e-9;
+  LinkModel links;
+  links.collective = {{2, 2e-5, 1e-9}};
+  links.p2p = {2, 1e-5, 1e-10};
+  save_profile(path, p, links);
+  Profile q;
+  LinkModel l2;
+  load_profile(path, &q, &l2);
+  ASSERT_EQ(q.micro.size(), p.micro.size());
+  EXPECT_NEAR(q.micro[2].layer_bwd, p.micro[2].layer_bwd, 1e-12);
+  EXPECT_EQ(l2.collective.size(), 1u);
+  EXPECT_NEAR(l2.p2p.beta, 1e-10, 1e-18);
+  {
+    std::ofstream f(path, std::ios::app);
+    f << "micro 4 nan 1 1 1\n";
+  }
+  try {
+    load_profile(path, &q, &l2);
+    ADD_FAILURE() << "accepted nan";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(":"), std::string::npos);
+  }
+  std::remove(path.c_str());
+  EXPECT_THROW(load_profile(path, &q, &l2), std::runtime_error);
+}
+
+// The measured profile is sane: positive times growing with the micro-batch.
+TEST(Planner, ComputeProfileOfThisMachine) {
+  ModelConfig m;
+  m.layers = 2;
+  m.d_model = 32;
+  m.heads = 4;
+  m.seq = 16;
+  const Profile p = profile_compute(m, {1, 4}, 2, 2);
+  ASSERT_EQ(p.micro.size(), 2u);
+  for (const auto& mp : p.micro) {
+    EXPECT_GT(mp.layer_fwd, 0);
+    EXPECT_GT(mp.layer_bwd, 0);
+  }
+  EXPECT_GT(p.micro[1].layer_fwd + p.micro[1].layer_bwd, p.micro[0].layer_fwd + p.micro[0].layer_bwd);
+  EXPECT_GT(p.update_per_param, 0);
+}

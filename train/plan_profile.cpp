@@ -1,0 +1,147 @@
+#include "plan_profile.h"
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "model.h"
+#include "optim.h"
+
+namespace meshtrain {
+
+namespace {
+
+double thread_cpu() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
+}
+
+}  // namespace
+
+Profile profile_compute(const ModelConfig& model, const std::vector<int>& micro_batches, int reps,
+                        int cores) {
+  Profile p;
+  p.cores = std::max(1, cores);
+  // Three one-layer stages of a three-layer model: the middle one is a bare
+  // layer, the first adds the embedding, the last the head and the loss.
+  ModelConfig m = model;
+  m.layers = 3;
+  const Layout l{1, 3, 1};
+  for (int b : micro_batches) {
+    Stage first(m, l, Coords{0, 0, 0}, b, 1), mid(m, l, Coords{0, 1, 0}, b, 1),
+        last(m, l, Coords{0, 2, 0}, b, 1);
+    std::vector<int32_t> tok(static_cast<size_t>(b) * m.seq, 65), tgt(tok.size(), 66);
+    double f[3] = {1e30, 1e30, 1e30}, bw[3] = {1e30, 1e30, 1e30};
+    Stage* st[3] = {&first, &mid, &last};
+    for (int r = 0; r < reps; r++) {
+      for (int k = 0; k < 3; k++) {
+        double t0 = thread_cpu();
+        st[k]->forward(0, tok.data(), tgt.data());
+        const double t1 = thread_cpu();
+        st[k]->backward(0, 1.0f, {});
+        const double t2 = thread_cpu();
+        f[k] = std::min(f[k], t1 - t0);
+        bw[k] = std::min(bw[k], t2 - t1);
+      }
+    }
+    MicroProfile mp;
+    mp.micro_batch = b;
+    mp.layer_fwd = f[1];
+    mp.layer_bwd = bw[1];
+    mp.embed_fb = std::max(0.0, f[0] + bw[0] - f[1] - bw[1]);
+    mp.head_fb = std::max(0.0, f[2] + bw[2] - f[1] - bw[1]);
+    p.micro.push_back(mp);
+  }
+  // AdamW over a million parameters, plus zeroing the gradients.
+  const size_t n = size_t(1) << 20;
+  std::vector<float> params(n, 0.01f), grads(n, 0.001f);
+  std::vector<ParamSpec> specs(1);
+  specs[0].name = "w";
+  specs[0].size = n;
+  specs[0].decay = true;
+  AdamW opt(n);
+  OptimConfig oc;
+  double best = 1e30;
+  for (int r = 0; r < std::max(2, reps); r++) {
+    const double t0 = thread_cpu();
+    opt.update(params, grads, specs, oc, 1e-3f, r + 1, 1.0f);
+    std::fill(grads.begin(), grads.end(), 0.001f);
+    best = std::min(best, thread_cpu() - t0);
+  }
+  p.update_per_param = best / n;
+  return p;
+}
+
+void save_profile(const std::string& path, const Profile& p, const LinkModel& links) {
+  std::ofstream f(path, std::ios::trunc);
+  f.precision(9);
+  f << "# meshtrain plan profile: seconds and seconds per byte\n";
+  f << "cores " << p.cores << "\n";
+  f << "update_per_param " << p.update_per_param << "\n";
+  for (const auto& m : p.micro) {
+    f << "micro " << m.micro_batch << " " << m.layer_fwd << " " << m.layer_bwd << " " << m.embed_fb
+      << " " << m.head_fb << "\n";
+  }
+  for (const auto& c : links.collective) {
+    f << "collective " << c.ranks << " " << c.alpha << " " << c.beta << "\n";
+  }
+  f << "p2p " << links.p2p.alpha << " " << links.p2p.beta << "\n";
+  if (!f) throw std::runtime_error("writing the profile " + path + " failed");
+}
+
+void load_profile(const std::string& path, Profile* p, LinkModel* links) {
+  std::ifstream f(path);
+  if (!f) throw std::runtime_error("cannot read the profile " + path);
+  *p = Profile();
+  *links = LinkModel();
+  std::string line;
+  int no = 0;
+  bool have_p2p = false;
+  while (std::getline(f, line)) {
+    no++;
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream in(line);
+    std::string key;
+    in >> key;
+    bool ok = true;
+    auto finite = [&](double x) { ok = ok && std::isfinite(x) && x >= 0; };
+    if (key == "cores") {
+      in >> p->cores;
+      ok = !in.fail() && p->cores >= 1;
+    } else if (key == "update_per_param") {
+      in >> p->update_per_param;
+      finite(p->update_per_param);
+    } else if (key == "micro") {
+      MicroProfile m;
+      in >> m.micro_batch >> m.layer_fwd >> m.layer_bwd >> m.embed_fb >> m.head_fb;
+      ok = !in.fail() && m.micro_batch >= 1;
+      for (double x : {m.layer_fwd, m.layer_bwd, m.embed_fb, m.head_fb}) finite(x);
+      p->micro.push_back(m);
+    } else if (key == "collective") {
+      LinkModel::Fit c;
+      in >> c.ranks >> c.alpha >> c.beta;
+      ok = !in.fail() && c.ranks >= 2;
+      finite(c.alpha);
+      finite(c.beta);
+      links->collective.push_back(c);
+    } else if (key == "p2p") {
+      in >> links->p2p.alpha >> links->p2p.beta;
+      ok = !in.fail();
+      finite(links->p2p.alpha);
+      finite(links->p2p.beta);
+      have_p2p = true;
+    } else {
+      ok = false;
+    }
+    if (!ok) throw std::runtime_error(path + ":" + std::to_string(no) + ": cannot read '" + line + "'");
+  }
+  if (p->micro.empty() || !have_p2p) {
+    throw std::runtime_error(path + " lacks micro-batch timings or the p2p link");
+  }
+}
+
+}  // namespace meshtrain

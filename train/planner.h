@@ -1,0 +1,75 @@
+// The layout planner (DAPPLE, PPoPP 2021; section 6 of the algorithms notes):
+// from a per-layer profile and a link model it predicts the step time and
+// memory of every dp x pp x tp layout (1D or 3D), stage split and micro-batch
+// size, and ranks them. Pure: profiling and link measurement live in
+// plan_profile.cpp.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "grid.h"
+
+namespace meshtrain {
+
+// Times in seconds for one micro-batch of `micro_batch` sequences on one rank
+// (one BLAS thread), bytes in bytes.
+struct MicroProfile {
+  int micro_batch = 0;
+  double layer_fwd = 0, layer_bwd = 0;  // one transformer layer
+  double embed_fb = 0;                  // embedding forward + backward
+  double head_fb = 0;                   // final LayerNorm, head and loss, forward + backward
+};
+
+struct Profile {
+  std::vector<MicroProfile> micro;  // one per profiled micro-batch size
+  double update_per_param = 0;      // AdamW and gradient zeroing, per parameter
+  int cores = 1;                    // ranks beyond this share cores (compute slows down)
+  const MicroProfile* find(int micro_batch) const;
+};
+
+// Alpha-beta costs per rank count: t = alpha + bytes * beta, where bytes is
+// what one rank sends (ring volume, as Comm::bytes_sent counts it).
+struct LinkModel {
+  struct Fit {
+    int ranks = 0;
+    double alpha = 0, beta = 0;
+  };
+  std::vector<Fit> collective;  // all-reduce / all-gather / reduce-scatter
+  Fit p2p;                      // one pipeline message
+  // The fit for n ranks (the nearest measured count at or above n, else the largest).
+  const Fit& coll(int n) const;
+};
+
+struct Candidate {
+  Layout layout;          // dp, pp, tp, tp_mode, stages
+  int micro_batch = 0;    // sequences per micro-batch
+  int grad_accum = 0;     // micro-batches per data-parallel rank
+  double step_s = 0;      // predicted step time
+  double compute_s = 0, tp_comm_s = 0, pp_comm_s = 0, dp_exposed_s = 0, bubble_s = 0;
+  double mem_bytes = 0;   // predicted peak memory of the busiest rank
+  std::string describe() const;
+};
+
+struct PlanRequest {
+  ModelConfig model;
+  int world = 1;
+  int global_batch = 1;
+  double mem_limit = 0;   // bytes per rank; 0: no limit
+  bool allow_3d = true;
+};
+
+// Predicted step time and memory of one candidate (fills its fields).
+void predict(const PlanRequest& r, const Profile& p, const LinkModel& links, Candidate* c);
+
+// The best stage split of `layers` layers into `pp` stages for per-layer time
+// `layer` and the extra time of the first and last stage (DAPPLE's dynamic
+// programming over contiguous splits, minimising the slowest stage).
+std::vector<int> best_split(int layers, int pp, double layer, double first_extra,
+                            double last_extra);
+
+// Every feasible candidate (check_layout passes, memory fits), best first.
+std::vector<Candidate> search(const PlanRequest& r, const Profile& p, const LinkModel& links);
+
+}  // namespace meshtrain
