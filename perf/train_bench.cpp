@@ -7,10 +7,15 @@
 //      tokens/s and the share of rank time spent waiting on communication;
 //   4. 1D against 3D tensor parallelism at tp = 8: bytes each rank sends per
 //      step (measured, and from the formulas) and step time.
+//   5. (--plan-validate, alone) the planner at 4 and 8 ranks: every layout's
+//      predicted step time against the measured one, and the planner's choice
+//      against the best of the exhaustive sweep.
 // Usage: train_bench [--steps N] [--quick] [--json PATH] [--data PATH] [--skip-layouts] [--only-tp]
+//                    [--plan-validate]
 #include <cblas.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -23,6 +28,9 @@
 
 #include "engine.h"
 #include "nccl_comm.h"
+#include "plan_links.h"
+#include "plan_profile.h"
+#include "planner.h"
 
 using namespace meshtrain;
 
@@ -160,11 +168,75 @@ LayoutResult run_layout(TrainConfig cfg, const Corpus& corpus, int steps) {
   return res;
 }
 
+int validate_planner(const std::string& data, int steps, const std::string& json) {
+  const Corpus corpus = Corpus::load(data, 64);
+  openblas_set_num_threads(1);
+  TrainConfig base;
+  base.model = ModelConfig{256, 64, 4, 128, 8, true, 42};
+  base.bucket_elems = size_t(1) << 16;
+  PlanRequest req;
+  req.model = base.model;
+  req.global_batch = 32;
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  const Profile prof = profile_compute(base.model, {2, 4, 8}, 5, cores);
+  std::string out = "{\n  \"planner\": [";
+  for (int world : {4, 8}) {
+    req.world = world;
+    const LinkModel links = measure_links(world, 9);
+    const auto all = search(req, prof, links);
+    std::printf("\n== planner, %d ranks: d_model 128, 4 layers, 8 heads, seq 64, global batch 32, "
+                "%zu plans, %d timed steps each ==\n", world, all.size(), steps);
+    std::printf("%-52s %10s %10s %7s\n", "plan", "predicted", "measured", "error");
+    double best_measured = 1e30, chosen_measured = 0, abs_err = 0;
+    int within = 0, n = 0;
+    std::string best_name;
+    for (size_t i = 0; i < all.size(); i++) {
+      const Candidate& c = all[i];
+      TrainConfig t = base;
+      t.layout = c.layout;
+      t.micro_batch = c.micro_batch;
+      t.grad_accum = c.grad_accum;
+      const LayoutResult r = run_layout(t, corpus, steps);
+      if (!r.error.empty()) {
+        std::printf("%-52s failed: %s\n", c.describe().c_str(), r.error.c_str());
+        continue;
+      }
+      const double err = c.step_s * 1e3 / r.step_ms - 1;
+      std::printf("%s%-51s %8.1f ms %8.1f ms %+6.1f%%\n", i == 0 ? "*" : " ", c.describe().c_str(),
+                  c.step_s * 1e3, r.step_ms, 100 * err);
+      std::fflush(stdout);
+      if (i == 0) chosen_measured = r.step_ms;
+      if (r.step_ms < best_measured) best_measured = r.step_ms, best_name = c.describe();
+      abs_err += std::fabs(err);
+      within += std::fabs(err) <= 0.15;
+      n++;
+      char line[512];
+      std::snprintf(line, sizeof line,
+                    "%s\n    {\"ranks\": %d, \"plan\": \"%s\", \"predicted_ms\": %.2f, "
+                    "\"measured_ms\": %.2f, \"chosen\": %s}",
+                    out.back() == '[' ? "" : ",", world, c.describe().c_str(), c.step_s * 1e3,
+                    r.step_ms, i == 0 ? "true" : "false");
+      out += line;
+    }
+    if (n == 0) continue;
+    std::printf("%d ranks: %d of %d plans predicted within 15%% (mean |error| %.1f%%); the choice "
+                "measured %.1f ms, the sweep's best %.1f ms (%s): %+.1f%%\n",
+                world, within, n, 100 * abs_err / n, chosen_measured, best_measured,
+                best_name.c_str(), 100 * (chosen_measured / best_measured - 1));
+  }
+  out += "\n  ]\n}\n";
+  if (!json.empty()) {
+    std::ofstream f(json);
+    f << out;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int steps = 5;
-  bool quick = false, skip_layouts = false, only_tp = false;
+  bool quick = false, skip_layouts = false, only_tp = false, plan_validate = false;
 #ifdef MESHTRAIN_BUILD_CORPUS
   std::string json, data = MESHTRAIN_BUILD_CORPUS;
 #else
@@ -180,18 +252,21 @@ int main(int argc, char** argv) {
       skip_layouts = true;
     } else if (a == "--only-tp") {
       only_tp = true;
+    } else if (a == "--plan-validate") {
+      plan_validate = true;
     } else if (a == "--json" && i + 1 < argc) {
       json = argv[++i];
     } else if (a == "--data" && i + 1 < argc) {
       data = argv[++i];
     } else {
       std::fprintf(stderr, "usage: train_bench [--steps N] [--quick] [--json PATH] [--data PATH] "
-                           "[--skip-layouts] [--only-tp]\n");
+                           "[--skip-layouts] [--only-tp] [--plan-validate]\n");
       return 2;
     }
   }
   std::string out = "{\n";
   char line[512];
+  if (plan_validate) return validate_planner(data, steps, json);
 
   // 1. GEMM rates.
   TrainConfig one;

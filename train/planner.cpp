@@ -114,7 +114,7 @@ void predict(const PlanRequest& r, const Profile& p, const LinkModel& links, Can
   const int pp = l.pp;
   std::vector<double> T(pp), B(pp), params(pp);
   c->compute_s = c->tp_comm_s = 0;
-  double stage_sum = 0, block = 0;
+  double stage_sum = 0, block = 0, work = 0;
   const double act_bytes = N * C * 4 / (three ? t : 1);
   const double p2p = links.p2p.alpha + act_bytes * links.p2p.beta;
   for (int s = 0; s < pp; s++) {
@@ -129,8 +129,9 @@ void predict(const PlanRequest& r, const Profile& p, const LinkModel& links, Can
       comp += mp->head_fb, back += mp->head_fb / 2, comm += tp_head;
       params[s] += 2 * C + ((!m.tied || pp > 1) ? Vp * C : 0);
     }
-    comp = comp / t * slow;
-    back = back / t * slow;
+    comp = comp / t;
+    back = back / t;
+    work += comp * M * t * l.dp;
     params[s] /= t;
     T[s] = comp + comm;
     B[s] = back;
@@ -160,7 +161,10 @@ void predict(const PlanRequest& r, const Profile& p, const LinkModel& links, Can
   }
   c->dp_exposed_s = std::max(0.0, c->dp_exposed_s);
   const double update = p.update_per_param * most_params * slow;
-  c->step_s = latency + c->dp_exposed_s + update;
+  // With more ranks than cores the step is also bounded by all ranks' work
+  // shared among the cores (a waiting rank leaves its core to the others).
+  c->cpu_bound_s = work / std::max(1, p.cores);
+  c->step_s = std::max(latency, c->cpu_bound_s) + c->dp_exposed_s + update;
 
   // Memory of the busiest rank: parameters, gradients and AdamW moments, and
   // the activations of the micro-batches in flight (1F1B: pp - s on stage s).

@@ -25,7 +25,7 @@ struct MicroProfile {
 struct Profile {
   std::vector<MicroProfile> micro;  // one per profiled micro-batch size
   double update_per_param = 0;      // AdamW and gradient zeroing, per parameter
-  int cores = 1;                    // ranks beyond this share cores (compute slows down)
+  int cores = 1;                    // cores the ranks share
   const MicroProfile* find(int micro_batch) const;
 };
 
@@ -48,6 +48,7 @@ struct Candidate {
   int grad_accum = 0;     // micro-batches per data-parallel rank
   double step_s = 0;      // predicted step time
   double compute_s = 0, tp_comm_s = 0, pp_comm_s = 0, dp_exposed_s = 0, bubble_s = 0;
+  double cpu_bound_s = 0; // every rank's compute shared among the cores
   double mem_bytes = 0;   // predicted peak memory of the busiest rank
   std::string describe() const;
 };
