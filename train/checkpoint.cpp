@@ -100,7 +100,7 @@ void write_durably(const std::string& path, const std::vector<std::pair<const vo
 }  // namespace
 
 ShardHeader make_shard_header(const ModelConfig& mc, const Layout& l, int rank, int step,
-                              uint64_t nparams) {
+                              uint64_t nparams, int layer_lo, int layer_hi) {
   ShardHeader h{};
   std::memcpy(h.magic, kMagic, sizeof kMagic);
   h.version = kVersion;
@@ -109,6 +109,7 @@ ShardHeader make_shard_header(const ModelConfig& mc, const Layout& l, int rank, 
   h.heads = mc.heads, h.tied = mc.tied, h.seed = mc.seed;
   h.step = step;
   h.tp_mode = static_cast<int32_t>(l.tp_mode);
+  h.layer_lo = layer_lo, h.layer_hi = layer_hi;
   h.nparams = nparams;
   h.payload_bytes = 3 * nparams * sizeof(float);
   return h;
@@ -184,6 +185,11 @@ void read_shard(const std::string& path, const ShardHeader& want, std::vector<fl
   struct stat st {};
   if (::fstat(f.fd, &st) != 0) throw CheckpointError("cannot stat " + path + ": " + os_reason(errno));
   ShardHeader h{};
+  if (static_cast<uint64_t>(st.st_size) < sizeof h) {
+    throw CheckpointError("checkpoint shard " + path + " has " + std::to_string(st.st_size) +
+                          " bytes, fewer than its header's " + std::to_string(sizeof h) +
+                          " (truncated or damaged)");
+  }
   if (!read_all(f.fd, &h, sizeof h, path) || std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) {
     throw CheckpointError(path + " is not a meshtrain checkpoint shard");
   }
@@ -197,6 +203,12 @@ void read_shard(const std::string& path, const ShardHeader& want, std::vector<fl
                           std::to_string(h.dp) + "x" + std::to_string(h.pp) + "x" +
                           std::to_string(h.tp) + (h.tp_mode ? " (3d)" : "") +
                           " layout; this run cannot resume from it");
+  }
+  if (h.layer_lo != want.layer_lo || h.layer_hi != want.layer_hi) {
+    throw CheckpointError(path + " holds layers [" + std::to_string(h.layer_lo) + ", " +
+                          std::to_string(h.layer_hi) + ") but this rank's stage has [" +
+                          std::to_string(want.layer_lo) + ", " + std::to_string(want.layer_hi) +
+                          "): the stage split differs");
   }
   if (h.vocab != want.vocab || h.seq != want.seq || h.layers != want.layers ||
       h.d_model != want.d_model || h.heads != want.heads || h.tied != want.tied ||

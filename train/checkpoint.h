@@ -25,6 +25,7 @@ struct ShardHeader {
   int32_t vocab, seq, layers, d_model, heads, tied;
   uint64_t seed;
   int32_t step, tp_mode;
+  int32_t layer_lo, layer_hi;  // the stage's layers [lo, hi)
   uint64_t nparams;
   uint64_t payload_bytes;  // 3 * nparams * sizeof(float)
   uint32_t crc;            // CRC-32 of this header (crc = 0) and the payload
@@ -32,7 +33,7 @@ struct ShardHeader {
 };
 
 ShardHeader make_shard_header(const ModelConfig& m, const Layout& l, int rank, int step,
-                              uint64_t nparams);
+                              uint64_t nparams, int layer_lo, int layer_hi);
 
 std::string step_dir_name(int step);     // step_00000042
 std::string rank_file_name(int rank);    // rank_00003.bin

@@ -246,7 +246,8 @@ void Engine::save_checkpoint(int step) {
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) throw CheckpointError("cannot create checkpoint directory " + dir.string() + ": " + ec.message());
-    const ShardHeader h = make_shard_header(cfg_.model, cfg_.layout, rank_, step, stage_->params.size());
+    const ShardHeader h = make_shard_header(cfg_.model, cfg_.layout, rank_, step, stage_->params.size(),
+                                            stage_->layers().lo, stage_->layers().hi);
     write_shard((dir / rank_file_name(rank_)).string(), h, stage_->params.data(), opt_.m.data(),
                 opt_.v.data());
   } catch (const std::exception& e) {
@@ -272,7 +273,8 @@ int Engine::load_checkpoint() {
   try {
     step = read_latest(cfg_.ckpt_dir);
     const fs::path path = fs::path(cfg_.ckpt_dir) / step_dir_name(step) / rank_file_name(rank_);
-    const ShardHeader want = make_shard_header(cfg_.model, cfg_.layout, rank_, step, stage_->params.size());
+    const ShardHeader want = make_shard_header(cfg_.model, cfg_.layout, rank_, step, stage_->params.size(),
+                                            stage_->layers().lo, stage_->layers().hi);
     read_shard(path.string(), want, &p, &m, &v);
   } catch (const std::exception& e) {
     error = e.what();

@@ -169,6 +169,28 @@ TEST(Engine, CheckpointErrorsAreClear) {
     e.train_step(0);
     e.save_checkpoint(0);
   }
+  // Another stage split of the same layout: found by the layers, not the size.
+  {
+    TrainConfig three = c;
+    three.model.layers = 3;
+    three.layout = Layout{1, 1, 1};
+    const fs::path d3 = fresh_dir("ckpt_split");
+    three.ckpt_dir = d3.string();
+    ShardHeader h = make_shard_header(three.model, three.layout, 0, 0, 10, 0, 3);
+    std::vector<float> z(10, 0.0f);
+    fs::create_directories(d3 / "step_00000000");
+    write_shard((d3 / "step_00000000" / "rank_00000.bin").string(), h, z.data(), z.data(), z.data());
+    write_latest(d3.string(), 0);
+    std::vector<float> p, m, v;
+    ShardHeader want = make_shard_header(three.model, three.layout, 0, 0, 10, 1, 3);
+    try {
+      read_shard((d3 / "step_00000000" / "rank_00000.bin").string(), want, &p, &m, &v);
+      ADD_FAILURE() << "read a shard of another stage split";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("stage split differs"), std::string::npos) << e.what();
+    }
+    fs::remove_all(d3);
+  }
   TrainConfig other = c;
   other.model.d_model = 64;
   {
