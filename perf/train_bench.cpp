@@ -109,6 +109,7 @@ std::vector<Gemm> step_gemms(const TrainConfig& c) {
 struct LayoutResult {
   double tokens_per_s = 0, wait_share = 0, step_ms = 0;
   double tp_bytes = 0;  // tensor-parallel bytes sent per step, mean over ranks
+  double best_ms = 0;   // rank 0's fastest step (the least disturbed by other load)
   float loss = 0;
   std::string error;
 };
@@ -140,10 +141,11 @@ LayoutResult run_layout(TrainConfig cfg, const Corpus& corpus, int steps) {
           return b;
         };
         const double sent0 = tp_sent();
-        double w = 0, t = 0;
+        double w = 0, t = 0, best = 1e30;
         float loss = 0;
         for (int s = 1; s <= steps; s++) {
           const StepStats st = e.train_step(s);
+          best = std::min(best, st.seconds);
           w += st.comm_wait;
           t += st.seconds;
           loss = st.loss;
@@ -152,7 +154,7 @@ LayoutResult run_layout(TrainConfig cfg, const Corpus& corpus, int steps) {
         wait += w;
         busy += t;
         res.tp_bytes += (tp_sent() - sent0) / steps / n;
-        if (r == 0) rank0_time = t, res.loss = loss;
+        if (r == 0) rank0_time = t, res.loss = loss, res.best_ms = best * 1e3;
       } catch (const std::exception& ex) {
         std::lock_guard<std::mutex> lock(mu);
         res.error = ex.what();
@@ -186,7 +188,7 @@ int validate_planner(const std::string& data, int steps, const std::string& json
     const auto all = search(req, prof, links);
     std::printf("\n== planner, %d ranks: d_model 128, 4 layers, 8 heads, seq 64, global batch 32, "
                 "%zu plans, %d timed steps each ==\n", world, all.size(), steps);
-    std::printf("%-52s %10s %10s %7s\n", "plan", "predicted", "measured", "error");
+    std::printf("%-52s %10s %10s %7s\n", "plan", "predicted", "best step", "error");
     double best_measured = 1e30, chosen_measured = 0, abs_err = 0;
     int within = 0, n = 0;
     std::string best_name;
@@ -201,12 +203,14 @@ int validate_planner(const std::string& data, int steps, const std::string& json
         std::printf("%-52s failed: %s\n", c.describe().c_str(), r.error.c_str());
         continue;
       }
-      const double err = c.step_s * 1e3 / r.step_ms - 1;
+      // The fastest step: other load on the machine only ever slows a step down.
+      const double ms = r.best_ms;
+      const double err = c.step_s * 1e3 / ms - 1;
       std::printf("%s%-51s %8.1f ms %8.1f ms %+6.1f%%\n", i == 0 ? "*" : " ", c.describe().c_str(),
-                  c.step_s * 1e3, r.step_ms, 100 * err);
+                  c.step_s * 1e3, ms, 100 * err);
       std::fflush(stdout);
-      if (i == 0) chosen_measured = r.step_ms;
-      if (r.step_ms < best_measured) best_measured = r.step_ms, best_name = c.describe();
+      if (i == 0) chosen_measured = ms;
+      if (ms < best_measured) best_measured = ms, best_name = c.describe();
       abs_err += std::fabs(err);
       within += std::fabs(err) <= 0.15;
       n++;
@@ -215,7 +219,7 @@ int validate_planner(const std::string& data, int steps, const std::string& json
                     "%s\n    {\"ranks\": %d, \"plan\": \"%s\", \"predicted_ms\": %.2f, "
                     "\"measured_ms\": %.2f, \"chosen\": %s}",
                     out.back() == '[' ? "" : ",", world, c.describe().c_str(), c.step_s * 1e3,
-                    r.step_ms, i == 0 ? "true" : "false");
+                    ms, i == 0 ? "true" : "false");
       out += line;
     }
     if (n == 0) continue;
