@@ -207,8 +207,9 @@ class Tp3d final : public TpScheme {
     if (b) add_bias(out, b, Nq2_, OCq);
   }
 
+  // W itself is not needed: forward kept the gathered weight in `saved`.
   void linear_backward(Linear k, float* din, const float* dout, const float*, const float* saved,
-                       const float* W, float* dW, float* db) override {
+                       const float*, float* dW, float* db) override {
     const Dims d = dims(k);
     const int ICq = d.IC / q_, OCq = d.OC / q_;
     const float* xg = saved;
@@ -224,7 +225,6 @@ class Tp3d final : public TpScheme {
     matmul_backward_weight(dw_.data(), db, dyg, xg, Nq_, ICq, OCq);
     reduce_scatter(kAxisW, dw_.data(), dw_local_.data(), wn / q_);
     add_inplace(dW, dw_local_.data(), wn / q_);
-    (void)W;
   }
 
   float cross_entropy_forward(float* rowmax, float* ce, float* losses, const float* logits,
