@@ -131,7 +131,11 @@ void predict(const PlanRequest& r, const Profile& p, const LinkModel& links, Can
     }
     comp = comp / t;
     back = back / t;
-    work += comp * M * t * l.dp;
+    // Every rank's busy time: its compute, and its communication, which on
+    // shared cores also needs the peers scheduled (the link fits were
+    // measured that way).
+    const int msgs_s = (s > 0 ? 2 : 0) + (s < pp - 1 ? 2 : 0);
+    work += (comp + comm + msgs_s * p2p) * M * t * l.dp;
     params[s] /= t;
     T[s] = comp + comm;
     B[s] = back;
@@ -161,8 +165,9 @@ void predict(const PlanRequest& r, const Profile& p, const LinkModel& links, Can
   }
   c->dp_exposed_s = std::max(0.0, c->dp_exposed_s);
   const double update = p.update_per_param * most_params * slow;
-  // With more ranks than cores the step is also bounded by all ranks' work
-  // shared among the cores (a waiting rank leaves its core to the others).
+  // With more ranks than cores the step is also bounded by all ranks' busy
+  // time shared among the cores (a rank waiting for a pipeline peer leaves its
+  // core to the others).
   c->cpu_bound_s = work / std::max(1, p.cores);
   c->step_s = std::max(latency, c->cpu_bound_s) + c->dp_exposed_s + update;
 

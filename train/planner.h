@@ -48,7 +48,7 @@ struct Candidate {
   int grad_accum = 0;     // micro-batches per data-parallel rank
   double step_s = 0;      // predicted step time
   double compute_s = 0, tp_comm_s = 0, pp_comm_s = 0, dp_exposed_s = 0, bubble_s = 0;
-  double cpu_bound_s = 0; // every rank's compute shared among the cores
+  double cpu_bound_s = 0; // every rank's compute and communication shared among the cores
   double mem_bytes = 0;   // predicted peak memory of the busiest rank
   std::string describe() const;
 };
