@@ -182,7 +182,9 @@ int run(const CliOptions& opts) {
   Engine engine(cfg, rank, rc.view(), corpus);
   const bool talk = rank == 0;
   int start = 0;
-  if (!cfg.ckpt_dir.empty()) engine.prepare_checkpoints();  // before any step is spent
+  // A run that will save checks the directory before any step is spent (a
+  // run that only resumes may read from a directory it cannot write).
+  if (cfg.ckpt_every > 0) engine.prepare_checkpoints();
   if (o.resume) {
     start = engine.load_checkpoint();
     if (talk) std::printf("resumed from %s after step %d\n", cfg.ckpt_dir.c_str(), start);

@@ -422,3 +422,32 @@ TEST(Meshrun, PlannerChoosesAndTrains) {
                     " --heads 4 --seq 32 --global-batch 8 --data " + MESHTRAIN_TEST_CORPUS, &out), 0);
   EXPECT_NE(out.find("no layout of 4 rank(s) fits"), std::string::npos) << out;
 }
+
+// A 3D run resumes bit for bit, and its shards are refused by a 1D run of
+// the same rank count.
+TEST(ParallelResume, CubeResumesAndRefusesOneD) {
+  openblas_set_num_threads(1);
+  TrainConfig c = cube_config({1, 1, PipeSchedule::OneFOneB, true, "tp-pp-dp"});
+  c.steps = 4;
+  c.optim.total_steps = 4;
+  const RunResult straight = run_threads(c, corpus(), meshccl_comms(c));
+  ASSERT_EQ(straight.error, "");
+  const fs::path dir = fs::temp_directory_path() / ("meshtrain_cresume_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  c.ckpt_dir = dir.string();
+  const RunResult first = run_threads(c, corpus(), meshccl_comms(c), 0, 2, {},
+                                      [](Engine& e, int s) { if (s == 1) e.save_checkpoint(s); });
+  ASSERT_EQ(first.error, "");
+  const RunResult second = run_threads(c, corpus(), meshccl_comms(c), 2, 4,
+                                       [](Engine& e) { EXPECT_EQ(e.load_checkpoint(), 2); });
+  ASSERT_EQ(second.error, "");
+  for (int s = 0; s < 2; s++) EXPECT_EQ(second.losses[s], straight.losses[s + 2]) << "step " << s + 2;
+  TrainConfig one = c;
+  one.layout.tp_mode = TpMode::OneD;
+  one.model.heads = 8;
+  const RunResult refused = run_threads(one, corpus(), meshccl_comms(one), 2, 3,
+                                        [](Engine& e) { e.load_checkpoint(); });
+  EXPECT_NE(refused.error.find("layout; this run cannot resume from it"), std::string::npos)
+      << refused.error;
+  fs::remove_all(dir);
+}
