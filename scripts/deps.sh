@@ -7,7 +7,7 @@ MESHCCL_PACKAGES=(
   meson ninja-build pkgconf g++ libgtest-dev libgmock-dev libbenchmark-dev
   libhwloc-dev libucx-dev libfabric-dev libopenblas-dev zlib1g-dev
   libopenmpi-dev openmpi-bin libgloo-dev
-  bible-kjv bible-kjv-text iproute2 python3 python3-matplotlib
+  bible-kjv bible-kjv-text iproute2 iperf3 python3 python3-matplotlib
 )
 
 meshccl_install_deps() {

@@ -1,5 +1,6 @@
 #include "bootstrap/identity.h"
 
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -42,6 +43,38 @@ std::string machine_key() {
   if (stat("/proc/self/ns/pid", &st) == 0) key += "|" + std::to_string(st.st_ino);
   return key;
 }
+
+// The network namespace this process runs in: hosts emulated with namespaces
+// (scripts/cluster, meshrun --cluster) are different hosts with no setting.
+// Returns "" when it cannot be told (no /proc): then one machine is one host.
+struct NetNs {
+  std::string key;   // inode and device of the namespace
+  std::string name;  // its `ip netns` name, or "" for the machine's own namespace
+};
+
+NetNs net_namespace() {
+  NetNs ns;
+  struct stat self{};
+  if (stat("/proc/self/ns/net", &self) != 0) return ns;
+  ns.key = std::to_string(self.st_dev) + ":" + std::to_string(self.st_ino);
+  struct stat init{};
+  if (stat("/proc/1/ns/net", &init) == 0 && init.st_ino == self.st_ino && init.st_dev == self.st_dev) return ns;
+  // A named namespace (`ip netns add`) is a bind mount of the same inode.
+  if (DIR* d = opendir("/run/netns")) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      std::string path = std::string("/run/netns/") + e->d_name;
+      struct stat st{};
+      if (stat(path.c_str(), &st) == 0 && st.st_ino == self.st_ino && st.st_dev == self.st_dev) {
+        ns.name = e->d_name;
+        break;
+      }
+    }
+    closedir(d);
+  }
+  if (ns.name.empty()) ns.name = "netns" + std::to_string(self.st_ino);
+  return ns;
+}
 }  // namespace
 
 PeerInfo local_peer_info() {
@@ -54,10 +87,14 @@ PeerInfo local_peer_info() {
   info.machine_hash = hash64(mk.data(), mk.size());
   std::string hostid = param_str(Param::HostId);
   if (hostid.empty()) {
+    // One host = one kernel, pid namespace and network namespace.
     char host[256] = "";
     gethostname(host, sizeof(host) - 1);
     hostid = host;
-    info.host_hash = info.machine_hash;  // one real host
+    NetNs ns = net_namespace();
+    if (!ns.name.empty()) hostid += ":" + ns.name;
+    std::string hk = mk + "|net " + ns.key;
+    info.host_hash = hash64(hk.data(), hk.size());
   } else {
     info.host_hash = hash64(hostid.data(), hostid.size(), 0x51ed);
   }

@@ -3,7 +3,8 @@
 // line so the test can check afterwards that none survived, and a "done" file
 // when they run to completion so the test can tell they were stopped early.
 //
-//   env [NAME...]          print this rank's launch environment (and NAMEs)
+//   env [NAME...]          print this rank's launch environment, the cpus it may
+//                          run on (as a list: 0-3,8) and NAMEs
 //   lines K                K numbered lines on stdout and on stderr
 //   partial                a line without its newline
 //   stdin                  echo stdin, then "eof"
@@ -18,6 +19,7 @@
 //                          rank's process group; the rank sleeps), sleep
 //   commfile               rank 0 publishes a file at MESHCCL_COMM_FILE, the others read it
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -40,6 +42,24 @@ int env_int(const char* name) {
 const char* env_str(const char* name) {
   const char* v = std::getenv(name);
   return v ? v : "(unset)";
+}
+
+// The cpus this process may run on, as ranges: "0-3,8".
+std::string allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return "?";
+  std::string out;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (!CPU_ISSET(c, &set)) continue;
+    int end = c;
+    while (end + 1 < CPU_SETSIZE && CPU_ISSET(end + 1, &set)) ++end;
+    if (!out.empty()) out += ",";
+    out += std::to_string(c);
+    if (end > c) out += "-" + std::to_string(end);
+    c = end;
+  }
+  return out;
 }
 
 bool exists(const std::string& path) {
@@ -108,10 +128,10 @@ int main(int argc, char** argv) {
   if (mode == "env") {
     std::string comm = env_str("MESHCCL_COMM_FILE");
     std::string dir = comm.substr(0, comm.rfind('/'));
-    std::printf("rank=%s nranks=%s local_rank=%s local_size=%s hostid=%s commdir=%s commdir_exists=%d\n",
+    std::printf("rank=%s nranks=%s local_rank=%s local_size=%s hostid=%s commdir=%s commdir_exists=%d cpus=%s\n",
                 env_str("MESHCCL_RANK"), env_str("MESHCCL_NRANKS"), env_str("MESHCCL_LOCAL_RANK"),
                 env_str("MESHCCL_LOCAL_SIZE"), env_str("MESHCCL_HOSTID"), dir.c_str(),
-                static_cast<int>(exists(dir)));
+                static_cast<int>(exists(dir)), allowed_cpus().c_str());
     for (int i = 2; i < argc; ++i) std::printf("%s=%s\n", argv[i], env_str(argv[i]));
     return 0;
   }

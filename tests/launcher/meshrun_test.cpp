@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -103,6 +104,80 @@ TEST(MeshrunOptions, RejectsBadArguments) {
     for (auto& a : args) joined += a + " ";
     EXPECT_NE(parse(args, &o), "") << "accepted: " << joined;
   }
+}
+
+TEST(MeshrunOptions, ParsesHostOptions) {
+  meshrun::Options o;
+  ASSERT_EQ(parse({"--cluster", "c1", "--hosts", "h0,h2", "--ranks-per-host", "2", "--bind", "numa",
+                   "--report-bindings", "-n", "3", "p"},
+                  &o),
+            "");
+  EXPECT_EQ(o.cluster, "c1");
+  EXPECT_EQ(o.hosts, (std::vector<std::string>{"h0", "h2"}));
+  EXPECT_EQ(o.ranks_per_host, 2);
+  EXPECT_EQ(o.bind, meshrun::Bind::Numa);
+  EXPECT_TRUE(o.report_bindings);
+  ASSERT_EQ(parse({"--hosts=a", "--bind=core", "-n", "1", "p"}, &o), "");
+  EXPECT_EQ(o.hosts, std::vector<std::string>{"a"});
+  EXPECT_EQ(o.bind, meshrun::Bind::Core);
+  EXPECT_TRUE(o.cluster.empty());
+  ASSERT_EQ(parse({"--bind", "none", "-n", "1", "p"}, &o), "");
+  EXPECT_EQ(o.bind, meshrun::Bind::None);
+}
+
+TEST(MeshrunOptions, RejectsBadHostOptions) {
+  meshrun::Options o;
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"-n", "2", "--cluster", "", "p"},
+           {"-n", "2", "--cluster", "Big", "p"},
+           {"-n", "2", "--cluster", "a-b", "p"},
+           {"-n", "2", "--cluster", "thirteenchars", "p"},
+           {"-n", "2", "--hosts", "", "p"},
+           {"-n", "2", "--hosts", "a,,b", "p"},
+           {"-n", "2", "--hosts", "a,", "p"},
+           {"-n", "2", "--hosts", "a,a", "p"},
+           {"-n", "2", "--hosts", "../x", "p"},
+           {"-n", "2", "--cluster", "c", "--ranks-per-host", "0", "p"},
+           {"-n", "2", "--ranks-per-host", "1", "p"},  // no hosts to place on
+           {"-n", "2", "--cluster", "c", "--hostid-per-rank", "1", "p"},
+           {"-n", "5", "--hosts", "a,b", "--ranks-per-host", "2", "p"},
+           {"-n", "2", "--bind", "gpu", "p"},
+           {"-n", "2", "--bind", "p"},
+       }) {
+    std::string joined;
+    for (auto& a : args) joined += a + " ";
+    EXPECT_NE(parse(args, &o), "") << "accepted: " << joined;
+  }
+}
+
+TEST(MeshrunPlacement, RoundRobinAndBlocked) {
+  std::vector<meshrun::Placement> p;
+  ASSERT_EQ(meshrun::place_ranks(5, 2, 0, &p), "");  // round-robin: 0 2 4 | 1 3
+  std::vector<int> host, local, size, slot;
+  for (auto& x : p) host.push_back(x.host), local.push_back(x.local_rank), size.push_back(x.local_size),
+      slot.push_back(x.slot);
+  EXPECT_EQ(host, (std::vector<int>{0, 1, 0, 1, 0}));
+  EXPECT_EQ(local, (std::vector<int>{0, 0, 1, 1, 2}));
+  EXPECT_EQ(size, (std::vector<int>{3, 2, 3, 2, 3}));
+  EXPECT_EQ(slot, (std::vector<int>{0, 3, 1, 4, 2}));  // host by host
+
+  ASSERT_EQ(meshrun::place_ranks(4, 2, 3, &p), "");  // blocked 3 + 1
+  host.clear(), local.clear(), size.clear(), slot.clear();
+  for (auto& x : p) host.push_back(x.host), local.push_back(x.local_rank), size.push_back(x.local_size),
+      slot.push_back(x.slot);
+  EXPECT_EQ(host, (std::vector<int>{0, 0, 0, 1}));
+  EXPECT_EQ(local, (std::vector<int>{0, 1, 2, 0}));
+  EXPECT_EQ(size, (std::vector<int>{3, 3, 3, 1}));
+  EXPECT_EQ(slot, (std::vector<int>{0, 1, 2, 3}));
+
+  ASSERT_EQ(meshrun::place_ranks(2, 3, 0, &p), "");  // fewer ranks than hosts
+  EXPECT_EQ(p[1].host, 1);
+  EXPECT_EQ(p[1].local_size, 1);
+  ASSERT_EQ(meshrun::place_ranks(3, 1, 0, &p), "");  // one host: local = global
+  EXPECT_EQ(p[2].local_rank, 2);
+  EXPECT_EQ(p[2].local_size, 3);
+  EXPECT_NE(meshrun::place_ranks(7, 2, 3, &p), "");
+  EXPECT_NE(meshrun::place_ranks(1, 0, 0, &p), "");
 }
 
 TEST(MeshrunOptions, Seconds) {
@@ -209,6 +284,52 @@ TEST(Meshrun, HostIdPerRankFormsEmulatedHosts) {
       EXPECT_EQ(ranks[i]["local_size"], std::to_string(size));
     }
   }
+}
+
+// The cpus meshrun reports for each rank (--report-bindings) are the ones
+// the rank may run on.
+TEST(Meshrun, BindPinsRanksThroughHwloc) {
+#if MESHRUN_HWLOC
+  for (const char* how : {"core", "numa"}) {
+    Result r = run({"-n", "3", "--bind", how, "--report-bindings", g_helper, "env"});
+    ASSERT_EQ(r.status, 0) << r.err;
+    auto ranks = parse_env(r.out);
+    ASSERT_EQ(ranks.size(), 3u);
+    std::regex re(R"(^meshrun: rank (\d+) bound to (core|cpu|NUMA node) (\d+) \(cpus ([0-9,-]+)\)$)");
+    int seen = 0;
+    std::set<std::string> objects;
+    for (const auto& line : lines_of(r.err)) {
+      std::smatch m;
+      if (!std::regex_match(line, m, re)) continue;
+      ++seen;
+      int rank = std::stoi(m[1].str());
+      EXPECT_EQ(ranks[rank]["cpus"], m[4].str()) << how << " rank " << rank;
+      objects.insert(m[3].str());
+    }
+    EXPECT_EQ(seen, 3) << r.err;
+    if (std::string(how) == "core") {
+      EXPECT_EQ(objects.count("0"), 1u) << "rank 0 on core 0";
+    }
+  }
+#else
+  Result r = run({"-n", "1", "--bind", "core", g_helper, "env"});
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("without it"), std::string::npos) << r.err;
+#endif
+  Result none = run({"-n", "2", "--bind", "none", "--report-bindings", g_helper, "env"});
+  ASSERT_EQ(none.status, 0) << none.err;
+  EXPECT_NE(none.err.find("rank 1 not bound"), std::string::npos) << none.err;
+  auto ranks = parse_env(none.out);
+  EXPECT_EQ(ranks[0]["cpus"], ranks[1]["cpus"]);
+}
+
+TEST(Meshrun, HostsThatDoNotExistAreAnError) {
+  Result r = run({"-n", "2", "--hosts", "meshrun-test-no-such-namespace", g_helper, "env"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("no network namespace 'meshrun-test-no-such-namespace'"), std::string::npos) << r.err;
+  r = run({"-n", "2", "--cluster", "nosuch0", g_helper, "env"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("cluster 'nosuch0' is not up"), std::string::npos) << r.err;
 }
 
 TEST(Meshrun, ExportsExtraVariables) {

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "hosts.h"
 #include "options.h"
 #include "output.h"
 
@@ -217,6 +218,10 @@ class Job {
   Options opt_;
   double grace_s_;
   std::vector<Rank> ranks_;
+  std::vector<Placement> place_;     // per rank
+  std::vector<std::string> hosts_;   // network namespace per host; empty: none
+  std::vector<int> netns_fds_;       // open namespace per host
+  std::vector<Binding> bindings_;    // per rank; empty: not pinned
   int running_ = 0;
   std::string tmpdir_;
   int sigfd_ = -1;
@@ -239,31 +244,51 @@ Job::~Job() {
   }
   if (sigfd_ >= 0) ::close(sigfd_);
   if (devnull_ >= 0) ::close(devnull_);
+  for (int fd : netns_fds_) ::close(fd);
   if (!tmpdir_.empty()) remove_tree(tmpdir_);
 }
 
 std::vector<std::string> Job::rank_env(int rank) const {
   EnvBlock env(environ);
-  int n = opt_.nranks;
-  int local_rank = rank;
-  int local_size = n;
-  if (opt_.hostid_per_rank > 0) {
-    int k = opt_.hostid_per_rank;
-    int host = rank / k;
-    local_rank = rank % k;
-    local_size = std::min(k, n - host * k);
-    env.set("MESHCCL_HOSTID", "host" + std::to_string(host));
-  }
+  const Placement& p = place_[rank];
+  if (opt_.hostid_per_rank > 0) env.set("MESHCCL_HOSTID", "host" + std::to_string(p.host));
   env.set("MESHCCL_RANK", std::to_string(rank));
-  env.set("MESHCCL_NRANKS", std::to_string(n));
-  env.set("MESHCCL_LOCAL_RANK", std::to_string(local_rank));
-  env.set("MESHCCL_LOCAL_SIZE", std::to_string(local_size));
+  env.set("MESHCCL_NRANKS", std::to_string(opt_.nranks));
+  env.set("MESHCCL_LOCAL_RANK", std::to_string(p.local_rank));
+  env.set("MESHCCL_LOCAL_SIZE", std::to_string(p.local_size));
   env.set("MESHCCL_COMM_FILE", tmpdir_ + "/comm.id");
   for (const auto& [name, value] : opt_.env) env.set(name, value);
   return env.vars();
 }
 
 bool Job::setup() {
+  // Hosts: network namespaces (--cluster, --hosts), MESHCCL_HOSTID groups
+  // (--hostid-per-rank), or this machine alone.
+  std::string err = resolve_hosts(opt_, &hosts_);
+  if (err.empty()) err = open_namespaces(hosts_, &netns_fds_);
+  int nhosts = 1, per_host = 0;
+  if (!hosts_.empty()) {
+    nhosts = static_cast<int>(hosts_.size());
+    per_host = opt_.ranks_per_host;
+  } else if (opt_.hostid_per_rank > 0) {
+    per_host = opt_.hostid_per_rank;
+    nhosts = (opt_.nranks + per_host - 1) / per_host;
+  }
+  if (err.empty()) err = place_ranks(opt_.nranks, nhosts, per_host, &place_);
+  if (err.empty()) err = compute_bindings(opt_.bind, place_, &bindings_);
+  if (!err.empty()) {
+    note(err);
+    return false;
+  }
+  if (opt_.report_bindings) {
+    for (int r = 0; r < opt_.nranks; ++r) {
+      std::string line = "rank " + std::to_string(r);
+      if (!hosts_.empty()) line += " on " + hosts_[place_[r].host];
+      line += bindings_.empty() ? " not bound" : " bound to " + bindings_[r].where;
+      note(line);
+    }
+  }
+
   // Two pipe ends per rank stay open in meshrun.
   rlimit rl{};
   rlim_t need = static_cast<rlim_t>(opt_.nranks) * 2 + 64;
@@ -331,6 +356,8 @@ bool Job::spawn(Rank& r, const std::string& path, const std::vector<std::string>
   envp.push_back(nullptr);
   int in_fd = (r.rank == 0 && !::isatty(STDIN_FILENO)) ? STDIN_FILENO : devnull_;
   pid_t parent = ::getpid();
+  int netns_fd = hosts_.empty() ? -1 : netns_fds_[place_[r.rank].host];
+  const cpu_set_t* cpus = bindings_.empty() ? nullptr : &bindings_[r.rank].cpus;
 
   pid_t pid = ::fork();
   if (pid < 0) {
@@ -349,12 +376,29 @@ bool Job::spawn(Rank& r, const std::string& path, const std::vector<std::string>
       ::dup2(out[1], STDOUT_FILENO);
       ::dup2(err[1], STDERR_FILENO);
     }
-    ::signal(SIGPIPE, SIG_DFL);
-    ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
-    ::execve(path.c_str(), argv.data(), envp.data());
     auto say = [](const char* s) {
       if (::write(STDERR_FILENO, s, std::strlen(s)) < 0) ::_exit(127);
     };
+    if (netns_fd >= 0) {
+      const char* step = "";
+      if (int e = enter_netns(netns_fd, &step); e != 0) {
+        say("meshrun: cannot enter the host's network namespace: ");
+        say(step);
+        say(": ");
+        say(std::strerror(e));
+        say("\n");
+        ::_exit(126);
+      }
+    }
+    if (cpus != nullptr && ::sched_setaffinity(0, sizeof *cpus, cpus) != 0) {
+      say("meshrun: cannot pin the rank (--bind): ");
+      say(std::strerror(errno));
+      say("\n");
+      ::_exit(126);
+    }
+    ::signal(SIGPIPE, SIG_DFL);
+    ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
+    ::execve(path.c_str(), argv.data(), envp.data());
     say("meshrun: exec failed: ");
     say(std::strerror(errno));
     say("\n");

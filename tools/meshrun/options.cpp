@@ -54,6 +54,33 @@ bool parse_seconds(const std::string& text, double* seconds) {
   return true;
 }
 
+bool is_cluster_name(const std::string& name) {
+  if (name.empty() || name.size() > 12) return false;
+  for (char c : name)
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'))) return false;
+  return true;
+}
+
+std::string place_ranks(int nranks, int nhosts, int per_host, std::vector<Placement>* out) {
+  if (nranks < 1 || nhosts < 1) return "no ranks or no hosts to place them on";
+  if (per_host > 0 && static_cast<long>(per_host) * nhosts < nranks)
+    return "-n " + std::to_string(nranks) + " does not fit on " + std::to_string(nhosts) +
+           " host(s) with " + std::to_string(per_host) + " rank(s) per host";
+  std::vector<Placement> p(nranks);
+  std::vector<int> size(nhosts, 0);
+  for (int r = 0; r < nranks; ++r) {
+    p[r].host = per_host > 0 ? r / per_host : r % nhosts;
+    p[r].local_rank = size[p[r].host]++;
+  }
+  for (int r = 0; r < nranks; ++r) p[r].local_size = size[p[r].host];
+  // Machine-wide order: hosts in turn, each host's ranks in local order.
+  std::vector<int> first(nhosts, 0);
+  for (int h = 1; h < nhosts; ++h) first[h] = first[h - 1] + size[h - 1];
+  for (int r = 0; r < nranks; ++r) p[r].slot = first[p[r].host] + p[r].local_rank;
+  *out = std::move(p);
+  return "";
+}
+
 bool is_env_name(const std::string& name) {
   if (name.empty()) return false;
   for (size_t i = 0; i < name.size(); ++i) {
@@ -85,6 +112,10 @@ std::string parse_options(int argc, const char* const* argv, Options* out) {
       opt.prefix = false;
       continue;
     }
+    if (arg == "--report-bindings") {
+      opt.report_bindings = true;
+      continue;
+    }
 
     // Options taking a value: "-n 4", "-n4", "--np 4", "--np=4".
     Split s = split_long(arg);
@@ -100,7 +131,8 @@ std::string parse_options(int argc, const char* const* argv, Options* out) {
       value = s.value;
     }
     bool known = name == "-n" || name == "-np" || name == "--np" || name == "--hostid-per-rank" ||
-                 name == "--timeout" || name == "-x";
+                 name == "--timeout" || name == "-x" || name == "--cluster" || name == "--hosts" ||
+                 name == "--ranks-per-host" || name == "--bind";
     if (!known) return "unknown option '" + arg + "'";
     if (!attached) {
       if (i + 1 >= argc) return "option '" + name + "' needs a value";
@@ -115,6 +147,34 @@ std::string parse_options(int argc, const char* const* argv, Options* out) {
     } else if (name == "--hostid-per-rank") {
       if (!parse_int(value, 1, kMaxRanks, &opt.hostid_per_rank))
         return "--hostid-per-rank needs a positive number of ranks per host, got '" + value + "'";
+    } else if (name == "--cluster") {
+      if (!is_cluster_name(value))
+        return "--cluster needs the name of a cluster made by scripts/cluster (1 to 12 lower-case letters or "
+               "digits), got '" + value + "'";
+      opt.cluster = value;
+    } else if (name == "--hosts") {
+      opt.hosts.clear();
+      size_t start = 0;
+      while (start <= value.size()) {
+        size_t end = value.find(',', start);
+        if (end == std::string::npos) end = value.size();
+        std::string h = value.substr(start, end - start);
+        if (h.empty() || h.find('/') != std::string::npos || h == "." || h == "..")
+          return "--hosts needs a comma-separated list of network namespace names, got '" + value + "'";
+        for (const auto& seen : opt.hosts)
+          if (seen == h) return "--hosts names '" + h + "' twice";
+        if (opt.hosts.size() >= static_cast<size_t>(kMaxRanks)) return "--hosts names too many hosts";
+        opt.hosts.push_back(h);
+        start = end + 1;
+      }
+    } else if (name == "--ranks-per-host") {
+      if (!parse_int(value, 1, kMaxRanks, &opt.ranks_per_host))
+        return "--ranks-per-host needs a positive number of ranks, got '" + value + "'";
+    } else if (name == "--bind") {
+      if (value == "none") opt.bind = Bind::None;
+      else if (value == "core") opt.bind = Bind::Core;
+      else if (value == "numa") opt.bind = Bind::Numa;
+      else return "--bind needs core, numa or none, got '" + value + "'";
     } else if (name == "--timeout") {
       if (!parse_seconds(value, &opt.timeout_s) || opt.timeout_s <= 0)
         return "--timeout needs a positive number of seconds, got '" + value + "'";
@@ -131,6 +191,15 @@ std::string parse_options(int argc, const char* const* argv, Options* out) {
   for (; i < argc; ++i) opt.command.emplace_back(argv[i]);
 
   if (!have_n) return "missing -n N (number of ranks)";
+  const bool netns = !opt.cluster.empty() || !opt.hosts.empty();
+  if (netns && opt.hostid_per_rank > 0)
+    return "--hostid-per-rank emulates hosts by MESHCCL_HOSTID; it cannot be combined with --cluster or --hosts";
+  if (opt.ranks_per_host > 0 && !netns)
+    return "--ranks-per-host needs --cluster or --hosts (for hosts without namespaces use --hostid-per-rank)";
+  if (opt.ranks_per_host > 0 && !opt.hosts.empty() &&
+      static_cast<long>(opt.ranks_per_host) * static_cast<long>(opt.hosts.size()) < opt.nranks)
+    return "-n " + std::to_string(opt.nranks) + " does not fit on " + std::to_string(opt.hosts.size()) +
+           " host(s) with --ranks-per-host " + std::to_string(opt.ranks_per_host);
   if (opt.command.empty()) return "missing the program to run";
   *out = std::move(opt);
   return "";
@@ -150,6 +219,15 @@ std::string usage() {
          ")\n"
          "  --hostid-per-rank K     every K consecutive ranks form one emulated host\n"
          "                          (MESHCCL_HOSTID=host<rank/K>)\n"
+         "  --cluster NAME          run the ranks on the hosts of an emulated cluster\n"
+         "                          (scripts/cluster up --name NAME): one network\n"
+         "                          namespace per host\n"
+         "  --hosts H0,H1,...       run the ranks in these network namespaces (with\n"
+         "                          --cluster: h0,h2,... of that cluster)\n"
+         "  --ranks-per-host K      ranks 0..K-1 on the first host, K..2K-1 on the next\n"
+         "                          (default with hosts: round-robin, rank r on host r%H)\n"
+         "  --bind core|numa|none   pin each rank to one core or one NUMA node (hwloc)\n"
+         "  --report-bindings       print where each rank is pinned\n"
          "  --timeout S             kill the job after S seconds (exit status 124)\n"
          "  -x NAME=VALUE           set an environment variable in every rank\n"
          "  --no-prefix             pass rank output through unchanged instead of\n"

@@ -1,0 +1,142 @@
+#!/bin/bash
+# The emulated cluster end to end: scripts/cluster's life cycle (idempotent
+# up, two clusters at once, shaping, a failed up and down leaving nothing) and
+# every collective across 2 and 3 hosts under meshrun --cluster, in the
+# layouts 2x1, 2x2 (round-robin and blocked), 3+1, 3x1 and 2+1+1, checking
+# which transport each pair of ranks uses. Skips (exit 77) with the reason
+# where network namespaces cannot be made.
+#   cluster_test.sh <scripts/cluster> <meshrun> <cluster_ranks>
+set -u
+cluster=$1
+meshrun=$2
+ranks=$3
+
+if ! why=$("$cluster" check 2>&1); then
+  echo "SKIP: no emulated cluster here: $why"
+  exit 77
+fi
+
+# Names unique to this run, so that clusters of other runs are left alone.
+a="ta$$"
+b="tb$$"
+c="tc$$"
+cleanup() {
+  "$cluster" down --name "$a" >/dev/null 2>&1
+  "$cluster" down --name "$b" >/dev/null 2>&1
+  "$cluster" down --name "$c" >/dev/null 2>&1
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# The interfaces are the namespaces' own: scripts/test pins single-host jobs
+# to lo, which cannot reach another namespace; the transport must find eth0.
+unset MESHCCL_SOCKET_IFNAME NCCL_SOCKET_IFNAME MESHCCL_HOSTID MESHCCL_TRANSPORT NCCL_NET MESHCCL_COMM_ID NCCL_COMM_ID
+export MESHCCL_TIMEOUT=60
+
+fail=0
+out=$(mktemp)
+trap 'rm -f "$out"; cleanup' EXIT
+check() {  # check <description> <command...>: the command's status decides
+  local what=$1
+  shift
+  if "$@"; then
+    echo "ok   $what"
+  else
+    echo "FAIL $what"
+    fail=1
+    sed 's/^/     | /' "$out" | tail -25
+  fi
+}
+run() { "$@" >"$out" 2>&1; }
+has() { grep -qE -- "$1" "$out"; }
+hasnt() { ! grep -qE -- "$1" "$out"; }
+namespaces_of() { ip netns list | awk '{print $1}' | grep -cE "^mcc-$1-(sw|h[0-9]+)\$"; }
+
+# ---- life cycle -----------------------------------------------------------
+check "up 2 hosts" run "$cluster" up --name "$a" --hosts 2
+check "  3 namespaces (switch + 2 hosts)" test "$(namespaces_of "$a")" -eq 3
+check "  up again with the same settings is a no-op" run "$cluster" up --name "$a" --hosts 2
+check "  says so" has "already up"
+check "  up with other settings fails" eval '! run "$cluster" up --name "$a" --hosts 3'
+check "  and names the way out" has "down --name $a"
+check "  status lists both hosts up" run "$cluster" status --name "$a"
+check "  h0 is 198.18.0.1" has "mcc-$a-h0 +eth0 198.18.0.1/24 +UP"
+check "  h1 is 198.18.0.2" has "mcc-$a-h1 +eth0 198.18.0.2/24 +UP"
+check "  the addresses exist only inside the namespaces" eval '! ip -o addr | grep -q " 198\.18\."'
+check "  no link of the cluster in this namespace" eval '! ip -o link | grep -qE "mcc-|: p[0-9]+[@:]"'
+
+check "a second cluster, 3 hosts shaped at 1gbit, at the same time" run "$cluster" up --name "$b" --hosts 3 --rate 1gbit
+check "  4 namespaces" test "$(namespaces_of "$b")" -eq 4
+check "  the first one is still up" test "$(namespaces_of "$a")" -eq 3
+run tc -n "mcc-$b-h2" qdisc show dev eth0
+check "  host side shaped by tbf at 1Gbit" has "tbf .* rate 1Gbit"
+run tc -n "mcc-$b-sw" qdisc show dev p2
+check "  switch side shaped by tbf at 1Gbit" has "tbf .* rate 1Gbit"
+run tc -n "mcc-$a-h0" qdisc show dev eth0
+check "  the unshaped cluster has no tbf" hasnt "tbf"
+
+check "a failing up reports the failure" eval '! MESHCCL_CLUSTER_FAIL_AFTER_HOSTS=1 run "$cluster" up --name "$c" --hosts 3'
+check "  and leaves no namespace behind" test "$(namespaces_of "$c")" -eq 0
+check "  nor any state" eval '! "$cluster" status --name "$c" >/dev/null 2>&1'
+
+# ---- jobs -----------------------------------------------------------------
+# job <cluster> <ranks> <meshrun options...>: every collective; one "ok" line
+# per rank naming its host.
+job() {
+  local name=$1 n=$2
+  shift 2
+  CLUSTER_NAME=$name timeout 150 "$meshrun" --cluster "$name" -n "$n" --timeout 120 "$@" "$ranks" >"$out" 2>&1
+  local st=$?
+  [ $st -eq 0 ] && [ "$(grep -cE '^\[[0-9]+\] rank [0-9]+ host mcc-.* ok [0-9]+ checks$' "$out")" -eq "$n" ]
+}
+on() { grep -qE "^\[$1\] rank $1 host mcc-[a-z0-9]+-$2 local $3 ok" "$out"; }  # on <rank> <host> <local>/<size>
+
+check "2x1: every collective across 2 hosts" job "$a" 2
+check "  rank 0 on h0, rank 1 on h1" eval 'on 0 h0 0/1 && on 1 h1 0/1'
+
+export MESHCCL_DEBUG=INFO MESHCCL_DEBUG_SUBSYS=INIT,BOOTSTRAP
+check "2x2 round-robin: every collective, 2 ranks per host" job "$a" 4
+unset MESHCCL_DEBUG MESHCCL_DEBUG_SUBSYS
+check "  ranks 0,2 on h0 and 1,3 on h1" eval 'on 0 h0 0/2 && on 2 h0 1/2 && on 1 h1 0/2 && on 3 h1 1/2'
+check "  same host: shm" eval 'has "\[0\] .*rank 0 <-> rank 2 via shm" && has "\[3\] .*rank 3 <-> rank 1 via shm"'
+check "  other host: socket" eval 'has "\[0\] .*rank 0 <-> rank 1 via socket" && has "\[2\] .*rank 2 <-> rank 3 via socket"'
+check "  no shm between hosts" hasnt "rank (0|2) <-> rank (1|3) via shm"
+check "  bootstrap on the namespace's eth0, not lo" has "\[0\] .*root listening on eth0:198\.18\.0\.1:"
+check "  host identity names the namespace" has "\[1\] .*host [^ ]*:mcc-$a-h1 commId"
+
+check "2x2 blocked (--ranks-per-host 2)" job "$a" 4 --ranks-per-host 2
+check "  ranks 0,1 on h0 and 2,3 on h1" eval 'on 0 h0 0/2 && on 1 h0 1/2 && on 2 h1 0/2 && on 3 h1 1/2'
+check "3+1 uneven (--ranks-per-host 3)" job "$a" 4 --ranks-per-host 3
+check "  ranks 0-2 on h0, rank 3 alone on h1" eval 'on 2 h0 2/3 && on 3 h1 0/1'
+check "3x1 across 3 shaped hosts" job "$b" 3
+check "  one rank per host" eval 'on 0 h0 0/1 && on 1 h1 0/1 && on 2 h2 0/1'
+check "2+1+1: 4 ranks round-robin on 3 shaped hosts" job "$b" 4
+check "  ranks 0 and 3 share h0" eval 'on 0 h0 0/2 && on 3 h0 1/2 && on 2 h2 0/1'
+check "--hosts h2,h0 picks and orders hosts" job "$b" 2 --hosts h2,h0
+check "  rank 0 on h2, rank 1 on h0" eval 'on 0 h2 0/1 && on 1 h0 0/1'
+
+check "ranks see their namespace's devices in /sys" run "$meshrun" --cluster "$a" -n 2 sh -c 'echo net: $(ls /sys/class/net)'
+check "  eth0 and lo only" eval 'has "^\[0\] net: eth0 lo$" && has "^\[1\] net: eth0 lo$"'
+check "--bind core with --cluster" job "$a" 2 --bind core --report-bindings
+check "  reports host and core" has "^meshrun: rank 1 on mcc-$a-h1 bound to (core|cpu) [0-9]+ \\(cpus "
+
+MESHCCL_DEBUG=INFO MESHCCL_DEBUG_SUBSYS=INIT job "$a" 2 -x MESHCCL_HOSTID=one >/dev/null
+check "MESHCCL_HOSTID still overrides the namespace: one host, shm" has "rank 0 <-> rank 1 via shm"
+
+check "meshrun on a cluster that is not up fails" eval '! run "$meshrun" --cluster "$c" -n 2 true'
+check "  saying so" has "cluster '$c' is not up"
+check "--ranks-per-host too small for -n fails" eval '! run "$meshrun" --cluster "$a" -n 5 --ranks-per-host 2 true'
+check "  saying so" has "does not fit on 2 host"
+
+# ---- down -----------------------------------------------------------------
+check "down" run "$cluster" down --name "$a"
+check "  removes every namespace" test "$(namespaces_of "$a")" -eq 0
+check "  and the state" eval '! "$cluster" status --name "$a" >/dev/null 2>&1'
+check "  leaves the other cluster up" test "$(namespaces_of "$b")" -eq 4
+check "down again is a no-op" run "$cluster" down --name "$a"
+check "  says so" has "is not up"
+check "down of the second cluster" run "$cluster" down --name "$b"
+check "  removes every namespace" test "$(namespaces_of "$b")" -eq 0
+
+exit $fail
