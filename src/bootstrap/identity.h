@@ -14,7 +14,7 @@ struct PeerInfo {
   int32_t pid;
   int32_t cuda_dev;
   uint32_t flags;         // kPeer* settings this rank brings to the communicator
-  uint64_t host_hash;     // equal = same (possibly emulated) host: MESHCCL_HOSTID
+  uint64_t host_hash;     // equal = same (possibly emulated) host: MESHCCL_HOSTID, else machine + network namespace
   uint64_t machine_hash;  // equal = same kernel and pid namespace: pids are comparable
   char host_id[64];       // for logs
   sockaddr_storage bootstrap_addr;
