@@ -129,6 +129,15 @@ check "  saying so" has "cluster '$c' is not up"
 check "--ranks-per-host too small for -n fails" eval '! run "$meshrun" --cluster "$a" -n 5 --ranks-per-host 2 true'
 check "  saying so" has "does not fit on 2 host"
 
+# ---- bench ----------------------------------------------------------------
+# Behaviour only: every figure is there and the 1 Gbit/s shaping holds (tbf
+# cannot pass more than its rate plus one 2 ms bucket); how fast is not tested.
+check "bench measures every link of the shaped cluster" run "$cluster" bench --name "$b" --time 1
+check "  three links, both directions, and the h0-h1 path" eval 'has "link h2 +up [0-9.]+ Gbit/s  down [0-9.]+ Gbit/s" && has "path h0 -> h1 [0-9.]+ Gbit/s" && has "both ways at once"'
+bps=$(sed -n 's/^link_bps=//p' "${MESHCCL_CLUSTER_STATE:-/run/meshccl-cluster}/$b/bench" 2>/dev/null)
+check "  writes link_bps, above 0 and at most 1.1 Gbit/s" test "${bps:-0}" -gt 0 -a "${bps:-0}" -le 1100000000
+check "  status shows it" eval 'run "$cluster" status --name "$b" && has "measured: link"'
+
 # ---- down -----------------------------------------------------------------
 check "down" run "$cluster" down --name "$a"
 check "  removes every namespace" test "$(namespaces_of "$a")" -eq 0
