@@ -86,7 +86,9 @@ check "  nor any state" eval '! "$cluster" status --name "$c" >/dev/null 2>&1'
 job() {
   local name=$1 n=$2
   shift 2
-  CLUSTER_NAME=$name timeout 150 "$meshrun" --cluster "$name" -n "$n" --timeout 120 "$@" "$ranks" >"$out" 2>&1
+  local where=(--cluster "$name")
+  [[ "$*" == *"--hosts mcc-"* ]] && where=()
+  CLUSTER_NAME=$name timeout 150 "$meshrun" "${where[@]}" -n "$n" --timeout 120 "$@" "$ranks" >"$out" 2>&1
   local st=$?
   [ $st -eq 0 ] && [ "$(grep -cE '^\[[0-9]+\] rank [0-9]+ host mcc-.* ok [0-9]+ checks$' "$out")" -eq "$n" ]
 }
@@ -115,6 +117,8 @@ check "2+1+1: 4 ranks round-robin on 3 shaped hosts" job "$b" 4
 check "  ranks 0 and 3 share h0" eval 'on 0 h0 0/2 && on 3 h0 1/2 && on 2 h2 0/1'
 check "--hosts h2,h0 picks and orders hosts" job "$b" 2 --hosts h2,h0
 check "  rank 0 on h2, rank 1 on h0" eval 'on 0 h2 0/1 && on 1 h0 0/1'
+check "--hosts with namespace names, no --cluster" job "$b" 2 --hosts "mcc-$b-h1,mcc-$b-h2"
+check "  rank 0 on h1, rank 1 on h2" eval 'on 0 h1 0/1 && on 1 h2 0/1'
 
 check "ranks see their namespace's devices in /sys" run "$meshrun" --cluster "$a" -n 2 sh -c 'echo net: $(ls /sys/class/net)'
 check "  eth0 and lo only" eval 'has "^\[0\] net: eth0 lo$" && has "^\[1\] net: eth0 lo$"'
