@@ -12,7 +12,7 @@ meshrun=$2
 ranks=$3
 
 if ! why=$("$cluster" check 2>&1); then
-  echo "SKIP: no emulated cluster here: $why"
+  echo "SKIP: no emulated cluster here: ${why:-scripts/cluster check failed without saying why}" | head -1
   exit 77
 fi
 
