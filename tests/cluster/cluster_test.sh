@@ -97,7 +97,7 @@ on() { grep -qE "^\[$1\] rank $1 host mcc-[a-z0-9]+-$2 local $3 ok" "$out"; }  #
 check "2x1: every collective across 2 hosts" job "$a" 2
 check "  rank 0 on h0, rank 1 on h1" eval 'on 0 h0 0/1 && on 1 h1 0/1'
 
-export MESHCCL_DEBUG=INFO MESHCCL_DEBUG_SUBSYS=INIT,BOOTSTRAP
+export MESHCCL_DEBUG=INFO MESHCCL_DEBUG_SUBSYS=INIT,BOOTSTRAP,NET
 check "2x2 round-robin: every collective, 2 ranks per host" job "$a" 4
 unset MESHCCL_DEBUG MESHCCL_DEBUG_SUBSYS
 check "  ranks 0,2 on h0 and 1,3 on h1" eval 'on 0 h0 0/2 && on 2 h0 1/2 && on 1 h1 0/2 && on 3 h1 1/2'
@@ -105,6 +105,8 @@ check "  same host: shm" eval 'has "\[0\] .*rank 0 <-> rank 2 via shm" && has "\
 check "  other host: socket" eval 'has "\[0\] .*rank 0 <-> rank 1 via socket" && has "\[2\] .*rank 2 <-> rank 3 via socket"'
 check "  no shm between hosts" hasnt "rank (0|2) <-> rank (1|3) via shm"
 check "  bootstrap on the namespace's eth0, not lo" has "\[0\] .*root listening on eth0:198\.18\.0\.1:"
+check "  socket transport on eth0 of each host" eval 'has "\[0\] .*socket: using eth0 198\.18\.0\.1$" && has "\[1\] .*socket: using eth0 198\.18\.0\.2$"'
+check "  never on lo" hasnt "socket: using lo"
 check "  host identity names the namespace" has "\[1\] .*host [^ ]*:mcc-$a-h1 commId"
 
 check "2x2 blocked (--ranks-per-host 2)" job "$a" 4 --ranks-per-host 2
