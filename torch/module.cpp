@@ -74,6 +74,13 @@ bool split_for_next_group(const c10::intrusive_ptr<c10d::ProcessGroup>& parent, 
   return true;
 }
 
+// (rank, size, local rank) from the launcher's variables, or None.
+py::object launch_info() {
+  int rank = -1, size = 0, local = -1;
+  if (meshcclGetLaunchInfo(&rank, &size, &local) != ncclSuccess || size <= 0) return py::none();
+  return py::make_tuple(rank, size, local);
+}
+
 }  // namespace
 }  // namespace meshccl_torch
 
@@ -87,6 +94,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("key"), py::call_guard<py::gil_scoped_release>(),
         "ncclCommSplit of a meshccl group for the next new group; every rank of the parent calls it.");
   m.def("clear_pending_split", &meshccl_torch::clear_pending_split, py::call_guard<py::gil_scoped_release>());
+  m.def("launch_info", &meshccl_torch::launch_info,
+        "(rank, size, local_rank) as meshrun, mpirun, mpiexec or srun set them; None without a launcher.");
   m.attr("NCCL_VERSION_CODE") = NCCL_VERSION_CODE;
   m.attr("MESHCCL_VERSION_CODE") = MESHCCL_VERSION_CODE;
 }

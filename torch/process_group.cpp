@@ -66,6 +66,18 @@ size_t bytes(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.el
 
 char* ptr(const at::Tensor& t) { return static_cast<char*>(t.data_ptr()); }
 
+// The start of `ts` when they lie back to back in memory, in order, each
+// contiguous (chunks of one tensor); nullptr otherwise.
+char* back_to_back(const std::vector<at::Tensor>& ts) {
+  char* base = ptr(ts[0]);
+  size_t off = 0;
+  for (const auto& t : ts) {
+    if (!t.is_contiguous() || ptr(t) != base + off) return nullptr;
+    off += bytes(t);
+  }
+  return base;
+}
+
 cudaStream_t as_cuda(meshcclStream_t s) { return meshcclStreamAsCuda(s); }
 
 // Closes a group opened by ncclGroupStart when a check throws half-way.
@@ -178,6 +190,7 @@ void WorkMeshccl::settle(std::exception_ptr error) {
     }
     finish_ = nullptr;
     keep_.clear();
+    settled_->store(true);
     completed_ = true;
     exception_ = error;
     fut = future_;
@@ -329,9 +342,9 @@ ncclComm_t ProcessGroupMeshccl::split(int color, int key) {
   return child;
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::make_work(c10d::OpType type, std::vector<at::Tensor> outputs,
-                                                              std::vector<at::Tensor> keep,
-                                                              std::function<void()> finish) {
+c10::intrusive_ptr<WorkMeshccl> ProcessGroupMeshccl::make_work(c10d::OpType type, std::vector<at::Tensor> outputs,
+                                                               std::vector<at::Tensor> keep,
+                                                               std::function<void()> finish) {
   uint64_t seq;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -341,6 +354,29 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::make_work(c10d::OpType type,
                                                seq, std::move(outputs), std::move(finish));
   for (auto& t : keep) work->keep(t);
   return work;
+}
+
+at::Tensor ProcessGroupMeshccl::take_stage(int64_t numel, const at::Tensor& like, at::Tensor* buffer) {
+  const int64_t nbytes = std::max<int64_t>(numel * static_cast<int64_t>(like.element_size()), 1);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stage_.defined() && stage_.numel() >= nbytes && stage_free_ && stage_free_->load()) {
+      *buffer = std::move(stage_);
+      stage_ = at::Tensor();
+    }
+  }
+  if (!buffer->defined()) *buffer = at::empty({nbytes}, at::kByte);
+  return buffer->narrow(0, 0, numel * static_cast<int64_t>(like.element_size())).view(like.scalar_type());
+}
+
+void ProcessGroupMeshccl::return_stage(at::Tensor buffer, const c10::intrusive_ptr<WorkMeshccl>& work) {
+  constexpr int64_t kMaxCached = int64_t{1} << 30;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (buffer.numel() > kMaxCached) return;
+  if (!stage_.defined() || buffer.numel() >= stage_.numel()) {
+    stage_ = std::move(buffer);
+    stage_free_ = work->settled_;
+  }
 }
 
 bool ProcessGroupMeshccl::done_through(uint64_t seq) {
@@ -509,18 +545,24 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::allreduce_coalesced(
                 "meshccl: allreduce_coalesced tensors must share one dtype");
     flat_parts.push_back(t.reshape({-1}));
   }
-  at::Tensor flat = at::cat(flat_parts);
+  int64_t total = 0;
+  for (auto& t : flat_parts) total += t.numel();
+  at::Tensor buffer;
+  at::Tensor flat = take_stage(total, tensors[0], &buffer);
+  at::cat_out(flat, flat_parts);
   ncclRedOp_t op = red_op(opts.reduceOp, flat);
   check("ncclAllReduce", ncclAllReduce(flat.data_ptr(), flat.data_ptr(), flat.numel(), reduce_type(flat), op,
                                        comm_, as_cuda(stream_)));
   std::vector<at::Tensor> outs = tensors;
-  return make_work(c10d::OpType::ALLREDUCE_COALESCED, outs, {flat}, [outs, flat]() {
+  auto work = make_work(c10d::OpType::ALLREDUCE_COALESCED, outs, {buffer}, [outs, flat]() {
     int64_t off = 0;
     for (const auto& t : outs) {
       t.view({-1}).copy_(flat.narrow(0, off, t.numel()));
       off += t.numel();
     }
   });
+  return_stage(buffer, work);
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::reduce(std::vector<at::Tensor>& tensors,
@@ -561,13 +603,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::allgather(std::vector<std::v
     check_tensor(o, "all_gather output", true);
     check_same(in, o, "all_gather output");
   }
-  at::Tensor flat = at::empty({size_ * in.numel()}, in.options());
+  if (char* direct = back_to_back(outputs[0])) {  // chunks of one tensor: no staging
+    check("ncclAllGather", ncclAllGather(in.data_ptr(), direct, bytes(in), ncclUint8, comm_, as_cuda(stream_)));
+    return make_work(c10d::OpType::ALLGATHER, outputs[0], {in});
+  }
+  at::Tensor buffer;
+  at::Tensor flat = take_stage(size_ * in.numel(), in, &buffer);
   check("ncclAllGather", ncclAllGather(in.data_ptr(), flat.data_ptr(), bytes(in), ncclUint8, comm_, as_cuda(stream_)));
   std::vector<at::Tensor> outs = outputs[0];
   const int64_t n = in.numel();
-  return make_work(c10d::OpType::ALLGATHER, outs, {in, flat}, [outs, flat, n]() {
+  auto work = make_work(c10d::OpType::ALLGATHER, outs, {in, buffer}, [outs, flat, n]() {
     for (size_t i = 0; i < outs.size(); ++i) outs[i].copy_(flat.narrow(0, i * n, n).view(outs[i].sizes()));
   });
+  return_stage(buffer, work);
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -578,7 +627,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::gather(std::vector<std::vect
   check_tensor(in, "gather input", false);
   const int root = static_cast<int>(opts.rootRank);
   TORCH_CHECK(root >= 0 && root < size_, "meshccl: gather root ", root, " is not a rank of this group");
-  at::Tensor flat;
+  at::Tensor flat, buffer;
   std::vector<at::Tensor> outs;
   if (rank_ == root) {
     TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_,
@@ -588,7 +637,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::gather(std::vector<std::vect
       check_same(in, o, "gather output");
     }
     outs = outputs[0];
-    flat = at::empty({size_ * in.numel()}, in.options());
+    if (char* direct = back_to_back(outs)) {  // chunks of one tensor: no staging
+      check("ncclGather", ncclGather(in.data_ptr(), direct, bytes(in), ncclUint8, root, comm_, as_cuda(stream_)));
+      return make_work(c10d::OpType::GATHER, outs, {in});
+    }
+    flat = take_stage(size_ * in.numel(), in, &buffer);
   } else {
     TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
                 "meshccl: gather outputs are given on the root only");
@@ -602,7 +655,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::gather(std::vector<std::vect
       for (size_t i = 0; i < outs.size(); ++i) outs[i].copy_(flat.narrow(0, i * n, n).view(outs[i].sizes()));
     };
   }
-  return make_work(c10d::OpType::GATHER, outs, {in, flat.defined() ? flat : in}, finish);
+  auto work = make_work(c10d::OpType::GATHER, outs, {in, flat.defined() ? buffer : in}, finish);
+  if (buffer.defined()) return_stage(buffer, work);
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::scatter(std::vector<at::Tensor>& outputs,
@@ -613,11 +668,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::scatter(std::vector<at::Tens
   check_tensor(out, "scatter output", false);
   const int root = static_cast<int>(opts.rootRank);
   TORCH_CHECK(root >= 0 && root < size_, "meshccl: scatter root ", root, " is not a rank of this group");
-  at::Tensor flat;
+  at::Tensor flat, buffer;
   if (rank_ == root) {
     TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_,
                 "meshccl: scatter needs one input list of world size (", size_, ") tensors on the root");
-    flat = at::empty({size_ * out.numel()}, out.options());
+    flat = take_stage(size_ * out.numel(), out, &buffer);
     for (int i = 0; i < size_; ++i) {
       const at::Tensor& t = inputs[0][i];
       TORCH_CHECK(t.device().is_cpu() && t.layout() == at::kStrided, "meshccl: scatter inputs must be dense CPU tensors");
@@ -630,7 +685,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::scatter(std::vector<at::Tens
   }
   check("ncclScatter", ncclScatter(flat.defined() ? flat.data_ptr() : nullptr, out.data_ptr(), bytes(out), ncclUint8,
                                    root, comm_, as_cuda(stream_)));
-  return make_work(c10d::OpType::SCATTER, {out}, {flat.defined() ? flat : out});
+  auto work = make_work(c10d::OpType::SCATTER, {out}, {flat.defined() ? buffer : out});
+  if (buffer.defined()) return_stage(buffer, work);
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -657,7 +714,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::reduce_scatter(std::vector<a
   TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_,
               "meshccl: reduce_scatter needs one input list of world size (", size_, ") tensors");
   const int64_t n = out.numel();
-  at::Tensor flat = at::empty({size_ * n}, out.options());
+  at::Tensor buffer;
+  at::Tensor flat = take_stage(size_ * n, out, &buffer);
   for (int i = 0; i < size_; ++i) {
     const at::Tensor& t = inputs[0][i];
     TORCH_CHECK(t.device().is_cpu() && t.layout() == at::kStrided,
@@ -668,7 +726,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::reduce_scatter(std::vector<a
   ncclRedOp_t op = red_op(opts.reduceOp, out);
   check("ncclReduceScatter", ncclReduceScatter(flat.data_ptr(), out.data_ptr(), n, reduce_type(out), op, comm_,
                                                as_cuda(stream_)));
-  return make_work(c10d::OpType::REDUCE_SCATTER, {out}, {flat});
+  auto work = make_work(c10d::OpType::REDUCE_SCATTER, {out}, {buffer});
+  return_stage(buffer, work);
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::alltoall_base(at::Tensor& output, at::Tensor& input,

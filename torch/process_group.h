@@ -8,6 +8,7 @@
 
 #include <meshccl/meshccl.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -57,6 +58,8 @@ class WorkMeshccl : public c10d::Work {
   std::vector<at::Tensor> keep_;
   std::function<void()> finish_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  // Set once settled: a staging buffer this work used may be reused.
+  std::shared_ptr<std::atomic<bool>> settled_ = std::make_shared<std::atomic<bool>>(false);
 };
 
 class ProcessGroupMeshccl : public c10d::ProcessGroup {
@@ -125,9 +128,15 @@ class ProcessGroupMeshccl : public c10d::ProcessGroup {
   }
   void check_usable();
   // Wraps what was just queued on the stream into a work object.
-  c10::intrusive_ptr<c10d::Work> make_work(c10d::OpType type, std::vector<at::Tensor> outputs,
-                                           std::vector<at::Tensor> keep = {},
-                                           std::function<void()> finish = nullptr);
+  c10::intrusive_ptr<WorkMeshccl> make_work(c10d::OpType type, std::vector<at::Tensor> outputs,
+                                            std::vector<at::Tensor> keep = {},
+                                            std::function<void()> finish = nullptr);
+  // A staging tensor of `numel` elements of `like`'s dtype, carved from the
+  // group's cached buffer when the work that used it last has settled (fresh
+  // pages cost more than the copy); `buffer` receives the whole buffer, to be
+  // handed back with the work that now uses it.
+  at::Tensor take_stage(int64_t numel, const at::Tensor& like, at::Tensor* buffer);
+  void return_stage(at::Tensor buffer, const c10::intrusive_ptr<WorkMeshccl>& work);
 
   // Waits until the stream has run everything up to work `seq`, at most until
   // `deadline` (then the communicator is revoked). Throws on error.
@@ -145,6 +154,8 @@ class ProcessGroupMeshccl : public c10d::ProcessGroup {
   at::Tensor barrier_buf_;
   bool coalescing_ = false;
   std::vector<ncclRedOp_t> premul_ops_;
+  at::Tensor stage_;                               // cached staging buffer (bytes), guarded by mu_
+  std::shared_ptr<std::atomic<bool>> stage_free_;  // its last user has settled
 
   std::mutex mu_;  // guards everything below
   std::condition_variable cv_;

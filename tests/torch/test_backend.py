@@ -95,6 +95,16 @@ def test_init_methods(method, tmp_path):
     assert_ok(results)
 
 
+@pytest.mark.skipif(not os.environ.get("MESHRUN"), reason="MESHRUN (the meshrun launcher) not given")
+def test_meshrun_env_init():
+    """Under meshrun, importing meshccl_torch fills RANK and WORLD_SIZE for env://."""
+    port = free_port()
+    out = subprocess.run([os.environ["MESHRUN"], "-n", "3", "--timeout", "120", "-x", "MASTER_ADDR=127.0.0.1",
+                          "-x", f"MASTER_PORT={port}", sys.executable, WORKER, "init", "-1", "3", "env://"],
+                         env=_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 def test_dead_peer_raises(tmp_path):
     """A killed peer becomes a RuntimeError on the survivor, within the group timeout."""
     results = run_job("dead_peer", 2, f"file://{tmp_path}/store")

@@ -35,6 +35,13 @@ GLOO_CARRIER = {torch.bfloat16: torch.float32, torch.bool: torch.uint8, torch.in
 GLOO_DTYPES = [torch.int8, torch.uint8, torch.int32, torch.int64, torch.float16, torch.float32, torch.float64]
 
 
+def opname(op):
+    for name in ("SUM", "PRODUCT", "MIN", "MAX", "AVG"):
+        if op == getattr(R, name):
+            return name
+    return str(op)
+
+
 def check(what, got, want):
     if isinstance(got, (list, tuple)):
         if len(got) != len(want):
@@ -135,12 +142,12 @@ def run_collectives(pg, gloo, tag, async_op):
         for count in (1, 7, 1031):
             for op in ops:
                 kind = "prod" if op == R.PRODUCT else "sum"
-                x = make_input(rank, dt, count, zlib.crc32(f'{tag} {op} {count}'.encode()) % 1000, kind)
+                x = make_input(rank, dt, count, zlib.crc32(f'{tag} {opname(op)} {count}'.encode()) % 1000, kind)
                 want_parts = gloo_gather_all(x, gloo)
                 want = local_reduce(want_parts, op)
                 t = x.clone()
                 w = dist.all_reduce(t, op=op, group=pg, async_op=async_op)
-                name = f"{tag} all_reduce {dt} {op} n={count}"
+                name = f"{tag} all_reduce {dt} {opname(op)} n={count}"
                 if op == R.AVG:
                     rtol = {torch.float16: 1e-3, torch.bfloat16: 8e-3}.get(dt, 1e-6)
                     issue(w, lambda t=t, want=want, name=name, rtol=rtol: check_close(name, t, want, rtol))
@@ -167,7 +174,7 @@ def run_collectives(pg, gloo, tag, async_op):
             w = dist.reduce(t, dist.get_global_rank(pg, root) if pg is not None else root, op=op, group=pg,
                             async_op=async_op)
             if rank == root:
-                issue(w, lambda t=t, want=want, op=op, dt=dt: check(f"{tag} reduce {dt} {op}", t, want))
+                issue(w, lambda t=t, want=want, op=op, dt=dt: check(f"{tag} reduce {dt} {opname(op)}", t, want))
             else:
                 issue(w, lambda: None)
         # broadcast from the last rank
@@ -182,6 +189,16 @@ def run_collectives(pg, gloo, tag, async_op):
         outs = [torch.empty_like(x) for _ in range(n)]
         w = dist.all_gather(outs, x, group=pg, async_op=async_op)
         issue(w, lambda outs=outs, parts=parts, dt=dt: check(f"{tag} all_gather {dt}", outs, parts))
+        chunks = list(torch.empty(n * 9, dtype=dt).chunk(n))  # back to back: gathered in place
+        w = dist.all_gather(chunks, x, group=pg, async_op=async_op)
+        issue(w, lambda chunks=chunks, parts=parts, dt=dt: check(f"{tag} all_gather into chunks {dt}", chunks, parts))
+        if rank == root:
+            gchunks = list(torch.empty(n * 9, dtype=dt).chunk(n))
+            w = dist.gather(x, gchunks, dst=_global(pg, root), group=pg, async_op=async_op)
+            issue(w, lambda g=gchunks, parts=parts, dt=dt: check(f"{tag} gather into chunks {dt}", g, parts))
+        else:
+            w = dist.gather(x, None, dst=_global(pg, root), group=pg, async_op=async_op)
+            issue(w, lambda: None)
         flat = torch.empty(n * 9, dtype=dt)
         w = dist.all_gather_into_tensor(flat, x, group=pg, async_op=async_op)
         issue(w, lambda flat=flat, parts=parts, dt=dt: check(f"{tag} all_gather_into_tensor {dt}", flat,
@@ -193,10 +210,10 @@ def run_collectives(pg, gloo, tag, async_op):
             want = full[rank * 5:(rank + 1) * 5]
             out = torch.empty(5, dtype=dt)
             w = dist.reduce_scatter(out, list(x.chunk(n)), op=op, group=pg, async_op=async_op)
-            issue(w, lambda out=out, want=want, op=op, dt=dt: check(f"{tag} reduce_scatter {dt} {op}", out, want))
+            issue(w, lambda out=out, want=want, op=op, dt=dt: check(f"{tag} reduce_scatter {dt} {opname(op)}", out, want))
             out2 = torch.empty(5, dtype=dt)
             w = dist.reduce_scatter_tensor(out2, x, op=op, group=pg, async_op=async_op)
-            issue(w, lambda out2=out2, want=want, op=op, dt=dt: check(f"{tag} reduce_scatter_tensor {dt} {op}",
+            issue(w, lambda out2=out2, want=want, op=op, dt=dt: check(f"{tag} reduce_scatter_tensor {dt} {opname(op)}",
                                                                        out2, want))
         # gather and scatter, rooted at the last rank
         x = make_input(rank, dt, 6, 23)
@@ -446,9 +463,15 @@ def scenario_init():
         dist.init_process_group("meshccl")
     else:
         dist.init_process_group("meshccl", init_method=INIT, rank=RANK, world_size=WORLD)
-    t = torch.full((3,), float(RANK + 1))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world != WORLD:
+        FAILURES.append(f"{INIT}: world size {world}, expected {WORLD}")
+    t = torch.full((3,), float(rank + 1))
     dist.all_reduce(t)
-    check(f"{INIT} all_reduce", t, torch.full((3,), float(WORLD * (WORLD + 1) // 2)))
+    check(f"{INIT} all_reduce", t, torch.full((3,), float(world * (world + 1) // 2)))
+    ranks = torch.zeros(world, dtype=torch.int64)
+    dist.all_gather_into_tensor(ranks, torch.tensor([rank]))
+    check(f"{INIT} every rank once", ranks, torch.arange(world))
     dist.destroy_process_group()
 
 

@@ -7,7 +7,14 @@ Importing this module registers the backend "meshccl" (CPU tensors). Groups made
 with torch.distributed.new_group from a meshccl world are split off the world's
 communicator with ncclCommSplit: this module wraps new_group for that, and the
 wrapper passes every other call through unchanged.
+
+Under meshrun, mpirun, mpiexec or srun (not torchrun, which sets them itself),
+importing it also sets RANK, WORLD_SIZE and LOCAL_RANK from the launcher's
+variables where they are unset, so that init_method="env://" (the default)
+needs only MASTER_ADDR and MASTER_PORT.
 """
+
+import os
 
 import torch
 import torch.distributed as dist
@@ -15,11 +22,28 @@ import torch.distributed.distributed_c10d as _c10d
 
 from . import _C
 
-__all__ = ["BACKEND", "NCCL_VERSION_CODE", "MESHCCL_VERSION_CODE"]
+__all__ = ["BACKEND", "NCCL_VERSION_CODE", "MESHCCL_VERSION_CODE", "launch_info"]
 
 BACKEND = "meshccl"
 NCCL_VERSION_CODE = _C.NCCL_VERSION_CODE
 MESHCCL_VERSION_CODE = _C.MESHCCL_VERSION_CODE
+
+
+def launch_info():
+    """(rank, world_size, local_rank) as the launcher set them, or None."""
+    return _C.launch_info()
+
+
+def _fill_launch_env():
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return
+    info = _C.launch_info()
+    if info is None:
+        return
+    rank, size, local = info
+    os.environ.setdefault("RANK", str(rank))
+    os.environ.setdefault("WORLD_SIZE", str(size))
+    os.environ.setdefault("LOCAL_RANK", str(local))
 
 
 def _create_process_group(store, rank, size, timeout):
@@ -50,6 +74,8 @@ def _wrap_new_group(original):
     new_group.__wrapped__ = original
     return new_group
 
+
+_fill_launch_env()
 
 if BACKEND.upper() not in dist.Backend._plugins:
     dist.Backend.register_backend(BACKEND, _create_process_group)
