@@ -8,7 +8,8 @@ creates a meshccl world group and a Gloo group over the same ranks and times
 every operation on both, alternating backends size by size, from 8 B to
 --max-bytes per rank (float32), then the step time of a communication-bound
 DistributedDataParallel model. A time is the slowest rank's mean over the
-timed iterations, the median of --repeats repeats. Prints markdown tables
+timed iterations, the median of --repeats repeats (the backends alternate
+between repeats, so load from outside the run hits both alike). Prints markdown tables
 (meshccl and Gloo in microseconds, and Gloo / meshccl); --json writes the raw
 figures.
 """
@@ -102,16 +103,22 @@ def worker(args):
         results["ops"][op] = []
         for nbytes in sizes:
             row = {"bytes": nbytes}
+            fns, iters, times = {}, {}, {}
             for backend in ("meshccl", "gloo"):
                 if backend == "gloo" and op in GLOO_LACKS:
                     row[backend] = None
                     continue
                 pg = groups[backend]
-                fn = make(op, nbytes, pg)
-                fn()  # warm-up, and an estimate of the iterations that fill the budget
-                est = max(timed(fn, pg, 1), 1e-7)
-                iters = int(min(max(args.budget / est, 3), 20000))
-                row[backend] = statistics.median(timed(fn, pg, iters) for _ in range(args.repeats)) * 1e6
+                fns[backend] = make(op, nbytes, pg)
+                fns[backend]()  # warm-up, and an estimate of the iterations that fill the budget
+                est = max(timed(fns[backend], pg, 1), 1e-7)
+                iters[backend] = int(min(max(args.budget / est, 3), 20000))
+                times[backend] = []
+            for _ in range(args.repeats):  # the backends alternate, so load from outside hits both alike
+                for backend in fns:
+                    times[backend].append(timed(fns[backend], groups[backend], iters[backend]))
+            for backend in fns:
+                row[backend] = statistics.median(times[backend]) * 1e6
             results["ops"][op].append(row)
             if rank == 0:
                 print(f"  {world} ranks {op} {human(nbytes)}: " +
@@ -122,6 +129,7 @@ def worker(args):
     # (16 MiB of dense gradients) and a small head, 32 lookups per step.
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    steps = {}
     for backend in ("meshccl", "gloo"):
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Embedding(32768, 128), torch.nn.Linear(128, 16))
@@ -129,24 +137,27 @@ def worker(args):
         opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
         x = torch.randint(0, 32768, (32,), generator=torch.Generator().manual_seed(rank))
 
-        def step():
+        def step(ddp=ddp, opt=opt, x=x):
             opt.zero_grad()
             ddp(x).square().mean().backward()
             opt.step()
 
         for _ in range(3):
             step()
-        times = []
-        for _ in range(args.repeats):
+        steps[backend] = step
+        KEEP.append(ddp)  # see tests/torch/worker.py: no DDP-over-Gloo teardown in torch 1.13
+    times = {b: [] for b in steps}
+    for _ in range(args.repeats):  # alternating, as above
+        for backend, step in steps.items():
             dist.barrier(group=groups[backend])
             t0 = time.perf_counter()
             for _ in range(args.ddp_steps):
                 step()
-            times.append(slowest((time.perf_counter() - t0) / args.ddp_steps))
-        results["ddp"][backend] = statistics.median(times) * 1e3
+            times[backend].append(slowest((time.perf_counter() - t0) / args.ddp_steps))
+    for backend in steps:
+        results["ddp"][backend] = statistics.median(times[backend]) * 1e3
         if rank == 0:
             print(f"  {world} ranks DDP step {backend}: {results['ddp'][backend]:.2f} ms", file=sys.stderr, flush=True)
-        KEEP.append(ddp)  # see tests/torch/worker.py: no DDP-over-Gloo teardown in torch 1.13
 
     if rank == 0:
         with open(args.out, "w") as f:
@@ -207,7 +218,7 @@ def main():
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--max-bytes", type=parse_size, default=64 << 20)
     ap.add_argument("--budget", type=float, default=0.1, help="seconds per measurement (default 0.1)")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--ddp-steps", type=int, default=20)
     ap.add_argument("--timeout", type=float, default=1800, help="seconds for one world size")
     ap.add_argument("--ops", nargs="+", default=OPS, choices=OPS)
