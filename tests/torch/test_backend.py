@@ -6,6 +6,7 @@ module folder), or by hand:
 """
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -84,7 +85,7 @@ def test_ddp_matches_gloo(world, tmp_path):
 @pytest.mark.parametrize("method", ["env", "tcp", "file"])
 def test_init_methods(method, tmp_path):
     port = free_port()
-    if method == "env":
+    if method == "env":  # what torchrun sets
         results = run_job("init", 2, "env://", extra_env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                                                            "WORLD_SIZE": "2"},
                           per_rank_env=lambda r: {"RANK": str(r)})
@@ -102,6 +103,18 @@ def test_meshrun_env_init():
     out = subprocess.run([os.environ["MESHRUN"], "-n", "3", "--timeout", "120", "-x", "MASTER_ADDR=127.0.0.1",
                           "-x", f"MASTER_PORT={port}", sys.executable, WORKER, "init", "-1", "3", "env://"],
                          env=_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun")
+def test_mpirun_env_init():
+    """Under Open MPI's mpirun, importing meshccl_torch fills RANK and WORLD_SIZE."""
+    port = free_port()
+    env = _env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMPI_ALLOW_RUN_AS_ROOT": "1",
+                "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1"})
+    out = subprocess.run(["mpirun", "-n", "2", "-x", "MASTER_ADDR", "-x", "MASTER_PORT", "-x", "PYTHONPATH",
+                          "-x", "MESHCCL_SOCKET_IFNAME", sys.executable, WORKER, "init", "-1", "2", "env://"],
+                         env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
