@@ -476,6 +476,7 @@ ncclRedOp_t ProcessGroupMeshccl::red_op(const c10d::ReduceOp& op, const at::Tens
                               ? at::scalar_tensor(sup->double_factor, at::TensorOptions().dtype(t.scalar_type()))
                               : sup->tensor_factors[0].to(at::kCPU, t.scalar_type()).contiguous();
       TORCH_CHECK(scalar.numel() == 1, "meshccl: a PREMUL_SUM factor tensor must have one element");
+      std::lock_guard<std::mutex> lock(ops_mu_);
       release_ops();
       ncclRedOp_t r;
       check("ncclRedOpCreatePreMulSum",
@@ -490,6 +491,7 @@ ncclRedOp_t ProcessGroupMeshccl::red_op(const c10d::ReduceOp& op, const at::Tens
 }
 
 // PreMulSum ops stay alive until the stream has run every call that uses them.
+// Called with ops_mu_ held.
 void ProcessGroupMeshccl::release_ops() {
   if (premul_ops_.empty() || coalescing_ || meshcclStreamQuery(stream_) != ncclSuccess) return;
   for (ncclRedOp_t op : premul_ops_) (void)ncclRedOpDestroy(op, comm_);

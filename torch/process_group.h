@@ -153,6 +153,7 @@ class ProcessGroupMeshccl : public c10d::ProcessGroup {
   const std::chrono::milliseconds timeout_;
   at::Tensor barrier_buf_;
   bool coalescing_ = false;
+  std::mutex ops_mu_;  // guards premul_ops_
   std::vector<ncclRedOp_t> premul_ops_;
   at::Tensor stage_;                               // cached staging buffer (bytes), guarded by mu_
   std::shared_ptr<std::atomic<bool>> stage_free_;  // its last user has settled

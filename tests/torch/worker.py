@@ -347,6 +347,14 @@ def scenario_collectives():
     t = c.clone()
     dist.all_reduce(t)
     check("all_reduce complex64", t, sum(gloo_gather_all(c, gloo)))
+    # PREMUL_SUM with the factor as a tensor
+    x = make_input(RANK, torch.float32, 21, 3)
+    t = x.clone()
+    dist.all_reduce(t, op=dist._make_nccl_premul_sum([torch.tensor([0.25])]))
+    check("all_reduce PREMUL_SUM (tensor factor)", t, local_reduce([p * 0.25 for p in gloo_gather_all(x, gloo)], R.SUM))
+    expect_error("PREMUL_SUM on int32",
+                 lambda: dist.all_reduce(torch.ones(3, dtype=torch.int32), op=dist._make_nccl_premul_sum(2.0)),
+                 "floating-point")
     # An empty tensor
     e = torch.empty(0)
     dist.all_reduce(e)
