@@ -247,6 +247,7 @@ bool WorkMeshccl::wait(std::chrono::milliseconds timeout) {
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> WorkMeshccl::getFuture() {
+  (void)isCompleted();  // most small operations are done by now: no hand-off to the completing thread
   c10::intrusive_ptr<c10::ivalue::Future> fut;
   bool done;
   std::exception_ptr error;
