@@ -51,6 +51,14 @@ class Bootstrap {
   AbortFlag abort_;
   std::vector<Socket> send_;
   std::vector<Socket> recv_;
+  // Accepted connections whose greeting is still arriving: read together, so
+  // idle or slow connections from strangers cannot hold up the real peers.
+  struct Pending {
+    Socket sock;
+    std::vector<unsigned char> got;
+    double deadline_us;
+  };
+  std::vector<Pending> pending_;
   std::map<std::pair<int, uint32_t>, std::deque<std::vector<char>>> unexpected_;
   uint32_t collective_tag_ = 0x80000000u;  // allgather/barrier rounds
 };

@@ -35,6 +35,6 @@ Status id_decode(const ncclUniqueId& id, IdContents* out, SockAddr* root);
 Status root_start(const SockAddr& at, const uint8_t secret[kSecretBytes], SockAddr* bound);
 // Rank side of the rendezvous: sends my info, receives everyone's.
 Status root_exchange(const SockAddr& root, const uint8_t secret[kSecretBytes], int nranks, int rank,
-                     const PeerInfo& mine, std::vector<PeerInfo>* all, AbortFlag abort);
+                     const PeerInfo& mine, std::vector<PeerInfo>* all, AbortFlag abort, bool fixed_address);
 
 }  // namespace meshccl

@@ -146,10 +146,39 @@ std::string job_key() {
   return "ppid-" + std::to_string(ppid) + (start.empty() ? "" : "-" + start);
 }
 
-std::string comm_file_path() {
+// The directory of default id files: /tmp/meshccl-<uid>, made 0700 by its
+// first user. Another user could otherwise plant an id file there and pull
+// this job's ranks into a communicator of theirs; one who made the directory
+// first (or a link in its place) is refused, not trusted.
+Status private_dir(std::string* out) {
+  const uid_t uid = ::geteuid();
+  std::string dir = "/tmp/meshccl-" + std::to_string(uid);
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    return MC_ERROR(ncclSystemError, "meshcclCommInitFromEnv: cannot create %s: %s (set MESHCCL_COMM_FILE to a "
+                    "private path)", dir.c_str(), std::strerror(errno));
+  struct stat st{};
+  if (::lstat(dir.c_str(), &st) != 0)
+    return MC_ERROR(ncclSystemError, "meshcclCommInitFromEnv: cannot inspect %s: %s", dir.c_str(), std::strerror(errno));
+  if (!S_ISDIR(st.st_mode) || st.st_uid != uid || (st.st_mode & 077) != 0)
+    return MC_ERROR(ncclInvalidUsage, "meshcclCommInitFromEnv: refusing %s for id files: it is %s (it must be a "
+                    "directory of uid %u with mode 0700; remove it, or set MESHCCL_COMM_FILE)", dir.c_str(),
+                    !S_ISDIR(st.st_mode) ? "not a directory" : st.st_uid != uid ? "owned by another user"
+                                                                                : "open to other users",
+                    static_cast<unsigned>(uid));
+  *out = dir;
+  return kOk;
+}
+
+Status comm_file_path(std::string* out) {
   const char* v = param_env(Param::CommFile);
-  if (v != nullptr && *v != '\0') return v;
-  return "/tmp/meshccl-" + job_key() + ".id";
+  if (v != nullptr && *v != '\0') {
+    *out = v;
+    return kOk;
+  }
+  std::string dir;
+  MC_TRY(private_dir(&dir));
+  *out = dir + "/" + job_key() + ".id";
+  return kOk;
 }
 
 int timeout_s() {
@@ -195,8 +224,10 @@ std::atomic<unsigned long> g_generation{0};
 Status publish_id(const std::string& path, unsigned long generation, const ncclUniqueId& id) {
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   std::string text = std::string(kIdHeader) + " " + std::to_string(generation) + " " + to_hex(id) + "\n";
-  // 0600: the id carries the job's secret.
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  // 0600: the id carries the job's secret. A new file, never one that was
+  // there (or a link planted in its name).
+  ::unlink(tmp.c_str());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0)
     return MC_ERROR(ncclSystemError, "meshcclCommInitFromEnv: cannot create %s: %s (set MESHCCL_COMM_FILE to a "
                     "writable path)", tmp.c_str(), std::strerror(errno));
@@ -228,16 +259,25 @@ enum class ReadResult { kReady, kAbsent, kStale };
 // is not an id file at all, is an error.
 Status read_id(const std::string& path, unsigned long generation, ncclUniqueId* id, ReadResult* result) {
   *result = ReadResult::kAbsent;
-  FILE* f = std::fopen(path.c_str(), "re");
-  if (f == nullptr) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
     if (errno == ENOENT) return kOk;
-    return MC_ERROR(ncclSystemError, "meshcclCommInitFromEnv: cannot read %s: %s", path.c_str(),
-                    std::strerror(errno));
+    return MC_ERROR(ncclSystemError, "meshcclCommInitFromEnv: cannot read %s: %s%s", path.c_str(),
+                    std::strerror(errno), errno == ELOOP ? " (a symbolic link: refused)" : "");
+  }
+  // Only an id this user wrote, that no other user could have changed.
+  struct stat st{};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & S_IWOTH) != 0) {
+    ::close(fd);
+    return MC_ERROR(ncclInvalidUsage, "meshcclCommInitFromEnv: refusing the id file %s: %s", path.c_str(),
+                    !S_ISREG(st.st_mode)          ? "not a regular file"
+                    : st.st_uid != ::geteuid()    ? "owned by another user"
+                                                  : "writable by other users");
   }
   char buf[512] = {};
-  size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-  std::fclose(f);
-  std::string text(buf, n);
+  ssize_t got = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  std::string text(buf, got > 0 ? static_cast<size_t>(got) : 0);
   std::string header = std::string(kIdHeader) + " ";
   size_t sp = text.find(' ', header.size());
   unsigned long gen = 0;
@@ -324,7 +364,7 @@ Status comm_init_from_env(ncclComm_t* comm, ncclConfig_t* config) {
     // The id encodes the fixed address, so every rank derives the same one.
     MC_TRY(ncclGetUniqueId(&id));
   } else {
-    path = comm_file_path();
+    MC_TRY(comm_file_path(&path));
     if (info.rank == 0) {
       MC_TRY(ncclGetUniqueId(&id));
       MC_TRY(publish_id(path, generation, id));

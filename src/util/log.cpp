@@ -11,6 +11,7 @@
 #include <cstring>
 #include <ctime>
 #include <mutex>
+#include <set>
 #include <string>
 
 #include "util/param.h"
@@ -37,6 +38,7 @@ LogState& state() {
 }
 
 thread_local std::string t_last_error;
+thread_local bool t_in_log = false;  // this thread holds the log lock (settings are read under it)
 std::atomic<int> g_level{-1};  // cached level; -1 = not initialized
 std::atomic<uint32_t> g_subsys{0};
 
@@ -105,7 +107,9 @@ LogLevel log_level() {
   if (l < 0) {
     LogState& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
+    t_in_log = true;
     init_locked(s);
+    t_in_log = false;
     l = static_cast<int>(s.level);
   }
   return static_cast<LogLevel>(l);
@@ -134,7 +138,9 @@ void log_msg(LogLevel level, uint32_t subsys, const char* file, int line, const 
 
   LogState& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
+  t_in_log = true;
   init_locked(s);
+  t_in_log = false;
   if (level == LogLevel::Warn) s.last_error = t_last_error = msg;
   if (s.level < level) return;
   if (level > LogLevel::Warn && (s.subsys & subsys) == 0) return;
@@ -160,6 +166,22 @@ void log_msg(LogLevel level, uint32_t subsys, const char* file, int line, const 
     std::fprintf(s.out, "%s:%d:%ld [0] NCCL INFO %s\n", s.host, getpid(), tid, msg);
   }
   std::fflush(s.out);
+}
+
+void warn_once(const std::string& key, const char* fmt, ...) {
+  static std::mutex* mu = new std::mutex();
+  static auto* seen = new std::set<std::string>();  // never freed: warnings may come during exit
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  {
+    std::lock_guard<std::mutex> lock(*mu);
+    if (!seen->insert(key).second) return;
+  }
+  std::fprintf(stderr, "meshccl: warning: %s\n", msg);
+  if (!t_in_log) log_msg(LogLevel::Warn, kEnv, __FILE__, __LINE__, "%s", msg);
 }
 
 std::string last_error() {
