@@ -26,6 +26,15 @@ constexpr double kGreetingSeconds = 2;
 constexpr size_t kMaxPending = 64;
 }  // namespace
 
+int greeting_sender(const void* bytes, size_t size, const uint8_t secret[kSecretBytes], int nranks) {
+  Greeting g;
+  if (size != sizeof g) return -1;
+  std::memcpy(&g, bytes, sizeof g);
+  if (g.magic != kIdMagic || std::memcmp(g.secret, secret, kSecretBytes) != 0 || g.from < 0 || g.from >= nranks)
+    return -1;
+  return g.from;
+}
+
 Bootstrap::Bootstrap(int rank, int nranks, Socket listener, std::vector<SockAddr> peers,
                      const uint8_t secret[kSecretBytes], AbortFlag abort)
     : rank_(rank),
@@ -73,13 +82,11 @@ Status Bootstrap::recv_conn(int peer, const Socket** out, Deadline dl) {
         if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) continue;  // closed before greeting
         if (n > 0) p.got.insert(p.got.end(), buf, buf + n);
         if (p.got.size() == sizeof(Greeting)) {
-          Greeting g;
-          std::memcpy(&g, p.got.data(), sizeof g);
-          if (g.magic != kIdMagic || std::memcmp(g.secret, secret_, kSecretBytes) != 0 || g.from < 0 ||
-              g.from >= nranks_ || recv_[g.from].valid()) {
+          const int from = greeting_sender(p.got.data(), p.got.size(), secret_, nranks_);
+          if (from < 0 || recv_[from].valid()) {
             MC_WARN("rank %d: bootstrap: refused a connection without this communicator's secret", rank_);
           } else {
-            recv_[g.from] = std::move(p.sock);
+            recv_[from] = std::move(p.sock);
           }
           continue;
         }

@@ -16,6 +16,10 @@
 
 namespace meshccl {
 
+// The rank a connection's greeting (its first bytes) names, or -1 unless it
+// is a whole greeting that presents `secret` and a rank in [0, nranks).
+int greeting_sender(const void* bytes, size_t size, const uint8_t secret[kSecretBytes], int nranks);
+
 class Bootstrap {
  public:
   // listener: this rank's listening socket (its address is in peers[rank]).

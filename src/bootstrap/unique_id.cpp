@@ -105,6 +105,7 @@ void root_main(Socket listener, std::array<uint8_t, kSecretBytes> secret) {
     }
     conns[h.rank] = std::move(c);
     infos[h.rank] = h.info;
+    infos[h.rank].rank = h.rank;
     ++joined;
     return true;
   };
@@ -289,6 +290,20 @@ Status root_exchange(const SockAddr& root, const uint8_t secret[kSecretBytes], i
   }
   all->resize(nranks);
   MC_TRY(socket_recv_all(s, all->data(), sizeof(PeerInfo) * nranks, dl, abort));
+  return check_peer_table(all, nranks);
+}
+
+Status check_peer_table(std::vector<PeerInfo>* all, int nranks) {
+  if (nranks < 1 || all->size() != static_cast<size_t>(nranks))
+    return MC_ERROR(ncclInternalError, "bootstrap: the rank table has %zu entries for %d ranks", all->size(), nranks);
+  for (int r = 0; r < nranks; ++r) {
+    PeerInfo& p = (*all)[r];
+    p.host_id[sizeof(p.host_id) - 1] = '\0';
+    const int family = p.bootstrap_addr.ss_family;
+    if (p.rank != r || (family != AF_INET && family != AF_INET6))
+      return MC_ERROR(ncclRemoteError, "bootstrap: malformed rank table from the root (entry %d: rank %d, address "
+                      "family %d)", r, p.rank, family);
+  }
   return kOk;
 }
 

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/id_text.h"
 #include "meshccl.h"
 #include "util/log.h"
 #include "util/param.h"
@@ -54,7 +55,6 @@ constexpr LauncherVars kLaunchers[] = {
     {"Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
 };
 
-constexpr const char* kIdHeader = "meshccl-id 1";
 constexpr int kDefaultTimeoutS = 300;
 
 bool parse_int(const char* text, int* value) {
@@ -186,35 +186,6 @@ int timeout_s() {
   return t > 0 ? static_cast<int>(std::min<int64_t>(t, 1 << 30)) : kDefaultTimeoutS;
 }
 
-std::string to_hex(const ncclUniqueId& id) {
-  static const char digits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(2 * sizeof id.internal);
-  for (char c : id.internal) {
-    auto b = static_cast<unsigned char>(c);
-    out += digits[b >> 4];
-    out += digits[b & 15];
-  }
-  return out;
-}
-
-bool from_hex(const std::string& hex, ncclUniqueId* id) {
-  if (hex.size() != 2 * sizeof id->internal) return false;
-  auto nibble = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
-  for (size_t i = 0; i < sizeof id->internal; ++i) {
-    int hi = nibble(hex[2 * i]);
-    int lo = nibble(hex[2 * i + 1]);
-    if (hi < 0 || lo < 0) return false;
-    id->internal[i] = static_cast<char>(hi << 4 | lo);
-  }
-  return true;
-}
-
 // Every rank counts its meshcclCommInitFromEnv calls; the count travels in
 // the file so that a rank creating its second communicator never picks up
 // the id of the first one, still on disk while rank 0 finishes that init.
@@ -223,7 +194,7 @@ std::atomic<unsigned long> g_generation{0};
 // Written to a temporary file and renamed, so readers see all of it or nothing.
 Status publish_id(const std::string& path, unsigned long generation, const ncclUniqueId& id) {
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  std::string text = std::string(kIdHeader) + " " + std::to_string(generation) + " " + to_hex(id) + "\n";
+  std::string text = id_text(generation, id);
   // 0600: the id carries the job's secret. A new file, never one that was
   // there (or a link planted in its name).
   ::unlink(tmp.c_str());
@@ -278,19 +249,8 @@ Status read_id(const std::string& path, unsigned long generation, ncclUniqueId* 
   ssize_t got = ::read(fd, buf, sizeof buf - 1);
   ::close(fd);
   std::string text(buf, got > 0 ? static_cast<size_t>(got) : 0);
-  std::string header = std::string(kIdHeader) + " ";
-  size_t sp = text.find(' ', header.size());
   unsigned long gen = 0;
-  bool ok = text.compare(0, header.size(), header) == 0 && sp != std::string::npos;
-  if (ok) {
-    std::string gen_s = text.substr(header.size(), sp - header.size());
-    char* end = nullptr;
-    gen = std::strtoul(gen_s.c_str(), &end, 10);
-    ok = !gen_s.empty() && *end == '\0';
-  }
-  std::string hex = ok ? text.substr(sp + 1) : "";
-  while (!hex.empty() && (hex.back() == '\n' || hex.back() == '\r')) hex.pop_back();
-  if (!ok || !from_hex(hex, id))
+  if (!parse_id_text(text, &gen, id))
     return MC_ERROR(ncclInvalidUsage, "meshcclCommInitFromEnv: %s is not a meshccl id file (remove it, or point "
                     "MESHCCL_COMM_FILE elsewhere)", path.c_str());
   if (gen < generation) {
