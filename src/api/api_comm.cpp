@@ -137,15 +137,20 @@ MESHCCL_EXPORT ncclResult_t pncclCommInitAll(ncclComm_t* comms, int ndev, const 
       }
     }
     std::vector<Status> results(ndev);
+    std::vector<std::string> messages(ndev);
     std::vector<std::thread> threads;
     for (int i = 0; i < ndev; ++i)
-      threads.emplace_back([&, i] { results[i] = comm_init_rank(cs[i], ndev, id, i); });
+      threads.emplace_back([&, i] {
+        results[i] = comm_init_rank(cs[i], ndev, id, i);
+        if (!results[i].ok()) messages[i] = thread_last_error();
+      });
     for (auto& t : threads) t.join();
     for (int i = 0; i < ndev; ++i) {
       if (!results[i].ok()) {
         for (ncclComm* c : cs) drop_comm(c);
         for (int j = 0; j < ndev; ++j) comms[j] = nullptr;
-        return results[i];
+        // The caller's thread hears why (ncclGetLastError(NULL)).
+        return MC_ERROR(results[i].code(), "ncclCommInitAll : rank %d: %s", i, messages[i].c_str());
       }
     }
     for (int i = 0; i < ndev; ++i) {

@@ -20,6 +20,7 @@ thread_local GroupState g_group;
 Status run_inits(std::vector<PendingInit>& inits) {
   std::vector<std::thread> threads;
   std::vector<Status> results(inits.size());
+  std::vector<std::string> messages(inits.size());
   bool any_async = false;
   for (size_t i = 0; i < inits.size(); ++i) {
     PendingInit& in = inits[i];
@@ -30,15 +31,18 @@ Status run_inits(std::vector<PendingInit>& inits) {
       return s;
     };
     if (in.comm->config.blocking) {
-      threads.emplace_back([&results, i, body] { results[i] = body(); });
+      threads.emplace_back([&results, &messages, i, body] {
+        results[i] = body();
+        if (!results[i].ok()) messages[i] = thread_last_error();
+      });
     } else {
       any_async = true;
       in.comm->async_thread = std::thread([body] { (void)body(); });
     }
   }
   for (auto& t : threads) t.join();
-  for (const Status& s : results)
-    if (!s.ok()) return s;
+  for (size_t i = 0; i < results.size(); ++i)  // the caller's thread hears why
+    if (!results[i].ok()) return MC_ERROR(results[i].code(), "ncclGroupEnd : %s", messages[i].c_str());
   return any_async ? Status(ncclInProgress) : kOk;
 }
 }  // namespace

@@ -1,5 +1,6 @@
 #include "util/log.h"
 
+#include <fcntl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -94,7 +95,12 @@ void init_locked(LogState& s) {
         path += file[i];
       }
     }
-    if (FILE* f = std::fopen(path.c_str(), "w")) s.out = f;
+    // Never through a symbolic link planted at that name.
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      if (FILE* f = ::fdopen(fd, "w")) s.out = f;
+      else ::close(fd);
+    }
   }
   g_subsys.store(s.subsys);
   g_level.store(static_cast<int>(s.level));

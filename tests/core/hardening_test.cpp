@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -287,6 +288,27 @@ TEST(Bootstrap, FixedAddressNeedsTheJobsSecret) {
   EXPECT_EQ(v1, 3);
   EXPECT_EQ(ncclCommDestroy(a0), ncclSuccess);
   EXPECT_EQ(ncclCommDestroy(a1), ncclSuccess);
+}
+
+// Transport libraries are not loaded from where other users can write.
+TEST(Settings, PluginsInWorldWritableDirectoriesAreRefused) {
+  char dir[] = "/tmp/meshccl-plugins-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  ASSERT_EQ(chmod(dir, 0777), 0);
+  const std::string lib = std::string(dir) + "/libmeshccl-transport-planted.so";
+  FILE* f = std::fopen(lib.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs("not a library", f);
+  std::fclose(f);
+  {
+    ScopedEnv env({{"MESHCCL_PLUGIN_PATH", dir}, {"MESHCCL_TRANSPORT", "planted"}});
+    ncclComm_t c[2] = {};
+    EXPECT_NE(ncclCommInitAll(c, 2, nullptr), ncclSuccess);
+    std::string why = ncclGetLastError(nullptr);
+    EXPECT_NE(why.find("refused: its directory is writable by other users"), std::string::npos) << why;
+  }
+  unlink(lib.c_str());
+  rmdir(dir);
 }
 
 }  // namespace

@@ -79,6 +79,28 @@ class SharedArray {
 };
 using SharedSlots = SharedArray<Slot>;
 
+// An id made by rank 0 after the fork, so that the parent forks while it has
+// no thread of the library (ncclGetUniqueId starts one; forking beside it
+// could copy a held lock into a child, which then hangs).
+struct SharedId {
+  volatile int ready = 0;
+  ncclUniqueId id;
+};
+ncclResult_t shared_id(SharedArray<SharedId>& sid, int rank, ncclUniqueId* out) {
+  if (rank == 0) {
+    ncclResult_t r = ncclGetUniqueId(&sid[0].id);
+    if (r != ncclSuccess) return r;
+    __atomic_store_n(&sid[0].ready, 1, __ATOMIC_RELEASE);
+  }
+  auto t0 = Clock::now();
+  while (__atomic_load_n(&sid[0].ready, __ATOMIC_ACQUIRE) == 0) {
+    if (since(t0) > 30) return ncclSystemError;
+    usleep(1000);
+  }
+  *out = sid[0].id;
+  return ncclSuccess;
+}
+
 // Forks n children; child r runs body(r) and exits with its return value.
 // Children still running after deadline_s are killed with SIGKILL.
 std::vector<Child> run_procs(int n, double deadline_s, const std::function<int(int)>& body) {
@@ -240,13 +262,15 @@ INSTANTIATE_TEST_SUITE_P(Transports, ProcessCollectives,
 void killed_rank_case(const char* transport) {
   set_timeout_env();
   const int n = 4, victim = 3;
-  ncclUniqueId id;
-  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  SharedArray<SharedId> sid(1);
   SharedSlots slots(n);
   auto kids = run_procs(n, kChildDeadline, [&](int rank) {
     if (transport) setenv("MESHCCL_TRANSPORT", transport, 1);
+    ncclUniqueId id;
+    ncclResult_t res = shared_id(sid, rank, &id);
+    if (res != ncclSuccess) return fail(9, rank, "ncclGetUniqueId", res);
     ncclComm_t comm = nullptr;
-    ncclResult_t res = ncclCommInitRank(&comm, n, id, rank);
+    res = ncclCommInitRank(&comm, n, id, rank);
     if (res != ncclSuccess) return fail(10, rank, "ncclCommInitRank", res);
     std::vector<float> buf(65536, 1.0f);
     res = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, comm, nullptr);
