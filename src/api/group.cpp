@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "sched/launch.h"
+#include "util/log.h"
 
 namespace meshccl {
 
@@ -60,7 +61,8 @@ void group_note_error(ncclResult_t code, const std::string& message) {
 size_t group_forget(const ncclComm* comm) {
   if (g_group.depth == 0) return 0;
   size_t before = g_group.ops.size() + g_group.inits.size();
-  std::erase_if(g_group.ops, [comm](const PendingOp& op) { return op.comm == comm; });
+  const CommSched* sched = &comm->sched;
+  std::erase_if(g_group.ops, [sched](const PendingOp& op) { return op.comm == sched; });
   std::erase_if(g_group.inits, [comm](const PendingInit& in) { return in.comm == comm; });
   size_t dropped = before - g_group.ops.size() - g_group.inits.size();
   if (dropped > 0)
@@ -93,10 +95,6 @@ Status group_end() {
   if (error != ncclSuccess)  // as NCCL: a failed call fails the group, nothing of it runs
     return MC_ERROR(error, "ncclGroupEnd : a call inside the group failed, so none of its %zu operations ran: %s",
                     ops.size(), message.c_str());
-  for (const PendingOp& op : ops)
-    if (!comm_is_live(op.comm))
-      return MC_ERROR(ncclInvalidUsage, "ncclGroupEnd : comm %p was destroyed while operations on it were pending in "
-                      "the group; none of the group's operations ran", static_cast<void*>(op.comm));
   if (!ops.empty()) MC_TRY(launch(ops));
   return init_status;
 }

@@ -5,8 +5,8 @@
 #include <cstring>
 #include <vector>
 
-#include "comm/bootstrap.h"
-#include "comm/unique_id.h"
+#include "bootstrap/bootstrap.h"
+#include "bootstrap/unique_id.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace meshccl;

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "plugins/socket/socket_iface.h"
+#include "plugins/common/socket_iface.h"
 #include "util/param.h"
 
 namespace {

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "comm/id_text.h"
-#include "comm/unique_id.h"
+#include "bootstrap/unique_id.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace meshccl;
