@@ -5,10 +5,13 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -288,6 +291,27 @@ TEST(Bootstrap, FixedAddressNeedsTheJobsSecret) {
   EXPECT_EQ(v1, 3);
   EXPECT_EQ(ncclCommDestroy(a0), ncclSuccess);
   EXPECT_EQ(ncclCommDestroy(a1), ncclSuccess);
+}
+
+// At the descriptor limit ncclGetUniqueId says so, not "no usable network
+// interface".
+TEST(Errors, DescriptorExhaustionIsNamed) {
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  rlimit low = saved;
+  low.rlim_cur = std::min<rlim_t>(saved.rlim_cur, 1024);  // a quick fill
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::vector<int> held;
+  for (int fd; (fd = dup(0)) >= 0 && held.size() < 4096;) held.push_back(fd);
+  const int err = errno;
+  ncclUniqueId id;
+  ncclResult_t r = ncclGetUniqueId(&id);
+  std::string why = ncclGetLastError(nullptr);
+  for (int fd : held) close(fd);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
+  ASSERT_EQ(err, EMFILE);
+  EXPECT_EQ(r, ncclSystemError);
+  EXPECT_NE(why.find("out of file descriptors"), std::string::npos) << why;
 }
 
 // Transport libraries are not loaded from where other users can write.
