@@ -16,6 +16,7 @@
 #include "reshard/schedule.h"
 #include "sched/engine.h"
 #include "sched/stream.h"
+#include "util/log.h"
 #include "util/param.h"
 
 using namespace meshccl;
@@ -133,7 +134,7 @@ MESHCCL_EXPORT ncclResult_t meshcclReshardPlanCreate(const meshcclMesh_t* srcMes
     Shape sh;
     Status local = check_local(srcMesh, srcSpec, dstMesh, dstSpec, shape, datatype, comm, config, &sm, &ss, &dm, &ds,
                                &sh);
-    const std::string why = local.ok() ? std::string() : std::string(ncclGetLastError(comm));
+    const std::string why = local.ok() ? std::string() : thread_last_error();
     const meshcclReshardConfig_t cfg = config != nullptr ? *config : meshcclReshardConfig_t MESHCCL_RESHARD_CONFIG_INITIALIZER;
     // Agreement: every rank learns whether any rank refused its arguments or
     // passed different ones, so all fail alike.
