@@ -141,6 +141,7 @@ typedef struct {
   double predictedUs;                /* the plan's predicted time */
   double linkUs;                     /* the busiest link's time under this plan */
   double lowerBoundUs;               /* link-limited lower bound of any plan */
+  double netGBs, shmGBs;             /* the link bandwidths these figures assume (the communicator's measured ones) */
 } meshcclReshardInfo_t;
 ncclResult_t meshcclReshardPlanGetInfo(meshcclReshardPlan_t plan, meshcclReshardInfo_t* info);
 

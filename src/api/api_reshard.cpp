@@ -183,6 +183,8 @@ MESHCCL_EXPORT ncclResult_t meshcclReshardPlanCreate(const meshcclMesh_t* srcMes
     info.predictedUs = sched.predicted_us;
     info.linkUs = sched.link_us;
     info.lowerBoundUs = lower_bound_us(src, dst, pl, elem);
+    info.netGBs = pl.net.bw_gbs;
+    info.shmGBs = pl.shm.bw_gbs;
     MC_INFO(kColl, "reshard plan %s %s -> %s %s: %s, %zu slices, %zu steps here, predicted %.1f us, bound %.1f us",
             mesh_str(sm).c_str(), spec_str(ss).c_str(), mesh_str(dm).c_str(), spec_str(ds).c_str(),
             strategy_name(sched.strategy), sched.slices.size(), p->program.ops.size(), info.predictedUs,
