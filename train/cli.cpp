@@ -17,7 +17,7 @@ layout:   --dp N --pp N --tp N          dp x pp x tp must equal the number of ra
           --order tp-pp-dp              rank grid order, fastest dimension first
           --tp-mode 1d|3d               Megatron 1D, or Colossal-AI 3D with tp = q^3
           --stages 3,2,2,1              layers per pipeline stage (default: balanced)
-          --schedule gpipe|1f1b         pipeline schedule (default 1f1b)
+          --schedule gpipe|1f1b|eager-1f1b  pipeline schedule (default 1f1b)
 model:    --layers N --d-model N --heads N --seq N --vocab N --untied --seed N
 batch:    --micro-batch N --grad-accum N  (global batch = dp x micro-batch x grad-accum)
 optim:    --steps N --lr X --min-lr-ratio X --warmup N --weight-decay X --clip X
@@ -111,7 +111,7 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
     }
   }
   if (!schedule.empty() && !parse_schedule(schedule, &t.schedule)) {
-    return "--schedule must be gpipe or 1f1b, got '" + schedule + "'";
+    return "--schedule must be gpipe, 1f1b or eager-1f1b, got '" + schedule + "'";
   }
   if (!tp_mode.empty() && !parse_tp_mode(tp_mode, &t.layout.tp_mode)) {
     return "--tp-mode must be 1d or 3d, got '" + tp_mode + "'";

@@ -136,9 +136,10 @@ struct LayoutCase {
 };
 
 std::string case_name(const LayoutCase& c) {
+  std::string sched = schedule_name(c.schedule);
+  std::replace(sched.begin(), sched.end(), '-', '_');  // test names take no '-'
   return std::to_string(c.layout.dp) + "x" + std::to_string(c.layout.pp) + "x" +
-         std::to_string(c.layout.tp) + "_" + schedule_name(c.schedule) +
-         (c.tied ? "" : "_untied");
+         std::to_string(c.layout.tp) + "_" + sched + (c.tied ? "" : "_untied");
 }
 
 class Equivalence : public ::testing::TestWithParam<LayoutCase> {
@@ -161,6 +162,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(LayoutCase{{2, 1, 1}, PipeSchedule::OneFOneB},
                       LayoutCase{{1, 2, 1}, PipeSchedule::OneFOneB},
                       LayoutCase{{1, 2, 1}, PipeSchedule::GPipe},
+                      LayoutCase{{1, 3, 1}, PipeSchedule::Eager1F1B},
+                      LayoutCase{{1, 2, 2}, PipeSchedule::Eager1F1B},
                       LayoutCase{{1, 1, 2}, PipeSchedule::OneFOneB},
                       LayoutCase{{2, 2, 1}, PipeSchedule::GPipe},
                       LayoutCase{{2, 1, 2}, PipeSchedule::OneFOneB},
