@@ -14,6 +14,8 @@ namespace meshtrain {
 const char* cli_usage() {
   return R"(usage: meshtrain [options]       (multi-rank: meshrun -n N meshtrain ...)
 layout:   --dp N --pp N --tp N          dp x pp x tp must equal the number of ranks
+          --tp A,B,...                  one tp degree per stage (1D): dp x (A + B + ...) ranks,
+                                        activations between stages through reshard plans
           --order tp-pp-dp              rank grid order, fastest dimension first
           --tp-mode 1d|3d               Megatron 1D, or Colossal-AI 3D with tp = q^3
           --stages 3,2,2,1              layers per pipeline stage (default: balanced)
@@ -101,6 +103,22 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
     if (!known) return "unknown option '" + a + "' (see --help)";
     if (i + 1 >= argc) return "option " + a + " needs a value";
     const char* v = argv[++i];
+    if (a == "--tp" && std::string(v).find(',') != std::string::npos) {
+      // One tensor-parallel degree per pipeline stage.
+      const std::string list = v;
+      size_t pos = 0;
+      while (pos <= list.size()) {
+        const size_t comma = std::min(list.find(',', pos), list.size());
+        int n = 0;
+        if (!as_int(list.substr(pos, comma - pos).c_str(), &n) || n < 1) {
+          return "--tp takes a degree or one per stage like 2,1; got '" + list + "'";
+        }
+        t.layout.stage_tp.push_back(n);
+        pos = comma + 1;
+      }
+      t.layout.tp = t.layout.stage_tp[0];
+      continue;
+    }
     if (ints.count(a)) {
       if (!as_int(v, ints[a])) return "option " + a + " needs an integer, got '" + v + "'";
       if (a == "--warmup") warmup_given = 1;
@@ -109,6 +127,12 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
     } else {
       *strings[a] = v;
     }
+  }
+  if (t.layout.hetero() && !t.ckpt_dir.empty()) {
+    return "--ckpt-dir: checkpoints of per-stage tensor-parallel degrees (--tp a,b,...) are not supported";
+  }
+  if (t.layout.hetero() && !plan.empty()) {
+    return "--plan: the planner does not choose per-stage tensor-parallel degrees (--tp a,b,...)";
   }
   if (!schedule.empty() && !parse_schedule(schedule, &t.schedule)) {
     return "--schedule must be gpipe, 1f1b or eager-1f1b, got '" + schedule + "'";

@@ -171,7 +171,8 @@ int run(const CliOptions& opts) {
   int rank = 0;
   if (world_size > 1) {
     if (!world) check_nccl(meshcclCommInitFromEnv(&world, nullptr), "meshcclCommInitFromEnv");
-    rc = split_comms(world, cfg.layout, cfg.model.tied);
+    rc = split_comms(world, cfg.layout, cfg.model.tied,
+                     static_cast<size_t>(cfg.micro_batch) * cfg.model.seq * cfg.model.d_model);
     rank = rc.world->rank();
   }
   const int threads = o.blas_threads > 0
@@ -192,10 +193,15 @@ int run(const CliOptions& opts) {
   if (talk) {
     size_t n = 0;
     for (const auto& s : engine.stage().specs()) n += s.size;
-    std::printf("meshtrain: %d rank(s) = dp %d x pp %d x tp %d (%s, order %s), %s schedule; model L=%d d=%d "
+    std::string tp_text = std::to_string(cfg.layout.tp);
+    if (cfg.layout.hetero()) {
+      tp_text.clear();
+      for (int t : cfg.layout.stage_tp) tp_text += (tp_text.empty() ? "" : ",") + std::to_string(t);
+    }
+    std::printf("meshtrain: %d rank(s) = dp %d x pp %d x tp %s (%s, order %s), %s schedule; model L=%d d=%d "
                 "heads=%d seq=%d vocab=%d (%s); global batch %d x %d tokens; rank 0 holds %zu "
                 "parameters; corpus %s (%zu bytes)\n",
-                world_size, cfg.layout.dp, cfg.layout.pp, cfg.layout.tp,
+                world_size, cfg.layout.dp, cfg.layout.pp, tp_text.c_str(),
                 tp_mode_name(cfg.layout.tp_mode), cfg.layout.order.c_str(),
                 schedule_name(cfg.schedule), cfg.model.layers, cfg.model.d_model,
                 cfg.model.heads, cfg.model.seq, cfg.model.vocab,
