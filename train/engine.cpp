@@ -142,6 +142,9 @@ void Engine::run_schedule(PipeSchedule sched, int m, bool train, int step, doubl
       release(op.micro);
     }
   }
+  // Transfers the pipeline left in flight (activations sent in the
+  // background) finish within the schedule that started them.
+  if (comms_.pp) comms_.pp->wait_async();
 }
 
 StepStats Engine::train_step(int step) {

@@ -134,6 +134,7 @@ StagePipe::StagePipe(std::unique_ptr<NcclComm> replica, const Layout& layout, in
                      size_t act_count)
     : replica_(std::move(replica)), stage_(stage), pp_(layout.pp), tp_rank_(tp_rank), act_count_(act_count) {
   for (auto& s : streams_) check_nccl(meshcclStreamCreate(&s), "meshcclStreamCreate");
+  for (auto& s : ring_streams_) check_nccl(meshcclStreamCreate(&s), "meshcclStreamCreate");
   // Every rank of the replica creates every plan, in stage order.
   auto mesh_of = [&](int s, std::vector<int>* ranks) {
     ranks->clear();
@@ -161,6 +162,8 @@ StagePipe::StagePipe(std::unique_ptr<NcclComm> replica, const Layout& layout, in
 }
 
 StagePipe::~StagePipe() {
+  for (auto& s : ring_streams_)
+    if (s) meshcclStreamDestroy(s);
   for (auto& s : streams_)
     if (s) meshcclStreamDestroy(s);
   for (auto p : act_) meshcclReshardPlanDestroy(p);
@@ -177,7 +180,6 @@ void StagePipe::all_reduce(float* buf, size_t n, ReduceOp op) {
 void StagePipe::all_reduce_start(float*, size_t, ReduceOp) { throw CommError("stage pipe: no split all-reduce"); }
 void StagePipe::all_reduce_finish() {}
 void StagePipe::all_reduce_async(float*, size_t, ReduceOp) { throw CommError("stage pipe: no async all-reduce"); }
-void StagePipe::wait_async() {}
 void StagePipe::all_gather(const float*, float*, size_t) { throw CommError("stage pipe: no all-gather"); }
 void StagePipe::reduce_scatter(const float*, float*, size_t) { throw CommError("stage pipe: no reduce-scatter"); }
 
@@ -192,6 +194,17 @@ void StagePipe::exchange(const P2POp* ops, int n) {
     else if (op.peer == stage_ - 1) plan = op.send ? grad_[stage_ - 1] : act_[stage_ - 1];
     else throw CommError("stage pipe: peer stage " + std::to_string(op.peer) + " is not a neighbour");
     if (op.send) bytes_sent += static_cast<double>(op.count) * sizeof(float);
+    if (op.send && op.peer == stage_ + 1) {
+      // The activation: copied to a free staging buffer and sent in the
+      // background (eager-1F1B's overlap); the buffer is reused once its
+      // stream has drained.
+      const int k = next_++ % kRing;
+      check_nccl(meshcclStreamSynchronize(ring_streams_[k]), "meshcclStreamSynchronize", replica_->handle());
+      ring_[k].assign(op.buf, op.buf + op.count);
+      check_nccl(meshcclReshard(plan, ring_[k].data(), nullptr, meshcclStreamAsCuda(ring_streams_[k])),
+                 "meshcclReshard", replica_->handle());
+      continue;
+    }
     // Both of a group's transfers in flight at once, so that two neighbours
     // posting them in different orders never wait on each other.
     check_nccl(meshcclReshard(plan, op.send ? op.buf : nullptr, op.send ? nullptr : op.buf,
@@ -200,6 +213,12 @@ void StagePipe::exchange(const P2POp* ops, int n) {
   }
   for (int i = 0; i < n; i++)
     check_nccl(meshcclStreamSynchronize(streams_[i]), "meshcclStreamSynchronize", replica_->handle());
+}
+
+void StagePipe::wait_async() {
+  Blocked b(&wait_seconds);
+  for (auto& s : ring_streams_)
+    check_nccl(meshcclStreamSynchronize(s), "meshcclStreamSynchronize", replica_->handle());
 }
 
 RankComms split_comms(ncclComm_t world, const Layout& layout, bool tied, size_t act_count) {

@@ -42,7 +42,8 @@ class NcclComm final : public Comm {
 // The pipeline "communicator" of a layout with per-stage tensor-parallel
 // degrees: exchange moves activations (to the next stage) and gradients (to
 // the previous one) through meshccl reshard plans between the two stages'
-// meshes (replicated on each), each of a group's transfers on its own stream;
+// meshes (replicated on each): activations leave asynchronously from a copy,
+// the other transfers of a group run on their own streams and are waited for;
 // all_reduce sums over the stages, counting each stage once (its tp rank 0's
 // value), over the ranks of this data-parallel replica. Peers are stages.
 class StagePipe final : public Comm {
@@ -71,6 +72,12 @@ class StagePipe final : public Comm {
   size_t act_count_ = 0;
   std::vector<meshcclReshardPlan_t> act_, grad_;  // act_[s]: stage s -> s+1; grad_[s]: s+1 -> s
   meshcclStream_t streams_[2] = {nullptr, nullptr};
+  // Activations go out asynchronously from a copy (a ring of staging
+  // buffers, one stream each), so the stage computes while they travel.
+  static constexpr int kRing = 4;
+  std::vector<float> ring_[kRing];
+  meshcclStream_t ring_streams_[kRing] = {};
+  int next_ = 0;
 };
 
 // The communicators of one rank, split from `world` (which this takes over).
