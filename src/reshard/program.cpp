@@ -51,6 +51,12 @@ class Builder {
     p_->ops.push_back(std::move(op));
     return static_cast<uint32_t>(p_->ops.size() - 1);
   }
+  // One op that completes after all of deps (a zero-byte copy at `at`), so
+  // that many steps can wait on many others through one dependency.
+  std::vector<uint32_t> join(const std::vector<uint32_t>& deps, Ref at) {
+    if (deps.size() <= 1) return deps;
+    return {add(Op{StepKind::Copy, -1, 0, at, at, 0, deps})};
+  }
   size_t scratch(size_t bytes) {
     const size_t off = p_->scratch_bytes;
     p_->scratch_bytes += (bytes + 63) / 64 * 64;
@@ -88,6 +94,7 @@ class Builder {
       st.packs.push_back(add(Op{StepKind::Copy, -1, 0, Ref{Buf::Scratch, st.src.off + b * elem_},
                                 Ref{Buf::Send, a * elem_}, n * elem_, {}}));
     });
+    st.packs = join(st.packs, st.src);
     return st;
   }
 
@@ -178,8 +185,9 @@ class Builder {
   void unpack(int i) {
     SliceState& st = state_[i];
     const Box& box = s_.slices[i].box;
+    const std::vector<uint32_t> all = join(st.recvs, st.dst);
     for_each_run(box, box, dbox_, [&](size_t a, size_t b, size_t n) {
-      add(Op{StepKind::Copy, -1, 0, Ref{Buf::Recv, b * elem_}, at(st.dst, a * elem_), n * elem_, st.recvs});
+      add(Op{StepKind::Copy, -1, 0, Ref{Buf::Recv, b * elem_}, at(st.dst, a * elem_), n * elem_, all});
     });
   }
 
