@@ -92,7 +92,8 @@ uint64_t hash_side(uint64_t h, const MeshDesc& m, const Spec& s) {
 Status check_local(const meshcclMesh_t* srcMesh, const meshcclShardSpec_t* srcSpec, const meshcclMesh_t* dstMesh,
                    const meshcclShardSpec_t* dstSpec, const size_t* shape, ncclDataType_t dtype, ncclComm* comm,
                    const meshcclReshardConfig_t* config, MeshDesc* sm, Spec* ss, MeshDesc* dm, Spec* ds, Shape* sh) {
-  MC_TRY(check_dtype("meshcclReshardPlanCreate", dtype));
+  ncclDataType_t checked;
+  MC_TRY(check_dtype("meshcclReshardPlanCreate", enum_bits(dtype), &checked));
   MC_TRY(to_mesh("source", srcMesh, sm));
   MC_TRY(to_mesh("destination", dstMesh, dm));
   MC_TRY(to_spec("source", srcSpec, ss));
@@ -107,10 +108,11 @@ Status check_local(const meshcclMesh_t* srcMesh, const meshcclShardSpec_t* srcSp
     if ((*sh)[d] > (size_t{1} << 48))
       return MC_ERROR(ncclInvalidArgument, "meshcclReshardPlanCreate : shape[%zu] = %zu is too large", d, (*sh)[d]);
   if (config != nullptr) {
-    if (config->strategy < meshcclReshardAuto || config->strategy > meshcclReshardBroadcast)
-      return MC_ERROR(ncclInvalidArgument, "meshcclReshardPlanCreate : unknown strategy %d", int(config->strategy));
-    if (config->balance < meshcclReshardBalanceNone || config->balance > meshcclReshardBalanceOrder)
-      return MC_ERROR(ncclInvalidArgument, "meshcclReshardPlanCreate : unknown balance mode %d", int(config->balance));
+    const int strategy = enum_bits(config->strategy), balance = enum_bits(config->balance);
+    if (strategy < meshcclReshardAuto || strategy > meshcclReshardBroadcast)
+      return MC_ERROR(ncclInvalidArgument, "meshcclReshardPlanCreate : unknown strategy %d", strategy);
+    if (balance < meshcclReshardBalanceNone || balance > meshcclReshardBalanceOrder)
+      return MC_ERROR(ncclInvalidArgument, "meshcclReshardPlanCreate : unknown balance mode %d", balance);
   }
   MC_TRY(validate(*sm, *ss, *sh, comm->nranks, "meshcclReshardPlanCreate : source"));
   MC_TRY(validate(*dm, *ds, *sh, comm->nranks, "meshcclReshardPlanCreate : destination"));
@@ -124,7 +126,7 @@ MESHCCL_EXPORT ncclResult_t meshcclReshardPlanCreate(const meshcclMesh_t* srcMes
                                                      const size_t* shape, ncclDataType_t datatype, ncclComm_t comm,
                                                      const meshcclReshardConfig_t* config,
                                                      meshcclReshardPlan_t* plan) {
-  return api_guard("meshcclReshardPlanCreate", [&]() -> Status {
+  const ncclResult_t r = api_guard("meshcclReshardPlanCreate", [&]() -> Status {
     MC_TRY(check_comm("meshcclReshardPlanCreate", comm));
     if (plan == nullptr) return MC_ERROR(ncclInvalidArgument, "meshcclReshardPlanCreate : plan is NULL");
     *plan = nullptr;
@@ -196,6 +198,8 @@ MESHCCL_EXPORT ncclResult_t meshcclReshardPlanCreate(const meshcclMesh_t* srcMes
     *plan = p.release();
     return kOk;
   });
+  if (r != ncclSuccess && comm_is_live(comm)) note_comm_error(comm, r);  // ncclGetLastError(comm) tells
+  return r;
 }
 
 namespace {
@@ -209,9 +213,10 @@ Status check_plan(const char* fn, const meshcclReshardPlan* plan) {
 
 MESHCCL_EXPORT ncclResult_t meshcclReshard(meshcclReshardPlan_t plan, const void* sendbuf, void* recvbuf,
                                            cudaStream_t stream) {
-  return api_guard("meshcclReshard", [&]() -> Status {
+  ncclComm* comm_of = nullptr;
+  const ncclResult_t r = api_guard("meshcclReshard", [&]() -> Status {
     MC_TRY(check_plan("meshcclReshard", plan));
-    ncclComm* comm = plan->comm;
+    ncclComm* comm = comm_of = plan->comm;
     MC_TRY(check_comm("meshcclReshard", comm));
     const Program& prog = plan->program;
     if (prog.ops.empty()) return kOk;  // in neither mesh, or nothing to move
@@ -235,6 +240,8 @@ MESHCCL_EXPORT ncclResult_t meshcclReshard(meshcclReshardPlan_t plan, const void
     instantiate(prog, sendbuf, recvbuf, p.get());
     return launch_run(&comm->sched, s, make_plan_run(std::move(p), kP2PBit));
   });
+  if (r != ncclSuccess && comm_of != nullptr && comm_is_live(comm_of)) note_comm_error(comm_of, r);
+  return r;
 }
 
 MESHCCL_EXPORT ncclResult_t meshcclReshardPlanDestroy(meshcclReshardPlan_t plan) {
