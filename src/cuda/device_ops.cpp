@@ -46,6 +46,26 @@ Extents extents(const OpDesc& d) {
   return {};
 }
 
+// Makes ctx current for a scope and restores the caller's context after.
+class CtxScope {
+ public:
+  explicit CtxScope(CUcontext ctx) {
+    const Driver* d = driver();
+    d->cuCtxGetCurrent(&saved_);
+    if (saved_ != ctx) d->cuCtxSetCurrent(ctx);
+    changed_ = saved_ != ctx;
+  }
+  ~CtxScope() {
+    if (changed_) driver()->cuCtxSetCurrent(saved_);
+  }
+  CtxScope(const CtxScope&) = delete;
+  CtxScope& operator=(const CtxScope&) = delete;
+
+ private:
+  CUcontext saved_ = nullptr;
+  bool changed_ = false;
+};
+
 bool is_device(const void* p, size_t bytes) { return bytes > 0 && p != nullptr && classify(p) == MemKind::Device; }
 
 // Pinned host memory for staging, reused once the stream passed the copy
@@ -99,6 +119,7 @@ class CommDevice {
   // Stages and queues ops (all of this communicator's, in call order).
   Status submit(std::vector<DeviceOp*>& ops, std::shared_ptr<Item>* out) {
     const Driver* d = driver();
+    CtxScope scope(ctx_);  // the streams and staging belong to the communicator's context
     auto item = std::make_shared<Item>();
     std::vector<CUstream> streams;
     std::map<CUstream, std::vector<Output>> outputs;
@@ -146,6 +167,13 @@ class CommDevice {
           desc.recvbuff = slot->host;
           outputs[s].push_back({rb, slot->host, e.recv});
         }
+      }
+      // A buffer the op does not touch on this rank (Broadcast's input off the
+      // root, Reduce's output off the root) but named in place follows the
+      // staged one, so the algorithms still see an in-place call.
+      if (sb != nullptr && sb == rb) {
+        if (e.send == 0) desc.sendbuff = desc.recvbuff;
+        if (e.recv == 0) desc.recvbuff = const_cast<void*>(desc.sendbuff);
       }
       if (desc.scalar_ptr != nullptr) {
         // A device-resident PreMulSum scalar, read where the stream reaches the op.
@@ -201,6 +229,8 @@ class CommDevice {
     cv_.notify_all();
     thread_.join();
     const Driver* d = driver();
+    CUcontext caller = nullptr;  // restored after: the caller's thread keeps its context
+    d->cuCtxGetCurrent(&caller);
     d->cuCtxSetCurrent(ctx_);
     for (auto& slot : slots_) {
       d->cuEventSynchronize(slot->free_ev);
@@ -210,6 +240,7 @@ class CommDevice {
     slots_.clear();
     if (flag_ != nullptr) d->cuMemFreeHost(const_cast<uint32_t*>(flag_));
     flag_ = nullptr;
+    d->cuCtxSetCurrent(caller);
   }
 
  private:
@@ -313,7 +344,10 @@ std::map<const CommSched*, std::unique_ptr<CommDevice>>& registry() {
   return *m;
 }
 
-Status device_for(CommSched* comm, CommDevice** out) {
+// The communicator's context: that of the first CUDA stream it is used with
+// (a process may drive ranks on several GPUs from one thread, switching the
+// current device between calls), else the caller's current one.
+Status device_for(CommSched* comm, CUstream first_stream, CommDevice** out) {
   auto& reg = registry();
   auto it = reg.find(comm);
   if (it != reg.end()) {
@@ -322,7 +356,9 @@ Status device_for(CommSched* comm, CommDevice** out) {
   }
   const Driver* d = driver();
   CUcontext ctx = nullptr;
-  MC_CU(d->cuCtxGetCurrent(&ctx), "cuCtxGetCurrent");
+  const uintptr_t sv = reinterpret_cast<uintptr_t>(first_stream);
+  if (sv > 2) MC_CU(d->cuStreamGetCtx(first_stream, &ctx), "cuStreamGetCtx");
+  if (ctx == nullptr) MC_CU(d->cuCtxGetCurrent(&ctx), "cuCtxGetCurrent");
   if (ctx == nullptr) {
     // No context on this thread (the caller passed a CUDA stream without
     // making a device current): use device 0's primary context, as the
@@ -386,7 +422,13 @@ Status launch_device(std::vector<DeviceOp>& ops) {
   Status first = kOk;
   for (CommSched* comm : order) {
     CommDevice* dev = nullptr;
-    Status s = device_for(comm, &dev);
+    CUstream first = nullptr;
+    for (DeviceOp* op : per_comm[comm])
+      if (op->on_stream) {
+        first = op->stream;
+        break;
+      }
+    Status s = device_for(comm, first, &dev);
     std::shared_ptr<Item> item;
     if (s.ok()) s = dev->submit(per_comm[comm], &item);
     if (!s.ok()) {
