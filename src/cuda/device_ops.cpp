@@ -118,12 +118,44 @@ class CommDevice {
 
   // Stages and queues ops (all of this communicator's, in call order).
   Status submit(std::vector<DeviceOp*>& ops, std::shared_ptr<Item>* out) {
-    const Driver* d = driver();
     CtxScope scope(ctx_);  // the streams and staging belong to the communicator's context
     auto item = std::make_shared<Item>();
     std::vector<CUstream> streams;
     std::map<CUstream, std::vector<Output>> outputs;
     std::map<CUstream, std::vector<Slot*>> used;
+    Status s = stage(ops, item.get(), streams, outputs, used);
+    if (s.ok()) s = queue_waits(item.get(), streams, outputs, used);
+    if (!s.ok()) {
+      // Nothing runs: waits already queued pass, slots free once the copies
+      // already queued into them are done, events go.
+      const Driver* d = driver();
+      raise_flag(flag_, item->seq);
+      for (CUevent ev : item->ready) d->cuEventDestroy(ev);
+      std::lock_guard<std::mutex> lock(pool_mu_);
+      for (auto& [stream, slots] : used) {
+        for (Slot* slot : slots) {
+          if (!slot->reserved) continue;
+          d->cuEventRecord(slot->free_ev, stream);
+          slot->reserved = false;
+        }
+      }
+      return s;
+    }
+    ++comm_->pending_ops;
+    ++comm_->users;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(item);
+    }
+    cv_.notify_one();
+    *out = item;
+    return kOk;
+  }
+
+  Status stage(std::vector<DeviceOp*>& ops, Item* item, std::vector<CUstream>& streams,
+               std::map<CUstream, std::vector<Output>>& outputs, std::map<CUstream, std::vector<Slot*>>& used) {
+    const Driver* d = driver();
+    item->seq = ++seq_;
     for (DeviceOp* dop : ops) {
       OpDesc& desc = dop->op.desc;
       if (!dop->on_stream) {
@@ -187,7 +219,12 @@ class CommDevice {
       }
       item->ops.push_back(dop->op);
     }
-    item->seq = ++seq_;
+    return kOk;
+  }
+
+  Status queue_waits(Item* item, const std::vector<CUstream>& streams, std::map<CUstream, std::vector<Output>>& outputs,
+                     std::map<CUstream, std::vector<Slot*>>& used) {
+    const Driver* d = driver();
     for (CUstream s : streams) {
       CUevent ev = nullptr;
       MC_CU(d->cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
@@ -203,14 +240,6 @@ class CommDevice {
         slot->reserved = false;
       }
     }
-    ++comm_->pending_ops;
-    ++comm_->users;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(item);
-    }
-    cv_.notify_one();
-    *out = item;
     return kOk;
   }
 
@@ -369,7 +398,10 @@ Status device_for(CommSched* comm, CUstream first_stream, CommDevice** out) {
     MC_CU(d->cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
   }
   auto dev = std::make_unique<CommDevice>(comm, ctx);
-  MC_TRY(dev->init());
+  {
+    CtxScope scope(ctx);  // the wait-mode measurement and the flag in this context
+    MC_TRY(dev->init());
+  }
   *out = dev.get();
   reg[comm] = std::move(dev);
   return kOk;
@@ -422,13 +454,13 @@ Status launch_device(std::vector<DeviceOp>& ops) {
   Status first = kOk;
   for (CommSched* comm : order) {
     CommDevice* dev = nullptr;
-    CUstream first = nullptr;
+    CUstream first_stream = nullptr;
     for (DeviceOp* op : per_comm[comm])
       if (op->on_stream) {
-        first = op->stream;
+        first_stream = op->stream;
         break;
       }
-    Status s = device_for(comm, first, &dev);
+    Status s = device_for(comm, first_stream, &dev);
     std::shared_ptr<Item> item;
     if (s.ok()) s = dev->submit(per_comm[comm], &item);
     if (!s.ok()) {
