@@ -31,6 +31,12 @@ Status enqueue(ncclComm* comm, OpDesc& desc, cudaStream_t stream) {
            desc.count, static_cast<int>(desc.dtype), desc.root, desc.peer, static_cast<void*>(comm), comm->nranks,
            static_cast<void*>(stream));
   desc.checks = comm->checks;
+#if MESHCCL_HAVE_CUDA
+  // Device buffers or a CUDA stream: the device path (src/cuda). A capturing
+  // stream is refused here, before the op takes a sequence number.
+  const bool device = s == nullptr && cuda::wants_device(desc, cuda_stream);
+  if (device) MC_TRY(cuda::refuse_capture(op_kind_name(desc.kind), reinterpret_cast<CUstream>(stream)));
+#endif
   // Empty operations are dropped after the checks, on every rank alike; with
   // MESHCCL_CHECKS an empty collective still exchanges its signature.
   if (desc.count == 0 && !(desc.checks && !is_p2p(desc.kind))) return kOk;
@@ -40,10 +46,9 @@ Status enqueue(ncclComm* comm, OpDesc& desc, cudaStream_t stream) {
   else tag = (comm->coll_seq++ & kSeqMask) << kStepBits;
   PendingOp op{&comm->sched, desc, s, tag};
 #if MESHCCL_HAVE_CUDA
-  // Device buffers or a CUDA stream: staged and ordered on the stream by the
-  // communicator's proxy (src/cuda). A host op on a communicator with device
-  // work in flight queues behind that work, keeping call order.
-  const bool device = s == nullptr && cuda::wants_device(desc, cuda_stream);
+  // Staged and ordered on the stream by the communicator's proxy. A host op on
+  // a communicator with device work in flight queues behind that work,
+  // keeping call order.
   if (in_group()) {
     group_record(op, device, stream);
     return kOk;

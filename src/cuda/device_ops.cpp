@@ -428,21 +428,26 @@ bool busy(const CommSched* comm) {
   return dev->busy();
 }
 
+Status refuse_capture(const char* what, CUstream stream) {
+  const Driver* d = driver();
+  if (d == nullptr) return MC_ERROR(ncclInvalidUsage, "%s : %s", what, why_unavailable().c_str());
+  // The staging copies and the host-side operation cannot be captured into a
+  // graph that would replay them: refuse before queuing anything.
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  MC_CU(d->cuStreamIsCapturing(stream, &st), "cuStreamIsCapturing");
+  if (st != CU_STREAM_CAPTURE_STATUS_NONE)
+    return MC_ERROR(ncclInvalidUsage,
+                    "%s : stream %p is capturing a CUDA graph; meshccl does not support graph capture of its "
+                    "operations (run them outside the capture)",
+                    what, static_cast<void*>(stream));
+  return kOk;
+}
+
 Status launch_device(std::vector<DeviceOp>& ops) {
   const Driver* d = driver();
   if (d == nullptr) return MC_ERROR(ncclInvalidUsage, "device operation : %s", why_unavailable().c_str());
-  // Graph capture: the staging copies and the host-side operation cannot be
-  // captured into a graph that replays them; refuse before queuing anything.
-  for (const DeviceOp& op : ops) {
-    if (!op.on_stream) continue;
-    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
-    MC_CU(d->cuStreamIsCapturing(op.stream, &st), "cuStreamIsCapturing");
-    if (st != CU_STREAM_CAPTURE_STATUS_NONE)
-      return MC_ERROR(ncclInvalidUsage,
-                      "%s : stream %p is capturing a CUDA graph; meshccl does not support graph capture of its "
-                      "operations (run them outside the capture)",
-                      op_kind_name(op.op.desc.kind), static_cast<void*>(op.stream));
-  }
+  for (const DeviceOp& op : ops)
+    if (op.on_stream) MC_TRY(refuse_capture(op_kind_name(op.op.desc.kind), op.stream));
   std::unique_lock<std::mutex> lock(g_mu);
   std::map<CommSched*, std::vector<DeviceOp*>> per_comm;
   std::vector<CommSched*> order;

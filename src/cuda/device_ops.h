@@ -33,6 +33,11 @@ bool wants_device(const OpDesc& desc, bool cuda_stream);
 // queue behind it (launch_device with on_stream = false).
 bool busy(const CommSched* comm);
 
+// ncclInvalidUsage when stream is capturing a CUDA graph (checked by the
+// enqueue before the op takes a sequence number, so a refused call leaves the
+// communicator's numbering as it was).
+Status refuse_capture(const char* what, CUstream stream);
+
 // Refuses a capturing stream (CUDA graphs) with ncclInvalidUsage, before
 // anything is queued; stages, queues and hands each communicator's ops to its
 // proxy as one item; waits for the items holding host ops.
