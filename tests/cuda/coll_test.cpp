@@ -103,7 +103,8 @@ TEST_P(CudaColl, EveryCollectiveOnDeviceBuffers) {
       ASSERT_EQ(ncclReduceScatter(recv.get(), send.get(), count, ncclFloat32, ncclSum, comm, s), ncclSuccess);
       sync(s);
       send.get_to(out.data(), bytes);
-      for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[i], fill(count, r)[i] * static_cast<float>(n)) << i;
+      const std::vector<float> own = fill(count, r);
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[i], own[i] * static_cast<float>(n)) << i;
       // AlltoAll: block k of rank r's input is r*n+k.
       std::vector<float> a2a(count * n);
       for (int k = 0; k < n; ++k) std::fill(a2a.begin() + count * k, a2a.begin() + count * (k + 1), float(r * n + k));
@@ -176,8 +177,12 @@ TEST_P(CudaColl, NullStreamAvgAndDeviceScalar) {
     std::vector<double> in(count, static_cast<double>(r + 1)), out(count);
     DevBuf buf(count * 8), scalar(8);
     buf.put(in.data(), count * 8);
-    ASSERT_EQ(ncclAllReduce(buf.get(), buf.get(), count, ncclFloat64, ncclAvg, comm, nullptr), ncclSuccess);
-    ASSERT_EQ(cu().cuStreamSynchronize(nullptr), CUDA_SUCCESS);
+    // The NULL (legacy) stream is one per GPU and process: ranks of one
+    // process sharing a GPU would serialise on it and wait for each other
+    // forever (with NCCL too), so they use their own streams.
+    CUstream null_or_own = n <= gpu_count() ? nullptr : s;
+    ASSERT_EQ(ncclAllReduce(buf.get(), buf.get(), count, ncclFloat64, ncclAvg, comm, null_or_own), ncclSuccess);
+    ASSERT_EQ(cu().cuStreamSynchronize(null_or_own), CUDA_SUCCESS);
     buf.get_to(out.data(), count * 8);
     EXPECT_EQ(out[0], (n + 1) / 2.0);
     // PreMulSum with the scalar in device memory, read where the stream reaches the op.

@@ -38,11 +38,14 @@ int child(int n, int r, const ncclUniqueId& id) {
   for (size_t count : {size_t{1}, size_t{4099}, size_t{1} << 20}) {
     CUdeviceptr send = 0, recv = 0;
     if (d.cuMemAlloc(&send, count * 4 * n) || d.cuMemAlloc(&recv, count * 4 * n)) return 4;
-    d.cuMemsetD32Async(send, static_cast<unsigned>(r + 1), count, s);
-    if (ncclAllReduce(reinterpret_cast<void*>(send), reinterpret_cast<void*>(recv), count, ncclInt32, ncclSum, comm,
+    // This rank's block of send holds r + 1: the AllReduce input, then the
+    // in-place AllGather's (sendbuff = recvbuff + rank * count).
+    const CUdeviceptr mine = send + static_cast<CUdeviceptr>(r) * count * 4;
+    d.cuMemsetD32Async(mine, static_cast<unsigned>(r + 1), count, s);
+    if (ncclAllReduce(reinterpret_cast<void*>(mine), reinterpret_cast<void*>(recv), count, ncclInt32, ncclSum, comm,
                       s) != ncclSuccess)
       return 5;
-    if (ncclAllGather(reinterpret_cast<void*>(send), reinterpret_cast<void*>(send + 0), count, ncclInt32, comm, s) !=
+    if (ncclAllGather(reinterpret_cast<void*>(mine), reinterpret_cast<void*>(send), count, ncclInt32, comm, s) !=
         ncclSuccess)
       return 6;
     d.cuStreamSynchronize(s);
