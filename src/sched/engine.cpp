@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "sched/trace.h"
 #include "util/log.h"
 #include "util/wait.h"
 
@@ -23,6 +24,7 @@ Engine::~Engine() = default;
 
 std::shared_ptr<OpHandle> Engine::submit(std::unique_ptr<Run> run, int priority) {
   run->priority_ = priority;
+  if (trace_on()) run->submitted_us_ = now_us();
   run->handle_ = std::make_shared<OpHandle>();
   std::shared_ptr<OpHandle> h = run->handle();
   if (!fatal().ok()) {
@@ -38,6 +40,7 @@ std::shared_ptr<OpHandle> Engine::submit(std::unique_ptr<Run> run, int priority)
 }
 
 void Engine::complete_run(Run* run, Status s) {
+  if (trace_on()) trace_op(reinterpret_cast<uintptr_t>(this), rank_, run->name(), run->priority(), run->submitted_us_);
   run->handle()->status = s;
   run->handle()->done.store(true, std::memory_order_release);
   nactive_.fetch_sub(1);

@@ -4,6 +4,9 @@
 #include <memory>
 #include <mutex>
 
+#include "sched/trace.h"
+#include "util/wait.h"
+
 namespace meshccl {
 
 LinkShare* link_share(const std::string& key) {
@@ -74,6 +77,7 @@ Status Links::test_chunks(Dir& d, Xfer* x, bool* moved) {
     MC_TRY(Mesh::test(x->chunks.front().req, &done, &got));
     if (!done) break;
     const size_t bytes = x->chunks.front().bytes;
+    if (trace_on()) trace_chunk(rank_, x->peer, x->send, bytes, x->level, x->tag, x->chunks.front().posted_us);
     x->chunks.pop_front();
     x->done += bytes;
     x->got += got;
@@ -107,7 +111,7 @@ Status Links::post_chunks(Queue& q, Dir& d, Xfer* x, bool* moved) {
     if (x->send) MC_TRY(mesh_->isend(x->peer, x->ptr + x->posted, n, x->tag, &r));
     else MC_TRY(mesh_->irecv(x->peer, x->ptr + x->posted, n, x->tag, &r));
     if (r.handle == nullptr) break;  // transport busy: retry later
-    x->chunks.push_back({r, n});
+    x->chunks.push_back({r, n, trace_on() ? now_us() : 0.0});
     x->posted += n;
     ++x->nposts;
     d.inflight += n;

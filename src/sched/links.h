@@ -83,6 +83,7 @@ struct Xfer {
   struct Chunk {
     Request req;
     size_t bytes;
+    double posted_us;  // for the trace (0 when off)
   };
   std::deque<Chunk> chunks;  // in flight, oldest first
 };

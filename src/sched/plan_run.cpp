@@ -101,6 +101,7 @@ class PlanRun final : public Run, public StepSink {
   }
 
   bool finished() const override { return completed_ == plan_->size(); }
+  const char* name() const override { return op_kind_name(plan_->kind); }
   bool can_end_alone() const override { return check_failed_ && plan_->check_gates_data && inflight_.empty(); }
   int waiting_on() const override {
     for (uint32_t i : inflight_) return plan_->steps()[i].peer;
