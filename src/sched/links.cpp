@@ -24,16 +24,22 @@ Links::Links(int rank, Mesh* mesh, Executor* exec)
     for (Dir& d : q.dir) d.share = &d.own;
 }
 
-Links::~Links() {
+Links::~Links() { abandon(); }
+
+void Links::abandon() {
   // A failed communicator leaves transfers behind: its bytes and waiters
   // leave the process-wide accounting.
+  queued_ = 0;
   for (Queue& q : q_)
     for (Dir& d : q.dir) {
       for (Xfer* x : d.xfers) {
         leave_waiting(d, x);
         for (const Xfer::Chunk& c : x->chunks)
           d.share->inflight[x->level].fetch_sub(static_cast<int64_t>(c.bytes), std::memory_order_relaxed);
+        x->chunks.clear();
       }
+      d.xfers.clear();
+      d.inflight = 0;
     }
 }
 

@@ -98,6 +98,9 @@ class Links {
  public:
   Links(int rank, Mesh* mesh, Executor* exec);
   ~Links();
+  // Forgets every queued transfer (the communicator is being freed, its
+  // runs still alive): their bytes and waiters leave the shared accounting.
+  void abandon();
 
   // Per-link configuration (at communicator creation, before any operation):
   // chunk bytes (0 = transfers go whole) and the process-wide shares of the
