@@ -70,7 +70,11 @@ void configure_links(ncclComm* comm, const TuneModel& tune) {
     const std::string transport = Mesh::transport_for(comm->peers, comm->rank, p);
     const bool shm = transport == "shm";
     const double bw_gbs = shm ? tune.shm.bw_gbs : tune.net.bw_gbs;
-    size_t chunk = size_t{16} << 10;
+    // A send's completion must mean the peer has the data, or credits bound
+    // nothing: on shm, messages up to MESHCCL_SHM_EAGER (64 KiB by default)
+    // complete once copied into the ring, so chunks there start above it
+    // (a constant, as both ends must cut alike).
+    size_t chunk = shm ? size_t{128} << 10 : size_t{16} << 10;
     const double want = chunk_us * 1e3 * (bw_gbs > 0 ? bw_gbs : 1.0);  // bytes
     while (chunk < (size_t{8} << 20) && static_cast<double>(chunk * 2) <= want) chunk *= 2;
     const PeerInfo& peer = comm->peers[p];

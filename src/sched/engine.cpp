@@ -22,7 +22,10 @@ Engine::Engine(int rank, Mesh* mesh, std::atomic<bool>* abort, std::function<Sta
 
 // The failed runs (graveyard_) own transfers that links_ still lists: the
 // links let go of them first.
-Engine::~Engine() { links_.abandon(); }
+Engine::~Engine() {
+  links_.abandon();
+  trace_flush();
+}
 
 std::shared_ptr<OpHandle> Engine::submit(std::unique_ptr<Run> run, int priority) {
   run->priority_ = priority;

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 
 #include "util/log.h"
 #include "util/param.h"
@@ -25,7 +26,10 @@ void close_trace();
 TraceFile& trace_file() {
   static TraceFile* t = [] {
     auto* tf = new TraceFile;  // lives until exit, closed by close_trace
-    const std::string& path = param_str(Param::Trace);
+    std::string path = param_str(Param::Trace);
+    // %p: this process's id, so the ranks of a job write files of their own.
+    for (size_t at = path.find("%p"); at != std::string::npos; at = path.find("%p"))
+      path.replace(at, 2, std::to_string(getpid()));
     if (!path.empty()) {
       tf->f = std::fopen(path.c_str(), "w");
       if (tf->f == nullptr) MC_WARN("MESHCCL_TRACE: cannot write %s", path.c_str());
@@ -58,6 +62,13 @@ void emit(const char* line) {
 }
 
 }  // namespace
+
+void trace_flush() {
+  if (!trace_on()) return;
+  TraceFile& t = trace_file();
+  std::lock_guard<std::mutex> lock(t.mu);
+  if (t.f != nullptr) std::fflush(t.f);
+}
 
 bool trace_on() {
   static const bool on = trace_file().f != nullptr;

@@ -15,6 +15,9 @@ bool trace_on();
 // An operation of `rank` of communicator `comm` (an id for the track name),
 // from start_us to now_us().
 void trace_op(uint64_t comm, int rank, const char* name, int priority, double start_us);
+// Writes out what is buffered (a communicator is freed; a process may end
+// with _exit, which runs no exit handlers).
+void trace_flush();
 // A chunk of `bytes` of a transfer of `rank` to or from `peer`.
 void trace_chunk(int rank, int peer, bool send, size_t bytes, int level, uint64_t tag, double start_us);
 
