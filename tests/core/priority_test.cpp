@@ -57,7 +57,8 @@ class LinkOrder : public ::testing::TestWithParam<std::string> {};
 // when it has none in flight: the credit goes to the urgent one), and the
 // urgent one finishes first.
 TEST_P(LinkOrder, UrgentOvertakesBulkChunkByChunk) {
-  ScopedEnv env({{"MESHCCL_TRANSPORT", GetParam()}, {"MESHCCL_CHUNK_US", "1"}, {"MESHCCL_LINK_CREDIT", "4"}});
+  ScopedEnv env({{"MESHCCL_TRANSPORT", GetParam()}, {"MESHCCL_CHUNK_US", "1"}, {"MESHCCL_LINK_CREDIT", "4"},
+                 {"MESHCCL_PRIORITY", "1"}});
   constexpr uint64_t kBulkTag = (uint64_t{1} << 61) | 1, kUrgentTag = (uint64_t{1} << 61) | 2;
   run_ranks(2, [&](ncclComm_t comm, int rank) {
     meshccl::Links& links = comm->engine->links();
@@ -133,7 +134,7 @@ INSTANTIATE_TEST_SUITE_P(Transports, LinkOrder, ::testing::Values("shm", "socket
 // Starvation-freedom: a bulk all-reduce completes while every rank keeps
 // issuing urgent all-reduces for as long as it runs.
 TEST(Priority, BulkProgressesUnderEndlessUrgentTraffic) {
-  ScopedEnv env({{"MESHCCL_DIRECT_SLOT_BYTES", "0"}, {"MESHCCL_CHUNK_US", "1"}});
+  ScopedEnv env({{"MESHCCL_DIRECT_SLOT_BYTES", "0"}, {"MESHCCL_CHUNK_US", "1"}, {"MESHCCL_PRIORITY", "1"}});
   run_ranks(3, [](ncclComm_t comm, int rank) {
     Streams s;
     std::vector<int> bulk(1 << 20, rank + 1);
@@ -156,7 +157,8 @@ TEST(Priority, BulkProgressesUnderEndlessUrgentTraffic) {
 // urgent message (communicator B) before it even posts the bulk receive
 // (communicator A) that rank 0 has been sending all along.
 TEST(Priority, NoCreditDeadlockAcrossCommunicators) {
-  ScopedEnv env({{"MESHCCL_DIRECT_SLOT_BYTES", "0"}, {"MESHCCL_CHUNK_US", "1"}, {"MESHCCL_LINK_CREDIT", "1"}});
+  ScopedEnv env({{"MESHCCL_DIRECT_SLOT_BYTES", "0"}, {"MESHCCL_CHUNK_US", "1"}, {"MESHCCL_LINK_CREDIT", "1"},
+                 {"MESHCCL_PRIORITY", "1"}});
   run_ranks(2, [](ncclComm_t a, int rank) {
     ncclComm_t b = nullptr;
     ASSERT_EQ(ncclCommSplit(a, 0, rank, &b, nullptr), ncclSuccess);
