@@ -1,4 +1,5 @@
 // Entry points for communicator life and queries.
+#include <algorithm>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -29,6 +30,27 @@ Status new_comm(const char* fn, ncclComm** out, int nranks, int rank, const nccl
   c->nranks = nranks;
   comm_register(c);
   *out = c;
+  return kOk;
+}
+
+// ncclCommShrink's exclude list: in range, no duplicates, not the caller.
+Status shrink_exclude_list(const ncclComm* comm, const int* list, int count, std::vector<int>* out) {
+  if (count < 0 || (count > 0 && list == nullptr))
+    return MC_ERROR(ncclInvalidArgument, "ncclCommShrink : invalid exclude list (%d ranks at %p)", count,
+                    static_cast<const void*>(list));
+  out->assign(list, list + count);
+  std::sort(out->begin(), out->end());
+  for (size_t i = 0; i < out->size(); ++i) {
+    int r = (*out)[i];
+    if (r < 0 || r >= comm->nranks)
+      return MC_ERROR(ncclInvalidArgument, "ncclCommShrink : excluded rank %d out of range (nranks %d)", r, comm->nranks);
+    if (i > 0 && (*out)[i - 1] == r)
+      return MC_ERROR(ncclInvalidArgument, "ncclCommShrink : rank %d excluded twice", r);
+    if (r == comm->rank)
+      return MC_ERROR(ncclInvalidArgument, "ncclCommShrink : rank %d excludes itself (excluded ranks must not call it)", r);
+  }
+  if (static_cast<int>(out->size()) >= comm->nranks)
+    return MC_ERROR(ncclInvalidArgument, "ncclCommShrink : every rank excluded");
   return kOk;
 }
 
@@ -189,15 +211,41 @@ MESHCCL_EXPORT ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, 
 
 MESHCCL_EXPORT ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
                                            ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
-  (void)config;
   return api_guard("ncclCommShrink", [&]() -> Status {
-    MC_TRY(check_comm_handle("ncclCommShrink", comm));
     if (newcomm == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclCommShrink : newcomm is NULL");
-    if (excludeRanksCount < 0 || (excludeRanksCount > 0 && excludeRanksList == nullptr))
-      return MC_ERROR(ncclInvalidArgument, "ncclCommShrink : invalid exclude list");
+    *newcomm = nullptr;
+    MC_TRY(check_comm_handle("ncclCommShrink", comm));
     if (shrinkFlags != NCCL_SHRINK_DEFAULT && shrinkFlags != NCCL_SHRINK_ABORT)
       return MC_ERROR(ncclInvalidArgument, "ncclCommShrink : invalid flags 0x%x", shrinkFlags);
-    return MC_ERROR(ncclInvalidUsage, "ncclCommShrink : not supported by meshccl yet; use ncclCommSplit on a healthy communicator");
+    std::vector<int> excluded;
+    MC_TRY(shrink_exclude_list(comm, excludeRanksList, excludeRanksCount, &excluded));
+    CommConfig cfg;
+    MC_TRY(parse_config(config, &cfg, &comm->config));
+    auto* child = new ncclComm();
+    child->config = cfg;
+    comm_register(child);
+    child->async_error.store(ncclInProgress);
+    *newcomm = child;
+    const bool abort_parent = shrinkFlags == NCCL_SHRINK_ABORT;
+    ++comm->sched.users;
+    auto body = [comm, excluded, abort_parent, child]() -> Status {
+      Status s = comm_shrink(comm, excluded, abort_parent, child);
+      if (!s.ok()) child->state.store(ncclComm::State::Failed);
+      child->async_error.store(s.code());
+      --comm->sched.users;
+      return s;
+    };
+    if (cfg.blocking) {
+      Status s = body();
+      if (!s.ok()) {
+        drop_comm(child);
+        *newcomm = nullptr;
+      }
+      return s;
+    }
+    // Non-blocking (the child's config): the child reports progress.
+    child->async_thread = std::thread(body);
+    return Status(ncclInProgress);
   });
 }
 
