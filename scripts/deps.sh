@@ -8,6 +8,8 @@ MESHCCL_PACKAGES=(
   libhwloc-dev libucx-dev libfabric-dev libopenblas-dev zlib1g-dev
   libopenmpi-dev openmpi-bin libgloo-dev
   bible-kjv bible-kjv-text iproute2 iperf3 python3 python3-matplotlib
+  python3-torch libtorch-dev pybind11-dev python3-pytest cmake
+  clang libclang-rt-14-dev
 )
 
 meshccl_install_deps() {

@@ -157,7 +157,10 @@ meshccl_tresult_t do_connect(Ctx* ctx, const void* handle, void** send_comm) {
     MPLUG_WARN(host, "shm: %s does not carry the handle's nonce (stale handle?)", path);
     return MESHCCL_T_INTERNAL_ERROR;
   }
-  if (!seg->hdr.sender_pid.compare_exchange_strong(expected, ctx->pid, std::memory_order_acq_rel)) {
+  seg_release(seg);
+  const bool attached = seg->hdr.sender_pid.compare_exchange_strong(expected, ctx->pid, std::memory_order_acq_rel);
+  seg_acquire(seg);
+  if (!attached) {
     munmap(p, h.size);
     MPLUG_WARN(host, "shm: the listener behind %s already has a sender (pid %d)", path, expected);
     return MESHCCL_T_INTERNAL_ERROR;
@@ -179,7 +182,9 @@ meshccl_tresult_t do_connect(Ctx* ctx, const void* handle, void** send_comm) {
 meshccl_tresult_t do_accept(ListenComm* lc, void** recv_comm) {
   if (lc->accepted) return g_check.misuse(lc->ctx->host, "accept", "the listener already accepted its sender");
   Segment* seg = lc->seg;
-  if (seg->hdr.sender_pid.load(std::memory_order_acquire) == 0) return MESHCCL_T_SUCCESS;  // not yet
+  const bool attached = seg->hdr.sender_pid.load(std::memory_order_acquire) != 0;
+  seg_acquire(seg);
+  if (!attached) return MESHCCL_T_SUCCESS;  // not yet
   auto* c = new RecvComm;
   c->ctx = lc->ctx;
   c->seg = seg;
@@ -321,6 +326,7 @@ int shm_close_listen(void* listen_comm) {
   if (lc == nullptr) return MESHCCL_T_INTERNAL_ERROR;
   if (lc->seg != nullptr) {
     // A sender may have attached already: tell it nobody will read.
+    seg_release(lc->seg);
     lc->seg->hdr.receiver_closed.store(1, std::memory_order_release);
     munmap(lc->seg, lc->map_bytes);
   }

@@ -25,6 +25,7 @@ void finish(Request* r, meshccl_tresult_t result) {
 }
 
 void set_slot(RecvComm* c, uint32_t slot, SlotState st) {
+  seg_release(c->seg);
   c->seg->slots[slot].v.store(st, std::memory_order_release);
 }
 
@@ -145,8 +146,22 @@ void start_rdv(RecvComm* c, Request* r, uint64_t size, uint32_t slot, const RdvD
   }
 }
 
-// Copies one chunk of a kCopy rendezvous.
+// Copies one chunk of a kCopy rendezvous. The slot says kSlotReading while
+// the sender's memory is read: a sender that closes waits for the chunk to
+// end, then withdraws the payload (kSlotCancelled), so nothing is read from
+// a buffer its owner may already have freed.
 void copy_chunk(RecvComm* c, Request* r) {
+  std::atomic<uint32_t>& slot = c->seg->slots[r->slot].v;
+  uint32_t expect = kSlotPosted;
+  seg_release(c->seg);
+  if (!slot.compare_exchange_strong(expect, kSlotReading, std::memory_order_acq_rel)) {
+    seg_acquire(c->seg);
+    MPLUG_WARN(c->ctx->host, "shm: pid %d withdrew a %" PRIu64 "-byte message (tag %" PRIu64 ") before it was read",
+               c->peer_pid, r->nbytes, r->tag);
+    end_rdv(c, r, MESHCCL_T_REMOTE_ERROR);
+    return;
+  }
+  seg_acquire(c->seg);
   uint64_t n = std::min(c->ctx->copy_chunk, r->nbytes - r->offset);
   if (r->how == Copy::kCma) {
     iovec local{r->data + r->offset, n};
@@ -158,6 +173,7 @@ void copy_chunk(RecvComm* c, Request* r) {
         c->cma_refused = true;
         MPLUG_INFO(c->ctx->host, "shm: process_vm_readv refused (%s); peers stream large messages",
                    std::strerror(err));
+        set_slot(c, r->slot, kSlotPosted);
         start_stream(c, r);
         return;
       }
@@ -171,13 +187,9 @@ void copy_chunk(RecvComm* c, Request* r) {
   } else {
     std::memcpy(r->data + r->offset, r->src + r->offset, n);
   }
-  // A sender that closed may have freed the buffer while we read it.
-  if (c->seg->hdr.sender_closed.load(std::memory_order_acquire) != 0) {
-    end_rdv(c, r, MESHCCL_T_REMOTE_ERROR);
-    return;
-  }
   r->offset += n;
   if (r->offset == r->nbytes) end_rdv(c, r, MESHCCL_T_SUCCESS);
+  else set_slot(c, r->slot, kSlotPosted);  // the sender may withdraw between chunks
 }
 
 void deliver(RecvComm* c, Request* r, const void* payload, uint64_t size) {
@@ -267,6 +279,7 @@ bool drain(RecvComm* c) {
   while (c->broken == MESHCCL_T_SUCCESS) {
     if (c->tail == c->head_cache) {
       c->head_cache = c->seg->head.v.load(std::memory_order_acquire);
+      seg_acquire(c->seg);
       if (c->tail == c->head_cache) break;
       if (c->head_cache - c->tail > c->cap) {
         corrupt(c, "write position out of range");
@@ -298,6 +311,7 @@ bool drain(RecvComm* c) {
       break;
     }
     c->tail += bytes;
+    seg_release(c->seg);
     c->seg->tail.v.store(c->tail, std::memory_order_release);
     moved = true;
   }
@@ -313,7 +327,9 @@ void progress(RecvComm* c) {
   if (c->broken != MESHCCL_T_SUCCESS || c->peer_gone != MESHCCL_T_SUCCESS) return;
   if (drain(c) || (c->posted.empty() && c->active.empty())) return;
   const char* why = nullptr;
-  if (c->seg->hdr.sender_closed.load(std::memory_order_acquire) != 0)
+  const bool closed = c->seg->hdr.sender_closed.load(std::memory_order_acquire) != 0;
+  seg_acquire(c->seg);
+  if (closed)
     why = "the sender closed the connection";
   else if (c->watch.due() && !pid_alive(c->peer_pid))
     why = "the sender process died";
@@ -386,6 +402,7 @@ meshccl_tresult_t recv_test(Request* r, int* done, size_t* size) {
 }
 
 void recv_close(RecvComm* c) {
+  seg_release(c->seg);
   c->seg->hdr.receiver_closed.store(1, std::memory_order_release);
   for (Region& g : c->regions)
     if (g.base != nullptr) unmap_region(g);

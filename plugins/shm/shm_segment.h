@@ -65,6 +65,8 @@ enum SlotState : uint32_t {
   kSlotDone = 3,    // receiver has the whole payload
   kSlotTrunc = 4,   // receiver's buffer was too small; payload dropped
   kSlotFailed = 5,  // receiver could not read the payload
+  kSlotReading = 6, // receiver is copying a chunk from the sender's memory
+  kSlotCancelled = 7,  // the sender withdrew the payload (it closed)
 };
 
 struct alignas(kLine) SegHeader {
@@ -107,6 +109,32 @@ struct Handle {
   uint64_t nonce;
 };
 static_assert(sizeof(Handle) <= MESHCCL_TRANSPORT_HANDLE_BYTES);
+
+// ThreadSanitizer cannot tell that two mappings of one segment in one
+// process (ranks as threads) are the same memory, so it misses the ordering
+// the segment's atomics give and reports the payloads they guard. These tell
+// it: a release before each store to the segment, an acquire after each load.
+// Nothing in other builds.
+#if defined(__SANITIZE_THREAD__)
+#define MESHCCL_SHM_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define MESHCCL_SHM_TSAN 1
+#endif
+#endif
+#ifdef MESHCCL_SHM_TSAN
+extern "C" void __tsan_acquire(void* addr);
+extern "C" void __tsan_release(void* addr);
+inline void* tsan_key(uint64_t nonce) {
+  static char keys[256];
+  return &keys[nonce % sizeof keys];
+}
+inline void seg_release(const Segment* s) { __tsan_release(tsan_key(s->hdr.nonce)); }
+inline void seg_acquire(const Segment* s) { __tsan_acquire(tsan_key(s->hdr.nonce)); }
+#else
+inline void seg_release(const Segment*) {}
+inline void seg_acquire(const Segment*) {}
+#endif
 
 // Bytes a record takes in the ring.
 constexpr uint64_t record_bytes(uint64_t payload) { return (sizeof(RecHdr) + payload + kLine - 1) / kLine * kLine; }

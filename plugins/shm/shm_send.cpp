@@ -1,6 +1,7 @@
 // Sender end of an shm connection: writes eager messages and rendezvous
 // descriptors into the ring in posting order, then watches the rendezvous
 // slots the receiver completes (or streams a payload when asked to).
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 
@@ -23,6 +24,7 @@ RecHdr* reserve(SendComm* c, uint64_t bytes) {
   uint64_t need = pad + bytes;
   if (c->head + need - c->tail_cache > c->cap) {
     c->tail_cache = c->seg->tail.v.load(std::memory_order_acquire);
+    seg_acquire(c->seg);
     if (c->head + need - c->tail_cache > c->cap) return nullptr;
   }
   if (pad != 0) {
@@ -34,6 +36,7 @@ RecHdr* reserve(SendComm* c, uint64_t bytes) {
 
 void publish(SendComm* c, uint64_t bytes) {
   c->head += bytes;
+  seg_release(c->seg);
   c->seg->head.v.store(c->head, std::memory_order_release);
 }
 
@@ -116,9 +119,11 @@ void progress(SendComm* c) {
   // Read before the completion scan: transfers the receiver finished before
   // closing still complete normally.
   const bool closed = c->seg->hdr.receiver_closed.load(std::memory_order_acquire) != 0;
+  seg_acquire(c->seg);
   bool moved = false;
   c->active.for_each([&](Request* r) {
     uint32_t st = c->seg->slots[r->slot].v.load(std::memory_order_acquire);
+    seg_acquire(c->seg);
     if (st == kSlotDone || st == kSlotTrunc || st == kSlotFailed) {
       c->active.remove(r);
       c->free_slots[c->nfree++] = r->slot;
@@ -217,8 +222,27 @@ meshccl_tresult_t send_test(Request* r, int* done, size_t* size) {
 }
 
 void send_close(SendComm* c) {
-  // The receiver fails whatever is still pending from us, and stops trusting
-  // rendezvous buffers: ours may be freed as soon as this returns.
+  // Our rendezvous buffers may be freed as soon as this returns: withdraw
+  // each one the receiver has not finished, waiting out a chunk it is
+  // copying right now (bounded: a chunk is short, a dead receiver is noticed).
+  c->active.for_each([&](Request* r) {
+    std::atomic<uint32_t>& slot = c->seg->slots[r->slot].v;
+    const uint64_t give_up = now_ns() + 10'000'000'000ull;
+    for (uint64_t spins = 1;; ++spins) {
+      uint32_t st = kSlotPosted;
+      seg_release(c->seg);
+      if (slot.compare_exchange_strong(st, kSlotCancelled, std::memory_order_acq_rel)) break;
+      seg_acquire(c->seg);
+      if (st != kSlotReading) break;  // done, failed, or streamed: our memory is not read
+      if (spins % 1024 == 0 && (!pid_alive(c->peer_pid) || now_ns() > give_up)) {
+        MPLUG_WARN(c->ctx->host, "shm: closing while pid %d still reads a message from us", c->peer_pid);
+        break;
+      }
+      sched_yield();
+    }
+  });
+  // The receiver fails whatever is still pending from us.
+  seg_release(c->seg);
   c->seg->hdr.sender_closed.store(1, std::memory_order_release);
   munmap(c->seg, c->map_bytes);
   c->magic = 0;

@@ -1,6 +1,6 @@
 // Entry points for communication: each fills an OpDesc after its own checks
 // and hands it to the one enqueue path.
-#include <limits>
+#include <utility>
 
 #include "api/enqueue.h"
 #include "api/export.h"
@@ -11,23 +11,19 @@ using namespace meshccl;
 
 namespace {
 
-Status check_size(const char* fn, size_t count, size_t mult, ncclDataType_t dt) {
-  size_t es = dtype_size(dt);
-  if (mult != 0 && count > std::numeric_limits<size_t>::max() / mult / es)
-    return MC_ERROR(ncclInvalidArgument, "%s : count %zu is too large", fn, count);
-  return kOk;
-}
-
 // Common checks and enqueue. `root` is the root of rooted collectives and the
 // peer of Send/Recv (-1 otherwise). `send_elems`/`recv_elems`: elements this
-// rank reads/writes (0 = buffer unused here).
+// rank reads/writes (0 = buffer unused here). dt and op are the raw argument
+// values (op < 0 with has_op false: no reduction), checked before use.
 Status collective(const char* fn, OpKind kind, const void* sendbuff, void* recvbuff, size_t count,
-                  ncclDataType_t dt, const ncclRedOp_t* op, int root, ncclComm* comm, cudaStream_t stream,
+                  int dt_raw, bool has_op, int op_raw, int root, ncclComm* comm, cudaStream_t stream,
                   size_t send_elems, size_t recv_elems, size_t mult) {
   MC_TRY(check_comm(fn, comm));
   UseGuard use(comm);
-  MC_TRY(check_dtype(fn, dt));
-  MC_TRY(check_size(fn, count, mult, dt));
+  ncclDataType_t dt;
+  MC_TRY(check_dtype(fn, dt_raw, &dt));
+  const size_t es = dtype_size(dt);
+  MC_TRY(check_size(fn, count, mult, es));
   const bool p2p = kind == OpKind::Send || kind == OpKind::Recv;
   OpDesc d;
   d.kind = kind;
@@ -37,59 +33,70 @@ Status collective(const char* fn, OpKind kind, const void* sendbuff, void* recvb
   d.dtype = dt;
   if (p2p) d.peer = root;
   else d.root = root;
-  if (op != nullptr) MC_TRY(resolve_op(fn, comm, *op, dt, &d));
+  if (has_op) MC_TRY(resolve_op(fn, comm, op_raw, dt, &d));
   if (p2p) MC_TRY(check_rank(fn, "peer", root, comm->nranks));
   else if (kind == OpKind::Broadcast || kind == OpKind::Reduce || kind == OpKind::Gather || kind == OpKind::Scatter)
     MC_TRY(check_rank(fn, "root", root, comm->nranks));
-  MC_TRY(check_buffer(fn, "sendbuff", sendbuff, send_elems));
-  MC_TRY(check_buffer(fn, "recvbuff", recvbuff, recv_elems));
+  MC_TRY(check_buffer(fn, "sendbuff", sendbuff, send_elems * es, false));
+  MC_TRY(check_buffer(fn, "recvbuff", recvbuff, recv_elems * es, true));
   return enqueue(comm, d, stream);
+}
+
+// An error is also the communicator's (ncclGetLastError(comm)) and, inside
+// a group, the group's: ncclGroupEnd reports it.
+template <typename F>
+ncclResult_t api_call(const char* fn, ncclComm* comm, F&& body) {
+  ncclResult_t r = api_guard(fn, std::forward<F>(body));
+  if (r == ncclSuccess || r == ncclInProgress) return r;
+  note_comm_error(comm, r);
+  if (in_group()) group_note_error(r, thread_last_error());
+  return r;
 }
 
 }  // namespace
 
 MESHCCL_EXPORT ncclResult_t pncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-  return api_guard("ncclAllReduce", [&] {
-    return collective("ncclAllReduce", OpKind::AllReduce, sendbuff, recvbuff, count, datatype, &op, -1, comm, stream,
+  return api_call("ncclAllReduce", comm, [&] {
+    return collective("ncclAllReduce", OpKind::AllReduce, sendbuff, recvbuff, count, enum_bits(datatype), true, enum_bits(op), -1, comm, stream,
                       count, count, 1);
   });
 }
 
 MESHCCL_EXPORT ncclResult_t pncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                                           int root, ncclComm_t comm, cudaStream_t stream) {
-  return api_guard("ncclBroadcast", [&]() -> Status {
+  return api_call("ncclBroadcast", comm, [&]() -> Status {
     MC_TRY(check_comm_handle("ncclBroadcast", comm));
     bool is_root = comm->rank == root;
-    return collective("ncclBroadcast", OpKind::Broadcast, sendbuff, recvbuff, count, datatype, nullptr, root, comm,
+    return collective("ncclBroadcast", OpKind::Broadcast, sendbuff, recvbuff, count, enum_bits(datatype), false, 0, root, comm,
                       stream, is_root ? count : 0, count, 1);
   });
 }
 
 MESHCCL_EXPORT ncclResult_t pncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
                                       cudaStream_t stream) {
-  return api_guard("ncclBcast", [&] {
-    return collective("ncclBcast", OpKind::Broadcast, buff, buff, count, datatype, nullptr, root, comm, stream, count,
+  return api_call("ncclBcast", comm, [&] {
+    return collective("ncclBcast", OpKind::Broadcast, buff, buff, count, enum_bits(datatype), false, 0, root, comm, stream, count,
                       count, 1);
   });
 }
 
 MESHCCL_EXPORT ncclResult_t pncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                                        ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
-  return api_guard("ncclReduce", [&]() -> Status {
+  return api_call("ncclReduce", comm, [&]() -> Status {
     MC_TRY(check_comm_handle("ncclReduce", comm));
     bool is_root = comm->rank == root;
-    return collective("ncclReduce", OpKind::Reduce, sendbuff, recvbuff, count, datatype, &op, root, comm, stream,
+    return collective("ncclReduce", OpKind::Reduce, sendbuff, recvbuff, count, enum_bits(datatype), true, enum_bits(op), root, comm, stream,
                       count, is_root ? count : 0, 1);
   });
 }
 
 MESHCCL_EXPORT ncclResult_t pncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
-  return api_guard("ncclAllGather", [&]() -> Status {
+  return api_call("ncclAllGather", comm, [&]() -> Status {
     MC_TRY(check_comm_handle("ncclAllGather", comm));
     size_t n = static_cast<size_t>(comm->nranks);
-    return collective("ncclAllGather", OpKind::AllGather, sendbuff, recvbuff, sendcount, datatype, nullptr, -1, comm,
+    return collective("ncclAllGather", OpKind::AllGather, sendbuff, recvbuff, sendcount, enum_bits(datatype), false, 0, -1, comm,
                       stream, sendcount, sendcount * n, n);
   });
 }
@@ -97,58 +104,58 @@ MESHCCL_EXPORT ncclResult_t pncclAllGather(const void* sendbuff, void* recvbuff,
 MESHCCL_EXPORT ncclResult_t pncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                               ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                               cudaStream_t stream) {
-  return api_guard("ncclReduceScatter", [&]() -> Status {
+  return api_call("ncclReduceScatter", comm, [&]() -> Status {
     MC_TRY(check_comm_handle("ncclReduceScatter", comm));
     size_t n = static_cast<size_t>(comm->nranks);
-    return collective("ncclReduceScatter", OpKind::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, &op, -1,
+    return collective("ncclReduceScatter", OpKind::ReduceScatter, sendbuff, recvbuff, recvcount, enum_bits(datatype), true, enum_bits(op), -1,
                       comm, stream, recvcount * n, recvcount, n);
   });
 }
 
 MESHCCL_EXPORT ncclResult_t pncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                                          ncclComm_t comm, cudaStream_t stream) {
-  return api_guard("ncclAlltoAll", [&]() -> Status {
+  return api_call("ncclAlltoAll", comm, [&]() -> Status {
     MC_TRY(check_comm_handle("ncclAlltoAll", comm));
     size_t n = static_cast<size_t>(comm->nranks);
-    return collective("ncclAlltoAll", OpKind::AlltoAll, sendbuff, recvbuff, count, datatype, nullptr, -1, comm, stream,
+    return collective("ncclAlltoAll", OpKind::AlltoAll, sendbuff, recvbuff, count, enum_bits(datatype), false, 0, -1, comm, stream,
                       count * n, count * n, n);
   });
 }
 
 MESHCCL_EXPORT ncclResult_t pncclGather(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                                        int root, ncclComm_t comm, cudaStream_t stream) {
-  return api_guard("ncclGather", [&]() -> Status {
+  return api_call("ncclGather", comm, [&]() -> Status {
     MC_TRY(check_comm_handle("ncclGather", comm));
     size_t n = static_cast<size_t>(comm->nranks);
     bool is_root = comm->rank == root;
-    return collective("ncclGather", OpKind::Gather, sendbuff, recvbuff, count, datatype, nullptr, root, comm, stream,
+    return collective("ncclGather", OpKind::Gather, sendbuff, recvbuff, count, enum_bits(datatype), false, 0, root, comm, stream,
                       count, is_root ? count * n : 0, n);
   });
 }
 
 MESHCCL_EXPORT ncclResult_t pncclScatter(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                                         int root, ncclComm_t comm, cudaStream_t stream) {
-  return api_guard("ncclScatter", [&]() -> Status {
+  return api_call("ncclScatter", comm, [&]() -> Status {
     MC_TRY(check_comm_handle("ncclScatter", comm));
     size_t n = static_cast<size_t>(comm->nranks);
     bool is_root = comm->rank == root;
-    return collective("ncclScatter", OpKind::Scatter, sendbuff, recvbuff, count, datatype, nullptr, root, comm, stream,
+    return collective("ncclScatter", OpKind::Scatter, sendbuff, recvbuff, count, enum_bits(datatype), false, 0, root, comm, stream,
                       is_root ? count * n : 0, count, n);
   });
 }
 
 MESHCCL_EXPORT ncclResult_t pncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
                                      ncclComm_t comm, cudaStream_t stream) {
-  return api_guard("ncclSend", [&] {
-    return collective("ncclSend", OpKind::Send, sendbuff, nullptr, count, datatype, nullptr, peer, comm, stream,
+  return api_call("ncclSend", comm, [&] {
+    return collective("ncclSend", OpKind::Send, sendbuff, nullptr, count, enum_bits(datatype), false, 0, peer, comm, stream,
                       count, 0, 1);
   });
 }
 
 MESHCCL_EXPORT ncclResult_t pncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
                                      ncclComm_t comm, cudaStream_t stream) {
-  return api_guard("ncclRecv", [&] {
-    return collective("ncclRecv", OpKind::Recv, nullptr, recvbuff, count, datatype, nullptr, peer, comm, stream,
+  return api_call("ncclRecv", comm, [&] {
+    return collective("ncclRecv", OpKind::Recv, nullptr, recvbuff, count, enum_bits(datatype), false, 0, peer, comm, stream,
                       0, count, 1);
   });
 }

@@ -1,6 +1,7 @@
 // Entry points for communicator life and queries.
 #include <algorithm>
 #include <cstring>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include "api/validate.h"
 #include "comm/comm.h"
 #include "bootstrap/unique_id.h"
+#include "util/live_set.h"
 #include "util/log.h"
 #include "util/wait.h"
 
@@ -54,6 +56,14 @@ Status shrink_exclude_list(const ncclComm* comm, const int* list, int count, std
   return kOk;
 }
 
+// A failed call on a communicator is also its last error (ncclGetLastError).
+template <typename F>
+ncclResult_t comm_call(const char* fn, ncclComm* comm, F&& body) {
+  ncclResult_t r = api_guard(fn, std::forward<F>(body));
+  note_comm_error(comm, r);
+  return r;
+}
+
 void drop_comm(ncclComm* c) {
   comm_unregister(c);
   comm_free(c);
@@ -72,6 +82,7 @@ Status run_maybe_async(ncclComm* c, F body) {
   if (c->async_thread.joinable()) c->async_thread.join();
   c->async_thread = std::thread([c, body] {
     Status s = body();
+    note_comm_error(c, s.code());
     if (!s.ok()) c->state.store(ncclComm::State::Failed);
     c->async_error.store(s.code());
   });
@@ -79,6 +90,8 @@ Status run_maybe_async(ncclComm* c, F body) {
 }
 
 Status init_rank_config(ncclComm** comm, int nranks, const ncclUniqueId& id, int rank, const ncclConfig_t* config) {
+  if (comm == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclCommInitRank : comm argument is NULL");
+  *comm = nullptr;  // also on every error below
   ncclComm* c = nullptr;
   MC_TRY(new_comm("ncclCommInitRankConfig", &c, nranks, rank, config));
   *comm = c;
@@ -116,6 +129,8 @@ MESHCCL_EXPORT ncclResult_t pncclCommInitRank(ncclComm_t* comm, int nranks, nccl
 MESHCCL_EXPORT ncclResult_t pncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
                                                      ncclUniqueId* commIds, ncclConfig_t* config) {
   return api_guard("ncclCommInitRankScalable", [&]() -> Status {
+    if (newcomm == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclCommInitRankScalable : newcomm is NULL");
+    *newcomm = nullptr;
     if (nId < 1 || commIds == nullptr)
       return MC_ERROR(ncclInvalidArgument, "ncclCommInitRankScalable : need at least one id (nId %d)", nId);
     // One rendezvous is enough at the scales meshccl targets: every rank uses
@@ -128,6 +143,7 @@ MESHCCL_EXPORT ncclResult_t pncclCommInitAll(ncclComm_t* comms, int ndev, const 
   return api_guard("ncclCommInitAll", [&]() -> Status {
     if (comms == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclCommInitAll : comms is NULL");
     if (ndev < 1) return MC_ERROR(ncclInvalidArgument, "ncclCommInitAll : invalid ndev %d", ndev);
+    for (int i = 0; i < ndev; ++i) comms[i] = nullptr;  // also on every error below
     if (devlist != nullptr)
       for (int i = 0; i < ndev; ++i)
         if (devlist[i] < 0) return MC_ERROR(ncclInvalidArgument, "ncclCommInitAll : invalid device %d", devlist[i]);
@@ -143,15 +159,20 @@ MESHCCL_EXPORT ncclResult_t pncclCommInitAll(ncclComm_t* comms, int ndev, const 
       }
     }
     std::vector<Status> results(ndev);
+    std::vector<std::string> messages(ndev);
     std::vector<std::thread> threads;
     for (int i = 0; i < ndev; ++i)
-      threads.emplace_back([&, i] { results[i] = comm_init_rank(cs[i], ndev, id, i); });
+      threads.emplace_back([&, i] {
+        results[i] = comm_init_rank(cs[i], ndev, id, i);
+        if (!results[i].ok()) messages[i] = thread_last_error();
+      });
     for (auto& t : threads) t.join();
     for (int i = 0; i < ndev; ++i) {
       if (!results[i].ok()) {
         for (ncclComm* c : cs) drop_comm(c);
         for (int j = 0; j < ndev; ++j) comms[j] = nullptr;
-        return results[i];
+        // The caller's thread hears why (ncclGetLastError(NULL)).
+        return MC_ERROR(results[i].code(), "ncclCommInitAll : rank %d: %s", i, messages[i].c_str());
       }
     }
     for (int i = 0; i < ndev; ++i) {
@@ -165,7 +186,7 @@ MESHCCL_EXPORT ncclResult_t pncclCommInitAll(ncclComm_t* comms, int ndev, const 
 
 MESHCCL_EXPORT ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
                                           ncclConfig_t* config) {
-  return api_guard("ncclCommSplit", [&]() -> Status {
+  return comm_call("ncclCommSplit", comm, [&]() -> Status {
     if (newcomm == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclCommSplit : newcomm is NULL");
     *newcomm = nullptr;
     MC_TRY(check_comm("ncclCommSplit", comm));
@@ -211,7 +232,7 @@ MESHCCL_EXPORT ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, 
 
 MESHCCL_EXPORT ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
                                            ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
-  return api_guard("ncclCommShrink", [&]() -> Status {
+  return comm_call("ncclCommShrink", comm, [&]() -> Status {
     if (newcomm == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclCommShrink : newcomm is NULL");
     *newcomm = nullptr;
     MC_TRY(check_comm_handle("ncclCommShrink", comm));
@@ -250,7 +271,7 @@ MESHCCL_EXPORT ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRanksLi
 }
 
 MESHCCL_EXPORT ncclResult_t pncclCommFinalize(ncclComm_t comm) {
-  return api_guard("ncclCommFinalize", [&]() -> Status {
+  return comm_call("ncclCommFinalize", comm, [&]() -> Status {
     MC_TRY(check_comm("ncclCommFinalize", comm));
     ++comm->sched.users;
     Status s = run_maybe_async(comm, [comm] {
@@ -266,6 +287,11 @@ namespace {
 Status teardown(const char* fn, ncclComm* comm, bool abort) {
   if (comm == nullptr) return kOk;
   if (!comm_is_live(comm)) return MC_ERROR(ncclInvalidArgument, "%s : comm %p has already been destroyed", fn, static_cast<void*>(comm));
+  // Operations this thread recorded for comm in an open group must not run
+  // after it is gone: they are dropped, and ncclGroupEnd says so.
+  if (size_t dropped = group_forget(comm))
+    MC_WARN("%s : comm %p had %zu operations pending in the open group; they were dropped", fn,
+            static_cast<void*>(comm), dropped);
   if (abort) comm->abort_flag.store(true);
   if (comm->async_thread.joinable()) comm->async_thread.join();
   // Implicit finalize (local part): let enqueued work finish.
@@ -289,7 +315,7 @@ MESHCCL_EXPORT ncclResult_t pncclCommAbort(ncclComm_t comm) {
 }
 
 MESHCCL_EXPORT ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags) {
-  return api_guard("ncclCommRevoke", [&]() -> Status {
+  return comm_call("ncclCommRevoke", comm, [&]() -> Status {
     MC_TRY(check_comm_handle("ncclCommRevoke", comm));
     if (revokeFlags != NCCL_REVOKE_DEFAULT)
       return MC_ERROR(ncclInvalidArgument, "ncclCommRevoke : revokeFlags must be 0 (got %d)", revokeFlags);
@@ -302,7 +328,7 @@ MESHCCL_EXPORT ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags) {
 }
 
 MESHCCL_EXPORT ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
-  return api_guard("ncclCommGetAsyncError", [&]() -> Status {
+  return comm_call("ncclCommGetAsyncError", comm, [&]() -> Status {
     MC_TRY(check_comm_handle("ncclCommGetAsyncError", comm));
     if (asyncError == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclCommGetAsyncError : asyncError is NULL");
     ncclResult_t e = static_cast<ncclResult_t>(comm->async_error.load());
@@ -313,7 +339,7 @@ MESHCCL_EXPORT ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t
 }
 
 MESHCCL_EXPORT ncclResult_t pncclCommCount(const ncclComm_t comm, int* count) {
-  return api_guard("ncclCommCount", [&]() -> Status {
+  return comm_call("ncclCommCount", comm, [&]() -> Status {
     MC_TRY(check_comm_handle("ncclCommCount", comm));
     if (count == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclCommCount : count is NULL");
     *count = comm->nranks;
@@ -322,7 +348,7 @@ MESHCCL_EXPORT ncclResult_t pncclCommCount(const ncclComm_t comm, int* count) {
 }
 
 MESHCCL_EXPORT ncclResult_t pncclCommCuDevice(const ncclComm_t comm, int* device) {
-  return api_guard("ncclCommCuDevice", [&]() -> Status {
+  return comm_call("ncclCommCuDevice", comm, [&]() -> Status {
     MC_TRY(check_comm_handle("ncclCommCuDevice", comm));
     if (device == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclCommCuDevice : device is NULL");
     *device = comm->cuda_dev;
@@ -331,7 +357,7 @@ MESHCCL_EXPORT ncclResult_t pncclCommCuDevice(const ncclComm_t comm, int* device
 }
 
 MESHCCL_EXPORT ncclResult_t pncclCommUserRank(const ncclComm_t comm, int* rank) {
-  return api_guard("ncclCommUserRank", [&]() -> Status {
+  return comm_call("ncclCommUserRank", comm, [&]() -> Status {
     MC_TRY(check_comm_handle("ncclCommUserRank", comm));
     if (rank == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclCommUserRank : rank is NULL");
     *rank = comm->rank;
@@ -339,51 +365,60 @@ MESHCCL_EXPORT ncclResult_t pncclCommUserRank(const ncclComm_t comm, int* rank) 
   });
 }
 
-namespace {
-struct Registration {
-  uint32_t magic = 0x52454749;  // "REGI"
-  ncclComm* comm;
-  void* buff;
-  size_t size;
-};
-}  // namespace
-
-MESHCCL_EXPORT ncclResult_t pncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void** handle) {
-  return api_guard("ncclCommRegister", [&]() -> Status {
-    MC_TRY(check_comm("ncclCommRegister", comm));
-    if (handle == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclCommRegister : handle is NULL");
-    if (buff == nullptr && size > 0) return MC_ERROR(ncclInvalidArgument, "ncclCommRegister : buff is NULL");
-    // Host buffers need no pinning; shareable ones (ncclMemAlloc) are found
-    // by the transports on their own. The handle records the range.
-    *handle = new Registration{0x52454749, comm, buff, size};
-    return kOk;
-  });
-}
-
-MESHCCL_EXPORT ncclResult_t pncclCommDeregister(const ncclComm_t comm, void* handle) {
-  return api_guard("ncclCommDeregister", [&]() -> Status {
-    MC_TRY(check_comm_handle("ncclCommDeregister", comm));
-    auto* r = static_cast<Registration*>(handle);
-    if (r == nullptr || r->magic != 0x52454749 || r->comm != comm)
-      return MC_ERROR(ncclInvalidArgument, "ncclCommDeregister : handle %p was not registered with comm %p", handle,
-                      static_cast<void*>(comm));
-    r->magic = 0;
-    delete r;
-    return kOk;
-  });
-}
-
 struct ncclWindow_vidmem {
-  uint32_t magic;
   ncclComm* comm;
   void* buff;
   size_t size;
   int flags;
 };
 
+namespace {
+struct Registration {
+  ncclComm* comm;
+  void* buff;
+  size_t size;
+};
+// Handles given out: a handle is looked up before it is used, so a garbage
+// or already-deregistered one is reported, never dereferenced.
+LiveSet<Registration>& registrations() {
+  static auto* s = new LiveSet<Registration>();
+  return *s;
+}
+LiveSet<ncclWindow_vidmem>& windows() {
+  static auto* s = new LiveSet<ncclWindow_vidmem>();
+  return *s;
+}
+}  // namespace
+
+MESHCCL_EXPORT ncclResult_t pncclCommRegister(const ncclComm_t comm, void* buff, size_t size, void** handle) {
+  return comm_call("ncclCommRegister", comm, [&]() -> Status {
+    MC_TRY(check_comm("ncclCommRegister", comm));
+    if (handle == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclCommRegister : handle is NULL");
+    if (buff == nullptr && size > 0) return MC_ERROR(ncclInvalidArgument, "ncclCommRegister : buff is NULL");
+    // Host buffers need no pinning; shareable ones (ncclMemAlloc) are found
+    // by the transports on their own. The handle records the range.
+    auto* r = new Registration{comm, buff, size};
+    registrations().add(r);
+    *handle = r;
+    return kOk;
+  });
+}
+
+MESHCCL_EXPORT ncclResult_t pncclCommDeregister(const ncclComm_t comm, void* handle) {
+  return comm_call("ncclCommDeregister", comm, [&]() -> Status {
+    MC_TRY(check_comm_handle("ncclCommDeregister", comm));
+    auto* r = static_cast<Registration*>(handle);
+    if (!registrations().take_if(r, [comm](const Registration& x) { return x.comm == comm; }))
+      return MC_ERROR(ncclInvalidArgument, "ncclCommDeregister : handle %p was not registered with comm %p (or was "
+                      "deregistered already)", handle, static_cast<void*>(comm));
+    delete r;
+    return kOk;
+  });
+}
+
 MESHCCL_EXPORT ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win,
                                                    int winFlags) {
-  return api_guard("ncclCommWindowRegister", [&]() -> Status {
+  return comm_call("ncclCommWindowRegister", comm, [&]() -> Status {
     MC_TRY(check_comm("ncclCommWindowRegister", comm));
     if (win == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclCommWindowRegister : win is NULL");
     if (buff == nullptr || size == 0) return MC_ERROR(ncclInvalidArgument, "ncclCommWindowRegister : empty buffer");
@@ -392,18 +427,19 @@ MESHCCL_EXPORT ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void* buff,
                       buff, NCCL_WIN_REQUIRED_ALIGNMENT);
     if (winFlags & ~NCCL_WIN_COLL_SYMMETRIC)
       return MC_ERROR(ncclInvalidArgument, "ncclCommWindowRegister : invalid flags 0x%x", winFlags);
-    *win = new ncclWindow_vidmem{0x57494e44, comm, buff, size, winFlags};
+    auto* w = new ncclWindow_vidmem{comm, buff, size, winFlags};
+    windows().add(w);
+    *win = w;
     return kOk;
   });
 }
 
 MESHCCL_EXPORT ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
-  return api_guard("ncclCommWindowDeregister", [&]() -> Status {
+  return comm_call("ncclCommWindowDeregister", comm, [&]() -> Status {
     MC_TRY(check_comm_handle("ncclCommWindowDeregister", comm));
-    if (win == nullptr || win->magic != 0x57494e44 || win->comm != comm)
+    if (!windows().take_if(win, [comm](const ncclWindow_vidmem& w) { return w.comm == comm; }))
       return MC_ERROR(ncclInvalidArgument, "ncclCommWindowDeregister : window %p does not belong to comm %p",
                       static_cast<void*>(win), static_cast<void*>(comm));
-    win->magic = 0;
     delete win;
     return kOk;
   });
@@ -411,13 +447,16 @@ MESHCCL_EXPORT ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWindo
 
 MESHCCL_EXPORT ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
                                                      ncclScalarResidence_t residence, ncclComm_t comm) {
-  return api_guard("ncclRedOpCreatePreMulSum", [&]() -> Status {
+  return comm_call("ncclRedOpCreatePreMulSum", comm, [&]() -> Status {
     MC_TRY(check_comm_handle("ncclRedOpCreatePreMulSum", comm));
     if (op == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclRedOpCreatePreMulSum : op is NULL");
     if (scalar == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclRedOpCreatePreMulSum : scalar is NULL");
-    MC_TRY(check_dtype("ncclRedOpCreatePreMulSum", datatype));
-    if (residence != ncclScalarDevice && residence != ncclScalarHostImmediate)
-      return MC_ERROR(ncclInvalidArgument, "ncclRedOpCreatePreMulSum : invalid residence %d", static_cast<int>(residence));
+    ncclDataType_t dt;
+    MC_TRY(check_dtype("ncclRedOpCreatePreMulSum", enum_bits(datatype), &dt));
+    const int res_raw = enum_bits(residence);
+    if (res_raw != ncclScalarDevice && res_raw != ncclScalarHostImmediate)
+      return MC_ERROR(ncclInvalidArgument, "ncclRedOpCreatePreMulSum : invalid residence %d", res_raw);
+    const auto res = static_cast<ncclScalarResidence_t>(res_raw);
     std::lock_guard<std::mutex> lock(comm->ops_mu);
     size_t idx = 0;
     while (idx < comm->dyn_ops.size() && comm->dyn_ops[idx].in_use) ++idx;
@@ -425,9 +464,9 @@ MESHCCL_EXPORT ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* sca
     DynamicOp& d = comm->dyn_ops[idx];
     d = DynamicOp{};
     d.in_use = true;
-    d.dtype = datatype;
-    d.residence = residence;
-    if (residence == ncclScalarHostImmediate) std::memcpy(d.value, scalar, dtype_size(datatype));
+    d.dtype = dt;
+    d.residence = res;
+    if (res == ncclScalarHostImmediate) std::memcpy(d.value, scalar, dtype_size(dt));
     else d.ptr = scalar;
     *op = static_cast<ncclRedOp_t>(static_cast<int>(ncclNumOps) + static_cast<int>(idx));
     return kOk;
@@ -435,14 +474,15 @@ MESHCCL_EXPORT ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* sca
 }
 
 MESHCCL_EXPORT ncclResult_t pncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
-  return api_guard("ncclRedOpDestroy", [&]() -> Status {
+  return comm_call("ncclRedOpDestroy", comm, [&]() -> Status {
     MC_TRY(check_comm_handle("ncclRedOpDestroy", comm));
-    if (static_cast<int>(op) < static_cast<int>(ncclNumOps))
-      return MC_ERROR(ncclInvalidArgument, "ncclRedOpDestroy : operation %d is built in and cannot be destroyed", static_cast<int>(op));
+    const int op_raw = enum_bits(op);
+    if (op_raw >= 0 && op_raw < static_cast<int>(ncclNumOps))
+      return MC_ERROR(ncclInvalidArgument, "ncclRedOpDestroy : operation %d is built in and cannot be destroyed", op_raw);
     std::lock_guard<std::mutex> lock(comm->ops_mu);
-    size_t idx = static_cast<size_t>(op) - ncclNumOps;
-    if (idx >= comm->dyn_ops.size() || !comm->dyn_ops[idx].in_use)
-      return MC_ERROR(ncclInvalidArgument, "ncclRedOpDestroy : operation %d is unknown to this communicator", static_cast<int>(op));
+    const long idx = static_cast<long>(op_raw) - ncclNumOps;
+    if (idx < 0 || idx >= static_cast<long>(comm->dyn_ops.size()) || !comm->dyn_ops[idx].in_use)
+      return MC_ERROR(ncclInvalidArgument, "ncclRedOpDestroy : operation %d is unknown to this communicator", op_raw);
     comm->dyn_ops[idx].in_use = false;
     return kOk;
   });

@@ -32,9 +32,18 @@ MESHCCL_EXPORT const char* pncclGetErrorString(ncclResult_t result) {
 }
 
 MESHCCL_EXPORT const char* pncclGetLastError(ncclComm_t comm) {
-  (void)comm;  // the last error is process-wide, as in NCCL
+  // A live communicator: the last failed call on it. Otherwise the calling
+  // thread's last error, else the process's (an error of a background thread,
+  // such as a non-blocking init). The text stays valid until this thread's
+  // next call.
   thread_local std::string text;
-  text = last_error();
+  if (comm != nullptr && comm_is_live(comm)) {
+    std::lock_guard<std::mutex> lock(comm->error_mu);
+    text = comm->last_error;
+  } else {
+    text = thread_last_error();
+    if (text.empty()) text = last_error();
+  }
   return text.c_str();
 }
 

@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "sched/launch.h"
+#include "util/log.h"
 
 namespace meshccl {
 
@@ -12,12 +13,15 @@ struct GroupState {
   int depth = 0;
   std::vector<PendingOp> ops;
   std::vector<PendingInit> inits;
+  ncclResult_t error = ncclSuccess;  // first failed call inside the group
+  std::string message;
 };
 thread_local GroupState g_group;
 
 Status run_inits(std::vector<PendingInit>& inits) {
   std::vector<std::thread> threads;
   std::vector<Status> results(inits.size());
+  std::vector<std::string> messages(inits.size());
   bool any_async = false;
   for (size_t i = 0; i < inits.size(); ++i) {
     PendingInit& in = inits[i];
@@ -28,15 +32,18 @@ Status run_inits(std::vector<PendingInit>& inits) {
       return s;
     };
     if (in.comm->config.blocking) {
-      threads.emplace_back([&results, i, body] { results[i] = body(); });
+      threads.emplace_back([&results, &messages, i, body] {
+        results[i] = body();
+        if (!results[i].ok()) messages[i] = thread_last_error();
+      });
     } else {
       any_async = true;
       in.comm->async_thread = std::thread([body] { (void)body(); });
     }
   }
   for (auto& t : threads) t.join();
-  for (const Status& s : results)
-    if (!s.ok()) return s;
+  for (size_t i = 0; i < results.size(); ++i)  // the caller's thread hears why
+    if (!results[i].ok()) return MC_ERROR(results[i].code(), "ncclGroupEnd : %s", messages[i].c_str());
   return any_async ? Status(ncclInProgress) : kOk;
 }
 }  // namespace
@@ -44,6 +51,25 @@ Status run_inits(std::vector<PendingInit>& inits) {
 bool in_group() { return g_group.depth > 0; }
 void group_record(PendingOp op) { g_group.ops.push_back(op); }
 void group_record_init(PendingInit init) { g_group.inits.push_back(init); }
+
+void group_note_error(ncclResult_t code, const std::string& message) {
+  if (g_group.depth == 0 || g_group.error != ncclSuccess) return;
+  g_group.error = code;
+  g_group.message = message;
+}
+
+size_t group_forget(const ncclComm* comm) {
+  if (g_group.depth == 0) return 0;
+  size_t before = g_group.ops.size() + g_group.inits.size();
+  const CommSched* sched = &comm->sched;
+  std::erase_if(g_group.ops, [sched](const PendingOp& op) { return op.comm == sched; });
+  std::erase_if(g_group.inits, [comm](const PendingInit& in) { return in.comm == comm; });
+  size_t dropped = before - g_group.ops.size() - g_group.inits.size();
+  if (dropped > 0)
+    group_note_error(ncclInvalidUsage, "a communicator was destroyed with " + std::to_string(dropped) +
+                                           " operations on it pending in the open group; they were dropped");
+  return dropped;
+}
 
 Status group_start() {
   ++g_group.depth;
@@ -57,11 +83,18 @@ Status group_end() {
   std::vector<PendingOp> ops = std::move(g_group.ops);
   g_group.inits.clear();
   g_group.ops.clear();
+  const ncclResult_t error = g_group.error;
+  const std::string message = std::move(g_group.message);
+  g_group.error = ncclSuccess;
+  g_group.message.clear();
   Status init_status = kOk;
   if (!inits.empty()) {
     init_status = run_inits(inits);
     if (!init_status.ok() && init_status.code() != ncclInProgress) return init_status;
   }
+  if (error != ncclSuccess)  // as NCCL: a failed call fails the group, nothing of it runs
+    return MC_ERROR(error, "ncclGroupEnd : a call inside the group failed, so none of its %zu operations ran: %s",
+                    ops.size(), message.c_str());
   if (!ops.empty()) MC_TRY(launch(ops));
   return init_status;
 }
@@ -81,6 +114,8 @@ Status group_simulate_end(ncclSimInfo_t* info) {
   }
   g_group.ops.clear();
   g_group.inits.clear();
+  g_group.error = ncclSuccess;
+  g_group.message.clear();
   info->estimatedTime = static_cast<float>(us);
   return kOk;
 }

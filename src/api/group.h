@@ -4,6 +4,7 @@
 // stream gets its share as one work item.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "comm/comm.h"
@@ -25,5 +26,13 @@ Status group_start();
 Status group_end();
 // Only estimates (ncclGroupSimulateEnd); recorded work is dropped.
 Status group_simulate_end(ncclSimInfo_t* info);
+
+// A call inside the open group failed: the first such error is what the
+// outermost ncclGroupEnd returns, and the group's operations are dropped.
+void group_note_error(ncclResult_t code, const std::string& message);
+// comm is being destroyed: this thread's open group forgets what it recorded
+// for comm (ncclGroupEnd then reports that they were dropped). Returns how
+// many operations were dropped.
+size_t group_forget(const ncclComm* comm);
 
 }  // namespace meshccl

@@ -1,5 +1,9 @@
 #include "bootstrap/bootstrap.h"
 
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <cstring>
 
 #include "util/log.h"
@@ -17,7 +21,19 @@ struct Frame {
   uint32_t size;
 };
 constexpr uint32_t kMaxFrame = 1u << 30;
+// A peer sends its greeting as soon as it has connected.
+constexpr double kGreetingSeconds = 2;
+constexpr size_t kMaxPending = 64;
 }  // namespace
+
+int greeting_sender(const void* bytes, size_t size, const uint8_t secret[kSecretBytes], int nranks) {
+  Greeting g;
+  if (size != sizeof g) return -1;
+  std::memcpy(&g, bytes, sizeof g);
+  if (g.magic != kIdMagic || std::memcmp(g.secret, secret, kSecretBytes) != 0 || g.from < 0 || g.from >= nranks)
+    return -1;
+  return g.from;
+}
 
 Bootstrap::Bootstrap(int rank, int nranks, Socket listener, std::vector<SockAddr> peers,
                      const uint8_t secret[kSecretBytes], AbortFlag abort)
@@ -47,18 +63,53 @@ Status Bootstrap::send_conn(int peer, const Socket** out) {
 
 Status Bootstrap::recv_conn(int peer, const Socket** out, Deadline dl) {
   while (!recv_[peer].valid()) {
-    Socket s;
-    Status st = socket_accept(listener_, dl, abort_, &s);
-    if (!st.ok())
-      return MC_ERROR(st.code(), "rank %d: bootstrap: rank %d never connected", rank_, peer);
-    Greeting g{};
-    if (!socket_recv_all(s, &g, sizeof(g), Deadline::after(10), abort_).ok() || g.magic != kIdMagic ||
-        std::memcmp(g.secret, secret_, kSecretBytes) != 0 || g.from < 0 || g.from >= nranks_ ||
-        recv_[g.from].valid()) {
-      MC_WARN("rank %d: bootstrap: refused a connection without this communicator's secret", rank_);
-      continue;
+    if (abort_ != nullptr && abort_->load(std::memory_order_relaxed))
+      return MC_ERROR(ncclInvalidUsage, "rank %d: bootstrap interrupted: communicator aborted", rank_);
+    if (dl.expired())
+      return MC_ERROR(ncclRemoteError, "rank %d: bootstrap: rank %d never connected (MESHCCL_TIMEOUT=%.0f s)", rank_,
+                      peer, timeout_seconds());
+    std::vector<pollfd> fds{{listener_.fd(), POLLIN, 0}};
+    for (const Pending& p : pending_) fds.push_back({p.sock.fd(), POLLIN, 0});
+    if (::poll(fds.data(), fds.size(), 100) < 0 && errno != EINTR)
+      return MC_ERROR(ncclSystemError, "rank %d: bootstrap: poll failed: %s", rank_, std::strerror(errno));
+    const double now = now_us();
+    std::vector<Pending> still;
+    for (size_t k = 0; k < pending_.size(); ++k) {
+      Pending& p = pending_[k];
+      if (fds[k + 1].revents != 0) {
+        unsigned char buf[sizeof(Greeting)];
+        ssize_t n = ::recv(p.sock.fd(), buf, sizeof(Greeting) - p.got.size(), MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) continue;  // closed before greeting
+        if (n > 0) p.got.insert(p.got.end(), buf, buf + n);
+        if (p.got.size() == sizeof(Greeting)) {
+          const int from = greeting_sender(p.got.data(), p.got.size(), secret_, nranks_);
+          if (from < 0 || recv_[from].valid()) {
+            MC_WARN("rank %d: bootstrap: refused a connection without this communicator's secret", rank_);
+          } else {
+            recv_[from] = std::move(p.sock);
+          }
+          continue;
+        }
+      }
+      if (now > p.deadline_us) {
+        MC_WARN("rank %d: bootstrap: dropped a connection that sent no complete greeting within %.0f s", rank_,
+                kGreetingSeconds);
+        continue;
+      }
+      still.push_back(std::move(p));
     }
-    recv_[g.from] = std::move(s);
+    pending_.swap(still);
+    if (fds[0].revents & POLLIN) {
+      int fd = ::accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd >= 0) {
+        if (pending_.size() >= kMaxPending) {  // the oldest stranger makes room
+          MC_WARN("rank %d: bootstrap: more than %zu connections without a greeting; dropped the oldest", rank_,
+                  kMaxPending);
+          pending_.erase(pending_.begin());
+        }
+        pending_.push_back(Pending{Socket(fd), {}, now + kGreetingSeconds * 1e6});
+      }
+    }
   }
   *out = &recv_[peer];
   return kOk;

@@ -16,6 +16,10 @@
 
 namespace meshccl {
 
+// The rank a connection's greeting (its first bytes) names, or -1 unless it
+// is a whole greeting that presents `secret` and a rank in [0, nranks).
+int greeting_sender(const void* bytes, size_t size, const uint8_t secret[kSecretBytes], int nranks);
+
 class Bootstrap {
  public:
   // listener: this rank's listening socket (its address is in peers[rank]).
@@ -56,6 +60,14 @@ class Bootstrap {
   AbortFlag abort_;
   std::vector<Socket> send_;
   std::vector<Socket> recv_;
+  // Accepted connections whose greeting is still arriving: read together, so
+  // idle or slow connections from strangers cannot hold up the real peers.
+  struct Pending {
+    Socket sock;
+    std::vector<unsigned char> got;
+    double deadline_us;
+  };
+  std::vector<Pending> pending_;
   std::map<std::pair<int, uint32_t>, std::deque<std::vector<char>>> unexpected_;
   uint32_t collective_tag_ = 0x80000000u;  // allgather/barrier rounds
 };

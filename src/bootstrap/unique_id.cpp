@@ -51,6 +51,9 @@ void send_reply(const Socket& s, ncclResult_t code, const std::string& msg) {
   (void)socket_send_all(s, &r, sizeof(r), Deadline::after(5), nullptr);
 }
 
+constexpr size_t kMaxPending = 256;
+constexpr double kRootGoneSeconds = 5;
+
 // A connection whose greeting is still arriving.
 struct Pending {
   Socket sock;
@@ -73,6 +76,11 @@ void root_main(Socket listener, std::array<uint8_t, kSecretBytes> secret) {
   auto admit = [&](Socket c, const Hello& h) -> bool {
     if (h.magic != kIdMagic || std::memcmp(h.secret, secret.data(), kSecretBytes) != 0) {
       MC_WARN("bootstrap root: refused a connection that did not present this id's secret");
+      // A rank of another job (another MESHCCL_COMM_SECRET) learns why at
+      // once; the reply tells a stranger nothing it did not send.
+      if (h.magic == kIdMagic)
+        send_reply(c, ncclInvalidUsage, "the bootstrap root at this address serves another communicator (wrong "
+                                        "secret: a different ncclUniqueId, or a different MESHCCL_COMM_SECRET)");
       return true;
     }
     std::string err;
@@ -97,6 +105,7 @@ void root_main(Socket listener, std::array<uint8_t, kSecretBytes> secret) {
     }
     conns[h.rank] = std::move(c);
     infos[h.rank] = h.info;
+    infos[h.rank].rank = h.rank;
     ++joined;
     return true;
   };
@@ -137,7 +146,13 @@ void root_main(Socket listener, std::array<uint8_t, kSecretBytes> secret) {
     pending.swap(still);
     if (fds[0].revents & POLLIN) {
       int fd = ::accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd >= 0) pending.push_back(Pending{Socket(fd), Hello{}, 0, now + 10e6});
+      if (fd >= 0) {
+        if (pending.size() >= kMaxPending) {  // the oldest stranger makes room
+          MC_WARN("bootstrap root: more than %zu connections without a greeting; dropped the oldest", kMaxPending);
+          pending.erase(pending.begin());
+        }
+        pending.push_back(Pending{Socket(fd), Hello{}, 0, now + 10e6});
+      }
     }
   }
   for (int r = 0; r < nranks; ++r) {
@@ -151,6 +166,31 @@ void root_main(Socket listener, std::array<uint8_t, kSecretBytes> secret) {
 }
 
 }  // namespace
+
+static std::string fixed_secret_material() {
+  const std::string& secret = param_str(Param::CommSecret);
+  if (!secret.empty()) {
+    if (secret.size() < 16)
+      warn_once("MESHCCL_COMM_SECRET", "MESHCCL_COMM_SECRET is shorter than 16 characters: easy to guess");
+    return "secret:" + secret;
+  }
+  // The job's id as the launcher names it: the same in every rank of a job,
+  // different between jobs.
+  for (const char* var : {"SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"}) {
+    if (const char* v = std::getenv(var)) {
+      if (*v == '\0') continue;
+      std::string out = std::string("job:") + var + "=" + v;
+      if (std::strcmp(var, "SLURM_JOB_ID") == 0)
+        if (const char* step = std::getenv("SLURM_STEP_ID")) out += std::string(".") + step;
+      warn_once("MESHCCL_COMM_ID", "MESHCCL_COMM_ID without MESHCCL_COMM_SECRET: another job cannot join by mistake, "
+                "but anyone who can read this job's environment or guess its id can; set MESHCCL_COMM_SECRET");
+      return out;
+    }
+  }
+  warn_once("MESHCCL_COMM_ID", "MESHCCL_COMM_ID without MESHCCL_COMM_SECRET or a launcher job id: anyone who can "
+            "reach that address can join the communicator; set MESHCCL_COMM_SECRET to a random string");
+  return "";
+}
 
 Status root_start(const SockAddr& at, const uint8_t secret[kSecretBytes], SockAddr* bound) {
   Socket listener;
@@ -172,9 +212,13 @@ Status id_create(ncclUniqueId* id) {
   if (!fixed.empty()) {
     MC_TRY(parse_host_port(fixed, &addr));
     c.flags = kIdFixedAddress;
-    // Every rank builds the same id from the same variable, so the secret is
-    // derived from it rather than random.
-    uint64_t h1 = hash64(fixed.data(), fixed.size(), 1), h2 = hash64(fixed.data(), fixed.size(), 2);
+    // Every rank builds the same id from the same variables, so the secret
+    // is derived rather than random: from MESHCCL_COMM_SECRET, else from the
+    // launcher's job id, so that another job using the same address is
+    // refused (it is no defence against a local attacker: see docs/security.md).
+    std::string material = fixed_secret_material();
+    std::string keyed = fixed + '\0' + material;
+    uint64_t h1 = hash64(keyed.data(), keyed.size(), 1), h2 = hash64(keyed.data(), keyed.size(), 2);
     std::memcpy(c.secret, &h1, 8);
     std::memcpy(c.secret + 8, &h2, 8);
   } else {
@@ -213,10 +257,21 @@ Status id_decode(const ncclUniqueId& id, IdContents* out, SockAddr* root) {
 }
 
 Status root_exchange(const SockAddr& root, const uint8_t secret[kSecretBytes], int nranks, int rank,
-                     const PeerInfo& mine, std::vector<PeerInfo>* all, AbortFlag abort) {
+                     const PeerInfo& mine, std::vector<PeerInfo>* all, AbortFlag abort, bool fixed_address) {
   Deadline dl = Deadline::from_timeout_param();
   Socket s;
-  MC_TRY(socket_connect(root, dl, abort, &s));
+  if (fixed_address) {
+    MC_TRY(socket_connect(root, dl, abort, &s));  // rank 0 may start its root later
+  } else {
+    // ncclGetUniqueId started the root before the id existed: if nobody
+    // listens now, nobody will.
+    const double t = timeout_seconds();
+    Status st = socket_connect(root, Deadline::after(t > 0 && t < kRootGoneSeconds ? t : kRootGoneSeconds), abort, &s);
+    if (st.code() != ncclRemoteError) MC_TRY(st);
+    if (!st.ok())
+      return MC_ERROR(ncclInvalidArgument, "rank %d: nobody serves this ncclUniqueId at %s: each id serves one communicator (was it used "
+                      "already?), and the process that created it must still run", rank, root.str().c_str());
+  }
   Hello h{};
   h.magic = kIdMagic;
   std::memcpy(h.secret, secret, kSecretBytes);
@@ -235,6 +290,20 @@ Status root_exchange(const SockAddr& root, const uint8_t secret[kSecretBytes], i
   }
   all->resize(nranks);
   MC_TRY(socket_recv_all(s, all->data(), sizeof(PeerInfo) * nranks, dl, abort));
+  return check_peer_table(all, nranks);
+}
+
+Status check_peer_table(std::vector<PeerInfo>* all, int nranks) {
+  if (nranks < 1 || all->size() != static_cast<size_t>(nranks))
+    return MC_ERROR(ncclInternalError, "bootstrap: the rank table has %zu entries for %d ranks", all->size(), nranks);
+  for (int r = 0; r < nranks; ++r) {
+    PeerInfo& p = (*all)[r];
+    p.host_id[sizeof(p.host_id) - 1] = '\0';
+    const int family = p.bootstrap_addr.ss_family;
+    if (p.rank != r || (family != AF_INET && family != AF_INET6))
+      return MC_ERROR(ncclRemoteError, "bootstrap: malformed rank table from the root (entry %d: rank %d, address "
+                      "family %d)", r, p.rank, family);
+  }
   return kOk;
 }
 

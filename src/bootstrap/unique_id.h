@@ -33,8 +33,12 @@ Status id_decode(const ncclUniqueId& id, IdContents* out, SockAddr* root);
 // Starts the root rendezvous thread listening at `at` (port may be 0); fills
 // the bound address.
 Status root_start(const SockAddr& at, const uint8_t secret[kSecretBytes], SockAddr* bound);
+// The rank table the root sent, checked before any of it is used: entry r
+// is rank r, with an IPv4 or IPv6 bootstrap address; host ids are cut to
+// their field.
+Status check_peer_table(std::vector<PeerInfo>* all, int nranks);
 // Rank side of the rendezvous: sends my info, receives everyone's.
 Status root_exchange(const SockAddr& root, const uint8_t secret[kSecretBytes], int nranks, int rank,
-                     const PeerInfo& mine, std::vector<PeerInfo>* all, AbortFlag abort);
+                     const PeerInfo& mine, std::vector<PeerInfo>* all, AbortFlag abort, bool fixed_address);
 
 }  // namespace meshccl

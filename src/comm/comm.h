@@ -76,6 +76,11 @@ struct ncclComm {
   std::mutex ops_mu;
   std::vector<meshccl::DynamicOp> dyn_ops;
 
+  // The message of the last call on this communicator that failed
+  // (ncclGetLastError(comm)); guarded by error_mu.
+  std::mutex error_mu;
+  std::string last_error;
+
   // Known-dead peers, checked while operations wait.
   meshccl::Status check_peers();
 };

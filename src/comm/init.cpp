@@ -114,7 +114,8 @@ Status comm_init_rank(ncclComm* comm, int nranks, const ncclUniqueId& id, int ra
   PeerInfo mine = local_peer_info();
   mine.rank = rank;
   std::memcpy(&mine.bootstrap_addr, &bound.ss, sizeof(bound.ss));
-  MC_TRY(root_exchange(root, c.secret, nranks, rank, mine, &comm->peers, &comm->abort_flag));
+  MC_TRY(root_exchange(root, c.secret, nranks, rank, mine, &comm->peers, &comm->abort_flag,
+                       (c.flags & kIdFixedAddress) != 0));
   std::vector<SockAddr> addrs(nranks);
   for (int r = 0; r < nranks; ++r) {
     std::memcpy(&addrs[r].ss, &comm->peers[r].bootstrap_addr, sizeof(sockaddr_storage));

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/id_text.h"
 #include "meshccl.h"
 #include "util/log.h"
 #include "util/param.h"
@@ -54,7 +55,6 @@ constexpr LauncherVars kLaunchers[] = {
     {"Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
 };
 
-constexpr const char* kIdHeader = "meshccl-id 1";
 constexpr int kDefaultTimeoutS = 300;
 
 bool parse_int(const char* text, int* value) {
@@ -146,44 +146,44 @@ std::string job_key() {
   return "ppid-" + std::to_string(ppid) + (start.empty() ? "" : "-" + start);
 }
 
-std::string comm_file_path() {
+// The directory of default id files: /tmp/meshccl-<uid>, made 0700 by its
+// first user. Another user could otherwise plant an id file there and pull
+// this job's ranks into a communicator of theirs; one who made the directory
+// first (or a link in its place) is refused, not trusted.
+Status private_dir(std::string* out) {
+  const uid_t uid = ::geteuid();
+  std::string dir = "/tmp/meshccl-" + std::to_string(uid);
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    return MC_ERROR(ncclSystemError, "meshcclCommInitFromEnv: cannot create %s: %s (set MESHCCL_COMM_FILE to a "
+                    "private path)", dir.c_str(), std::strerror(errno));
+  struct stat st{};
+  if (::lstat(dir.c_str(), &st) != 0)
+    return MC_ERROR(ncclSystemError, "meshcclCommInitFromEnv: cannot inspect %s: %s", dir.c_str(), std::strerror(errno));
+  if (!S_ISDIR(st.st_mode) || st.st_uid != uid || (st.st_mode & 077) != 0)
+    return MC_ERROR(ncclInvalidUsage, "meshcclCommInitFromEnv: refusing %s for id files: it is %s (it must be a "
+                    "directory of uid %u with mode 0700; remove it, or set MESHCCL_COMM_FILE)", dir.c_str(),
+                    !S_ISDIR(st.st_mode) ? "not a directory" : st.st_uid != uid ? "owned by another user"
+                                                                                : "open to other users",
+                    static_cast<unsigned>(uid));
+  *out = dir;
+  return kOk;
+}
+
+Status comm_file_path(std::string* out) {
   const char* v = param_env(Param::CommFile);
-  if (v != nullptr && *v != '\0') return v;
-  return "/tmp/meshccl-" + job_key() + ".id";
+  if (v != nullptr && *v != '\0') {
+    *out = v;
+    return kOk;
+  }
+  std::string dir;
+  MC_TRY(private_dir(&dir));
+  *out = dir + "/" + job_key() + ".id";
+  return kOk;
 }
 
 int timeout_s() {
   int64_t t = param_int(Param::Timeout);
   return t > 0 ? static_cast<int>(std::min<int64_t>(t, 1 << 30)) : kDefaultTimeoutS;
-}
-
-std::string to_hex(const ncclUniqueId& id) {
-  static const char digits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(2 * sizeof id.internal);
-  for (char c : id.internal) {
-    auto b = static_cast<unsigned char>(c);
-    out += digits[b >> 4];
-    out += digits[b & 15];
-  }
-  return out;
-}
-
-bool from_hex(const std::string& hex, ncclUniqueId* id) {
-  if (hex.size() != 2 * sizeof id->internal) return false;
-  auto nibble = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
-  for (size_t i = 0; i < sizeof id->internal; ++i) {
-    int hi = nibble(hex[2 * i]);
-    int lo = nibble(hex[2 * i + 1]);
-    if (hi < 0 || lo < 0) return false;
-    id->internal[i] = static_cast<char>(hi << 4 | lo);
-  }
-  return true;
 }
 
 // Every rank counts its meshcclCommInitFromEnv calls; the count travels in
@@ -194,9 +194,11 @@ std::atomic<unsigned long> g_generation{0};
 // Written to a temporary file and renamed, so readers see all of it or nothing.
 Status publish_id(const std::string& path, unsigned long generation, const ncclUniqueId& id) {
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  std::string text = std::string(kIdHeader) + " " + std::to_string(generation) + " " + to_hex(id) + "\n";
-  // 0600: the id carries the job's secret.
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  std::string text = id_text(generation, id);
+  // 0600: the id carries the job's secret. A new file, never one that was
+  // there (or a link planted in its name).
+  ::unlink(tmp.c_str());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0)
     return MC_ERROR(ncclSystemError, "meshcclCommInitFromEnv: cannot create %s: %s (set MESHCCL_COMM_FILE to a "
                     "writable path)", tmp.c_str(), std::strerror(errno));
@@ -228,29 +230,27 @@ enum class ReadResult { kReady, kAbsent, kStale };
 // is not an id file at all, is an error.
 Status read_id(const std::string& path, unsigned long generation, ncclUniqueId* id, ReadResult* result) {
   *result = ReadResult::kAbsent;
-  FILE* f = std::fopen(path.c_str(), "re");
-  if (f == nullptr) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
     if (errno == ENOENT) return kOk;
-    return MC_ERROR(ncclSystemError, "meshcclCommInitFromEnv: cannot read %s: %s", path.c_str(),
-                    std::strerror(errno));
+    return MC_ERROR(ncclSystemError, "meshcclCommInitFromEnv: cannot read %s: %s%s", path.c_str(),
+                    std::strerror(errno), errno == ELOOP ? " (a symbolic link: refused)" : "");
+  }
+  // Only an id this user wrote, that no other user could have changed.
+  struct stat st{};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & S_IWOTH) != 0) {
+    ::close(fd);
+    return MC_ERROR(ncclInvalidUsage, "meshcclCommInitFromEnv: refusing the id file %s: %s", path.c_str(),
+                    !S_ISREG(st.st_mode)          ? "not a regular file"
+                    : st.st_uid != ::geteuid()    ? "owned by another user"
+                                                  : "writable by other users");
   }
   char buf[512] = {};
-  size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-  std::fclose(f);
-  std::string text(buf, n);
-  std::string header = std::string(kIdHeader) + " ";
-  size_t sp = text.find(' ', header.size());
+  ssize_t got = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  std::string text(buf, got > 0 ? static_cast<size_t>(got) : 0);
   unsigned long gen = 0;
-  bool ok = text.compare(0, header.size(), header) == 0 && sp != std::string::npos;
-  if (ok) {
-    std::string gen_s = text.substr(header.size(), sp - header.size());
-    char* end = nullptr;
-    gen = std::strtoul(gen_s.c_str(), &end, 10);
-    ok = !gen_s.empty() && *end == '\0';
-  }
-  std::string hex = ok ? text.substr(sp + 1) : "";
-  while (!hex.empty() && (hex.back() == '\n' || hex.back() == '\r')) hex.pop_back();
-  if (!ok || !from_hex(hex, id))
+  if (!parse_id_text(text, &gen, id))
     return MC_ERROR(ncclInvalidUsage, "meshcclCommInitFromEnv: %s is not a meshccl id file (remove it, or point "
                     "MESHCCL_COMM_FILE elsewhere)", path.c_str());
   if (gen < generation) {
@@ -324,7 +324,7 @@ Status comm_init_from_env(ncclComm_t* comm, ncclConfig_t* config) {
     // The id encodes the fixed address, so every rank derives the same one.
     MC_TRY(ncclGetUniqueId(&id));
   } else {
-    path = comm_file_path();
+    MC_TRY(comm_file_path(&path));
     if (info.rank == 0) {
       MC_TRY(ncclGetUniqueId(&id));
       MC_TRY(publish_id(path, generation, id));

@@ -2,6 +2,8 @@
 
 #include <dirent.h>
 #include <dlfcn.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdarg>
 #include <cstring>
@@ -38,6 +40,19 @@ int host_find_shared(const void* ptr, size_t size, meshccl_shared_region_v1_t* o
 }
 
 const meshccl_transport_v1_t* const kBuiltin[] = {&meshccl_transport_shm, &meshccl_transport_socket};
+
+// Code is loaded only from places other users cannot write: a directory or
+// library writable by others (world-writable, sticky /tmp included) could
+// hold anyone's code. "" when path may be loaded (or does not exist).
+std::string unsafe_to_load(const std::string& dir, const std::string& path) {
+  struct stat st{};
+  if (::stat(path.c_str(), &st) != 0) return "";  // dlopen reports it missing
+  if ((st.st_mode & S_IWOTH) != 0) return "the library is writable by other users";
+  if (st.st_uid != 0 && st.st_uid != ::geteuid()) return "the library belongs to another user";
+  if (::stat(dir.c_str(), &st) != 0) return "";
+  if ((st.st_mode & S_IWOTH) != 0) return "its directory is writable by other users";
+  return "";
+}
 
 std::vector<std::string> plugin_dirs() {
   std::vector<std::string> dirs;
@@ -84,6 +99,12 @@ Status find_transport(const std::string& name, const meshccl_transport_v1_t** ou
   std::string tried;
   for (const std::string& dir : plugin_dirs()) {
     std::string path = dir + "/" + file;
+    std::string unsafe = unsafe_to_load(dir, path);
+    if (!unsafe.empty()) {
+      MC_WARN("transport %s: not loading %s: %s", name.c_str(), path.c_str(), unsafe.c_str());
+      tried += " " + path + " (refused: " + unsafe + ")";
+      continue;
+    }
     void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (h == nullptr) {
       tried += " " + path;

@@ -19,6 +19,16 @@ class LiveSet {
     std::lock_guard<std::mutex> lock(mu_);
     live_.erase(p);
   }
+  // Removes p if it is live and pred(*p) holds, under the set's lock, so two
+  // threads handing back the same object cannot both succeed.
+  template <typename Pred>
+  bool take_if(const void* p, Pred pred) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = live_.find(static_cast<const T*>(p));
+    if (it == live_.end() || !pred(**it)) return false;
+    live_.erase(it);
+    return true;
+  }
   bool contains(const void* p) const {
     std::lock_guard<std::mutex> lock(mu_);
     return live_.count(static_cast<const T*>(p)) != 0;

@@ -1,5 +1,6 @@
 #include "util/log.h"
 
+#include <fcntl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <ctime>
 #include <mutex>
+#include <set>
 #include <string>
 
 #include "util/param.h"
@@ -37,6 +39,7 @@ LogState& state() {
 }
 
 thread_local std::string t_last_error;
+thread_local bool t_in_log = false;  // this thread holds the log lock (settings are read under it)
 std::atomic<int> g_level{-1};  // cached level; -1 = not initialized
 std::atomic<uint32_t> g_subsys{0};
 
@@ -92,7 +95,12 @@ void init_locked(LogState& s) {
         path += file[i];
       }
     }
-    if (FILE* f = std::fopen(path.c_str(), "w")) s.out = f;
+    // Never through a symbolic link planted at that name.
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      if (FILE* f = ::fdopen(fd, "w")) s.out = f;
+      else ::close(fd);
+    }
   }
   g_subsys.store(s.subsys);
   g_level.store(static_cast<int>(s.level));
@@ -105,7 +113,9 @@ LogLevel log_level() {
   if (l < 0) {
     LogState& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
+    t_in_log = true;
     init_locked(s);
+    t_in_log = false;
     l = static_cast<int>(s.level);
   }
   return static_cast<LogLevel>(l);
@@ -134,7 +144,9 @@ void log_msg(LogLevel level, uint32_t subsys, const char* file, int line, const 
 
   LogState& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
+  t_in_log = true;
   init_locked(s);
+  t_in_log = false;
   if (level == LogLevel::Warn) s.last_error = t_last_error = msg;
   if (s.level < level) return;
   if (level > LogLevel::Warn && (s.subsys & subsys) == 0) return;
@@ -160,6 +172,22 @@ void log_msg(LogLevel level, uint32_t subsys, const char* file, int line, const 
     std::fprintf(s.out, "%s:%d:%ld [0] NCCL INFO %s\n", s.host, getpid(), tid, msg);
   }
   std::fflush(s.out);
+}
+
+void warn_once(const std::string& key, const char* fmt, ...) {
+  static std::mutex* mu = new std::mutex();
+  static auto* seen = new std::set<std::string>();  // never freed: warnings may come during exit
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  {
+    std::lock_guard<std::mutex> lock(*mu);
+    if (!seen->insert(key).second) return;
+  }
+  std::fprintf(stderr, "meshccl: warning: %s\n", msg);
+  if (!t_in_log) log_msg(LogLevel::Warn, kEnv, __FILE__, __LINE__, "%s", msg);
 }
 
 std::string last_error() {

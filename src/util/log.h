@@ -35,6 +35,9 @@ void log_msg(LogLevel level, uint32_t subsys, const char* file, int line, const 
     __attribute__((format(printf, 5, 6)));
 // Re-read the debug settings at the next log line (ncclResetDebugInit).
 void log_reset();
+// A warning about the process's settings: printed on stderr once per key
+// (whatever MESHCCL_DEBUG says) and logged as a WARN.
+void warn_once(const std::string& key, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 // Text of the last WARN in this process ("" if none).
 std::string last_error();
 void set_last_error(const std::string& msg);

@@ -1,5 +1,7 @@
 #include "util/param.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <memory>
@@ -38,6 +40,36 @@ struct Snapshot {
 
 std::atomic<const Snapshot*> g_snapshot{nullptr};
 std::mutex g_refresh_mu;
+// Every snapshot made, kept reachable (readers may still hold an old one;
+// a new one is made only when the environment changed).
+std::vector<std::unique_ptr<const Snapshot>>& kept() {
+  static auto* v = new std::vector<std::unique_ptr<const Snapshot>>();
+  return *v;
+}
+
+// Variables with the MESHCCL_ prefix that are not settings: what launchers
+// set for each rank, and the build, test and cluster scripts' own.
+bool known_other(const std::string& name) {
+  static const char* const names[] = {"MESHCCL_RANK", "MESHCCL_NRANKS", "MESHCCL_LOCAL_RANK", "MESHCCL_LOCAL_SIZE",
+                                      "MESHCCL_BUILD_DIR", "MESHCCL_PACKAGES"};
+  for (const char* n : names)
+    if (name == n) return true;
+  return name.rfind("MESHCCL_TEST_", 0) == 0 || name.rfind("MESHCCL_CLUSTER_", 0) == 0;
+}
+
+// A MESHCCL_ variable that names no setting is most likely a typo.
+void warn_unknown(const std::vector<ParamInfo>& t) {
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    if (std::strncmp(*e, "MESHCCL_", 8) != 0) continue;
+    const char* eq = std::strchr(*e, '=');
+    std::string name = eq != nullptr ? std::string(*e, static_cast<size_t>(eq - *e)) : std::string(*e);
+    bool found = known_other(name);
+    for (size_t i = 0; i < t.size() && !found; ++i) found = name == t[i].name;
+    if (!found)
+      warn_once("unknown " + name, "%s is not a meshccl setting (a typo?); ignored. meshccl_info lists them all",
+                name.c_str());
+  }
+}
 
 const char* read_env(const ParamInfo& info) {
   const char* v = std::getenv(info.name);
@@ -86,10 +118,23 @@ void param_refresh() {
     fresh->num[i] = parse_int(v, def, &bad);
     fresh->malformed[i] = bad;
   }
+  // A timeout must be a positive number of seconds: 0 or a negative value
+  // would mean "wait forever", which no wait in meshccl may do.
+  const size_t ti = static_cast<size_t>(Param::Timeout);
+  if (fresh->set[ti] && (fresh->malformed[ti] || fresh->num[ti] <= 0)) {
+    warn_once("MESHCCL_TIMEOUT=" + fresh->value[ti],
+              "MESHCCL_TIMEOUT=\"%s\" is not a positive number of seconds; using the default %s",
+              fresh->value[ti].c_str(), table()[ti].default_value);
+    bool unused = false;
+    fresh->num[ti] = parse_int(table()[ti].default_value, 300, &unused);
+    fresh->malformed[ti] = false;
+  }
+  warn_unknown(table());
   std::lock_guard<std::mutex> lock(g_refresh_mu);
   const Snapshot* cur = g_snapshot.load(std::memory_order_acquire);
   if (cur != nullptr && cur->value == fresh->value && cur->set == fresh->set) return;
-  g_snapshot.store(fresh.release(), std::memory_order_release);  // the old one stays valid for readers
+  g_snapshot.store(fresh.get(), std::memory_order_release);  // the old one stays valid for readers
+  kept().push_back(std::move(fresh));
 }
 
 const char* param_env(Param p) {
@@ -104,11 +149,9 @@ int64_t param_int(Param p) {
   const Snapshot& s = snapshot();
   const size_t i = static_cast<size_t>(p);
   if (s.malformed[i]) {
-    static std::once_flag warned[static_cast<size_t>(Param::Count)];
     const ParamInfo& info = param_info(p);
-    std::call_once(warned[i], [&] {
-      MC_WARN("%s=\"%s\" is not an integer; using the default %s", info.name, s.value[i].c_str(), info.default_value);
-    });
+    warn_once(std::string(info.name) + "=" + s.value[i], "%s=\"%s\" is not an integer; using the default %s",
+              info.name, s.value[i].c_str(), info.default_value);
   }
   return s.num[i];
 }
@@ -122,8 +165,7 @@ double param_double(Param p, double unset) {
   double x = std::strtod(v, &end);
   while (end != nullptr && (*end == ' ' || *end == '\t')) ++end;
   if (end == v || (end != nullptr && *end != '\0')) {
-    static std::once_flag warned[static_cast<size_t>(Param::Count)];
-    std::call_once(warned[static_cast<size_t>(p)], [&] { MC_WARN("%s=\"%s\" is not a number; ignored", info.name, v); });
+    warn_once(std::string(info.name) + "=" + v, "%s=\"%s\" is not a number; ignored", info.name, v);
     return unset;
   }
   return x;

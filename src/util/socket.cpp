@@ -73,6 +73,14 @@ Status pick_interface(SockAddr* out, std::string* ifname) {
   int family = fam == "AF_INET" ? AF_INET : fam == "AF_INET6" ? AF_INET6 : AF_UNSPEC;
   std::vector<plugin::socket::Iface> all = plugin::socket::list_ifaces();
   int i = plugin::socket::pick_iface(all, spec.c_str(), family);
+  if (i < 0 && all.empty()) {
+    // Listing the interfaces needs a socket: at the descriptor limit that,
+    // not the network, is what failed.
+    int probe = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (probe < 0 && (errno == EMFILE || errno == ENFILE))
+      return MC_ERROR(ncclSystemError, "cannot list network interfaces: %s (out of file descriptors?)", strerror(errno));
+    if (probe >= 0) ::close(probe);
+  }
   if (i < 0)
     return MC_ERROR(ncclSystemError, "no usable network interface%s%s",
                     spec.empty() ? "" : " matches MESHCCL_SOCKET_IFNAME=", spec.c_str());

@@ -238,10 +238,16 @@ TEST(Errors, ArgumentChecks) {
     EXPECT_EQ(a2a[1], 100 + rank);
     // Count 0 with NULL buffers is legal.
     EXPECT_EQ(ncclAllReduce(nullptr, nullptr, 0, ncclInt, ncclSum, comm, nullptr), ncclSuccess);
-    // An invalid argument inside a group fails that call only.
+    // An invalid argument inside a group fails the call and, as in NCCL, the
+    // group: ncclGroupEnd returns the first error and nothing of it runs.
     ASSERT_EQ(ncclGroupStart(), ncclSuccess);
     EXPECT_EQ(ncclSend(&x, 1, ncclInt, 9, comm, nullptr), ncclInvalidArgument);
     int y = rank + 1, z = 0;
+    EXPECT_EQ(ncclAllReduce(&y, &z, 1, ncclInt, ncclSum, comm, nullptr), ncclSuccess);
+    ASSERT_EQ(ncclGroupEnd(), ncclInvalidArgument);
+    EXPECT_EQ(z, 0);
+    // The next group is unaffected.
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
     EXPECT_EQ(ncclAllReduce(&y, &z, 1, ncclInt, ncclSum, comm, nullptr), ncclSuccess);
     ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
     EXPECT_EQ(z, 3);

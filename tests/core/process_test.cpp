@@ -134,13 +134,15 @@ INSTANTIATE_TEST_SUITE_P(Transports, ProcessCollectives,
 void killed_rank_case(const char* transport) {
   set_timeout_env();
   const int n = 4, victim = 3;
-  ncclUniqueId id;
-  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  SharedArray<SharedId> sid(1);
   SharedSlots slots(n);
   auto kids = run_procs(n, kChildDeadline, [&](int rank) {
     if (transport) setenv("MESHCCL_TRANSPORT", transport, 1);
+    ncclUniqueId id;
+    ncclResult_t res = shared_id(sid, rank, &id);
+    if (res != ncclSuccess) return fail(9, rank, "ncclGetUniqueId", res);
     ncclComm_t comm = nullptr;
-    ncclResult_t res = ncclCommInitRank(&comm, n, id, rank);
+    res = ncclCommInitRank(&comm, n, id, rank);
     if (res != ncclSuccess) return fail(10, rank, "ncclCommInitRank", res);
     std::vector<float> buf(65536, 1.0f);
     res = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, comm, nullptr);

@@ -64,6 +64,28 @@ class SharedArray {
 };
 using SharedSlots = SharedArray<Slot>;
 
+// An id made by rank 0 after the fork, so that the parent forks while it has
+// no thread of the library (ncclGetUniqueId starts one; forking beside it
+// could copy a held lock into a child, which then hangs).
+struct SharedId {
+  volatile int ready = 0;
+  ncclUniqueId id;
+};
+inline ncclResult_t shared_id(SharedArray<SharedId>& sid, int rank, ncclUniqueId* out) {
+  if (rank == 0) {
+    ncclResult_t r = ncclGetUniqueId(&sid[0].id);
+    if (r != ncclSuccess) return r;
+    __atomic_store_n(&sid[0].ready, 1, __ATOMIC_RELEASE);
+  }
+  auto t0 = Clock::now();
+  while (__atomic_load_n(&sid[0].ready, __ATOMIC_ACQUIRE) == 0) {
+    if (since(t0) > 30) return ncclSystemError;
+    usleep(1000);
+  }
+  *out = sid[0].id;
+  return ncclSuccess;
+}
+
 // Forks n children; child r runs body(r) and exits with its return value.
 // Children still running after deadline_s are killed with SIGKILL.
 inline std::vector<Child> run_procs(int n, double deadline_s, const std::function<int(int)>& body) {

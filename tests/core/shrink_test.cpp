@@ -100,8 +100,7 @@ class ShrinkAfterKill : public ::testing::TestWithParam<KillCase> {};
 TEST_P(ShrinkAfterKill, SurvivorsComputeCorrectly) {
   const KillCase& kc = GetParam();
   const int n = kc.nranks;
-  ncclUniqueId id;
-  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  SharedArray<SharedId> sid(1);  // made by rank 0 after the fork (procs.h)
   SharedArray<Report> reports(n);
   const unsigned seed = static_cast<unsigned>(std::random_device{}());
   std::vector<int> survivors;
@@ -111,8 +110,11 @@ TEST_P(ShrinkAfterKill, SurvivorsComputeCorrectly) {
     if (kc.transport) setenv("MESHCCL_TRANSPORT", kc.transport, 1);
     if (kc.hosts) setenv("MESHCCL_HOSTID", ("host" + std::to_string(rank / 2)).c_str(), 1);
     if (kc.plans) setenv("MESHCCL_DIRECT_SLOT_BYTES", "0", 1);
+    ncclUniqueId id;
+    ncclResult_t res = shared_id(sid, rank, &id);
+    if (res != ncclSuccess) return fail(9, rank, "ncclGetUniqueId", res);
     ncclComm_t comm = nullptr;
-    ncclResult_t res = ncclCommInitRank(&comm, n, id, rank);
+    res = ncclCommInitRank(&comm, n, id, rank);
     if (res != ncclSuccess) return fail(10, rank, "ncclCommInitRank", res);
     const bool victim = std::find(kc.victims.begin(), kc.victims.end(), rank) != kc.victims.end();
     if (victim) {
@@ -187,12 +189,14 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(Shrink, DefaultOnHealthyCommunicator) {
   const int n = 5;
   const std::vector<int> excl = {1, 3};
-  ncclUniqueId id;
-  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  SharedArray<SharedId> sid(1);  // made by rank 0 after the fork (procs.h)
   SharedArray<Report> reports(n);
   auto kids = run_procs(n, kChildDeadline, [&](int rank) {
+    ncclUniqueId id;
+    ncclResult_t res = shared_id(sid, rank, &id);
+    if (res != ncclSuccess) return fail(9, rank, "ncclGetUniqueId", res);
     ncclComm_t comm = nullptr;
-    ncclResult_t res = ncclCommInitRank(&comm, n, id, rank);
+    res = ncclCommInitRank(&comm, n, id, rank);
     if (res != ncclSuccess) return fail(10, rank, "ncclCommInitRank", res);
     std::vector<int> identity = {0, 1, 2, 3, 4};
     int rc = allreduce_check<float>(comm, rank, n, 1000, ncclFloat, false, identity, 11);
@@ -225,12 +229,14 @@ TEST(Shrink, DefaultOnHealthyCommunicator) {
 
 // Bad calls: clear errors, no communicator made, nothing sent.
 TEST(Shrink, BadArguments) {
-  ncclUniqueId id;
-  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  SharedArray<SharedId> sid(1);  // made by rank 0 after the fork (procs.h)
   SharedArray<Report> reports(2);
   auto kids = run_procs(2, kChildDeadline, [&](int rank) {
+    ncclUniqueId id;
+    ncclResult_t res = shared_id(sid, rank, &id);
+    if (res != ncclSuccess) return fail(9, rank, "ncclGetUniqueId", res);
     ncclComm_t comm = nullptr;
-    ncclResult_t res = ncclCommInitRank(&comm, 2, id, rank);
+    res = ncclCommInitRank(&comm, 2, id, rank);
     if (res != ncclSuccess) return fail(10, rank, "ncclCommInitRank", res);
     ncclComm_t child = reinterpret_cast<ncclComm_t>(0x1);
     int self = rank, out = 2, neg = -1, other = 1 - rank;
@@ -260,12 +266,14 @@ TEST(Shrink, BadArguments) {
 // told different exclude lists fail with ncclInvalidUsage, not a hang.
 TEST(Shrink, DefaultAfterFailureAndDisagreement) {
   const int n = 4;
-  ncclUniqueId id;
-  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  SharedArray<SharedId> sid(1);  // made by rank 0 after the fork (procs.h)
   SharedArray<Report> reports(n);
   auto kids = run_procs(n, kChildDeadline, [&](int rank) {
+    ncclUniqueId id;
+    ncclResult_t res = shared_id(sid, rank, &id);
+    if (res != ncclSuccess) return fail(9, rank, "ncclGetUniqueId", res);
     ncclComm_t comm = nullptr;
-    ncclResult_t res = ncclCommInitRank(&comm, n, id, rank);
+    res = ncclCommInitRank(&comm, n, id, rank);
     if (res != ncclSuccess) return fail(10, rank, "ncclCommInitRank", res);
     std::vector<float> buf(1000, 1.0f);
     if (ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, comm, nullptr) != ncclSuccess) return 11;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -200,6 +201,44 @@ TEST_F(IdFile, UnwritableDirectoryFailsOnRankZero) {
   EXPECT_NE(last_error().find("no/such/dir"), std::string::npos) << last_error();
 }
 
+// Id files another user could have planted or changed are refused, not
+// trusted (a planted id once pulled a rank into a stranger's communicator).
+TEST_F(IdFile, PlantedOrLinkedFilesAreRefused) {
+  write("meshccl-id 1 1 " + std::string(256, '0') + "\n");
+  ASSERT_EQ(::chmod(path_.c_str(), 0666), 0);
+  EXPECT_EQ(init(), ncclInvalidUsage);
+  EXPECT_NE(last_error().find("writable by other users"), std::string::npos) << last_error();
+  ASSERT_EQ(::chmod(path_.c_str(), 0600), 0);
+  if (::geteuid() == 0) {  // only root can give a file away
+    ASSERT_EQ(::chown(path_.c_str(), 65534, 65534), 0);
+    EXPECT_EQ(init(), ncclInvalidUsage);
+    EXPECT_NE(last_error().find("owned by another user"), std::string::npos) << last_error();
+  }
+  std::string target = dir_.path() + "/target.id";
+  ASSERT_EQ(::rename(path_.c_str(), target.c_str()), 0);
+  ASSERT_EQ(::symlink(target.c_str(), path_.c_str()), 0);
+  EXPECT_EQ(init(), ncclSystemError);
+  EXPECT_NE(last_error().find("symbolic link"), std::string::npos) << last_error();
+}
+
+// Without MESHCCL_COMM_FILE the id goes through /tmp/meshccl-<uid>, a 0700
+// directory of this user; one open to others is refused.
+TEST_F(IdFile, DefaultDirectoryIsPrivate) {
+  ::unsetenv("MESHCCL_COMM_FILE");
+  const std::string dir = "/tmp/meshccl-" + std::to_string(::geteuid());
+  EXPECT_EQ(init(), ncclSystemError);  // nobody publishes: times out
+  EXPECT_NE(last_error().find(dir + "/"), std::string::npos) << last_error();
+  struct stat st{};
+  ASSERT_EQ(::lstat(dir.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  EXPECT_EQ(st.st_uid, ::geteuid());
+  ASSERT_EQ(::chmod(dir.c_str(), 0777), 0);
+  EXPECT_EQ(init(), ncclInvalidUsage);
+  EXPECT_NE(last_error().find("open to other users"), std::string::npos) << last_error();
+  ASSERT_EQ(::chmod(dir.c_str(), 0700), 0);
+}
+
 // --- real jobs -----------------------------------------------------------
 
 void expect_ok(const Result& r, int nranks, const std::string& what) {
@@ -245,11 +284,11 @@ TEST_F(Job, NonBlockingInit) {
 
 TEST_F(Job, DefaultIdFileIsPerJobAndRemoved) {
   // An empty MESHCCL_COMM_FILE means unset: the id goes through
-  // /tmp/meshccl-ppid-<meshrun's pid>-<its start time>.id.
+  // /tmp/meshccl-<uid>/ppid-<meshrun's pid>-<its start time>.id.
   Meshrun m({"-n", "3", "-x", "MESHCCL_COMM_FILE=", g_env_helper, "allreduce"});
   Result r = m.wait();
   expect_ok(r, 3, "default id file");
-  EXPECT_TRUE(glob_files("/tmp/meshccl-ppid-" + std::to_string(m.pid()) + "-*").empty());
+  EXPECT_TRUE(glob_files("/tmp/meshccl-" + std::to_string(::geteuid()) + "/ppid-" + std::to_string(m.pid()) + "-*").empty());
 }
 
 int free_port() {
@@ -307,7 +346,7 @@ TEST_F(Job, OpenMpiVariables) {
                                     "OMPI_MCA_ess_base_jobid=" + jobid};
   });
   expect_ok(r, 3, "Open MPI");
-  EXPECT_TRUE(glob_files("/tmp/meshccl-ompi-" + jobid + "*").empty());
+  EXPECT_TRUE(glob_files("/tmp/meshccl-" + std::to_string(::geteuid()) + "/ompi-" + jobid + "*").empty());
 }
 
 TEST_F(Job, PmiVariables) {
@@ -317,7 +356,7 @@ TEST_F(Job, PmiVariables) {
                                     "MPI_LOCALRANKID=" + std::to_string(i)};
   });
   expect_ok(r, 2, "PMI");
-  EXPECT_TRUE(glob_files("/tmp/meshccl-ppid-" + std::to_string(::getpid()) + "-*").empty());
+  EXPECT_TRUE(glob_files("/tmp/meshccl-" + std::to_string(::geteuid()) + "/ppid-" + std::to_string(::getpid()) + "-*").empty());
 }
 
 TEST_F(Job, SlurmVariables) {
@@ -328,7 +367,7 @@ TEST_F(Job, SlurmVariables) {
                                     "SLURM_STEP_ID=4"};
   });
   expect_ok(r, 3, "Slurm");
-  EXPECT_TRUE(glob_files("/tmp/meshccl-slurm-" + job + ".4*").empty());
+  EXPECT_TRUE(glob_files("/tmp/meshccl-" + std::to_string(::geteuid()) + "/slurm-" + job + ".4*").empty());
 }
 
 std::string find_in_path(const std::string& prog) {

@@ -3,6 +3,7 @@
 // streamed fallback, ring wrap-around, handle validation, settings.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -222,6 +223,36 @@ TEST(Shm, LargeCopyDoesNotStarveOtherConnections) {
   EXPECT_TRUE(order[1] == sr || order[1] == ss);
   EXPECT_STREQ(b, "ping");
   EXPECT_EQ(dst[64 * kMiB - 1], 1);
+}
+
+// A sender that closes withdraws its rendezvous payloads: once close_send
+// has returned, the receiver never reads the buffer again (it used to copy
+// on from memory the sender had freed), and its receive fails.
+TEST(Shm, CloseWithdrawsPayloadsBeingRead) {
+  Pair p;
+  ASSERT_TRUE(p.open());
+  const size_t size = 64 * kMiB;  // many copy chunks
+  const long page = sysconf(_SC_PAGESIZE);
+  const size_t len = (size + page - 1) / page * page;
+  auto* src = static_cast<unsigned char*>(mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(src, MAP_FAILED);
+  std::memset(src, 7, size);
+  std::vector<unsigned char> dst(size);
+  void* sreq = nullptr;
+  void* rreq = nullptr;
+  ASSERT_EQ(t->isend(p.scomm, src, size, 1, nullptr, &sreq), MESHCCL_T_SUCCESS);
+  ASSERT_EQ(t->irecv(p.rcomm, dst.data(), size, 1, nullptr, &rreq), MESHCCL_T_SUCCESS);
+  int done = 0;
+  size_t got = 0;
+  ASSERT_EQ(t->test(rreq, &done, &got), MESHCCL_T_SUCCESS);  // matches, copies a first chunk
+  ASSERT_EQ(done, 0);
+  ASSERT_EQ(t->close_send(p.scomm), MESHCCL_T_SUCCESS);
+  p.scomm = nullptr;
+  munmap(src, len);  // the owner frees it: a read now would fault
+  int rc = MESHCCL_T_SUCCESS;
+  for (int i = 0; i < 1000000 && !done; ++i) rc = t->test(rreq, &done, &got);
+  EXPECT_EQ(done, 1);
+  EXPECT_EQ(rc, MESHCCL_T_REMOTE_ERROR);
 }
 
 TEST(Shm, StaleOrForeignHandlesAreRefused) {
