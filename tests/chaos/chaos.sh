@@ -5,7 +5,8 @@
 # SIGSTOP past MESHCCL_TIMEOUT then SIGCONT, a host's link down and up
 # (shorter and longer than the timeout), and links saturated by iperf3.
 # Every rank must end with every op correct or a clear error; a wrong answer,
-# a hang (meshrun's --timeout), a crash (a signal not injected) or anything
+# a hang (meshrun's --timeout, or an op that failed later than twice
+# MESHCCL_TIMEOUT plus the stop), a crash (a signal not injected) or anything
 # left behind (a rank process, a namespace, a file in /dev/shm) fails the run.
 #
 #   chaos.sh <scripts/cluster> <meshrun> <chaos_ranks> [--seconds S] [--hosts H]
@@ -64,6 +65,7 @@ export MESHCCL_TIMEOUT=$timeout_s
 
 RANDOM=$seed
 rounds=0 faults=0 kills=0 stops=0 links=0 saturations=0
+slowest=0
 ops_done=0 errors=0 shrinks=0 wrong=0 hangs=0 crashes=0 leftovers=0 recovered=0
 t_end=$(( $(date +%s) + seconds ))
 
@@ -154,7 +156,12 @@ while [ "$(date +%s)" -lt "$t_end" ]; do
   nkilled=$(wc -w <"$dir/killed")
   ops_done=$(( ops_done + r_ops )); errors=$(( errors + r_err )); shrinks=$(( shrinks + r_shr ))
   wrong=$(( wrong + r_wrong + $(grep -c 'WRONG' "$dir/out") ))
+  # The slowest failing op: an error must come within the timeout of the
+  # fault (plus the stop a stopped rank itself sat through), not later.
+  r_slow=$(grep -o 'failed after [0-9.]* s' "$dir/out" | awk '{if ($3 > m) m = $3} END {print m + 0}')
+  slowest=$(awk -v a="$slowest" -v b="$r_slow" 'BEGIN {print (b > a) ? b : a}')
   verdict=ok
+  if awk -v x="$r_slow" -v t="$timeout_s" 'BEGIN {exit !(x > 2 * t + 9)}'; then hangs=$(( hangs + 1 )); verdict=SLOW; fi
   if [ "$status" = 124 ]; then hangs=$(( hangs + 1 )); verdict=HANG; fi
   # Signals other than the injected SIGKILLs, or a missing report, are crashes.
   crashed=$(grep -E 'was killed by' "$dir/out" | grep -vc 'SIGKILL')
@@ -181,5 +188,5 @@ shm_after=$(ls /dev/shm 2>/dev/null | sort)
 new_shm=$(comm -13 <(echo "$shm_before") <(echo "$shm_after") | grep -ci 'meshccl\|mcc')
 [ "$new_shm" -gt 0 ] && { echo "LEFTOVER: $new_shm files in /dev/shm"; leftovers=$(( leftovers + new_shm )); }
 
-echo "chaos summary: seed $seed, $hosts hosts, $rounds rounds, faults $faults (SIGKILL $kills, SIGSTOP $stops, link down $links, iperf3 $saturations), ops completed $ops_done, errors $errors, shrinks $shrinks, kill rounds recovered $recovered, wrong answers $wrong, hangs $hangs, crashes $crashes, leftovers $leftovers"
+echo "chaos summary: seed $seed, $hosts hosts, $rounds rounds, faults $faults (SIGKILL $kills, SIGSTOP $stops, link down $links, iperf3 $saturations), ops completed $ops_done, errors $errors, shrinks $shrinks, kill rounds recovered $recovered, slowest failing op ${slowest} s, wrong answers $wrong, hangs $hangs, crashes $crashes, leftovers $leftovers"
 [ $(( wrong + hangs + crashes + leftovers )) -eq 0 ]
