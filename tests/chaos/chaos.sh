@@ -93,7 +93,14 @@ while [ "$(date +%s)" -lt "$t_end" ]; do
   : >"$dir/killed"
   rseed=$(( seed * 1000 + rounds ))
   fault_kinds=(none kill kill kill2 stop link_short link_long)
-  fault=${fault_kinds[$(( RANDOM % ${#fault_kinds[@]} ))]}
+  # The first rounds go through every kind once (so a short run covers
+  # them all), then kinds are drawn at random.
+  first=(kill2 stop link_long kill link_short none)
+  if [ "$rounds" -le ${#first[@]} ]; then
+    fault=${first[$(( rounds - 1 ))]}
+  else
+    fault=${fault_kinds[$(( RANDOM % ${#fault_kinds[@]} ))]}
+  fi
   sat=$(( RANDOM % 3 == 0 ))
   "$meshrun" --keep-going --cluster "$name" -n "$n" --timeout 150 -x CHAOS_DIR="$dir" \
     "$ranks" "$ops" "$rseed" >"$dir/out" 2>&1 &
