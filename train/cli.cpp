@@ -14,10 +14,12 @@ namespace meshtrain {
 const char* cli_usage() {
   return R"(usage: meshtrain [options]       (multi-rank: meshrun -n N meshtrain ...)
 layout:   --dp N --pp N --tp N          dp x pp x tp must equal the number of ranks
+          --tp A,B,...                  one tp degree per stage (1D): dp x (A + B + ...) ranks,
+                                        activations between stages through reshard plans
           --order tp-pp-dp              rank grid order, fastest dimension first
           --tp-mode 1d|3d               Megatron 1D, or Colossal-AI 3D with tp = q^3
           --stages 3,2,2,1              layers per pipeline stage (default: balanced)
-          --schedule gpipe|1f1b         pipeline schedule (default 1f1b)
+          --schedule gpipe|1f1b|eager-1f1b  pipeline schedule (default 1f1b)
 model:    --layers N --d-model N --heads N --seq N --vocab N --untied --seed N
 batch:    --micro-batch N --grad-accum N  (global batch = dp x micro-batch x grad-accum)
 optim:    --steps N --lr X --min-lr-ratio X --warmup N --weight-decay X --clip X
@@ -107,6 +109,22 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
     if (!known) return "unknown option '" + a + "' (see --help)";
     if (i + 1 >= argc) return "option " + a + " needs a value";
     const char* v = argv[++i];
+    if (a == "--tp" && std::string(v).find(',') != std::string::npos) {
+      // One tensor-parallel degree per pipeline stage.
+      const std::string list = v;
+      size_t pos = 0;
+      while (pos <= list.size()) {
+        const size_t comma = std::min(list.find(',', pos), list.size());
+        int n = 0;
+        if (!as_int(list.substr(pos, comma - pos).c_str(), &n) || n < 1) {
+          return "--tp takes a degree or one per stage like 2,1; got '" + list + "'";
+        }
+        t.layout.stage_tp.push_back(n);
+        pos = comma + 1;
+      }
+      t.layout.tp = t.layout.stage_tp[0];
+      continue;
+    }
     if (ints.count(a)) {
       if (!as_int(v, ints[a])) return "option " + a + " needs an integer, got '" + v + "'";
       if (a == "--warmup") warmup_given = 1;
@@ -116,8 +134,14 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
       *strings[a] = v;
     }
   }
+  if (t.layout.hetero() && !t.ckpt_dir.empty()) {
+    return "--ckpt-dir: checkpoints of per-stage tensor-parallel degrees (--tp a,b,...) are not supported";
+  }
+  if (t.layout.hetero() && !plan.empty()) {
+    return "--plan: the planner does not choose per-stage tensor-parallel degrees (--tp a,b,...)";
+  }
   if (!schedule.empty() && !parse_schedule(schedule, &t.schedule)) {
-    return "--schedule must be gpipe or 1f1b, got '" + schedule + "'";
+    return "--schedule must be gpipe, 1f1b or eager-1f1b, got '" + schedule + "'";
   }
   if (!tp_mode.empty() && !parse_tp_mode(tp_mode, &t.layout.tp_mode)) {
     return "--tp-mode must be 1d or 3d, got '" + tp_mode + "'";

@@ -82,11 +82,19 @@ ElasticPlan elastic_find_dead(const std::string& ckpt_dir, const std::vector<int
   return plan;
 }
 
-ncclComm_t elastic_shrink(RankComms* old, const std::vector<int>& excluded) {
-  for (auto* c : {&old->dp, &old->pp, &old->tp, &old->embed, &old->cube[0], &old->cube[1], &old->cube[2]}) {
+void elastic_abandon(RankComms* rc) {
+  for (auto* c : {&rc->dp, &rc->tp, &rc->embed, &rc->cube[0], &rc->cube[1], &rc->cube[2]}) {
     if (*c) (*c)->abandon();
     c->reset();
   }
+  // The pipeline is a plain communicator here (--elastic refuses per-stage
+  // tensor-parallel degrees, whose pipeline is a StagePipe).
+  if (auto* pp = dynamic_cast<NcclComm*>(rc->pp.get())) pp->abandon();
+  rc->pp.reset();
+}
+
+ncclComm_t elastic_shrink(RankComms* old, const std::vector<int>& excluded) {
+  elastic_abandon(old);
   ncclComm_t parent = old->world->release();
   old->world.reset();
   ncclComm_t child = nullptr;

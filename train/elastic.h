@@ -31,6 +31,9 @@ struct ElasticPlan {
 ElasticPlan elastic_find_dead(const std::string& ckpt_dir, const std::vector<int>& orig, const Layout& layout,
                               double wait_s);
 
+// Aborts and frees every communicator of rc except the world.
+void elastic_abandon(RankComms* rc);
+
 // Abandons every communicator of `old` except the world, which it shrinks
 // (NCCL_SHRINK_ABORT) without `excluded`; returns the new world's handle.
 // Throws CommError when the shrink fails.

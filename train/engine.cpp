@@ -39,7 +39,7 @@ Engine::Engine(const TrainConfig& cfg, int rank, const Comms& comms, const Corpu
   // Forward-only runs (validation) receive micro-batch i+1 while i is still
   // being sent, so a pipelined stage needs two slots even when training needs one.
   if (l.pp > 1) slots_ = std::max(slots_, 2);
-  stage_ = std::make_unique<Stage>(cfg_.model, l, me_, cfg_.micro_batch, slots_);
+  stage_ = std::make_unique<Stage>(cfg_.model, l.stage_view(me_.pp), me_, cfg_.micro_batch, slots_);
   TpComms tc;
   tc.group = comms_.tp;
   for (int a = 0; a < 3; a++) tc.axis[a] = comms_.cube[a];
@@ -142,6 +142,9 @@ void Engine::run_schedule(PipeSchedule sched, int m, bool train, int step, doubl
       release(op.micro);
     }
   }
+  // Transfers the pipeline left in flight (activations sent in the
+  // background) finish within the schedule that started them.
+  if (comms_.pp) comms_.pp->wait_async();
 }
 
 StepStats Engine::train_step(int step) {

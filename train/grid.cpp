@@ -185,7 +185,36 @@ CubeCoords cube_coords(int tp_rank, int q) {
   return c;
 }
 
+int Layout::replica() const {
+  if (!hetero()) return pp * tp;
+  int n = 0;
+  for (int t : stage_tp) n += t;
+  return n;
+}
+
+int Layout::stage_offset(int stage) const {
+  if (!hetero()) return stage * tp;
+  int n = 0;
+  for (int s = 0; s < stage; s++) n += stage_tp[s];
+  return n;
+}
+
+Layout Layout::stage_view(int stage) const {
+  Layout v = *this;
+  v.tp = tp_of(stage);
+  v.stage_tp.clear();
+  return v;
+}
+
 Coords coords_of(int rank, const Layout& l) {
+  if (l.hetero()) {
+    Coords c;
+    c.dp = rank / l.replica();
+    int r = rank % l.replica();
+    while (c.pp < l.pp - 1 && r >= l.stage_tp[c.pp]) r -= l.stage_tp[c.pp++];
+    c.tp = r;
+    return c;
+  }
   const Grid g = l.grid();
   Coords c;
   c.dp = g.coord(rank, "dp");
@@ -195,6 +224,7 @@ Coords coords_of(int rank, const Layout& l) {
 }
 
 int rank_of(const Coords& c, const Layout& l) {
+  if (l.hetero()) return c.dp * l.replica() + l.stage_offset(c.pp) + c.tp;
   const Grid g = l.grid();
   std::vector<int> v(g.ndims(), 0);
   v[g.find("dp")] = c.dp;
@@ -251,6 +281,31 @@ std::string check_layout(const ModelConfig& m, const Layout& l, int world_size, 
   Grid g;
   const std::string order_error = Grid::parse(l.order, {{"tp", 1}, {"pp", 1}, {"dp", 1}}, &g);
   const int q = l.cube();
+  if (l.hetero()) {
+    // One tensor-parallel degree per stage: 1D, the default order, and a tied
+    // embedding only between stages of equal degree.
+    int heads_bad = 0;
+    for (int t : l.stage_tp) heads_bad = t >= 1 && m.heads % t != 0 ? t : heads_bad;
+    if (l.dp < 1 || l.pp < 1 || static_cast<int>(l.stage_tp.size()) != l.pp ||
+        *std::min_element(l.stage_tp.begin(), l.stage_tp.end()) < 1) {
+      e << "--tp lists " << l.stage_tp.size() << " degree(s) for " << l.pp
+        << " stage(s); give one degree of at least 1 per stage";
+    } else if (l.tp_mode != TpMode::OneD) {
+      e << "per-stage tensor-parallel degrees (--tp a,b,...) work with --tp-mode 1d only";
+    } else if (l.order != "tp-pp-dp") {
+      e << "per-stage tensor-parallel degrees (--tp a,b,...) use the order tp-pp-dp, got " << l.order;
+    } else if (l.world() != world_size) {
+      e << "dp x (sum of the stages' tp) = " << l.dp << " x " << l.replica() << " = " << l.world()
+        << " but the job has " << world_size << " rank(s)";
+    } else if (heads_bad != 0) {
+      e << "heads " << m.heads << " is not divisible by a stage's tp " << heads_bad;
+    } else if (m.tied && l.pp > 1 && l.stage_tp.front() != l.stage_tp.back()) {
+      e << "a tied embedding needs the first and last stage to have the same tp (got "
+        << l.stage_tp.front() << " and " << l.stage_tp.back() << "); use --untied";
+    }
+    if (!e.str().empty()) return e.str();
+    return check_layout(m, l.stage_view(0), l.dp * l.pp * l.tp_of(0), micro_batch, grad_accum);
+  }
   if (l.dp < 1 || l.pp < 1 || l.tp < 1) {
     e << "--dp, --pp and --tp must be at least 1 (got " << l.dp << "x" << l.pp << "x" << l.tp << ")";
   } else if (!order_error.empty()) {

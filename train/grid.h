@@ -71,7 +71,18 @@ struct Layout {
   std::string order = "tp-pp-dp";  // fastest first; a permutation of tp, pp, dp
   TpMode tp_mode = TpMode::OneD;
   std::vector<int> stages;  // layers per pipeline stage; empty: balanced split
-  int world() const { return dp * pp * tp; }
+  // Tensor-parallel degree of each pipeline stage (1D only; `--tp 2,1`);
+  // empty: tp on every stage. With it, the ranks of one data-parallel
+  // replica are the stages in turn, each its tp ranks (tp fastest), and
+  // activations cross stages through reshard plans.
+  std::vector<int> stage_tp;
+  bool hetero() const { return !stage_tp.empty(); }
+  int tp_of(int stage) const { return hetero() ? stage_tp[stage] : tp; }
+  int replica() const;  // ranks of one data-parallel replica
+  int stage_offset(int stage) const;  // first rank of a stage inside its replica
+  // The layout one stage sees: tp = tp_of(stage), no per-stage list.
+  Layout stage_view(int stage) const;
+  int world() const { return hetero() ? dp * replica() : dp * pp * tp; }
   bool single() const { return world() == 1; }
   // Side of the 3D cube (q with q^3 == tp), 0 when tp is not a cube.
   int cube() const;

@@ -173,7 +173,8 @@ int run(const CliOptions& opts) {
   int rank = 0;
   if (world_size > 1) {
     if (!world) check_nccl(meshcclCommInitFromEnv(&world, nullptr), "meshcclCommInitFromEnv");
-    rc = split_comms(world, cfg.layout, cfg.model.tied);
+    rc = split_comms(world, cfg.layout, cfg.model.tied,
+                     static_cast<size_t>(cfg.micro_batch) * cfg.model.seq * cfg.model.d_model);
     rank = rc.world->rank();
   }
   const int threads = o.blas_threads > 0
@@ -193,6 +194,10 @@ int run(const CliOptions& opts) {
   for (int r = 0; r < world_size; ++r) orig.push_back(r);
   Layout saved_layout = cfg.layout;
   if (o.elastic) {
+    if (cfg.layout.hetero()) {
+      std::fprintf(stderr, "meshtrain: --elastic does not support per-stage tensor-parallel degrees\n");
+      return 2;
+    }
     if (world_size < 2 || cfg.layout.dp < 2) {
       std::fprintf(stderr, "meshtrain: --elastic needs at least two data-parallel replicas (dp %d)\n", cfg.layout.dp);
       return 2;
@@ -206,10 +211,15 @@ int run(const CliOptions& opts) {
   if (talk) {
     size_t n = 0;
     for (const auto& s : engine->stage().specs()) n += s.size;
-    std::printf("meshtrain: %d rank(s) = dp %d x pp %d x tp %d (%s, order %s), %s schedule; model L=%d d=%d "
+    std::string tp_text = std::to_string(cfg.layout.tp);
+    if (cfg.layout.hetero()) {
+      tp_text.clear();
+      for (int t : cfg.layout.stage_tp) tp_text += (tp_text.empty() ? "" : ",") + std::to_string(t);
+    }
+    std::printf("meshtrain: %d rank(s) = dp %d x pp %d x tp %s (%s, order %s), %s schedule; model L=%d d=%d "
                 "heads=%d seq=%d vocab=%d (%s); global batch %d x %d tokens; rank 0 holds %zu "
                 "parameters; corpus %s (%zu bytes)\n",
-                world_size, cfg.layout.dp, cfg.layout.pp, cfg.layout.tp,
+                world_size, cfg.layout.dp, cfg.layout.pp, tp_text.c_str(),
                 tp_mode_name(cfg.layout.tp_mode), cfg.layout.order.c_str(),
                 schedule_name(cfg.schedule), cfg.model.layers, cfg.model.d_model,
                 cfg.model.heads, cfg.model.seq, cfg.model.vocab,
@@ -263,9 +273,8 @@ int run(const CliOptions& opts) {
         std::fprintf(stderr, "meshtrain: rank %d (job rank %d) leaves: its data-parallel replica lost job rank(s) %s\n",
                      me, orig[me], dead.c_str());
         elastic_leave(cfg.ckpt_dir, orig[me]);
+        elastic_abandon(&rc);
         rc.world->abandon();
-        for (auto* c : {&rc.dp, &rc.pp, &rc.tp, &rc.embed, &rc.cube[0], &rc.cube[1], &rc.cube[2]})
-          if (*c) (*c)->abandon();
         return 0;
       }
       if (cfg.layout.dp - plan.lost_replicas < 1) throw CommError("--elastic: every data-parallel replica lost a rank");
@@ -277,7 +286,8 @@ int run(const CliOptions& opts) {
       orig = kept;
       const int old_dp = cfg.layout.dp;
       cfg.layout.dp -= plan.lost_replicas;
-      rc = split_comms(nw, cfg.layout, cfg.model.tied);
+      rc = split_comms(nw, cfg.layout, cfg.model.tied,
+                       static_cast<size_t>(cfg.micro_batch) * cfg.model.seq * cfg.model.d_model);
       rank = rc.world->rank();
       talk = rank == 0;
       engine = std::make_unique<Engine>(cfg, rank, rc.view(), corpus);

@@ -1,5 +1,6 @@
 #include "nccl_comm.h"
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 
@@ -140,10 +141,130 @@ Comms RankComms::view() const {
   return c;
 }
 
-RankComms split_comms(ncclComm_t world, const Layout& layout, bool tied) {
+StagePipe::StagePipe(std::unique_ptr<NcclComm> replica, const Layout& layout, int stage, int tp_rank,
+                     size_t act_count)
+    : replica_(std::move(replica)), stage_(stage), pp_(layout.pp), tp_rank_(tp_rank), act_count_(act_count) {
+  for (auto& s : streams_) check_nccl(meshcclStreamCreate(&s), "meshcclStreamCreate");
+  for (auto& s : ring_streams_) check_nccl(meshcclStreamCreate(&s), "meshcclStreamCreate");
+  // Every rank of the replica creates every plan, in stage order.
+  auto mesh_of = [&](int s, std::vector<int>* ranks) {
+    ranks->clear();
+    for (int t = 0; t < layout.tp_of(s); t++) ranks->push_back(layout.stage_offset(s) + t);
+    meshcclMesh_t m{};
+    m.ndims = 1;
+    m.shape[0] = layout.tp_of(s);
+    m.ranks = ranks->data();
+    return m;
+  };
+  meshcclShardSpec_t rep{};
+  rep.ndims = 1;  // R: the activation whole on every rank of a stage
+  const size_t shape[1] = {act_count};
+  std::vector<int> a, b;
+  for (int s = 0; s + 1 < pp_; s++) {
+    const meshcclMesh_t ms = mesh_of(s, &a), md = mesh_of(s + 1, &b);
+    meshcclReshardPlan_t fwd = nullptr, bwd = nullptr;
+    check_nccl(meshcclReshardPlanCreate(&ms, &rep, &md, &rep, shape, ncclFloat32, replica_->handle(), nullptr, &fwd),
+               "meshcclReshardPlanCreate", replica_->handle());
+    act_.push_back(fwd);
+    check_nccl(meshcclReshardPlanCreate(&md, &rep, &ms, &rep, shape, ncclFloat32, replica_->handle(), nullptr, &bwd),
+               "meshcclReshardPlanCreate", replica_->handle());
+    grad_.push_back(bwd);
+  }
+}
+
+StagePipe::~StagePipe() {
+  for (auto& s : ring_streams_)
+    if (s) meshcclStreamDestroy(s);
+  for (auto& s : streams_)
+    if (s) meshcclStreamDestroy(s);
+  for (auto p : act_) meshcclReshardPlanDestroy(p);
+  for (auto p : grad_) meshcclReshardPlanDestroy(p);
+}
+
+void StagePipe::all_reduce(float* buf, size_t n, ReduceOp op) {
+  if (op != ReduceOp::Sum) throw CommError("the stage pipe sums only");
+  // Each stage once: its tp rank 0 contributes, the others add nothing.
+  if (tp_rank_ != 0) std::fill(buf, buf + n, 0.0f);
+  replica_->all_reduce(buf, n, ReduceOp::Sum);
+  wait_seconds = replica_->wait_seconds;
+}
+void StagePipe::all_reduce_start(float*, size_t, ReduceOp) { throw CommError("stage pipe: no split all-reduce"); }
+void StagePipe::all_reduce_finish() {}
+void StagePipe::all_reduce_async(float*, size_t, ReduceOp) { throw CommError("stage pipe: no async all-reduce"); }
+void StagePipe::all_gather(const float*, float*, size_t) { throw CommError("stage pipe: no all-gather"); }
+void StagePipe::reduce_scatter(const float*, float*, size_t) { throw CommError("stage pipe: no reduce-scatter"); }
+
+void StagePipe::exchange(const P2POp* ops, int n) {
+  Blocked b(&wait_seconds);
+  if (n > 2) throw CommError("stage pipe: more than two transfers in one group");
+  for (int i = 0; i < n; i++) {
+    const P2POp& op = ops[i];
+    if (op.count != act_count_) throw CommError("stage pipe: a transfer of another size than the activation");
+    meshcclReshardPlan_t plan = nullptr;
+    if (op.peer == stage_ + 1) plan = op.send ? act_[stage_] : grad_[stage_];
+    else if (op.peer == stage_ - 1) plan = op.send ? grad_[stage_ - 1] : act_[stage_ - 1];
+    else throw CommError("stage pipe: peer stage " + std::to_string(op.peer) + " is not a neighbour");
+    if (op.send) bytes_sent += static_cast<double>(op.count) * sizeof(float);
+    if (op.send && op.peer == stage_ + 1) {
+      // The activation: copied to a free staging buffer and sent in the
+      // background (eager-1F1B's overlap); the buffer is reused once its
+      // stream has drained.
+      const int k = next_++ % kRing;
+      check_nccl(meshcclStreamSynchronize(ring_streams_[k]), "meshcclStreamSynchronize", replica_->handle());
+      ring_[k].assign(op.buf, op.buf + op.count);
+      check_nccl(meshcclReshard(plan, ring_[k].data(), nullptr, meshcclStreamAsCuda(ring_streams_[k])),
+                 "meshcclReshard", replica_->handle());
+      continue;
+    }
+    // Both of a group's transfers in flight at once, so that two neighbours
+    // posting them in different orders never wait on each other.
+    check_nccl(meshcclReshard(plan, op.send ? op.buf : nullptr, op.send ? nullptr : op.buf,
+                              meshcclStreamAsCuda(streams_[i])),
+               "meshcclReshard", replica_->handle());
+  }
+  for (int i = 0; i < n; i++)
+    check_nccl(meshcclStreamSynchronize(streams_[i]), "meshcclStreamSynchronize", replica_->handle());
+}
+
+void StagePipe::wait_async() {
+  Blocked b(&wait_seconds);
+  for (auto& s : ring_streams_)
+    check_nccl(meshcclStreamSynchronize(s), "meshcclStreamSynchronize", replica_->handle());
+}
+
+RankComms split_comms(ncclComm_t world, const Layout& layout, bool tied, size_t act_count) {
   RankComms rc;
   rc.world = std::make_unique<NcclComm>(world);
   const int rank = rc.world->rank();
+  if (layout.hetero()) {
+    // Per-stage tp: splits by coordinates, the pipeline through reshard plans.
+    const Coords me = coords_of(rank, layout);
+    int most_tp = 1;
+    for (int t : layout.stage_tp) most_tp = std::max(most_tp, t);
+    auto split = [&](int color, int key) -> std::unique_ptr<NcclComm> {
+      ncclComm_t child = nullptr;
+      check_nccl(ncclCommSplit(world, color, key, &child, nullptr), "ncclCommSplit", world);
+      if (!child) return nullptr;
+      auto c = std::make_unique<NcclComm>(child);
+      if (c->size() == 1) return nullptr;
+      return c;
+    };
+    rc.tp = split(me.dp * layout.pp + me.pp, me.tp);
+    rc.dp = split(layout.stage_offset(me.pp) + me.tp, me.dp);
+    if (layout.pp > 1) {
+      auto replica = split(me.dp, rank % layout.replica());
+      if (!replica) throw CommError("a pipeline replica of one rank");
+      rc.pp = std::make_unique<StagePipe>(std::move(replica), layout, me.pp, me.tp, act_count);
+    } else {
+      split(me.dp, rank);  // every rank makes every split
+    }
+    const bool ends = me.pp == 0 || me.pp == layout.pp - 1;
+    ncclComm_t child = nullptr;
+    const int ec = tied && layout.pp > 1 && ends ? me.dp * most_tp + me.tp : NCCL_SPLIT_NOCOLOR;
+    check_nccl(ncclCommSplit(world, ec, me.pp, &child, nullptr), "ncclCommSplit", world);
+    if (child) rc.embed = std::make_unique<NcclComm>(child);
+    return rc;
+  }
   const Grid grid = layout.grid();
   const Coords me = coords_of(rank, layout);
   // Every rank makes every split in the same order (each is collective over the

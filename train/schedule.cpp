@@ -10,6 +10,8 @@ bool parse_schedule(const std::string& s, PipeSchedule* out) {
     *out = PipeSchedule::GPipe;
   } else if (s == "1f1b") {
     *out = PipeSchedule::OneFOneB;
+  } else if (s == "eager-1f1b") {
+    *out = PipeSchedule::Eager1F1B;
   } else {
     return false;
   }
@@ -20,6 +22,7 @@ const char* schedule_name(PipeSchedule s) {
   switch (s) {
     case PipeSchedule::GPipe: return "gpipe";
     case PipeSchedule::OneFOneB: return "1f1b";
+    case PipeSchedule::Eager1F1B: return "eager-1f1b";
     case PipeSchedule::ForwardOnly: return "forward";
   }
   return "?";
@@ -34,8 +37,18 @@ std::vector<PipeOp> stage_ops(PipeSchedule sched, int p, int s, int m) {
     }
     return ops;
   }
-  const int warmup = std::min(p - s - 1, m);
   int f = 0, b = 0;
+  if (sched == PipeSchedule::Eager1F1B) {
+    const int warm = std::min(2 * (p - s) - 1, m);
+    for (; f < warm; f++) ops.push_back({true, f});
+    while (f < m) {
+      ops.push_back({false, b++});
+      ops.push_back({true, f++});
+    }
+    while (b < m) ops.push_back({false, b++});
+    return ops;
+  }
+  const int warmup = std::min(p - s - 1, m);
   for (; f < warmup; f++) ops.push_back({true, f});
   while (f < m) {
     ops.push_back({true, f++});

@@ -7,9 +7,9 @@
 
 namespace meshtrain {
 
-enum class PipeSchedule { GPipe, OneFOneB, ForwardOnly };
+enum class PipeSchedule { GPipe, OneFOneB, Eager1F1B, ForwardOnly };
 
-// Parses "gpipe" or "1f1b"; returns false on anything else.
+// Parses "gpipe", "1f1b" or "eager-1f1b"; returns false on anything else.
 bool parse_schedule(const std::string& s, PipeSchedule* out);
 const char* schedule_name(PipeSchedule s);
 
@@ -22,6 +22,9 @@ struct PipeOp {
 //   GPipe: all forwards, then all backwards in reverse order.
 //   1F1B (DAPPLE early backward): min(p-s-1, m) warm-up forwards, then one
 //   forward / one backward, then the remaining backwards.
+//   Eager-1F1B (Alpa's overlap-friendly schedule): min(2(p-s)-1, m) warm-up
+//   forwards, then one backward / one forward, then the remaining backwards,
+//   so an activation is sent well before the next stage needs it.
 std::vector<PipeOp> stage_ops(PipeSchedule sched, int p, int s, int m);
 
 // Largest number of micro-batches between their forward and backward at once.

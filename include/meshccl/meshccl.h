@@ -61,8 +61,98 @@ ncclResult_t meshcclCommInitFromEnv(ncclComm_t* comm, ncclConfig_t* config);
  * reports them, without creating a communicator. Any pointer may be NULL. */
 ncclResult_t meshcclGetLaunchInfo(int* rank, int* nranks, int* localRank);
 
+/*
+ * Cross-mesh resharding (docs/resharding.md). A tensor sharded over one mesh
+ * of ranks is delivered to another mesh with another sharding.
+ *
+ * A mesh is a 1-3 dimensional array of communicator ranks, axis 0 major: rank
+ * of position (i, j) of a (a, b) mesh is ranks[i * b + j]. A sharding spec
+ * gives, per tensor dimension, the mesh axes that cut it (major first): none
+ * is R (replicated), {0} is S0, {1} is S1, {0, 1} is S01. Mesh axes that cut
+ * no dimension replicate. Dimension d of length L cut into n chunks gives
+ * chunk k the elements [floor(k L / n), floor((k + 1) L / n)), so lengths need
+ * not divide. Each rank's buffer holds its tile, dense, row-major.
+ */
+#define MESHCCL_MESH_MAX_DIMS 3
+#define MESHCCL_TENSOR_MAX_DIMS 8
+
+typedef struct {
+  int ndims;                        /* 1..3 */
+  int shape[MESHCCL_MESH_MAX_DIMS];
+  const int* ranks;                 /* shape[0] * ... ranks of the communicator, distinct */
+} meshcclMesh_t;
+
+typedef struct {
+  int naxes;                        /* 0: R */
+  int axes[MESHCCL_MESH_MAX_DIMS];  /* mesh axes cutting this dimension, major first */
+} meshcclShardDim_t;
+
+typedef struct {
+  int ndims;                        /* the tensor's dimensions, 1..8 */
+  meshcclShardDim_t dims[MESHCCL_TENSOR_MAX_DIMS];
+} meshcclShardSpec_t;
+
+typedef enum {
+  meshcclReshardAuto = 0,            /* the lowest predicted time on the communicator's links */
+  meshcclReshardSendRecv = 1,        /* one message per (receiver, slice) */
+  meshcclReshardSendRecvAllGather = 2, /* each receiver of a host gets 1/k, then an all-gather on the host */
+  meshcclReshardBroadcast = 3        /* one pipelined chain broadcast per slice, crossing each host once */
+} meshcclReshardStrategy_t;
+
+typedef enum {
+  meshcclReshardBalanceNone = 0,     /* first replica sends, natural order */
+  meshcclReshardBalanceSize = 1,     /* least-loaded replica sends */
+  meshcclReshardBalanceOrder = 2     /* size and issue order (the default) */
+} meshcclReshardBalance_t;
+
+typedef struct {
+  meshcclReshardStrategy_t strategy;
+  meshcclReshardBalance_t balance;
+} meshcclReshardConfig_t;
+#define MESHCCL_RESHARD_CONFIG_INITIALIZER { meshcclReshardAuto, meshcclReshardBalanceOrder }
+
+typedef struct meshcclReshardPlan* meshcclReshardPlan_t;
+
+/*
+ * Collective over comm: every rank calls it with the same arguments (checked:
+ * any difference, or any bad argument on any rank, fails it on every rank
+ * with the problem named). config may be NULL. A rank in neither mesh gets a
+ * plan too, whose meshcclReshard returns at once.
+ */
+ncclResult_t meshcclReshardPlanCreate(const meshcclMesh_t* srcMesh, const meshcclShardSpec_t* srcSpec,
+                                      const meshcclMesh_t* dstMesh, const meshcclShardSpec_t* dstSpec,
+                                      const size_t* shape, ncclDataType_t datatype, ncclComm_t comm,
+                                      const meshcclReshardConfig_t* config, meshcclReshardPlan_t* plan);
+/*
+ * Moves this rank's source tile (sendbuf, if it is in the source mesh) and
+ * fills its destination tile (recvbuf, if in the destination mesh). Called by
+ * the ranks of either mesh, as often as needed; its messages follow each
+ * pair's point-to-point order, like ncclSend/ncclRecv, so the ranks of a pair
+ * must issue their reshards and sends in the same order. Not inside a group.
+ */
+ncclResult_t meshcclReshard(meshcclReshardPlan_t plan, const void* sendbuf, void* recvbuf, cudaStream_t stream);
+ncclResult_t meshcclReshardPlanDestroy(meshcclReshardPlan_t plan);
+
+typedef struct {
+  meshcclReshardStrategy_t strategy; /* the one the plan uses */
+  size_t sendCount, recvCount;       /* elements of this rank's source and destination tiles */
+  size_t bytesSent;                  /* bytes this rank sends to other ranks per reshard */
+  size_t bytesNetwork;               /* bytes every rank together sends between hosts */
+  double predictedUs;                /* the plan's predicted time */
+  double linkUs;                     /* the busiest link's time under this plan */
+  double lowerBoundUs;               /* link-limited lower bound of any plan */
+  double netGBs, shmGBs;             /* the link bandwidths these figures assume (the communicator's measured ones) */
+} meshcclReshardInfo_t;
+ncclResult_t meshcclReshardPlanGetInfo(meshcclReshardPlan_t plan, meshcclReshardInfo_t* info);
+
+/* This rank's tile under (mesh, spec): offset and extent per dimension;
+ * ncclInvalidArgument when rank is not in the mesh. No communicator needed. */
+ncclResult_t meshcclShardTile(const meshcclMesh_t* mesh, const meshcclShardSpec_t* spec, const size_t* shape,
+                              int rank, size_t* offset, size_t* extent);
+
 #ifdef __cplusplus
 } /* extern "C" */
+
 #endif
 
 #endif /* MESHCCL_H_ */

@@ -16,6 +16,7 @@
 #include "nccl.h"
 #include "sched/engine.h"
 #include "sched/launch.h"
+#include "topo/cost_model.h"
 #include "topo/topology.h"
 #include "transport/mesh.h"
 #include "transport/node_region.h"
@@ -65,6 +66,7 @@ struct ncclComm {
   std::unique_ptr<meshccl::Engine> engine;
   std::unique_ptr<meshccl::RunMaker> algorithms;  // the agreed cost model and the direct-or-plan decision
   meshccl::SystemGraph topo;  // hosts, rank placement, link classes; agreed by every rank at init
+  meshccl::TuneModel tune;    // the agreed link costs (the algorithms hold their own copy)
   std::thread async_thread;  // non-blocking init/split/finalize
 
   // Ordered on every rank the same way, so they name operations identically.

@@ -80,6 +80,7 @@ Status comm_finish_setup(ncclComm* comm) {
                                           [comm] { return comm->check_peers(); }, comm->wait);
   TuneModel tune;
   MC_TRY(tune_init(comm->rank, *comm->bootstrap, *comm->mesh, *comm->engine, comm->peers, &tune));
+  comm->tune = tune;
   comm->algorithms = make_algorithms(comm->rank, tune, comm->node.get());
   comm->sched.engine = comm->engine.get();
   comm->sched.runs = comm->algorithms.get();

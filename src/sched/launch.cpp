@@ -55,4 +55,11 @@ Status launch_one(PendingOp& op) {
   return dispatch(ops, runs);
 }
 
+Status launch_run(CommSched* comm, meshcclStream* stream, std::unique_ptr<Run> run) {
+  std::vector<PendingOp> ops{PendingOp{comm, OpDesc{}, stream, 0}};
+  std::vector<std::unique_ptr<Run>> runs;
+  runs.push_back(std::move(run));
+  return dispatch(ops, runs);
+}
+
 }  // namespace meshccl

@@ -62,5 +62,8 @@ Status launch(std::vector<PendingOp>& ops);
 // Launches one op outside a group; a small direct collective with nothing
 // ahead of it completes on the calling thread without a hand-off.
 Status launch_one(PendingOp& op);
+// Launches a run built elsewhere (a reshard's plan) on comm, on stream or,
+// when stream is null, here.
+Status launch_run(CommSched* comm, meshcclStream* stream, std::unique_ptr<Run> run);
 
 }  // namespace meshccl

@@ -107,6 +107,11 @@ class Plan {
   std::vector<OpSignature> signatures;
   bool check_gates_data = false;
 
+  // A plan of point-to-point messages that follow each pair's own sequence
+  // (a reshard): the tag base of the messages sent to / received from each
+  // communicator rank, used instead of the run's; empty: the run's for all.
+  std::vector<uint64_t> send_tag_base, recv_tag_base;
+
   const std::vector<Step>& steps() const { return steps_; }
   std::vector<Step>& steps() { return steps_; }
   const std::vector<uint32_t>& deps() const { return deps_; }

@@ -120,7 +120,9 @@ class PlanRun final : public Run, public StepSink {
 
   Status start_step(Links& links, Executor& exec, uint32_t i, bool* started) {
     const Step& s = plan_->steps()[i];
-    const uint64_t tag = tag_base_ | s.tag;
+    uint64_t tag = tag_base_ | s.tag;
+    if (s.kind == StepKind::Send && !plan_->send_tag_base.empty()) tag = plan_->send_tag_base[s.peer] | s.tag;
+    if (s.kind == StepKind::Recv && !plan_->recv_tag_base.empty()) tag = plan_->recv_tag_base[s.peer] | s.tag;
     switch (s.kind) {
       case StepKind::Send:
       case StepKind::Recv:

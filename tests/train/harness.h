@@ -62,7 +62,7 @@ inline RunResult run_threads(const TrainConfig& cfg, const Corpus& corpus, const
           auto& full = res.params[spec.name];
           full.resize(static_cast<size_t>(spec.rows) * spec.cols);
           for (size_t i = 0; i < spec.size; i++) {
-            full[global_index(spec, i, e.coords().tp, cfg.layout.tp)] = st.params[spec.offset + i];
+            full[global_index(spec, i, e.coords().tp, cfg.layout.tp_of(e.coords().pp))] = st.params[spec.offset + i];
           }
         }
       } catch (const std::exception& ex) {

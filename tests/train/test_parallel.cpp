@@ -65,7 +65,9 @@ CommFactory meshccl_comms(const TrainConfig& cfg) {
   return [id, n, cfg](int rank, Comms* out) -> std::shared_ptr<void> {
     ncclComm_t world = nullptr;
     check_nccl(ncclCommInitRank(&world, n, id, rank), "ncclCommInitRank");
-    auto rc = std::make_shared<RankComms>(split_comms(world, cfg.layout, cfg.model.tied));
+    auto rc = std::make_shared<RankComms>(split_comms(
+        world, cfg.layout, cfg.model.tied,
+        static_cast<size_t>(cfg.micro_batch) * cfg.model.seq * cfg.model.d_model));
     *out = rc->view();
     return rc;
   };
@@ -136,9 +138,10 @@ struct LayoutCase {
 };
 
 std::string case_name(const LayoutCase& c) {
+  std::string sched = schedule_name(c.schedule);
+  std::replace(sched.begin(), sched.end(), '-', '_');  // test names take no '-'
   return std::to_string(c.layout.dp) + "x" + std::to_string(c.layout.pp) + "x" +
-         std::to_string(c.layout.tp) + "_" + schedule_name(c.schedule) +
-         (c.tied ? "" : "_untied");
+         std::to_string(c.layout.tp) + "_" + sched + (c.tied ? "" : "_untied");
 }
 
 class Equivalence : public ::testing::TestWithParam<LayoutCase> {
@@ -161,6 +164,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(LayoutCase{{2, 1, 1}, PipeSchedule::OneFOneB},
                       LayoutCase{{1, 2, 1}, PipeSchedule::OneFOneB},
                       LayoutCase{{1, 2, 1}, PipeSchedule::GPipe},
+                      LayoutCase{{1, 3, 1}, PipeSchedule::Eager1F1B},
+                      LayoutCase{{1, 2, 2}, PipeSchedule::Eager1F1B},
                       LayoutCase{{1, 1, 2}, PipeSchedule::OneFOneB},
                       LayoutCase{{2, 2, 1}, PipeSchedule::GPipe},
                       LayoutCase{{2, 1, 2}, PipeSchedule::OneFOneB},
@@ -173,6 +178,58 @@ INSTANTIATE_TEST_SUITE_P(
                       LayoutCase{{1, 1, 4}, PipeSchedule::OneFOneB},
                       LayoutCase{{1, 2, 2}, PipeSchedule::GPipe, false}),
     [](const ::testing::TestParamInfo<LayoutCase>& i) { return case_name(i.param); });
+
+// Pipeline stages with different tensor-parallel degrees: activations and
+// their gradients cross stages through meshccl reshard plans.
+struct HeteroCase {
+  int dp;
+  std::vector<int> stage_tp;
+  PipeSchedule schedule;
+  bool tied;
+};
+
+class HeteroEquivalence : public ::testing::TestWithParam<HeteroCase> {
+ protected:
+  static void SetUpTestSuite() { openblas_set_num_threads(1); }
+};
+
+TEST_P(HeteroEquivalence, MatchesSingleProcess) {
+  const HeteroCase& hc = GetParam();
+  Layout l{hc.dp, static_cast<int>(hc.stage_tp.size()), hc.stage_tp[0]};
+  l.stage_tp = hc.stage_tp;
+  TrainConfig c = with_layout(l, hc.schedule);
+  c.model.tied = hc.tied;
+  std::string name = "dp" + std::to_string(hc.dp) + " tp";
+  for (int t : hc.stage_tp) name += std::to_string(t);
+  name += std::string(" ") + schedule_name(hc.schedule);
+  const RunResult got = run_threads(c, corpus(), meshccl_comms(c));
+  expect_equivalent(got, reference(hc.tied), name.c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    StageMeshes, HeteroEquivalence,
+    ::testing::Values(HeteroCase{1, {2, 1}, PipeSchedule::OneFOneB, false},
+                      HeteroCase{1, {1, 2, 1}, PipeSchedule::Eager1F1B, true},
+                      HeteroCase{2, {1, 2}, PipeSchedule::GPipe, false}));
+
+TEST(HeteroLayout, RefusedWithTheReason) {
+  ModelConfig m = base_config().model;
+  Layout l{1, 2, 2};
+  l.stage_tp = {2, 1};
+  EXPECT_NE(check_layout(m, l, 3, 2, 6).find("tied"), std::string::npos);
+  m.tied = false;
+  EXPECT_EQ(check_layout(m, l, 3, 2, 6), "");
+  EXPECT_NE(check_layout(m, l, 4, 2, 6).find("job has 4"), std::string::npos);
+  l.stage_tp = {2, 1, 1};
+  EXPECT_NE(check_layout(m, l, 4, 2, 6).find("per stage"), std::string::npos);
+  l.stage_tp = {3, 1};
+  EXPECT_NE(check_layout(m, l, 4, 2, 6).find("divisible"), std::string::npos);
+  l.stage_tp = {2, 1};
+  const Coords c = coords_of(2, l);
+  EXPECT_EQ(c.pp, 1);
+  EXPECT_EQ(c.tp, 0);
+  EXPECT_EQ(rank_of(c, l), 2);
+}
 
 TEST(ParallelResume, SameLossesAsAnUninterruptedRun) {
   openblas_set_num_threads(1);

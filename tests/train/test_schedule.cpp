@@ -124,6 +124,34 @@ TEST(Schedule, EachStageRunsEveryMicroBatchOnceInDependencyOrder) {
   }
 }
 
+// Eager-1F1B (spec 4.3): every micro-batch once, at most min(m, 2(p-s)-1)
+// in flight (reached), and with no communication the makespan of 1F1B.
+TEST(Schedule, EagerOneFOneB) {
+  for (int p = 1; p <= 8; p++) {
+    for (int m = 1; m <= 16; m++) {
+      for (int s = 0; s < p; s++) {
+        const auto ops = stage_ops(PipeSchedule::Eager1F1B, p, s, m);
+        std::vector<int> f(m, 0), b(m, 0);
+        for (const auto& op : ops) {
+          if (op.forward) f[op.micro]++;
+          else {
+            ASSERT_EQ(f[op.micro], 1) << "backward before forward";
+            b[op.micro]++;
+          }
+        }
+        for (int i = 0; i < m; i++) ASSERT_TRUE(f[i] == 1 && b[i] == 1);
+        EXPECT_EQ(max_in_flight(ops), std::min(m, 2 * (p - s) - 1)) << "p=" << p << " s=" << s << " m=" << m;
+      }
+      EXPECT_DOUBLE_EQ(makespan(PipeSchedule::Eager1F1B, p, m, 1, 2), makespan(PipeSchedule::OneFOneB, p, m, 1, 2))
+          << p << " " << m;
+    }
+  }
+  EXPECT_DOUBLE_EQ(makespan(PipeSchedule::Eager1F1B, 4, 8, 1, 2), 33.0);
+  PipeSchedule s;
+  EXPECT_TRUE(parse_schedule("eager-1f1b", &s));
+  EXPECT_EQ(s, PipeSchedule::Eager1F1B);
+}
+
 TEST(Schedule, MakespanMatchesTheBubbleFormula) {
   EXPECT_DOUBLE_EQ(makespan(PipeSchedule::GPipe, 4, 8, 1, 2), 33.0);
   EXPECT_DOUBLE_EQ(makespan(PipeSchedule::OneFOneB, 4, 8, 1, 2), 33.0);
@@ -135,7 +163,8 @@ TEST(Schedule, MakespanMatchesTheBubbleFormula) {
 }
 
 TEST(Schedule, PointToPointGroupsNeverDeadlock) {
-  for (PipeSchedule sched : {PipeSchedule::GPipe, PipeSchedule::OneFOneB, PipeSchedule::ForwardOnly}) {
+  for (PipeSchedule sched :
+       {PipeSchedule::GPipe, PipeSchedule::OneFOneB, PipeSchedule::Eager1F1B, PipeSchedule::ForwardOnly}) {
     for (int p = 1; p <= 8; p++) {
       for (int m = 1; m <= 16; m++) {
         EXPECT_TRUE(groups_complete(sched, p, m)) << schedule_name(sched) << " p=" << p << " m=" << m;

@@ -272,7 +272,7 @@ TEST(Cli, ParsesAndRejects) {
   CliOptions c;
   EXPECT_NE(parse({"--bogus"}, &c).find("unknown option"), std::string::npos);
   CliOptions d;
-  EXPECT_NE(parse({"--schedule", "zigzag"}, &d).find("gpipe or 1f1b"), std::string::npos);
+  EXPECT_NE(parse({"--schedule", "zigzag"}, &d).find("gpipe, 1f1b or eager-1f1b"), std::string::npos);
   CliOptions e;
   EXPECT_NE(parse({"--resume"}, &e).find("--ckpt-dir"), std::string::npos);
   CliOptions f;

@@ -1,0 +1,71 @@
+// Which rank sends which slice to whom, for each strategy, and what that is
+// predicted to cost on the communicator's links. Pure: a function of the two
+// layouts, the ranks' hosts and the link costs, identical on every rank.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "reshard/solver.h"
+#include "reshard/tiles.h"
+#include "topo/cost_model.h"
+
+namespace meshccl::reshard {
+
+enum class Strategy { Auto = 0, SendRecv = 1, LocalAllGather = 2, Broadcast = 3 };
+const char* strategy_name(Strategy s);
+
+// What the schedule needs of the communicator: each rank's host and the cost
+// of the two link classes.
+struct Placement {
+  std::vector<int> host;  // per communicator rank
+  LinkCost shm, net;
+  int nhosts() const;
+};
+
+// Elements [lo, hi) of a slice (packed row-major), along a chain: chain[0]
+// sends, each later rank receives and passes it to the next.
+struct Xfer {
+  int slice = 0;
+  size_t lo = 0, hi = 0;
+  std::vector<int> chain;
+};
+
+// The receivers of one host that got one part each: an all-gather among them.
+struct Gather {
+  int slice = 0;
+  std::vector<int> group;   // group[i] received part i
+  std::vector<size_t> cuts; // part i = [cuts[i], cuts[i+1]) elements
+};
+
+// A rank that holds the slice in its source tile copies it locally.
+struct LocalCopy {
+  int slice = 0;
+  int rank = 0;
+};
+
+struct Schedule {
+  Strategy strategy = Strategy::Broadcast;
+  std::vector<Slice> slices;
+  std::vector<Xfer> xfers;  // in issue order
+  std::vector<Gather> gathers;
+  std::vector<LocalCopy> copies;
+  double predicted_us = 0;  // this schedule's link-limited time plus latencies
+  double link_us = 0;       // the busiest link under this schedule
+  size_t net_bytes = 0;     // bytes that cross between hosts
+};
+
+// The schedule for one strategy (not Auto).
+Schedule make_schedule(const Layout& src, const Layout& dst, const Placement& pl, size_t elem, Strategy s,
+                       Balance balance);
+// Auto: the strategy with the lowest predicted time (ties: broadcast, then
+// send/recv + all-gather, then send/recv).
+Schedule choose_schedule(const Layout& src, const Layout& dst, const Placement& pl, size_t elem, Strategy s,
+                         Balance balance);
+// Link-limited lower bound of any schedule, microseconds: every destination
+// host must receive over its NIC each byte it needs that none of its ranks
+// holds, every source host must send once each byte only it holds, and every
+// destination rank must receive what it does not hold.
+double lower_bound_us(const Layout& src, const Layout& dst, const Placement& pl, size_t elem);
+
+}  // namespace meshccl::reshard
