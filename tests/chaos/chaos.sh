@@ -5,8 +5,8 @@
 # SIGSTOP past MESHCCL_TIMEOUT then SIGCONT, a host's link down and up
 # (shorter and longer than the timeout), and links saturated by iperf3.
 # Every rank must end with every op correct or a clear error; a wrong answer,
-# a hang (meshrun's --timeout, or an op that failed later than twice
-# MESHCCL_TIMEOUT plus the stop), a crash (a signal not injected) or anything
+# a hang (no operation completed on any rank for 60 s, or an op that failed
+# later than twice MESHCCL_TIMEOUT plus the stop), a crash (a signal not injected) or anything
 # left behind (a rank process, a namespace, a file in /dev/shm) fails the run.
 #
 #   chaos.sh <scripts/cluster> <meshrun> <chaos_ranks> [--seconds S] [--hosts H]
@@ -102,7 +102,7 @@ while [ "$(date +%s)" -lt "$t_end" ]; do
     fault=${fault_kinds[$(( RANDOM % ${#fault_kinds[@]} ))]}
   fi
   sat=$(( RANDOM % 3 == 0 ))
-  "$meshrun" --keep-going --cluster "$name" -n "$n" --timeout 150 -x CHAOS_DIR="$dir" \
+  "$meshrun" --keep-going --cluster "$name" -n "$n" --timeout 900 -x CHAOS_DIR="$dir" \
     "$ranks" "$ops" "$rseed" >"$dir/out" 2>&1 &
   job=$!
   # Wait (bounded) until every rank has written its pid.
@@ -141,8 +141,25 @@ while [ "$(date +%s)" -lt "$t_end" ]; do
       sleep "$d"
       ip -n "mcc-$name-h$h" link set eth0 up ;;
   esac
+  # A hang is a job in which no rank completes an operation for 60 s (each
+  # rank counts its operations in progress.R); a slow job on a loaded machine
+  # is not one. meshrun's --timeout is only the outer bound.
+  last_sum=-1 still=0
+  while kill -0 "$job" 2>/dev/null; do
+    sum=$(cat "$dir"/progress.* 2>/dev/null | awk '{s += $1} END {print s + 0}')
+    if [ "$sum" = "$last_sum" ]; then still=$(( still + 1 )); else still=0; last_sum=$sum; fi
+    if [ "$still" -ge 60 ]; then
+      echo "  no operation completed on any rank for 60 s: stopping the job"
+      kill -TERM "$job" 2>/dev/null
+      hung=1
+      break
+    fi
+    sleep 1
+  done
   wait "$job"
   status=$?
+  [ "${hung:-0}" = 1 ] && status=124
+  hung=0
   for p in "${iperf_pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
   iperf_pids=()
   # What the round left: a process of a rank still alive is a leftover.
