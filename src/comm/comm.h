@@ -100,6 +100,9 @@ Status comm_split(ncclComm* parent, int color, int key, ncclComm* child /* may b
 // ncclCommShrink on a survivor: child gets every rank of parent not in
 // `excluded` (sorted, unique, without this rank). Agreement among the
 // survivors only (src/comm/shrink.cpp), bounded by MESHCCL_TIMEOUT.
+// Checks ncclCommShrink's exclude list (in range, no duplicates, not the
+// caller, not every rank) and returns it sorted.
+Status shrink_exclude_list(const ncclComm* comm, const int* list, int count, std::vector<int>* out);
 Status comm_shrink(ncclComm* parent, const std::vector<int>& excluded, bool abort_parent, ncclComm* child);
 // Connections, shared region, engine and tuning of a communicator whose
 // rank, peers and bootstrap are set (init, split, shrink).

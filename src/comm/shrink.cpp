@@ -52,6 +52,27 @@ class AbortSwap {
 
 }  // namespace
 
+// ncclCommShrink's exclude list: in range, no duplicates, not the caller.
+Status shrink_exclude_list(const ncclComm* comm, const int* list, int count, std::vector<int>* out) {
+  if (count < 0 || (count > 0 && list == nullptr))
+    return MC_ERROR(ncclInvalidArgument, "ncclCommShrink : invalid exclude list (%d ranks at %p)", count,
+                    static_cast<const void*>(list));
+  out->assign(list, list + count);
+  std::sort(out->begin(), out->end());
+  for (size_t i = 0; i < out->size(); ++i) {
+    int r = (*out)[i];
+    if (r < 0 || r >= comm->nranks)
+      return MC_ERROR(ncclInvalidArgument, "ncclCommShrink : excluded rank %d out of range (nranks %d)", r, comm->nranks);
+    if (i > 0 && (*out)[i - 1] == r)
+      return MC_ERROR(ncclInvalidArgument, "ncclCommShrink : rank %d excluded twice", r);
+    if (r == comm->rank)
+      return MC_ERROR(ncclInvalidArgument, "ncclCommShrink : rank %d excludes itself (excluded ranks must not call it)", r);
+  }
+  if (static_cast<int>(out->size()) >= comm->nranks)
+    return MC_ERROR(ncclInvalidArgument, "ncclCommShrink : every rank excluded");
+  return kOk;
+}
+
 Status comm_shrink(ncclComm* parent, const std::vector<int>& excluded, bool abort_parent, ncclComm* child) {
   param_refresh();
   const int n = parent->nranks;
