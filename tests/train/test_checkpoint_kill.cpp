@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <random>
@@ -37,19 +38,21 @@ ShardHeader header(int rank, int step) {
 }
 
 // The child: saves steps from `first` on until it is killed (bounded).
+void save_step(const fs::path& dir, int step, std::vector<float>& p, std::vector<float>& m, std::vector<float>& v) {
+  for (int r = 0; r < kRanks; ++r) {
+    remove_stale_tmp(dir.string(), r);
+    fs::create_directories(dir / step_dir_name(step));
+    for (size_t i = 0; i < kParams; ++i) p[i] = value(step, r, i, 0), m[i] = value(step, r, i, 1), v[i] = value(step, r, i, 2);
+    write_shard((dir / step_dir_name(step) / rank_file_name(r)).string(), header(r, step), p.data(), m.data(),
+                v.data());
+  }
+  write_latest(dir.string(), step);
+  prune_checkpoints(dir.string(), step, 2);
+}
+
 [[noreturn]] void save_forever(const fs::path& dir, int first) {
   std::vector<float> p(kParams), m(kParams), v(kParams);
-  for (int step = first; step < first + 100000; ++step) {
-    for (int r = 0; r < kRanks; ++r) {
-      remove_stale_tmp(dir.string(), r);
-      fs::create_directories(dir / step_dir_name(step));
-      for (size_t i = 0; i < kParams; ++i) p[i] = value(step, r, i, 0), m[i] = value(step, r, i, 1), v[i] = value(step, r, i, 2);
-      write_shard((dir / step_dir_name(step) / rank_file_name(r)).string(), header(r, step), p.data(), m.data(),
-                  v.data());
-    }
-    write_latest(dir.string(), step);
-    prune_checkpoints(dir.string(), step, 2);
-  }
+  for (int step = first; step < first + 100000; ++step) save_step(dir, step, p, m, v);
   _exit(0);
 }
 
@@ -67,6 +70,18 @@ TEST(CheckpointKill, AKilledSaveLeavesThePreviousCheckpointUsable) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   std::mt19937 rng(std::random_device{}());
+  // How long one save takes here and now (the machine may be loaded): kills
+  // land anywhere within about three saves.
+  long save_us = 0;
+  {
+    const fs::path probe = dir / "probe";
+    std::vector<float> p(kParams), m(kParams), v(kParams);
+    const auto t0 = std::chrono::steady_clock::now();
+    save_step(probe, 0, p, m, v);
+    save_us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
+    fs::remove_all(probe);
+  }
+  const unsigned window_us = static_cast<unsigned>(std::max(3000L, 3 * save_us));
   int last = -1, mid_save = 0, advanced = 0;
   const int kills = 120;
   for (int k = 0; k < kills; ++k) {
@@ -79,8 +94,7 @@ TEST(CheckpointKill, AKilledSaveLeavesThePreviousCheckpointUsable) {
         _exit(3);
       }
     }
-    // Anywhere within a few saves (one save of both ranks takes ~1-10 ms).
-    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 25000));
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % window_us));
     kill(pid, SIGKILL);
     int st = 0;
     ASSERT_EQ(waitpid(pid, &st, 0), pid);
@@ -116,8 +130,8 @@ TEST(CheckpointKill, AKilledSaveLeavesThePreviousCheckpointUsable) {
     }
     last = step;
   }
-  std::printf("[ ckpt-kill ] %d kills, %d landed inside a shard or pointer write, latest advanced %d times to step %d\n",
-              kills, mid_save, advanced, last);
+  std::printf("[ ckpt-kill ] one save %.1f ms; %d kills, %d landed inside a shard or pointer write, latest advanced %d times to step %d\n",
+              save_us / 1e3, kills, mid_save, advanced, last);
   // The kills did land inside saves, and saves made progress between them.
   EXPECT_GT(mid_save, 0);
   EXPECT_GT(advanced, 0);
