@@ -8,6 +8,10 @@
 #include "collectives/algorithms.h"
 #include "kernels/reduce.h"
 #include "comm/comm.h"
+#include "meshccl_config.h"
+#if MESHCCL_HAVE_CUDA
+#include "cuda/device_ops.h"
+#endif
 #include "topo/cost_model.h"
 #include "meshccl_config.h"
 #include "topo/exchange.h"
@@ -215,6 +219,9 @@ Status comm_finalize(ncclComm* comm) {
 
 void comm_free(ncclComm* comm) {
   if (comm->async_thread.joinable()) comm->async_thread.join();
+#if MESHCCL_HAVE_CUDA
+  cuda::release(&comm->sched);  // the device proxy: drained (bounded) before the transports close
+#endif
   comm->mesh.reset();  // closes transports first: nothing can touch our buffers after this
   comm->engine.reset();
   comm->bootstrap.reset();
