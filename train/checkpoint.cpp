@@ -91,6 +91,11 @@ void write_durably(const std::string& path, const std::vector<std::pair<const vo
     if (::rename(tmp.c_str(), path.c_str()) != 0) {
       throw CheckpointError("renaming " + tmp + " to " + path + " failed: " + os_reason(errno));
     }
+    // And the new name itself survives a machine crash: sync the directory.
+    // (A killed process needs neither: the rename is atomic.)
+    Fd d;
+    d.fd = ::open(fs::path(path).parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (d.fd >= 0) (void)::fsync(d.fd);
   } catch (...) {
     ::unlink(tmp.c_str());
     throw;

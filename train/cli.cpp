@@ -28,6 +28,8 @@ data:     --data PATH (default: $MESHTRAIN_DATA, data/kjv.txt, or the build's co
           --data-seed N
           --val-every N --val-seqs N
 ckpt:     --ckpt-dir DIR --ckpt-every N --ckpt-keep N (newest N kept; 0: all) --resume
+          --elastic   when a rank dies, drop its data-parallel replica and go on from the
+                      last checkpoint (needs --ckpt-every; run under meshrun --keep-going)
 plan:     meshtrain plan [--ranks N] [options]   print the planner's choice and alternatives
           --plan auto                   plan the layout, stage split and micro-batch, then train
           --global-batch N --mem-limit MiB --profile PATH --plan-top K
@@ -93,6 +95,10 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
     }
     if (a == "--resume") {
       o->resume = true;
+      continue;
+    }
+    if (a == "--elastic") {
+      o->elastic = true;
       continue;
     }
     if (a == "--untied") {
@@ -167,6 +173,7 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
   if (t.model.vocab > 256) return "--vocab is at most 256 (byte-level model)";
   if (t.ckpt_every > 0 && t.ckpt_dir.empty()) return "--ckpt-every needs --ckpt-dir";
   if (o->resume && t.ckpt_dir.empty()) return "--resume needs --ckpt-dir";
+  if (o->elastic && t.ckpt_every <= 0) return "--elastic needs --ckpt-dir and --ckpt-every (it resumes from checkpoints)";
   if (!(t.optim.lr > 0)) return "--lr must be positive";
   if (t.optim.min_lr_ratio < 0 || t.optim.min_lr_ratio > 1) return "--min-lr-ratio must be in [0, 1]";
   if (t.optim.weight_decay < 0) return "--weight-decay must not be negative";

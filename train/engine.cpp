@@ -268,15 +268,23 @@ void Engine::save_checkpoint(int step) {
   agree(error);
 }
 
-int Engine::load_checkpoint() {
+int Engine::load_checkpoint() { return load_checkpoint(cfg_.layout); }
+
+int Engine::load_checkpoint(const Layout& saved) {
   namespace fs = std::filesystem;
+  Coords from = me_;
+  int saved_rank = rank_;
+  if (saved.dp != cfg_.layout.dp) {
+    from.dp = 0;
+    saved_rank = rank_of(from, saved);
+  }
   std::string error;
   int step = -1;
   std::vector<float> p, m, v;
   try {
     step = read_latest(cfg_.ckpt_dir);
-    const fs::path path = fs::path(cfg_.ckpt_dir) / step_dir_name(step) / rank_file_name(rank_);
-    const ShardHeader want = make_shard_header(cfg_.model, cfg_.layout, rank_, step, stage_->params.size(),
+    const fs::path path = fs::path(cfg_.ckpt_dir) / step_dir_name(step) / rank_file_name(saved_rank);
+    const ShardHeader want = make_shard_header(cfg_.model, saved, saved_rank, step, stage_->params.size(),
                                             stage_->layers().lo, stage_->layers().hi);
     read_shard(path.string(), want, &p, &m, &v);
   } catch (const std::exception& e) {

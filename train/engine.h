@@ -78,6 +78,11 @@ class Engine {
   // name, or a shard does not fit this run, is damaged (size, checksum) or
   // holds non-finite values; the engine is unchanged then.
   int load_checkpoint();
+  // The same from a checkpoint saved under another layout with the same
+  // pipeline and tensor split (meshtrain --elastic after a data-parallel
+  // replica was lost): this rank reads the shard of the rank of replica 0
+  // that held its stage and tensor slice (replicas hold identical state).
+  int load_checkpoint(const Layout& saved);
   // Generates `length` bytes after `prompt` (greedy when temperature <= 0).
   // Collective: every rank calls it; all ranks return the same text.
   std::string sample(const std::string& prompt, int length, float temperature, uint64_t seed);

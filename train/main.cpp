@@ -2,6 +2,7 @@
 // over meshccl. A single-rank run never initialises meshccl.
 #include <cblas.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -12,6 +13,7 @@
 
 #include "cli.h"
 #include "engine.h"
+#include "elastic.h"
 #include "nccl_comm.h"
 #include "plan_links.h"
 #include "plan_profile.h"
@@ -180,19 +182,35 @@ int run(const CliOptions& opts) {
                           : (world_size > 1 ? 1 : static_cast<int>(std::thread::hardware_concurrency()));
   openblas_set_num_threads(threads > 0 ? threads : 1);
 
-  Engine engine(cfg, rank, rc.view(), corpus);
-  const bool talk = rank == 0;
+  auto engine = std::make_unique<Engine>(cfg, rank, rc.view(), corpus);
+  bool talk = rank == 0;
   int start = 0;
   // A run that will save checks the directory before any step is spent (a
   // run that only resumes may read from a directory it cannot write).
-  if (cfg.ckpt_every > 0) engine.prepare_checkpoints();
+  if (cfg.ckpt_every > 0) engine->prepare_checkpoints();
+  // --elastic: the job's original ranks of the current world's members, and
+  // the layout the newest checkpoint was saved under.
+  std::vector<int> orig;
+  for (int r = 0; r < world_size; ++r) orig.push_back(r);
+  Layout saved_layout = cfg.layout;
+  if (o.elastic) {
+    if (cfg.layout.hetero()) {
+      std::fprintf(stderr, "meshtrain: --elastic does not support per-stage tensor-parallel degrees\n");
+      return 2;
+    }
+    if (world_size < 2 || cfg.layout.dp < 2) {
+      std::fprintf(stderr, "meshtrain: --elastic needs at least two data-parallel replicas (dp %d)\n", cfg.layout.dp);
+      return 2;
+    }
+    elastic_register(cfg.ckpt_dir, rank);
+  }
   if (o.resume) {
-    start = engine.load_checkpoint();
+    start = engine->load_checkpoint();
     if (talk) std::printf("resumed from %s after step %d\n", cfg.ckpt_dir.c_str(), start);
   }
   if (talk) {
     size_t n = 0;
-    for (const auto& s : engine.stage().specs()) n += s.size;
+    for (const auto& s : engine->stage().specs()) n += s.size;
     std::string tp_text = std::to_string(cfg.layout.tp);
     if (cfg.layout.hetero()) {
       tp_text.clear();
@@ -214,28 +232,74 @@ int run(const CliOptions& opts) {
   int timed = 0;
   float last_loss = 0, val = -1;
   for (int step = start; step < cfg.steps; step++) {
-    const StepStats s = engine.train_step(step);
-    last_loss = s.loss;
-    if (step > start || cfg.steps - start == 1) {  // the first step pays one-off set-up
-      time_sum += s.seconds;
-      wait_sum += s.comm_wait;
-      tokens += cfg.global_batch() * static_cast<double>(cfg.model.seq);
-      timed++;
-    }
-    const bool val_now = cfg.val_every > 0 && ((step + 1) % cfg.val_every == 0 || step + 1 == cfg.steps);
-    if (val_now) val = engine.validate();
-    if (talk && ((step + 1) % o.log_every == 0 || step + 1 == cfg.steps)) {
-      std::printf("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %7.0f tok/s | %6.1f ms "
-                  "(compute %.1f, comm wait %.1f = %.1f%%)",
-                  step + 1, cfg.steps, s.loss, s.lr, s.grad_norm, s.tokens_per_s,
-                  s.seconds * 1e3, (s.seconds - s.comm_wait) * 1e3, s.comm_wait * 1e3,
-                  100.0 * s.comm_wait / s.seconds);
-      if (val_now) std::printf(" | val %.4f", val);
-      std::printf("\n");
-      std::fflush(stdout);
-    }
-    if (cfg.ckpt_every > 0 && ((step + 1) % cfg.ckpt_every == 0 || step + 1 == cfg.steps)) {
-      engine.save_checkpoint(step);
+    try {
+      const StepStats s = engine->train_step(step);
+      last_loss = s.loss;
+      if (step > start || cfg.steps - start == 1) {  // the first step pays one-off set-up
+        time_sum += s.seconds;
+        wait_sum += s.comm_wait;
+        tokens += cfg.global_batch() * static_cast<double>(cfg.model.seq);
+        timed++;
+      }
+      const bool val_now = cfg.val_every > 0 && ((step + 1) % cfg.val_every == 0 || step + 1 == cfg.steps);
+      if (val_now) val = engine->validate();
+      if (talk && ((step + 1) % o.log_every == 0 || step + 1 == cfg.steps)) {
+        std::printf("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %7.0f tok/s | %6.1f ms "
+                    "(compute %.1f, comm wait %.1f = %.1f%%)",
+                    step + 1, cfg.steps, s.loss, s.lr, s.grad_norm, s.tokens_per_s,
+                    s.seconds * 1e3, (s.seconds - s.comm_wait) * 1e3, s.comm_wait * 1e3,
+                    100.0 * s.comm_wait / s.seconds);
+        if (val_now) std::printf(" | val %.4f", val);
+        std::printf("\n");
+        std::fflush(stdout);
+      }
+      if (cfg.ckpt_every > 0 && ((step + 1) % cfg.ckpt_every == 0 || step + 1 == cfg.steps)) {
+        engine->save_checkpoint(step);
+        saved_layout = cfg.layout;
+      }
+    } catch (const CommError& e) {
+      if (!o.elastic) throw;
+      // A rank died (or the job failed otherwise): find the dead, drop their
+      // replicas, shrink, and go on from the last checkpoint.
+      const int me = rank;
+      std::fprintf(stderr, "meshtrain: rank %d (job rank %d): step %d failed: %s\n", me, orig[me], step + 1, e.what());
+      const char* t = std::getenv("MESHCCL_TIMEOUT");
+      const double wait_s = t ? std::max(1.0, std::atof(t)) : 30.0;
+      const ElasticPlan plan = elastic_find_dead(cfg.ckpt_dir, orig, cfg.layout, wait_s);
+      if (plan.dead.empty()) throw CommError(std::string(e.what()) + " (--elastic: no rank of this job has died)");
+      std::string dead;
+      for (int r : plan.dead) dead += (dead.empty() ? "" : ", ") + std::to_string(orig[r]);
+      if (std::binary_search(plan.excluded.begin(), plan.excluded.end(), me)) {
+        std::fprintf(stderr, "meshtrain: rank %d (job rank %d) leaves: its data-parallel replica lost job rank(s) %s\n",
+                     me, orig[me], dead.c_str());
+        elastic_leave(cfg.ckpt_dir, orig[me]);
+        elastic_abandon(&rc);
+        rc.world->abandon();
+        return 0;
+      }
+      if (cfg.layout.dp - plan.lost_replicas < 1) throw CommError("--elastic: every data-parallel replica lost a rank");
+      engine.reset();
+      ncclComm_t nw = elastic_shrink(&rc, plan.excluded);
+      std::vector<int> kept;
+      for (int r = 0; r < static_cast<int>(orig.size()); ++r)
+        if (!std::binary_search(plan.excluded.begin(), plan.excluded.end(), r)) kept.push_back(orig[r]);
+      orig = kept;
+      const int old_dp = cfg.layout.dp;
+      cfg.layout.dp -= plan.lost_replicas;
+      rc = split_comms(nw, cfg.layout, cfg.model.tied,
+                       static_cast<size_t>(cfg.micro_batch) * cfg.model.seq * cfg.model.d_model);
+      rank = rc.world->rank();
+      talk = rank == 0;
+      engine = std::make_unique<Engine>(cfg, rank, rc.view(), corpus);
+      start = engine->load_checkpoint(saved_layout);
+      if (talk) {
+        std::printf("elastic: job rank(s) %s died at step %d; dropped %d data-parallel replica(s) (%zu rank(s)): "
+                    "dp %d -> %d, %zu rank(s), global batch %d; resumed from the checkpoint after step %d\n",
+                    dead.c_str(), step + 1, plan.lost_replicas, plan.excluded.size(), old_dp, cfg.layout.dp,
+                    orig.size(), cfg.global_batch(), start);
+        std::fflush(stdout);
+      }
+      step = start - 1;  // the loop's ++ makes it start
     }
   }
 
@@ -255,7 +319,7 @@ int run(const CliOptions& opts) {
     std::printf("\n");
   }
   if (o.sample_chars > 0) {
-    const std::string text = engine.sample(o.prompt, o.sample_chars, o.temperature, 7);
+    const std::string text = engine->sample(o.prompt, o.sample_chars, o.temperature, 7);
     if (talk) std::printf("sample: %s%s\n", o.prompt.c_str(), printable(text).c_str());
   }
   std::fflush(stdout);

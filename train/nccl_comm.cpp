@@ -52,7 +52,18 @@ NcclComm::~NcclComm() {
   // Errors here have nowhere to go; the streams are drained before the comm goes.
   if (fast_) meshcclStreamDestroy(fast_);
   if (slow_) meshcclStreamDestroy(slow_);
-  ncclCommDestroy(comm_);
+  if (comm_) ncclCommDestroy(comm_);
+}
+
+void NcclComm::abandon() {
+  if (comm_) ncclCommAbort(comm_);
+  comm_ = nullptr;
+}
+
+ncclComm_t NcclComm::release() {
+  ncclComm_t c = comm_;
+  comm_ = nullptr;
+  return c;
 }
 
 void NcclComm::all_reduce(float* buf, size_t n, ReduceOp op) {

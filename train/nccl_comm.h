@@ -32,6 +32,11 @@ class NcclComm final : public Comm {
   void reduce_scatter(const float* in, float* out, size_t n) override;
   void exchange(const P2POp* ops, int n) override;
   ncclComm_t handle() const { return comm_; }
+  // After a failure: aborts the communicator (ending any wait) and forgets
+  // it; the object then only frees its streams.
+  void abandon();
+  // Hands the communicator over (for ncclCommShrink) and forgets it.
+  ncclComm_t release();
 
  private:
   ncclComm_t comm_;

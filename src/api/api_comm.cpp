@@ -210,15 +210,41 @@ MESHCCL_EXPORT ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, 
 
 MESHCCL_EXPORT ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
                                            ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
-  (void)config;
   return comm_call("ncclCommShrink", comm, [&]() -> Status {
-    MC_TRY(check_comm_handle("ncclCommShrink", comm));
     if (newcomm == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclCommShrink : newcomm is NULL");
-    if (excludeRanksCount < 0 || (excludeRanksCount > 0 && excludeRanksList == nullptr))
-      return MC_ERROR(ncclInvalidArgument, "ncclCommShrink : invalid exclude list");
+    *newcomm = nullptr;
+    MC_TRY(check_comm_handle("ncclCommShrink", comm));
     if (shrinkFlags != NCCL_SHRINK_DEFAULT && shrinkFlags != NCCL_SHRINK_ABORT)
       return MC_ERROR(ncclInvalidArgument, "ncclCommShrink : invalid flags 0x%x", shrinkFlags);
-    return MC_ERROR(ncclInvalidUsage, "ncclCommShrink : not supported by meshccl yet; use ncclCommSplit on a healthy communicator");
+    std::vector<int> excluded;
+    MC_TRY(shrink_exclude_list(comm, excludeRanksList, excludeRanksCount, &excluded));
+    CommConfig cfg;
+    MC_TRY(parse_config(config, &cfg, &comm->config));
+    auto* child = new ncclComm();
+    child->config = cfg;
+    comm_register(child);
+    child->async_error.store(ncclInProgress);
+    *newcomm = child;
+    const bool abort_parent = shrinkFlags == NCCL_SHRINK_ABORT;
+    ++comm->sched.users;
+    auto body = [comm, excluded, abort_parent, child]() -> Status {
+      Status s = comm_shrink(comm, excluded, abort_parent, child);
+      if (!s.ok()) child->state.store(ncclComm::State::Failed);
+      child->async_error.store(s.code());
+      --comm->sched.users;
+      return s;
+    };
+    if (cfg.blocking) {
+      Status s = body();
+      if (!s.ok()) {
+        drop_comm(child);
+        *newcomm = nullptr;
+      }
+      return s;
+    }
+    // Non-blocking (the child's config): the child reports progress.
+    child->async_thread = std::thread(body);
+    return Status(ncclInProgress);
   });
 }
 

@@ -42,6 +42,11 @@ class Bootstrap {
   // communicator of a split).
   Status new_listener(Socket* out, SockAddr* addr) const;
   const uint8_t* secret() const { return secret_; }
+  // The abort flag its waits poll; ncclCommShrink swaps it while the
+  // survivors of an aborted communicator agree (waits stay bounded by
+  // MESHCCL_TIMEOUT).
+  AbortFlag abort_flag() const { return abort_; }
+  void set_abort_flag(AbortFlag abort) { abort_ = abort; }
 
  private:
   Status send_conn(int peer, const Socket** out);

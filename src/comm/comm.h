@@ -73,6 +73,7 @@ struct ncclComm {
   uint64_t coll_seq = 0;
   std::vector<uint64_t> send_seq, recv_seq;  // per peer
   uint32_t split_seq = 0;
+  uint32_t shrink_seq = 0;  // ncclCommShrink calls made on this communicator
 
   std::mutex ops_mu;
   std::vector<meshccl::DynamicOp> dyn_ops;
@@ -96,6 +97,16 @@ bool comm_is_live(const ncclComm* c);
 // Init paths (collective). Blocking.
 Status comm_init_rank(ncclComm* comm, int nranks, const ncclUniqueId& id, int rank);
 Status comm_split(ncclComm* parent, int color, int key, ncclComm* child /* may be null: NOCOLOR */);
+// ncclCommShrink on a survivor: child gets every rank of parent not in
+// `excluded` (sorted, unique, without this rank). Agreement among the
+// survivors only (src/comm/shrink.cpp), bounded by MESHCCL_TIMEOUT.
+// Checks ncclCommShrink's exclude list (in range, no duplicates, not the
+// caller, not every rank) and returns it sorted.
+Status shrink_exclude_list(const ncclComm* comm, const int* list, int count, std::vector<int>* out);
+Status comm_shrink(ncclComm* parent, const std::vector<int>& excluded, bool abort_parent, ncclComm* child);
+// Connections, shared region, engine and tuning of a communicator whose
+// rank, peers and bootstrap are set (init, split, shrink).
+Status comm_finish_setup(ncclComm* comm);
 Status comm_finalize(ncclComm* comm);
 // Drives progress until every enqueued operation has completed (true) or the
 // deadline passes (false).

@@ -87,7 +87,9 @@ void configure_links(ncclComm* comm, const TuneModel& tune) {
           comm->engine->links().chunk_bytes((comm->rank + 1) % comm->nranks), policy.credit_chunks);
 }
 
-Status finish_setup(ncclComm* comm) {
+}  // namespace
+
+Status comm_finish_setup(ncclComm* comm) {
   // Settings that act process-wide, as they are now.
   if (!kernels::select_isa(param_str(Param::KernelIsa).c_str()))
     MC_WARN("MESHCCL_KERNEL_ISA=%s is not one of auto, portable, avx2, avx512 supported by this CPU; using %s",
@@ -130,8 +132,6 @@ Status finish_setup(ncclComm* comm) {
   return kOk;
 }
 
-}  // namespace
-
 Status comm_init_rank(ncclComm* comm, int nranks, const ncclUniqueId& id, int rank) {
   param_refresh();
   print_version_once();
@@ -162,7 +162,7 @@ Status comm_init_rank(ncclComm* comm, int nranks, const ncclUniqueId& id, int ra
   }
   comm->bootstrap = std::make_unique<Bootstrap>(rank, nranks, std::move(listener), std::move(addrs), c.secret,
                                                 &comm->abort_flag);
-  return finish_setup(comm);
+  return comm_finish_setup(comm);
 }
 
 Status comm_split(ncclComm* parent, int color, int key, ncclComm* child) {
@@ -229,7 +229,7 @@ Status comm_split(ncclComm* parent, int color, int key, ncclComm* child) {
                                                  &child->abort_flag);
   MC_INFO(kInit, "ncclCommSplit comm %p color %d key %d -> rank %d of %d", static_cast<void*>(parent), color, key,
           crank, cn);
-  return finish_setup(child);
+  return comm_finish_setup(child);
 }
 
 bool comm_wait_idle(ncclComm* comm, Deadline dl) {

@@ -168,7 +168,8 @@ int main(int argc, char** argv) {
       if (mode == "kill") std::raise(value);
       return value;
     }
-    sleep_then_done(dir, "done", rank);
+    // An optional fifth argument: how long the others run (default 30 s).
+    sleep_then_done(dir, "done", rank, argc > 5 ? std::atof(argv[5]) : 30);
     return 0;
   }
   if (mode == "sleep") {

@@ -413,6 +413,18 @@ TEST(Meshrun, FailingRankStopsTheOthersAndSetsTheStatus) {
   expect_all_gone(dir);
 }
 
+TEST(Meshrun, KeepGoingLetsTheOthersFinishAndReportsTheFailure) {
+  ScratchDir dir;
+  Result r = run({"--keep-going", "-n", "4", g_helper, "kill", "2", std::to_string(SIGKILL), dir.path(), "1"});
+  EXPECT_EQ(r.status, 128 + SIGKILL);
+  auto err = lines_of(r.err);
+  ASSERT_EQ(err.size(), 1u) << r.err;
+  EXPECT_NE(err[0].find("rank 2"), std::string::npos) << r.err;
+  EXPECT_NE(err[0].find("keep going"), std::string::npos) << r.err;
+  EXPECT_EQ(dir.count("done"), 3) << "the other ranks were stopped";
+  expect_all_gone(dir);
+}
+
 TEST(Meshrun, RankKilledBySignalGives128PlusSignal) {
   for (int sig : {SIGUSR1, SIGKILL}) {
     ScratchDir dir;

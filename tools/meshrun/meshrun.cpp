@@ -231,6 +231,7 @@ class Job {
   OutQueue err_q_{STDERR_FILENO};
   bool stopping_ = false;  // the job's outcome is decided; ranks are being stopped
   int status_ = 0;
+  int failed_status_ = 0;  // --keep-going: the first failed rank's status
   int signals_seen_ = 0;
   std::vector<std::pair<Rank*, bool>> pipes_;  // (rank, is stderr) per polled pipe
   std::optional<Clock::time_point> job_deadline_;
@@ -496,10 +497,15 @@ void Job::reap() {
     std::string how = WIFEXITED(ws)
                           ? "exited with status " + std::to_string(WEXITSTATUS(ws))
                           : "was killed by " + signal_name(WTERMSIG(ws)) + " (" + strsignal(WTERMSIG(ws)) + ")";
-    stop(shell_status(ws),
-         "rank " + std::to_string(r->rank) + " (pid " + std::to_string(pid) + ") " + how +
-             "; terminating the other ranks",
-         SIGTERM);
+    const std::string who = "rank " + std::to_string(r->rank) + " (pid " + std::to_string(pid) + ") " + how;
+    if (opt_.keep_going) {
+      // The survivors carry on (ncclCommShrink, elastic training); the job
+      // exits with the first failure's status once every rank has ended.
+      if (failed_status_ == 0) failed_status_ = shell_status(ws);
+      note(who + "; the other ranks keep going (--keep-going)");
+      continue;
+    }
+    stop(shell_status(ws), who + "; terminating the other ranks", SIGTERM);
   }
 }
 
@@ -646,7 +652,7 @@ int Job::run() {
   if (opt_.timeout_s > 0) job_deadline_ = after(opt_.timeout_s);
   loop();
   shutdown();
-  return status_;
+  return status_ != 0 ? status_ : failed_status_;
 }
 
 }  // namespace

@@ -112,6 +112,10 @@ std::string parse_options(int argc, const char* const* argv, Options* out) {
       opt.prefix = false;
       continue;
     }
+    if (arg == "--keep-going") {
+      opt.keep_going = true;
+      continue;
+    }
     if (arg == "--report-bindings") {
       opt.report_bindings = true;
       continue;
@@ -228,6 +232,7 @@ std::string usage() {
          "                          (default with hosts: round-robin, rank r on host r%H)\n"
          "  --bind core|numa|none   pin each rank to one core or one NUMA node (hwloc)\n"
          "  --report-bindings       print where each rank is pinned\n"
+         "  --keep-going            a rank that fails does not stop the others (survivors shrink)\n"
          "  --timeout S             kill the job after S seconds (exit status 124)\n"
          "  -x NAME=VALUE           set an environment variable in every rank\n"
          "  --no-prefix             pass rank output through unchanged instead of\n"

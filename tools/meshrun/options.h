@@ -23,6 +23,7 @@ struct Options {
   int ranks_per_host = 0;          // --ranks-per-host K: blocked placement; 0: round-robin
   Bind bind = Bind::None;
   bool report_bindings = false;
+  bool keep_going = false;  // --keep-going: a failed rank does not stop the others
   double timeout_s = 0;     // 0: no time limit
   bool prefix = true;
   bool help = false;
