@@ -66,6 +66,8 @@ class DirectRun final : public Run {
                  std::min(op.count, round_elems_) * op.elem() * static_cast<size_t>(op.nranks) > kOnePhaseBytes;
   }
 
+  const char* name() const override { return op_kind_name(op_.kind); }
+
   Status poll(Engine* /*eng*/, bool* moved) override {
     for (;;) {
       switch (state_) {

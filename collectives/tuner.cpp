@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <string>
 
+#include "collectives/algo_rule.h"
 #include "collectives/algorithms.h"
 #include "sched/engine.h"
 #include "sched/launch.h"
@@ -21,71 +22,6 @@
 namespace meshccl {
 
 namespace {
-
-std::string lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
-std::string kind_key(OpKind k) { return lower(op_kind_name(k)); }
-
-// The list that applies to this collective ("" = none); *global: it came
-// from the entry without a collective name.
-Status rule_for(const std::string& spec, OpKind kind, std::string* out, bool* global) {
-  out->clear();
-  *global = false;
-  size_t pos = 0;
-  bool first = true;
-  while (pos <= spec.size()) {
-    size_t end = spec.find(';', pos);
-    if (end == std::string::npos) end = spec.size();
-    std::string entry = lower(spec.substr(pos, end - pos));
-    pos = end + 1;
-    if (entry.empty()) continue;
-    size_t colon = entry.find(':');
-    if (colon == std::string::npos) {
-      if (!first) return MC_ERROR(ncclInvalidUsage, "MESHCCL_ALGO=\"%s\": only the first entry may omit the collective name", spec.c_str());
-      *out = entry;
-      *global = true;
-    } else if (entry.substr(0, colon) == kind_key(kind)) {
-      *out = entry.substr(colon + 1);
-      *global = false;
-    }
-    first = false;
-  }
-  return kOk;
-}
-
-// The algorithm names MESHCCL_ALGO lists for this collective (empty: no
-// rule); *exclude for a ^list.
-Status parse_rule_uncached(const std::string& spec, OpKind kind, std::vector<std::string>* names, bool* exclude) {
-  names->clear();
-  *exclude = false;
-  if (spec.empty() || kind == OpKind::Send || kind == OpKind::Recv) return kOk;
-  const auto& table = algorithm_table();
-  std::string rule;
-  bool global = false;
-  MC_TRY(rule_for(spec, kind, &rule, &global));
-  *exclude = !rule.empty() && rule[0] == '^';
-  size_t pos = *exclude ? 1 : 0;
-  while (!rule.empty() && pos <= rule.size()) {
-    size_t end = rule.find(',', pos);
-    if (end == std::string::npos) end = rule.size();
-    std::string name = rule.substr(pos, end - pos);
-    pos = end + 1;
-    if (name.empty()) continue;
-    bool known = std::any_of(table.begin(), table.end(), [&](const Algorithm& a) { return name == a.name; });
-    if (!known) return MC_ERROR(ncclInvalidUsage, "MESHCCL_ALGO=\"%s\": unknown algorithm \"%s\"", spec.c_str(), name.c_str());
-    names->push_back(name);
-  }
-  // A list for every collective says nothing about one with none of its
-  // algorithms.
-  const bool any_here = std::any_of(table.begin(), table.end(), [&](const Algorithm& a) {
-    return a.kind == kind && std::find(names->begin(), names->end(), a.name) != names->end();
-  });
-  if (global && !*exclude && !any_here) names->clear();
-  return kOk;
-}
 
 // Parsed once per setting value and collective (the setting's storage is
 // stable until the environment is read again).
@@ -103,7 +39,12 @@ const Rule& rule_of(OpKind kind) {
   const std::string& spec = param_str(Param::Algo);
   Rule& c = cache[static_cast<int>(kind)];
   if (c.spec != &spec) {
-    c.status = parse_rule_uncached(spec, kind, &c.names, &c.exclude);
+    static const std::vector<AlgoName> known = [] {
+      std::vector<AlgoName> v;
+      for (const Algorithm& a : algorithm_table()) v.push_back({a.name, a.kind});
+      return v;
+    }();
+    c.status = parse_algo_rule(spec, kind, known, &c.names, &c.exclude);
     c.spec = &spec;
   }
   return c;

@@ -17,15 +17,20 @@
 #error "define MESHCCL_KERNEL_NS before including convert.h"
 #endif
 
+// The CUDA kernels (kernels/cuda) compile the same functions for the device.
+#ifndef MESHCCL_HD
+#define MESHCCL_HD
+#endif
+
 namespace meshccl::kernels::MESHCCL_KERNEL_NS {
 
-inline uint32_t bits_of(float f) {
+MESHCCL_HD inline uint32_t bits_of(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
   return u;
 }
 
-inline float float_of(uint32_t u) {
+MESHCCL_HD inline float float_of(uint32_t u) {
   float f;
   std::memcpy(&f, &u, sizeof f);
   return f;
@@ -33,13 +38,13 @@ inline float float_of(uint32_t u) {
 
 // Rounds the magnitude m (an integer holding the value m * 2^-shift) to nearest
 // even at bit `shift`. m + 2^(shift-1) must fit in 32 bits.
-inline uint32_t round_shift_rne(uint32_t m, unsigned shift) {
+MESHCCL_HD inline uint32_t round_shift_rne(uint32_t m, unsigned shift) {
   return (m + (1u << (shift - 1)) - 1u + ((m >> shift) & 1u)) >> shift;
 }
 
 // ---- IEEE binary16 -------------------------------------------------------
 
-inline float h2f(uint16_t h) {
+MESHCCL_HD inline float h2f(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu;
   const uint32_t man = h & 0x3ffu;
@@ -56,7 +61,7 @@ inline float h2f(uint16_t h) {
   return float_of(sign | ((exp + 112u) << 23) | (man << 13));
 }
 
-inline uint16_t f2h(float f) {
+MESHCCL_HD inline uint16_t f2h(float f) {
   const uint32_t u = bits_of(f);
   const uint32_t sign = (u >> 16) & 0x8000u;
   const uint32_t a = u & 0x7fffffffu;
@@ -73,9 +78,9 @@ inline uint16_t f2h(float f) {
 
 // ---- bfloat16 --------------------------------------------------------------
 
-inline float b2f(uint16_t b) { return float_of(static_cast<uint32_t>(b) << 16); }
+MESHCCL_HD inline float b2f(uint16_t b) { return float_of(static_cast<uint32_t>(b) << 16); }
 
-inline uint16_t f2b(float f) {
+MESHCCL_HD inline uint16_t f2b(float f) {
   const uint32_t u = bits_of(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
   // Overflow rounds into the exponent and lands on inf, as IEEE wants.
@@ -86,7 +91,7 @@ inline uint16_t f2b(float f) {
 // M mantissa bits, exponent bias B; values beyond the largest finite one
 // (including inf) saturate to it, as CUDA's __NV_SATFINITE conversions do.
 template <unsigned M, unsigned B, uint32_t kMaxCode, uint32_t kNanCode>
-inline uint8_t f2fp8(float f) {
+MESHCCL_HD inline uint8_t f2fp8(float f) {
   const uint32_t u = bits_of(f);
   const uint32_t sign = (u >> 24) & 0x80u;
   const uint32_t a = u & 0x7fffffffu;
@@ -109,16 +114,16 @@ inline uint8_t f2fp8(float f) {
   return static_cast<uint8_t>(sign | code);
 }
 
-inline uint8_t f2e4m3(float f) { return f2fp8<3, 7, 0x7eu, 0x7fu>(f); }
-inline uint8_t f2e5m2(float f) { return f2fp8<2, 15, 0x7bu, 0x7fu>(f); }
+MESHCCL_HD inline uint8_t f2e4m3(float f) { return f2fp8<3, 7, 0x7eu, 0x7fu>(f); }
+MESHCCL_HD inline uint8_t f2e5m2(float f) { return f2fp8<2, 15, 0x7bu, 0x7fu>(f); }
 
 // e5m2 is the top byte of a binary16 with the same exponent bias.
-inline float e5m2_2f(uint8_t v) { return h2f(static_cast<uint16_t>(v << 8)); }
+MESHCCL_HD inline float e5m2_2f(uint8_t v) { return h2f(static_cast<uint16_t>(v << 8)); }
 
 // e4m3 reinterpreted as a binary16 with the exponent and mantissa moved into
 // place is the value times 2^-8 for normals and subnormals alike (the biases
 // differ by 8), so one exact multiply finishes it. S.1111.111 is NaN.
-inline float e4m3_2f(uint8_t v) {
+MESHCCL_HD inline float e4m3_2f(uint8_t v) {
   if ((v & 0x7fu) == 0x7fu) return float_of((v & 0x80u ? 0xffc00000u : 0x7fc00000u));
   const uint16_t h = static_cast<uint16_t>(((v & 0x80u) << 8) | ((v & 0x7fu) << 7));
   return h2f(h) * 256.0f;

@@ -5,6 +5,9 @@
 
 #include "meshccl.h"
 #include "meshccl_config.h"
+#if MESHCCL_HAVE_CUDA
+#include "cuda/memory.h"
+#endif
 #include "kernels/reduce.h"
 #include "topo/discover.h"
 #include "topo/topo_file.h"
@@ -68,6 +71,9 @@ int main(int argc, char** argv) {
   std::printf("  %-10s %s\n", "ucx", MESHCCL_HAVE_UCX ? "yes" : "no");
   std::printf("  %-10s %s\n", "ofi", MESHCCL_HAVE_OFI ? "yes" : "no");
   std::printf("  %-10s %s\n\n", "kernels", meshccl::kernels::isa_name());
+#if MESHCCL_HAVE_CUDA
+  std::printf("CUDA (driver loaded at run time)\n%s\n", meshccl::cuda::describe().c_str());
+#endif
   std::printf("Transports\n");
   for (const std::string& t : meshccl::available_transports()) std::printf("  %s\n", t.c_str());
   std::printf("\nSettings (environment value, else default)\n");

@@ -6,6 +6,10 @@
 #include "api/export.h"
 #include "api/validate.h"
 #include "mem/memalloc.h"
+#include "meshccl_config.h"
+#if MESHCCL_HAVE_CUDA
+#include "cuda/memory.h"
+#endif
 
 using namespace meshccl;
 
@@ -51,11 +55,27 @@ MESHCCL_EXPORT void pncclResetDebugInit(void) { log_reset(); }
 MESHCCL_EXPORT void ncclResetDebugInitInternal(void) { log_reset(); }
 
 MESHCCL_EXPORT ncclResult_t pncclMemAlloc(void** ptr, size_t size) {
-  return api_guard("ncclMemAlloc", [&] { return mem_alloc(ptr, size); });
+  return api_guard("ncclMemAlloc", [&]() -> Status {
+#if MESHCCL_HAVE_CUDA
+    // With a CUDA context current (a GPU program), NCCL's meaning: device memory.
+    if (ptr == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclMemAlloc : ptr is NULL");
+    bool handled = false;
+    MC_TRY(cuda::device_alloc(ptr, size, &handled));
+    if (handled) return kOk;
+#endif
+    return mem_alloc(ptr, size);
+  });
 }
 
 MESHCCL_EXPORT ncclResult_t pncclMemFree(void* ptr) {
-  return api_guard("ncclMemFree", [&] { return mem_free(ptr); });
+  return api_guard("ncclMemFree", [&]() -> Status {
+#if MESHCCL_HAVE_CUDA
+    bool handled = false;
+    MC_TRY(cuda::device_free(ptr, &handled));
+    if (handled) return kOk;
+#endif
+    return mem_free(ptr);
+  });
 }
 
 // ---- Device API (nccl_device.h). Device communicators need CUDA kernels;

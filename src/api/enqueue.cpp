@@ -1,6 +1,10 @@
 #include "api/enqueue.h"
 
 #include "api/group.h"
+#include "meshccl_config.h"
+#if MESHCCL_HAVE_CUDA
+#include "cuda/device_ops.h"
+#endif
 #include "api/validate.h"
 #include "sched/stream.h"
 #include "util/log.h"
@@ -16,7 +20,8 @@ constexpr uint64_t kSeqMask = (uint64_t{1} << 39) - 1;
 
 Status enqueue(ncclComm* comm, OpDesc& desc, cudaStream_t stream) {
   meshcclStream* s = nullptr;
-  MC_TRY(resolve_stream(op_kind_name(desc.kind), stream, &s));
+  bool cuda_stream = false;
+  MC_TRY(resolve_stream(op_kind_name(desc.kind), stream, &s, &cuda_stream));
   desc.rank = comm->rank;
   desc.nranks = comm->nranks;
   desc.chunk_bytes = static_cast<size_t>(param_int(Param::ChunkSize));
@@ -26,6 +31,12 @@ Status enqueue(ncclComm* comm, OpDesc& desc, cudaStream_t stream) {
            desc.count, static_cast<int>(desc.dtype), desc.root, desc.peer, static_cast<void*>(comm), comm->nranks,
            static_cast<void*>(stream));
   desc.checks = comm->checks;
+#if MESHCCL_HAVE_CUDA
+  // Device buffers or a CUDA stream: the device path (src/cuda). A capturing
+  // stream is refused here, before the op takes a sequence number.
+  const bool device = s == nullptr && cuda::wants_device(desc, cuda_stream);
+  if (device) MC_TRY(cuda::refuse_capture(op_kind_name(desc.kind), reinterpret_cast<CUstream>(stream)));
+#endif
   // Empty operations are dropped after the checks, on every rank alike; with
   // MESHCCL_CHECKS an empty collective still exchanges its signature.
   if (desc.count == 0 && !(desc.checks && !is_p2p(desc.kind))) return kOk;
@@ -34,10 +45,25 @@ Status enqueue(ncclComm* comm, OpDesc& desc, cudaStream_t stream) {
   else if (desc.kind == OpKind::Recv) tag = kP2PBit | ((comm->recv_seq[desc.peer]++ & kSeqMask) << kStepBits);
   else tag = (comm->coll_seq++ & kSeqMask) << kStepBits;
   PendingOp op{&comm->sched, desc, s, tag};
+#if MESHCCL_HAVE_CUDA
+  // Staged and ordered on the stream by the communicator's proxy. A host op on
+  // a communicator with device work in flight queues behind that work,
+  // keeping call order.
+  if (in_group()) {
+    group_record(op, device, stream);
+    return kOk;
+  }
+  if (device || (s == nullptr && cuda::busy(op.comm))) {
+    std::vector<cuda::DeviceOp> ops{{op, reinterpret_cast<CUstream>(stream), device}};
+    return cuda::launch_device(ops);
+  }
+#else
+  (void)cuda_stream;
   if (in_group()) {
     group_record(op);
     return kOk;
   }
+#endif
   return launch_one(op);
 }
 

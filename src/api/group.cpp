@@ -1,10 +1,15 @@
 #include "api/group.h"
 
+#include <algorithm>
 #include <map>
 #include <thread>
 
+#include "meshccl_config.h"
 #include "sched/launch.h"
 #include "util/log.h"
+#if MESHCCL_HAVE_CUDA
+#include "cuda/device_ops.h"
+#endif
 
 namespace meshccl {
 
@@ -12,6 +17,8 @@ namespace {
 struct GroupState {
   int depth = 0;
   std::vector<PendingOp> ops;
+  std::vector<const void*> cuda_streams;  // per op: its CUDA stream, when it goes the device path
+  std::vector<bool> device;               // per op: goes the device path
   std::vector<PendingInit> inits;
   ncclResult_t error = ncclSuccess;  // first failed call inside the group
   std::string message;
@@ -49,7 +56,50 @@ Status run_inits(std::vector<PendingInit>& inits) {
 }  // namespace
 
 bool in_group() { return g_group.depth > 0; }
-void group_record(PendingOp op) { g_group.ops.push_back(op); }
+void group_record(PendingOp op, bool device, const void* cuda_stream) {
+  g_group.ops.push_back(op);
+  g_group.device.push_back(device);
+  g_group.cuda_streams.push_back(cuda_stream);
+}
+
+namespace {
+// Launches a group's ops: those of communicators with device work (this
+// group's or still in flight) through the device path, the others as before.
+Status launch_group(std::vector<PendingOp>& ops, const std::vector<bool>& device,
+                    const std::vector<const void*>& cuda_streams) {
+#if MESHCCL_HAVE_CUDA
+  std::vector<CommSched*> device_comms;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const bool dev = device[i] || (ops[i].stream == nullptr && cuda::busy(ops[i].comm));
+    if (dev && std::find(device_comms.begin(), device_comms.end(), ops[i].comm) == device_comms.end())
+      device_comms.push_back(ops[i].comm);
+  }
+  if (!device_comms.empty()) {
+    std::vector<cuda::DeviceOp> dev_ops;
+    std::vector<PendingOp> host_ops;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const bool on_dev_comm = ops[i].stream == nullptr &&
+                               std::find(device_comms.begin(), device_comms.end(), ops[i].comm) != device_comms.end();
+      if (on_dev_comm) {
+        dev_ops.push_back({ops[i], reinterpret_cast<CUstream>(const_cast<void*>(cuda_streams[i])), device[i]});
+      } else {
+        host_ops.push_back(ops[i]);
+      }
+    }
+    Status s = cuda::launch_device(dev_ops);
+    if (!host_ops.empty()) {
+      Status h = launch(host_ops);
+      if (s.ok()) s = h;
+    }
+    return s;
+  }
+#else
+  (void)device;
+  (void)cuda_streams;
+#endif
+  return launch(ops);
+}
+}  // namespace
 void group_record_init(PendingInit init) { g_group.inits.push_back(init); }
 
 void group_note_error(ncclResult_t code, const std::string& message) {
@@ -62,7 +112,18 @@ size_t group_forget(const ncclComm* comm) {
   if (g_group.depth == 0) return 0;
   size_t before = g_group.ops.size() + g_group.inits.size();
   const CommSched* sched = &comm->sched;
-  std::erase_if(g_group.ops, [sched](const PendingOp& op) { return op.comm == sched; });
+  // ops, device and cuda_streams are parallel: erase from all three alike.
+  size_t kept = 0;
+  for (size_t i = 0; i < g_group.ops.size(); ++i) {
+    if (g_group.ops[i].comm == sched) continue;
+    g_group.ops[kept] = g_group.ops[i];
+    g_group.device[kept] = g_group.device[i];
+    g_group.cuda_streams[kept] = g_group.cuda_streams[i];
+    ++kept;
+  }
+  g_group.ops.resize(kept);
+  g_group.device.resize(kept);
+  g_group.cuda_streams.resize(kept);
   std::erase_if(g_group.inits, [comm](const PendingInit& in) { return in.comm == comm; });
   size_t dropped = before - g_group.ops.size() - g_group.inits.size();
   if (dropped > 0)
@@ -81,12 +142,16 @@ Status group_end() {
   if (--g_group.depth > 0) return kOk;
   std::vector<PendingInit> inits = std::move(g_group.inits);
   std::vector<PendingOp> ops = std::move(g_group.ops);
+  std::vector<bool> device = std::move(g_group.device);
+  std::vector<const void*> cuda_streams = std::move(g_group.cuda_streams);
   g_group.inits.clear();
   g_group.ops.clear();
   const ncclResult_t error = g_group.error;
   const std::string message = std::move(g_group.message);
   g_group.error = ncclSuccess;
   g_group.message.clear();
+  g_group.device.clear();
+  g_group.cuda_streams.clear();
   Status init_status = kOk;
   if (!inits.empty()) {
     init_status = run_inits(inits);
@@ -95,7 +160,7 @@ Status group_end() {
   if (error != ncclSuccess)  // as NCCL: a failed call fails the group, nothing of it runs
     return MC_ERROR(error, "ncclGroupEnd : a call inside the group failed, so none of its %zu operations ran: %s",
                     ops.size(), message.c_str());
-  if (!ops.empty()) MC_TRY(launch(ops));
+  if (!ops.empty()) MC_TRY(launch_group(ops, device, cuda_streams));
   return init_status;
 }
 
@@ -113,6 +178,8 @@ Status group_simulate_end(ncclSimInfo_t* info) {
     us += cost;
   }
   g_group.ops.clear();
+  g_group.device.clear();
+  g_group.cuda_streams.clear();
   g_group.inits.clear();
   g_group.error = ncclSuccess;
   g_group.message.clear();

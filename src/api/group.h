@@ -20,7 +20,8 @@ struct PendingInit {
 };
 
 bool in_group();
-void group_record(PendingOp op);
+// device: the op goes the CUDA device path (src/cuda) on cuda_stream.
+void group_record(PendingOp op, bool device = false, const void* cuda_stream = nullptr);
 void group_record_init(PendingInit init);
 Status group_start();
 Status group_end();

@@ -9,9 +9,14 @@
 #include <cstring>
 #include <string>
 
+#include "meshccl_config.h"
 #include "sched/stream.h"
 #include "util/log.h"
 #include "util/param.h"
+#if MESHCCL_HAVE_CUDA
+#include "cuda/driver.h"
+#include "cuda/memory.h"
+#endif
 
 namespace meshccl {
 
@@ -139,6 +144,9 @@ Status resolve_op(const char* fn, ncclComm* comm, int op, ncclDataType_t dt, OpD
   desc->premul = true;
   size_t es = dtype_size(dt);
   if (d.residence == ncclScalarHostImmediate) std::memcpy(desc->scalar, d.value, es);
+#if MESHCCL_HAVE_CUDA
+  else if (cuda::classify(d.ptr) == cuda::MemKind::Device) desc->scalar_ptr = d.ptr;  // staged by the device path
+#endif
   else std::memcpy(desc->scalar, d.ptr, es);  // read at each use
   return kOk;
 }
@@ -174,13 +182,22 @@ Status check_buffer(const char* fn, const char* what, const void* p, size_t byte
   return kOk;
 }
 
-Status resolve_stream(const char* fn, cudaStream_t stream, meshcclStream** out) {
+Status resolve_stream(const char* fn, cudaStream_t stream, meshcclStream** out, bool* cuda_stream) {
   uintptr_t v = reinterpret_cast<uintptr_t>(stream);
+  if (cuda_stream != nullptr) *cuda_stream = false;
   if (v == 0 || v == 1 || v == 2) {  // NULL, cudaStreamLegacy, cudaStreamPerThread
     *out = nullptr;
     return kOk;
   }
   *out = find_stream(stream);
+#if MESHCCL_HAVE_CUDA
+  // Any other handle is a CUDA stream once the driver is loaded (the driver
+  // checks it when the first copy or wait is queued on it).
+  if (*out == nullptr && cuda_stream != nullptr && cuda::available()) {
+    *cuda_stream = true;
+    return kOk;
+  }
+#endif
   if (*out == nullptr)
     return MC_ERROR(ncclInvalidArgument,
                     "%s : stream %p is neither NULL nor a live meshccl host stream (CUDA streams need CUDA memory support)",

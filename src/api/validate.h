@@ -52,6 +52,9 @@ Status check_size(const char* fn, size_t count, size_t mult, size_t elem_size);
 // access asked for (read, or read and write).
 Status check_buffer(const char* fn, const char* what, const void* p, size_t bytes, bool write);
 // NULL (or CUDA's legacy/per-thread default stream handles) -> *out = nullptr.
-Status resolve_stream(const char* fn, cudaStream_t stream, meshcclStream** out);
+// With the CUDA driver loaded, any other handle that is not a meshccl host
+// stream is a CUDA stream: *out = nullptr and *cuda_stream = true (when
+// cuda_stream is given; otherwise such a handle is refused).
+Status resolve_stream(const char* fn, cudaStream_t stream, meshcclStream** out, bool* cuda_stream = nullptr);
 
 }  // namespace meshccl

@@ -21,6 +21,9 @@ struct OpDesc {
   bool avg = false;     // divide by nranks at the end
   bool premul = false;  // scale own input by `scalar` first
   alignas(8) unsigned char scalar[8] = {};
+  // A device-resident PreMulSum scalar in device memory: the device path
+  // (src/cuda) reads it where the stream reaches the op into `scalar`.
+  const void* scalar_ptr = nullptr;
   int root = 0;
   int peer = -1;
   int rank = 0;

@@ -83,6 +83,7 @@ PeerInfo local_peer_info() {
   info.pid = static_cast<int32_t>(getpid());
   info.cuda_dev = -1;
   if (param_int(Param::Checks) != 0) info.flags |= kPeerChecks;
+  if (param_int(Param::Priority) == 0) info.flags |= kPeerFifo;
   std::string mk = machine_key();
   info.machine_hash = hash64(mk.data(), mk.size());
   std::string hostid = param_str(Param::HostId);

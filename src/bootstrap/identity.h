@@ -23,6 +23,7 @@ struct PeerInfo {
 // MESHCCL_CHECKS=1 on this rank: checks apply to a communicator when any of its
 // ranks asks for them, so every rank runs the same exchange.
 constexpr uint32_t kPeerChecks = 1u << 0;
+constexpr uint32_t kPeerFifo = 1u << 1;  // MESHCCL_PRIORITY=0 on this rank
 
 // This process's identity (rank and bootstrap address left for the caller).
 PeerInfo local_peer_info();

@@ -8,6 +8,10 @@
 #include "collectives/algorithms.h"
 #include "kernels/reduce.h"
 #include "comm/comm.h"
+#include "meshccl_config.h"
+#if MESHCCL_HAVE_CUDA
+#include "cuda/device_ops.h"
+#endif
 #include "topo/cost_model.h"
 #include "meshccl_config.h"
 #include "topo/exchange.h"
@@ -50,6 +54,39 @@ void print_version_once() {
   });
 }
 
+// Priority scheduling of the engine's links: on or off for the whole
+// communicator (any rank's MESHCCL_PRIORITY=0 makes it FIFO), chunk sizes from
+// the agreed model (so both ends of a link cut transfers alike), credits shared
+// by every communicator of this process on the same link.
+void configure_links(ncclComm* comm, const TuneModel& tune) {
+  LinkPolicy policy;
+  policy.priority = std::none_of(comm->peers.begin(), comm->peers.end(),
+                                 [](const PeerInfo& p) { return (p.flags & kPeerFifo) != 0; });
+  policy.credit_chunks = static_cast<size_t>(std::max<int64_t>(param_int(Param::LinkCredit), 1));
+  const double chunk_us = static_cast<double>(std::max<int64_t>(param_int(Param::ChunkUs), 1));
+  const PeerInfo& me = comm->peers[comm->rank];
+  for (int p = 0; p < comm->nranks; ++p) {
+    if (p == comm->rank) continue;
+    const std::string transport = Mesh::transport_for(comm->peers, comm->rank, p);
+    const bool shm = transport == "shm";
+    const double bw_gbs = shm ? tune.shm.bw_gbs : tune.net.bw_gbs;
+    // A send's completion must mean the peer has the data, or credits bound
+    // nothing: on shm, messages up to MESHCCL_SHM_EAGER (64 KiB by default)
+    // complete once copied into the ring, so chunks there start above it
+    // (a constant, as both ends must cut alike).
+    size_t chunk = shm ? size_t{128} << 10 : size_t{16} << 10;
+    const double want = chunk_us * 1e3 * (bw_gbs > 0 ? bw_gbs : 1.0);  // bytes
+    while (chunk < (size_t{8} << 20) && static_cast<double>(chunk * 2) <= want) chunk *= 2;
+    const PeerInfo& peer = comm->peers[p];
+    const std::string key = transport + ":" + std::to_string(peer.machine_hash) + ":" + std::to_string(peer.pid) +
+                            (me.machine_hash == peer.machine_hash ? "" : std::string(":") + peer.host_id);
+    comm->engine->links().configure(policy, p, chunk, link_share(key + ":send"), link_share(key + ":recv"));
+  }
+  MC_INFO(kInit, "comm %p rank %d: %s scheduling, chunk %zu bytes to the next rank, credit %zu chunks",
+          static_cast<void*>(comm), comm->rank, policy.priority ? "priority" : "FIFO",
+          comm->engine->links().chunk_bytes((comm->rank + 1) % comm->nranks), policy.credit_chunks);
+}
+
 Status finish_setup(ncclComm* comm) {
   // Settings that act process-wide, as they are now.
   if (!kernels::select_isa(param_str(Param::KernelIsa).c_str()))
@@ -80,6 +117,7 @@ Status finish_setup(ncclComm* comm) {
   MC_TRY(tune_init(comm->rank, *comm->bootstrap, *comm->mesh, *comm->engine, comm->peers, &tune));
   comm->tune = tune;
   comm->algorithms = make_algorithms(comm->rank, tune, comm->node.get());
+  configure_links(comm, tune);
   comm->sched.engine = comm->engine.get();
   comm->sched.runs = comm->algorithms.get();
   comm->sched.abort = &comm->abort_flag;
@@ -215,6 +253,9 @@ Status comm_finalize(ncclComm* comm) {
 
 void comm_free(ncclComm* comm) {
   if (comm->async_thread.joinable()) comm->async_thread.join();
+#if MESHCCL_HAVE_CUDA
+  cuda::release(&comm->sched);  // the device proxy: drained (bounded) before the transports close
+#endif
   comm->mesh.reset();  // closes transports first: nothing can touch our buffers after this
   comm->engine.reset();
   comm->bootstrap.reset();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "sched/trace.h"
 #include "util/log.h"
 #include "util/wait.h"
 
@@ -19,10 +20,16 @@ Engine::Engine(int rank, Mesh* mesh, std::atomic<bool>* abort, std::function<Sta
       links_(rank, mesh, exec_),
       notices_(rank, mesh) {}
 
-Engine::~Engine() = default;
+// The failed runs (graveyard_) own transfers that links_ still lists: the
+// links let go of them first.
+Engine::~Engine() {
+  links_.abandon();
+  trace_flush();
+}
 
 std::shared_ptr<OpHandle> Engine::submit(std::unique_ptr<Run> run, int priority) {
   run->priority_ = priority;
+  if (trace_on()) run->submitted_us_ = now_us();
   run->handle_ = std::make_shared<OpHandle>();
   std::shared_ptr<OpHandle> h = run->handle();
   if (!fatal().ok()) {
@@ -38,6 +45,7 @@ std::shared_ptr<OpHandle> Engine::submit(std::unique_ptr<Run> run, int priority)
 }
 
 void Engine::complete_run(Run* run, Status s) {
+  if (trace_on()) trace_op(reinterpret_cast<uintptr_t>(this), rank_, run->name(), run->priority(), run->submitted_us_);
   run->handle()->status = s;
   run->handle()->done.store(true, std::memory_order_release);
   nactive_.fetch_sub(1);
@@ -96,7 +104,10 @@ void Engine::progress_locked(bool* moved) {
 
 bool Engine::progress() {
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-  if (!lock.owns_lock()) return false;
+  // Another thread drives the engine (and with it every active run, the
+  // waiter's included): while it keeps moving, the waiter keeps polling
+  // instead of backing off into sleeps, so it sees its operation end at once.
+  if (!lock.owns_lock()) return now_us() - last_progress_us_.load(std::memory_order_relaxed) < 200.0;
   bool moved = false;
   progress_locked(&moved);
   if (moved) last_progress_us_.store(now_us(), std::memory_order_relaxed);

@@ -53,12 +53,15 @@ class Run {
   // Called once finished or failed and no longer referenced by transports.
   virtual void release(ScratchPool& /*pool*/) {}
 
+  // The operation's name, for the trace.
+  virtual const char* name() const { return "operation"; }
   int priority() const { return priority_; }
   const std::shared_ptr<OpHandle>& handle() const { return handle_; }
 
  private:
   friend class Engine;
   int priority_ = 0;
+  double submitted_us_ = 0;  // for the trace
   std::shared_ptr<OpHandle> handle_;  // made at submission
   Status error_;                      // set when it failed by itself
 };

@@ -44,13 +44,18 @@ Status launch_one(PendingOp& op) {
   const bool express = (op.stream == nullptr || op.stream->idle()) && comm->engine->fatal().ok() &&
                        !comm->abort->load(std::memory_order_relaxed);
   const double budget_us = express ? static_cast<double>(param_int(Param::InlineUs)) : 0;
-  std::vector<std::unique_ptr<Run>> runs(1);
+  std::unique_ptr<Run> run;
   bool ran_here = false;
-  Status s = comm->runs->make_run(op.desc, op.tag_base, budget_us, &ran_here, &runs[0]);
+  Status s = comm->runs->make_run(op.desc, op.tag_base, budget_us, &ran_here, &run);
   if (!s.ok()) {
     if (ran_here) comm->engine->fail_all(s);  // as if the engine had run it: the communicator is failed
     return s;
   }
+  // Completed while it was made: nothing to hand on, and no allocation on
+  // this path (it is most small operations).
+  if (run == nullptr) return kOk;
+  std::vector<std::unique_ptr<Run>> runs;
+  runs.push_back(std::move(run));
   std::vector<PendingOp> ops{op};
   return dispatch(ops, runs);
 }

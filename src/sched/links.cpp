@@ -1,25 +1,174 @@
 #include "sched/links.h"
 
 #include <algorithm>
+#include <memory>
+#include <mutex>
+
+#include "sched/trace.h"
+#include "util/wait.h"
 
 namespace meshccl {
 
-Status Links::isend(int peer, const void* src, size_t bytes, uint64_t tag, Request* r) {
-  MC_TRY(mesh_->isend(peer, src, bytes, tag, r));
-  if (r->handle != nullptr) inflight_[peer] += bytes;
+LinkShare* link_share(const std::string& key) {
+  static std::mutex mu;
+  static std::map<std::string, std::unique_ptr<LinkShare>> shares;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& s = shares[key];
+  if (!s) s = std::make_unique<LinkShare>();
+  return s.get();
+}
+
+Links::Links(int rank, Mesh* mesh, Executor* exec)
+    : rank_(rank), mesh_(mesh), exec_(exec), q_(mesh != nullptr ? mesh->size() : 0) {
+  for (Queue& q : q_)
+    for (Dir& d : q.dir) d.share = &d.own;
+}
+
+Links::~Links() { abandon(); }
+
+void Links::abandon() {
+  // A failed communicator leaves transfers behind: its bytes and waiters
+  // leave the process-wide accounting.
+  queued_ = 0;
+  for (Queue& q : q_)
+    for (Dir& d : q.dir) {
+      for (Xfer* x : d.xfers) {
+        leave_waiting(d, x);
+        for (const Xfer::Chunk& c : x->chunks)
+          d.share->inflight[x->level].fetch_sub(static_cast<int64_t>(c.bytes), std::memory_order_relaxed);
+        x->chunks.clear();
+      }
+      d.xfers.clear();
+      d.inflight = 0;
+    }
+}
+
+void Links::configure(const LinkPolicy& policy, int peer, size_t chunk_bytes, LinkShare* send_share,
+                      LinkShare* recv_share) {
+  policy_ = policy;
+  if (peer < 0 || peer >= static_cast<int>(q_.size())) return;
+  q_[peer].chunk = policy.priority ? chunk_bytes : 0;
+  q_[peer].dir[1].share = send_share != nullptr ? send_share : &q_[peer].dir[1].own;
+  q_[peer].dir[0].share = recv_share != nullptr ? recv_share : &q_[peer].dir[0].own;
+}
+
+size_t Links::inflight(int peer) const { return q_[peer].dir[0].inflight + q_[peer].dir[1].inflight; }
+
+void Links::post(Xfer* x, int priority) {
+  x->level = policy_.priority ? std::clamp(priority + LinkShare::kLevels / 2, 0, LinkShare::kLevels - 1) : 0;
+  x->seq = seq_++;
+  x->posted = x->done = x->got = 0;
+  x->nposts = 0;
+  x->finished = false;
+  Dir& d = q_[x->peer].dir[x->send ? 1 : 0];
+  auto pos = std::upper_bound(d.xfers.begin(), d.xfers.end(), x,
+                              [](const Xfer* a, const Xfer* b) { return a->level < b->level; });
+  d.xfers.insert(pos, x);
+  d.share->waiting[x->level].fetch_add(1, std::memory_order_relaxed);
+  x->counted_waiting = true;
+  ++queued_;
+}
+
+void Links::leave_waiting(Dir& d, Xfer* x) {
+  if (!x->counted_waiting) return;
+  x->counted_waiting = false;
+  d.share->waiting[x->level].fetch_sub(1, std::memory_order_relaxed);
+}
+
+Status Links::test_chunks(Dir& d, Xfer* x, bool* moved) {
+  // Chunks of one transfer share a tag, so they complete in order.
+  while (!x->chunks.empty()) {
+    bool done = false;
+    size_t got = 0;
+    MC_TRY(Mesh::test(x->chunks.front().req, &done, &got));
+    if (!done) break;
+    const size_t bytes = x->chunks.front().bytes;
+    if (trace_on()) trace_chunk(rank_, x->peer, x->send, bytes, x->level, x->tag, x->chunks.front().posted_us);
+    x->chunks.pop_front();
+    x->done += bytes;
+    x->got += got;
+    d.inflight -= bytes;
+    d.share->inflight[x->level].fetch_sub(static_cast<int64_t>(bytes), std::memory_order_relaxed);
+    *moved = true;
+    // A short receive ends the transfer (the plan reports the mismatch);
+    // the communicator fails, so chunks still posted are left as they are.
+    if (!x->send && got != bytes) {
+      x->finished = true;
+      break;
+    }
+  }
   return kOk;
 }
 
-Status Links::irecv(int peer, void* dst, size_t bytes, uint64_t tag, Request* r) {
-  MC_TRY(mesh_->irecv(peer, dst, bytes, tag, r));
-  if (r->handle != nullptr) inflight_[peer] += bytes;
+Status Links::post_chunks(Queue& q, Dir& d, Xfer* x, bool* moved) {
+  const size_t credit = q.chunk * std::max<size_t>(policy_.credit_chunks, 1);
+  while (!x->finished && (x->nposts == 0 || x->posted < x->bytes)) {
+    const size_t left = x->bytes - x->posted;
+    size_t n = left;
+    if (q.chunk > 0 && left > q.chunk) n = left >= 2 * q.chunk ? q.chunk : left;  // no runt last chunk
+    if (!x->chunks.empty()) {
+      // Beyond its first chunk a transfer needs credit and no more urgent waiter.
+      if (q.chunk == 0) break;
+      const int64_t used = std::max<int64_t>(d.share->inflight_upto(x->level), 0);
+      if (static_cast<size_t>(used) + n > credit) break;
+      if (d.share->urgent_waiting(x->level)) break;
+    }
+    Request r;
+    if (x->send) MC_TRY(mesh_->isend(x->peer, x->ptr + x->posted, n, x->tag, &r));
+    else MC_TRY(mesh_->irecv(x->peer, x->ptr + x->posted, n, x->tag, &r));
+    if (r.handle == nullptr) break;  // transport busy: retry later
+    x->chunks.push_back({r, n, trace_on() ? now_us() : 0.0});
+    x->posted += n;
+    ++x->nposts;
+    d.inflight += n;
+    d.share->inflight[x->level].fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed);
+    *moved = true;
+    if (x->posted >= x->bytes) leave_waiting(d, x);
+  }
   return kOk;
 }
 
-Status Links::test(int peer, size_t bytes, Request& r, bool* done, size_t* got) {
-  MC_TRY(Mesh::test(r, done, got));
-  if (*done) inflight_[peer] -= std::min(inflight_[peer], bytes);
-  return kOk;
+void Links::pump_dir(Queue& q, Dir& d, bool* moved) {
+  // Tags with an earlier transfer that has bytes left to post: a later
+  // transfer with the same tag waits, so chunks of the two never interleave.
+  busy_tags_.clear();
+  for (Xfer* x : d.xfers) {
+    Status s = test_chunks(d, x, moved);
+    const bool blocked = std::find(busy_tags_.begin(), busy_tags_.end(), x->tag) != busy_tags_.end();
+    if (s.ok() && !blocked) s = post_chunks(q, d, x, moved);
+    if (s.ok()) s = test_chunks(d, x, moved);
+    if (!s.ok()) {
+      x->error = s;
+      x->finished = true;
+      *moved = true;
+    }
+    if (!x->finished && (x->nposts == 0 || x->posted < x->bytes)) busy_tags_.push_back(x->tag);
+  }
+  // Finished transfers leave the queue.
+  size_t keep = 0;
+  for (Xfer* x : d.xfers) {
+    if (x->finished || (x->nposts > 0 && x->posted >= x->bytes && x->chunks.empty())) {
+      x->finished = true;
+      leave_waiting(d, x);
+      // Chunks left by a failed transfer no longer count (the communicator fails).
+      for (const Xfer::Chunk& c : x->chunks) {
+        d.inflight -= c.bytes;
+        d.share->inflight[x->level].fetch_sub(static_cast<int64_t>(c.bytes), std::memory_order_relaxed);
+      }
+      x->chunks.clear();
+      --queued_;
+      continue;
+    }
+    d.xfers[keep++] = x;
+  }
+  d.xfers.resize(keep);
+}
+
+void Links::pump(bool* moved) {
+  if (queued_ == 0) return;
+  for (Queue& q : q_)
+    for (Dir& d : q.dir)
+      if (!d.xfers.empty()) pump_dir(q, d, moved);
 }
 
 void Links::self_post(bool is_send, uint64_t tag, SelfEntry e) {

@@ -1,13 +1,24 @@
-// Every transfer a plan posts goes through Links: one queue per link (peer)
-// of the engine's rank. Today a transfer goes to the transport at once, in
-// the order posted, and the bytes in flight on each link are counted; this is
-// the seam where chunking, per-link credits and priorities across operations
-// belong. Transfers to the rank itself are matched here by tag.
+// Every transfer a plan posts goes through Links: two queues (send, receive)
+// per link (peer) of the engine's rank. A transfer larger than two chunks of
+// its link moves in chunks (a few tens of microseconds of link time, set per
+// link by the communicator from the agreed cost model, so both ends cut a
+// transfer alike); all chunks of a transfer carry its tag, and the transports
+// match equal tags in order. Between chunks the most urgent transfer (lowest
+// priority value, then the oldest) posts first; a transfer posts more than
+// one chunk at a time only while the link's credit (bytes in flight, shared
+// by every communicator of the process on that link) has room and no more
+// urgent transfer of any communicator waits on it. Every transfer may always
+// keep one chunk in flight, so none starves and none deadlocks on credit.
+// With scheduling off (MESHCCL_PRIORITY=0) a transfer goes whole, in the order
+// posted. Transfers to the rank itself are matched here by tag.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "sched/executor.h"
@@ -25,19 +36,89 @@ class StepSink {
   ~StepSink() = default;
 };
 
+// Accounting of one link (one direction to one peer process) shared by every
+// communicator of this process: bytes in flight and transfers waiting to
+// post, per priority level (0 = most urgent).
+struct LinkShare {
+  static constexpr int kLevels = 16;
+  std::atomic<int64_t> inflight[kLevels] = {};
+  std::atomic<int> waiting[kLevels] = {};
+  // Bytes in flight of transfers at `level` or more urgent: less urgent
+  // traffic never takes credit from more urgent traffic.
+  int64_t inflight_upto(int level) const {
+    int64_t n = 0;
+    for (int l = 0; l <= level; ++l) n += inflight[l].load(std::memory_order_relaxed);
+    return n;
+  }
+  // True when a transfer of a more urgent level than `level` waits.
+  bool urgent_waiting(int level) const {
+    for (int l = 0; l < level; ++l)
+      if (waiting[l].load(std::memory_order_relaxed) > 0) return true;
+    return false;
+  }
+};
+// The process-wide share of the link named key (the same key from every
+// communicator that reaches the same peer process the same way). Never freed.
+LinkShare* link_share(const std::string& key);
+
+// One transfer as Links schedules it; owned by the run that posted it, which
+// keeps it alive until done (or until the communicator is freed after a
+// failure).
+struct Xfer {
+  int peer = -1;
+  bool send = false;
+  char* ptr = nullptr;
+  size_t bytes = 0;
+  uint64_t tag = 0;
+  int level = 0;     // 0 = most urgent
+  uint64_t seq = 0;  // posting order on this engine
+  // Progress, written by Links.
+  size_t posted = 0;  // bytes handed to the transport
+  size_t done = 0;    // bytes completed
+  size_t got = 0;     // bytes the receives reported
+  uint32_t nposts = 0;  // chunks handed to the transport
+  Status error;         // the transport's error; the transfer is then finished
+  bool finished = false;
+  bool counted_waiting = false;
+  struct Chunk {
+    Request req;
+    size_t bytes;
+    double posted_us;  // for the trace (0 when off)
+  };
+  std::deque<Chunk> chunks;  // in flight, oldest first
+};
+
+// Priority scheduling settings of one engine, read at communicator creation.
+struct LinkPolicy {
+  bool priority = true;       // false: FIFO, whole transfers
+  size_t credit_chunks = 2;  // chunks in flight per link beyond each transfer's first
+};
+
 class Links {
  public:
-  Links(int rank, Mesh* mesh, Executor* exec)
-      : rank_(rank), mesh_(mesh), exec_(exec), inflight_(mesh != nullptr ? mesh->size() : 0, 0) {}
+  Links(int rank, Mesh* mesh, Executor* exec);
+  ~Links();
+  // Forgets every queued transfer (the communicator is being freed, its
+  // runs still alive): their bytes and waiters leave the shared accounting.
+  void abandon();
 
-  // Posts a transfer to another rank; r->handle == nullptr after success
-  // means the transport is busy (retry later).
-  Status isend(int peer, const void* src, size_t bytes, uint64_t tag, Request* r);
-  Status irecv(int peer, void* dst, size_t bytes, uint64_t tag, Request* r);
-  // Tests a posted transfer; when done, its bytes leave the link's count.
-  Status test(int peer, size_t bytes, Request& r, bool* done, size_t* got);
-  // Bytes posted and not yet completed on the link to peer.
-  size_t inflight(int peer) const { return inflight_[peer]; }
+  // Per-link configuration (at communicator creation, before any operation):
+  // chunk bytes (0 = transfers go whole) and the process-wide shares of the
+  // link's two directions.
+  void configure(const LinkPolicy& policy, int peer, size_t chunk_bytes, LinkShare* send_share,
+                 LinkShare* recv_share);
+  const LinkPolicy& policy() const { return policy_; }
+  size_t chunk_bytes(int peer) const { return peer < static_cast<int>(q_.size()) ? q_[peer].chunk : 0; }
+
+  // Queues a transfer (x->peer, send, ptr, bytes, tag filled in) at a
+  // priority (lower = more urgent). It moves as pump() is called.
+  void post(Xfer* x, int priority);
+  // Posts chunks by priority and credit, and completes finished chunks;
+  // *moved when anything did. A transport error finishes its transfer with
+  // the error, for the run that owns it to report.
+  void pump(bool* moved);
+  // Bytes posted and not yet completed to and from peer by this engine.
+  size_t inflight(int peer) const;
 
   // A transfer to or from this rank: matched with its counterpart by tag;
   // both steps complete when the second one arrives.
@@ -54,10 +135,29 @@ class Links {
   Mesh* mesh() const { return mesh_; }
 
  private:
+  struct Dir {
+    std::vector<Xfer*> xfers;  // not finished, most urgent first, then oldest
+    LinkShare* share = nullptr;
+    LinkShare own;             // when the communicator names no share
+    size_t inflight = 0;
+  };
+  struct Queue {
+    size_t chunk = 0;
+    Dir dir[2];  // 0 = receives, 1 = sends
+  };
+  void pump_dir(Queue& q, Dir& d, bool* moved);
+  Status test_chunks(Dir& d, Xfer* x, bool* moved);
+  Status post_chunks(Queue& q, Dir& d, Xfer* x, bool* moved);
+  void leave_waiting(Dir& d, Xfer* x);
+
   int rank_;
   Mesh* mesh_;
   Executor* exec_;  // copies of self transfers
-  std::vector<size_t> inflight_;
+  LinkPolicy policy_;
+  std::vector<Queue> q_;
+  uint64_t seq_ = 0;
+  size_t queued_ = 0;  // transfers not finished, all links
+  std::vector<uint64_t> busy_tags_;
   std::map<uint64_t, std::vector<SelfEntry>> self_sends_, self_recvs_;
 };
 

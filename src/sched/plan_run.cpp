@@ -16,7 +16,7 @@ class PlanRun final : public Run, public StepSink {
   void start(ScratchPool& pool) override {
     const size_t n = plan_->size();
     remaining_.assign(n, 0);
-    reqs_.assign(n, Request{});
+    xfers_ = std::vector<Xfer>(n);
     // Dependents in CSR form.
     std::vector<uint32_t> counts(n + 1, 0);
     auto each_dep = [&](auto&& fn) {
@@ -71,18 +71,18 @@ class PlanRun final : public Run, public StepSink {
         else retry.push_back(i);
       }
       ready_.swap(retry);
+      links.pump(moved);
       size_t keep = 0;
       for (size_t k = 0; k < inflight_.size(); ++k) {
         uint32_t i = inflight_[k];
-        bool done = false;
-        size_t got = 0;
         const Step& s = plan_->steps()[i];
-        Status ts = links.test(s.peer, s.bytes, reqs_[i], &done, &got);
-        if (!ts.ok()) return explain_transfer_error(ts, s);
-        if (!done) {
+        const Xfer& x = xfers_[i];
+        if (!x.finished) {
           inflight_[keep++] = i;
           continue;
         }
+        if (!x.error.ok()) return explain_transfer_error(x.error, s);
+        const size_t got = x.got;
         if (s.kind != StepKind::Send && got != s.bytes)
           return MC_ERROR(ncclInvalidUsage,
                           "%s: received %zu bytes from rank %d where this rank expected %zu: mismatched calls "
@@ -101,6 +101,7 @@ class PlanRun final : public Run, public StepSink {
   }
 
   bool finished() const override { return completed_ == plan_->size(); }
+  const char* name() const override { return op_kind_name(plan_->kind); }
   bool can_end_alone() const override { return check_failed_ && plan_->check_gates_data && inflight_.empty(); }
   int waiting_on() const override {
     for (uint32_t i : inflight_) return plan_->steps()[i].peer;
@@ -135,10 +136,13 @@ class PlanRun final : public Run, public StepSink {
           links.self_post(is_send, tag, Links::SelfEntry{this, i, dst, s.src, s.bytes});
           return kOk;
         }
-        Request& r = reqs_[i];
-        if (is_send) MC_TRY(links.isend(s.peer, s.src, s.bytes, tag, &r));
-        else MC_TRY(links.irecv(s.peer, dst, s.bytes, tag, &r));
-        if (r.handle == nullptr) return kOk;  // transport busy: retry later
+        Xfer& x = xfers_[i];
+        x.peer = s.peer;
+        x.send = is_send;
+        x.ptr = static_cast<char*>(is_send ? const_cast<void*>(s.src) : dst);
+        x.bytes = s.bytes;
+        x.tag = tag;
+        links.post(&x, priority());
         inflight_.push_back(i);
         *started = true;
         return kOk;
@@ -212,7 +216,7 @@ class PlanRun final : public Run, public StepSink {
   std::vector<uint32_t> remaining_;
   std::vector<uint32_t> dep_offsets_;
   std::vector<uint32_t> dependents_;
-  std::vector<Request> reqs_;
+  std::vector<Xfer> xfers_;  // the transfer of each send and receive step
   std::vector<uint32_t> ready_;
   std::vector<uint32_t> inflight_;
   size_t completed_ = 0;

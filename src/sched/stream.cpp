@@ -148,7 +148,15 @@ void meshcclStream::worker() {
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_work_.wait(lock, [&] { return (shutdown_ && syncers_.load() == 0) || (has_work_locked() && syncers_.load() == 0); });
+      auto ready = [&] { return syncers_.load() == 0 && (shutdown_ || has_work_locked()); };
+      if (!ready()) {
+        cv_work_.wait(lock, ready);
+        // Work handed over afresh: the polls before the wait (often while
+        // another thread drove the stream to its end) say nothing about this
+        // work. Without the reset, a wait that had reached its sleeping phase
+        // would sleep at its first empty poll from then on.
+        backoff.progress();
+      }
       if (!has_work_locked()) return;  // shutdown with nothing left
       backoff.set_policy(wait_);
     }
@@ -164,12 +172,13 @@ meshccl::Status meshcclStream::synchronize() {
     drive() ? backoff.progress() : backoff.idle();
     backoff.set_policy(wait_policy());
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    --syncers_;
-  }
-  cv_work_.notify_one();
   std::lock_guard<std::mutex> lock(mu_);
+  --syncers_;
+  // The worker stood aside while this thread drove; it is needed again only
+  // when work was queued meanwhile (by another thread). Waking it for nothing
+  // costs a context switch per synchronize, often on the core where a peer
+  // rank is polling.
+  if (syncers_.load() == 0 && (has_work_locked() || shutdown_)) cv_work_.notify_one();
   return error_;
 }
 

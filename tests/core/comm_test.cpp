@@ -1,5 +1,6 @@
 // Communicators, point-to-point, groups, host streams and error paths.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <chrono>
@@ -322,6 +323,30 @@ TEST(Streams, AsyncInStreamOrderWithPriorities) {
     EXPECT_EQ(meshcclStreamDestroy(hi), ncclSuccess);
     EXPECT_EQ(meshcclStreamSynchronize(lo), ncclInvalidArgument);
   });
+}
+
+// A synchronize leaves an idle stream's worker thread asleep: waking it for
+// nothing cost a context switch per call, on the core where a peer rank may
+// be polling (the host-stream slow mode that perf/stream_latency measures).
+// The process's voluntary context switches stay far below one per call.
+TEST(Streams, SynchronizeLeavesTheIdleWorkerAsleep) {
+  meshcclStream_t s;
+  ASSERT_EQ(meshcclStreamCreate(&s), ncclSuccess);
+  ASSERT_EQ(meshcclStreamSynchronize(s), ncclSuccess);
+  const int calls = 1000;
+  rusage before{}, after{};
+  getrusage(RUSAGE_SELF, &before);
+  for (int i = 0; i < calls; ++i) {
+    ASSERT_EQ(meshcclStreamSynchronize(s), ncclSuccess);
+    // Some work between calls (busy, so this thread never blocks): time for
+    // a worker woken by the call to run and go back to waiting.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
+    while (std::chrono::steady_clock::now() < until) {
+    }
+  }
+  getrusage(RUSAGE_SELF, &after);
+  EXPECT_LT(after.ru_nvcsw - before.ru_nvcsw, calls / 4);
+  EXPECT_EQ(meshcclStreamDestroy(s), ncclSuccess);
 }
 
 TEST(Abort, FromAnotherThreadUnblocksAWaitingCall) {

@@ -1,0 +1,225 @@
+// priority_perf: latency of urgent traffic while a bulk all-reduce saturates
+// the links (docs/priority.md).
+//
+// Each of N forked ranks (one host, shm; or MESHCCL_TRANSPORT=socket) makes two
+// communicators in the same run: one with priority scheduling
+// (MESHCCL_PRIORITY=1) and one FIFO (MESHCCL_PRIORITY=0). On each it measures
+//   - a 64 KiB high-priority send (ping-pong between ranks 0 and 1, half the
+//     round trip) and a 1 KiB high-priority AllReduce, on an idle link and
+//     while a low-priority bulk AllReduce (default 256 MiB) runs on another
+//     stream of the same communicator;
+//   - the bulk AllReduce's bus bandwidth alone and with the urgent traffic.
+// Prints one table and the ratios the targets name (loaded / idle latency <=
+// 1.5, bulk bandwidth loss <= 5%). Usage: priority_perf [-n ranks] [-b bytes]
+// [-i urgent iterations]
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "meshccl.h"
+
+namespace {
+
+double now_us() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+#define CHECK(x)                                                                         \
+  do {                                                                                   \
+    ncclResult_t r_ = (x);                                                               \
+    if (r_ != ncclSuccess) {                                                             \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, ncclGetLastError(nullptr)); \
+      std::exit(2);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Result {
+  double send_idle, send_load, ar_idle, ar_load, bulk_alone_us, bulk_loaded_us;
+};
+
+struct Rank {
+  int rank, n;
+  ncclComm_t comm;
+  meshcclStream_t lo, hi;
+  std::vector<char> pp;      // 64 KiB
+  std::vector<float> small;  // 1 KiB
+  std::vector<float> bulk;
+
+  // One 64 KiB ping-pong between ranks 0 and 1 (others idle): half the round trip.
+  double ping() {
+    const double t0 = now_us();
+    if (rank == 0) {
+      CHECK(ncclSend(pp.data(), pp.size(), ncclChar, 1, comm, meshcclStreamAsCuda(hi)));
+      CHECK(ncclRecv(pp.data(), pp.size(), ncclChar, 1, comm, meshcclStreamAsCuda(hi)));
+    } else if (rank == 1) {
+      CHECK(ncclRecv(pp.data(), pp.size(), ncclChar, 0, comm, meshcclStreamAsCuda(hi)));
+      CHECK(ncclSend(pp.data(), pp.size(), ncclChar, 0, comm, meshcclStreamAsCuda(hi)));
+    }
+    CHECK(meshcclStreamSynchronize(hi));
+    return (now_us() - t0) / 2;
+  }
+  double small_allreduce() {
+    const double t0 = now_us();
+    CHECK(ncclAllReduce(small.data(), small.data(), small.size(), ncclFloat, ncclSum, comm, meshcclStreamAsCuda(hi)));
+    CHECK(meshcclStreamSynchronize(hi));
+    return now_us() - t0;
+  }
+  void barrier() {
+    float x = 0;
+    CHECK(ncclAllReduce(&x, &x, 1, ncclFloat, ncclSum, comm, meshcclStreamAsCuda(hi)));
+    CHECK(meshcclStreamSynchronize(hi));
+  }
+  void start_bulk() {
+    CHECK(ncclAllReduce(bulk.data(), bulk.data(), bulk.size(), ncclFloat, ncclSum, comm, meshcclStreamAsCuda(lo)));
+  }
+
+  Result measure(int iters) {
+    Result r{};
+    std::vector<double> s, a;
+    for (int i = 0; i < iters; ++i) {
+      barrier();
+      s.push_back(ping());
+      barrier();
+      a.push_back(small_allreduce());
+    }
+    r.send_idle = median(s);
+    r.ar_idle = median(a);
+    // Bulk alone.
+    barrier();
+    double t0 = now_us();
+    start_bulk();
+    CHECK(meshcclStreamSynchronize(lo));
+    r.bulk_alone_us = now_us() - t0;
+    // Bulk with urgent traffic: the same iterations, spread over the bulk's
+    // time (each rank waits the same pause between urgent operations).
+    barrier();
+    const double pause = r.bulk_alone_us / (2.0 * iters + 2);
+    s.clear();
+    a.clear();
+    t0 = now_us();
+    start_bulk();
+    for (int i = 0; i < iters; ++i) {
+      double until = now_us() + pause;
+      while (now_us() < until) {
+      }
+      s.push_back(ping());
+      until = now_us() + pause;
+      while (now_us() < until) {
+      }
+      a.push_back(small_allreduce());
+    }
+    CHECK(meshcclStreamSynchronize(lo));
+    r.bulk_loaded_us = now_us() - t0;
+    r.send_load = median(s);
+    r.ar_load = median(a);
+    return r;
+  }
+};
+
+void run_rank(int rank, int n, const ncclUniqueId& id_prio, const ncclUniqueId& id_fifo, size_t bytes, int iters,
+              int out_fd) {
+  Rank r{rank, n, nullptr, nullptr, nullptr, std::vector<char>(64 << 10, 1), std::vector<float>(256, 1.f),
+         std::vector<float>(bytes / sizeof(float), 1.f)};
+  int least = 0, greatest = 0;
+  CHECK(meshcclStreamGetPriorityRange(&least, &greatest));
+  CHECK(meshcclStreamCreateWithPriority(&r.lo, least));
+  CHECK(meshcclStreamCreateWithPriority(&r.hi, greatest));
+  Result res[2];
+  const ncclUniqueId* ids[2] = {&id_prio, &id_fifo};
+  for (int mode = 0; mode < 2; ++mode) {
+    setenv("MESHCCL_PRIORITY", mode == 0 ? "1" : "0", 1);
+    // The direct shared-memory algorithms run their rounds in call order and
+    // are not preempted (docs/priority.md): the bulk goes through a plan.
+    if (std::getenv("MESHCCL_DIRECT_MAX_BYTES") == nullptr) setenv("MESHCCL_DIRECT_MAX_BYTES", "65536", 1);
+    CHECK(ncclCommInitRank(&r.comm, n, *ids[mode], rank));
+    r.measure(2);  // warm-up: connections, scratch
+    res[mode] = r.measure(iters);
+    CHECK(ncclCommDestroy(r.comm));
+  }
+  if (rank == 0 && write(out_fd, res, sizeof res) != static_cast<ssize_t>(sizeof res)) std::exit(3);
+  meshcclStreamDestroy(r.lo);
+  meshcclStreamDestroy(r.hi);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int n = 2, iters = 20;
+  size_t bytes = size_t{256} << 20;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "-n")) n = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "-b")) bytes = std::strtoull(argv[i + 1], nullptr, 0);
+    else if (!std::strcmp(argv[i], "-i")) iters = std::atoi(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "usage: %s [-n ranks] [-b bulk bytes] [-i urgent iterations]\n", argv[0]);
+      return 1;
+    }
+  }
+  if (n < 2 || n > 64 || iters < 1 || bytes < 4096) {
+    std::fprintf(stderr, "priority_perf: need 2..64 ranks, >= 1 iteration, >= 4096 bulk bytes\n");
+    return 1;
+  }
+  ncclUniqueId id_prio, id_fifo;
+  CHECK(ncclGetUniqueId(&id_prio));
+  CHECK(ncclGetUniqueId(&id_fifo));
+  int fds[2];
+  if (pipe(fds) != 0) return 1;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    pid_t p = fork();
+    if (p == 0) {
+      close(fds[0]);
+      run_rank(r, n, id_prio, id_fifo, bytes, iters, fds[1]);
+      _exit(0);
+    }
+    pids.push_back(p);
+  }
+  close(fds[1]);
+  Result res[2];
+  const bool got = read(fds[0], res, sizeof res) == static_cast<ssize_t>(sizeof res);
+  int failed = 0;
+  for (pid_t p : pids) {
+    int st = 0;
+    waitpid(p, &st, 0);
+    failed += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  }
+  if (!got || failed) {
+    std::fprintf(stderr, "priority_perf: %d ranks failed\n", failed);
+    return 2;
+  }
+  const char* transport = std::getenv("MESHCCL_TRANSPORT");
+  std::printf("# priority_perf: %d ranks, %s, bulk AllReduce %zu bytes, %d urgent operations of each kind\n", n,
+              transport != nullptr ? transport : "default transport", bytes, iters);
+  std::printf("# %-9s %12s %12s %8s %12s %12s %8s %12s %12s %8s\n", "mode", "send64K_idle", "send64K_load", "ratio",
+              "ar1K_idle", "ar1K_load", "ratio", "bulk_GB/s", "bulk_load", "loss");
+  for (int m = 0; m < 2; ++m) {
+    const Result& x = res[m];
+    const double busbw = [&](double us) { return 2.0 * (n - 1) / n * bytes / (us * 1e3); }(x.bulk_alone_us);
+    const double busbw_l = 2.0 * (n - 1) / n * bytes / (x.bulk_loaded_us * 1e3);
+    std::printf("  %-9s %10.1fus %10.1fus %8.2f %10.1fus %10.1fus %8.2f %12.2f %12.2f %7.1f%%\n",
+                m == 0 ? "priority" : "fifo", x.send_idle, x.send_load, x.send_load / x.send_idle, x.ar_idle,
+                x.ar_load, x.ar_load / x.ar_idle, busbw, busbw_l, 100.0 * (1 - busbw_l / busbw));
+  }
+  const Result& p = res[0];
+  std::printf("# targets (priority): send loaded/idle %.2f (<= 1.5: %s), allreduce loaded/idle %.2f (<= 1.5: %s), "
+              "bulk loss %.1f%% (<= 5%%: %s)\n",
+              p.send_load / p.send_idle, p.send_load <= 1.5 * p.send_idle ? "met" : "not met", p.ar_load / p.ar_idle,
+              p.ar_load <= 1.5 * p.ar_idle ? "met" : "not met", 100.0 * (1 - p.bulk_alone_us / p.bulk_loaded_us),
+              p.bulk_loaded_us <= p.bulk_alone_us / 0.95 ? "met" : "not met");
+  return 0;
+}

@@ -1,0 +1,258 @@
+// Priority scheduling (docs/priority.md): chunk order on a link, that no
+// transfer starves or deadlocks on credit, and that every collective is
+// correct while it overtakes a bulk operation chunk by chunk. Ranks are
+// threads of this process; plans only (no shared region), the smallest chunks
+// (128 KiB on shm, 16 KiB on sockets).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <numeric>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "comm/comm.h"
+#include "harness.h"
+#include "sched/engine.h"
+#include "sched/links.h"
+
+namespace {
+
+using meshccl_test::run_ranks;
+using meshccl_test::ScopedEnv;
+
+cudaStream_t cu(meshcclStream_t s) { return meshcclStreamAsCuda(s); }
+
+struct Streams {
+  meshcclStream_t lo = nullptr, hi = nullptr;
+  Streams() {
+    int least = 0, greatest = 0;
+    EXPECT_EQ(meshcclStreamGetPriorityRange(&least, &greatest), ncclSuccess);
+    EXPECT_EQ(meshcclStreamCreateWithPriority(&lo, least), ncclSuccess);
+    EXPECT_EQ(meshcclStreamCreateWithPriority(&hi, greatest), ncclSuccess);
+  }
+  ~Streams() {
+    meshcclStreamDestroy(lo);
+    meshcclStreamDestroy(hi);
+  }
+};
+
+// Pumps one rank's links until `done` holds, at most 30 s.
+template <class F>
+bool pump_until(meshccl::Links& links, F done, const std::function<void()>& after_pump = {}) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!done()) {
+    bool moved = false;
+    links.pump(&moved);
+    if (after_pump) after_pump();
+    if (std::chrono::steady_clock::now() > end) return false;
+  }
+  return true;
+}
+
+class LinkOrder : public ::testing::TestWithParam<std::string> {};
+
+// An urgent transfer posted behind a bulk one on the same link: while it has
+// bytes left to post, the bulk transfer posts at most one chunk per pass (only
+// when it has none in flight: the credit goes to the urgent one), and the
+// urgent one finishes first.
+TEST_P(LinkOrder, UrgentOvertakesBulkChunkByChunk) {
+  ScopedEnv env({{"MESHCCL_TRANSPORT", GetParam()}, {"MESHCCL_CHUNK_US", "1"}, {"MESHCCL_LINK_CREDIT", "4"}});
+  constexpr uint64_t kBulkTag = (uint64_t{1} << 61) | 1, kUrgentTag = (uint64_t{1} << 61) | 2;
+  run_ranks(2, [&](ncclComm_t comm, int rank) {
+    meshccl::Links& links = comm->engine->links();
+    const int peer = 1 - rank;
+    const size_t chunk = links.chunk_bytes(peer);
+    ASSERT_EQ(chunk, GetParam() == "shm" ? size_t{128} << 10 : size_t{16} << 10);
+    const size_t bulk_bytes = 64 * chunk, urgent_bytes = 12 * chunk;
+    std::vector<unsigned char> bulk(bulk_bytes), urgent(urgent_bytes);
+    if (rank == 0) {
+      for (size_t i = 0; i < bulk_bytes; ++i) bulk[i] = static_cast<unsigned char>(i * 7 + 1);
+      for (size_t i = 0; i < urgent_bytes; ++i) urgent[i] = static_cast<unsigned char>(i * 13 + 5);
+    }
+    meshccl::Xfer b, u;
+    b.peer = u.peer = peer;
+    b.send = u.send = rank == 0;
+    b.ptr = reinterpret_cast<char*>(bulk.data());
+    u.ptr = reinterpret_cast<char*>(urgent.data());
+    b.bytes = bulk_bytes;
+    u.bytes = urgent_bytes;
+    b.tag = kBulkTag;
+    u.tag = kUrgentTag;
+    links.post(&b, 0);
+    bool moved = false;
+    links.pump(&moved);
+    EXPECT_LE(b.chunks.size(), 4u);  // credit: four chunks
+    links.post(&u, -3);
+    size_t bulk_posts = b.nposts, bad_posts = 0;
+    bool bulk_left_when_urgent_done = false;
+    ASSERT_TRUE(pump_until(
+        links, [&] { return b.finished && u.finished; },
+        [&] {
+          // The urgent transfer waited through the whole pass.
+          const bool urgent_waits = !u.finished && u.posted < u.bytes;
+          if (urgent_waits && b.nposts > bulk_posts + 1) ++bad_posts;
+          bulk_posts = b.nposts;
+          if (u.finished && !b.finished && b.posted < b.bytes) bulk_left_when_urgent_done = true;
+        }));
+    EXPECT_TRUE(b.error.ok() && u.error.ok());
+    EXPECT_EQ(bad_posts, 0u);
+    if (rank == 0) EXPECT_TRUE(bulk_left_when_urgent_done);
+    if (rank == 1) {
+      EXPECT_EQ(b.got, bulk_bytes);
+      EXPECT_EQ(u.got, urgent_bytes);
+      for (size_t i = 0; i < bulk_bytes; i += 4093) ASSERT_EQ(bulk[i], static_cast<unsigned char>(i * 7 + 1));
+      for (size_t i = 0; i < urgent_bytes; i += 101) ASSERT_EQ(urgent[i], static_cast<unsigned char>(i * 13 + 5));
+    }
+  });
+}
+
+// MESHCCL_PRIORITY=0: transfers go whole, in the order posted.
+TEST_P(LinkOrder, FifoSendsWhole) {
+  ScopedEnv env({{"MESHCCL_TRANSPORT", GetParam()}, {"MESHCCL_CHUNK_US", "1"}, {"MESHCCL_PRIORITY", "0"}});
+  run_ranks(2, [&](ncclComm_t comm, int rank) {
+    meshccl::Links& links = comm->engine->links();
+    EXPECT_FALSE(links.policy().priority);
+    EXPECT_EQ(links.chunk_bytes(1 - rank), 0u);
+    std::vector<int> v(100000, rank);
+    meshccl::Xfer x;
+    x.peer = 1 - rank;
+    x.send = rank == 0;
+    x.ptr = reinterpret_cast<char*>(v.data());
+    x.bytes = v.size() * sizeof(int);
+    x.tag = (uint64_t{1} << 61) | 3;
+    links.post(&x, -3);
+    ASSERT_TRUE(pump_until(links, [&] { return x.finished; }));
+    EXPECT_EQ(x.nposts, 1u);
+    EXPECT_EQ(v[99999], 0);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, LinkOrder, ::testing::Values("shm", "socket"));
+
+// Starvation-freedom: a bulk all-reduce completes while every rank keeps
+// issuing urgent all-reduces for as long as it runs.
+TEST(Priority, BulkProgressesUnderEndlessUrgentTraffic) {
+  ScopedEnv env({{"MESHCCL_DIRECT_SLOT_BYTES", "0"}, {"MESHCCL_CHUNK_US", "1"}});
+  run_ranks(3, [](ncclComm_t comm, int rank) {
+    Streams s;
+    std::vector<int> bulk(1 << 20, rank + 1);
+    ASSERT_EQ(ncclAllReduce(bulk.data(), bulk.data(), bulk.size(), ncclInt, ncclSum, comm, cu(s.lo)), ncclSuccess);
+    int rounds = 0;
+    for (; rounds < 200000; ++rounds) {
+      int flag = meshcclStreamQuery(s.lo) == ncclSuccess ? 1 : 0;
+      ASSERT_EQ(ncclAllReduce(&flag, &flag, 1, ncclInt, ncclMin, comm, cu(s.hi)), ncclSuccess);
+      ASSERT_EQ(meshcclStreamSynchronize(s.hi), ncclSuccess);
+      if (flag == 1) break;
+    }
+    EXPECT_LT(rounds, 200000) << "the bulk all-reduce starved";
+    ASSERT_EQ(meshcclStreamSynchronize(s.lo), ncclSuccess);
+    EXPECT_EQ(bulk[0], 6);
+    EXPECT_EQ(bulk[bulk.size() - 1], 6);
+  });
+}
+
+// Credits shared across communicators never deadlock: rank 1 receives the
+// urgent message (communicator B) before it even posts the bulk receive
+// (communicator A) that rank 0 has been sending all along.
+TEST(Priority, NoCreditDeadlockAcrossCommunicators) {
+  ScopedEnv env({{"MESHCCL_DIRECT_SLOT_BYTES", "0"}, {"MESHCCL_CHUNK_US", "1"}, {"MESHCCL_LINK_CREDIT", "1"}});
+  run_ranks(2, [](ncclComm_t a, int rank) {
+    ncclComm_t b = nullptr;
+    ASSERT_EQ(ncclCommSplit(a, 0, rank, &b, nullptr), ncclSuccess);
+    Streams s;
+    std::vector<float> bulk(1 << 19, rank == 0 ? 2.5f : 0.f);
+    std::vector<float> urgent(20011, rank == 0 ? 7.f : 0.f);
+    if (rank == 0) {
+      ASSERT_EQ(ncclSend(bulk.data(), bulk.size(), ncclFloat, 1, a, cu(s.lo)), ncclSuccess);
+      ASSERT_EQ(ncclSend(urgent.data(), urgent.size(), ncclFloat, 1, b, cu(s.hi)), ncclSuccess);
+    } else {
+      ASSERT_EQ(ncclRecv(urgent.data(), urgent.size(), ncclFloat, 0, b, cu(s.hi)), ncclSuccess);
+      ASSERT_EQ(meshcclStreamSynchronize(s.hi), ncclSuccess);
+      EXPECT_EQ(urgent[20010], 7.f);
+      ASSERT_EQ(ncclRecv(bulk.data(), bulk.size(), ncclFloat, 0, a, cu(s.lo)), ncclSuccess);
+    }
+    ASSERT_EQ(meshcclStreamSynchronize(s.hi), ncclSuccess);
+    ASSERT_EQ(meshcclStreamSynchronize(s.lo), ncclSuccess);
+    EXPECT_EQ(bulk[bulk.size() - 1], 2.5f);
+    EXPECT_EQ(ncclCommDestroy(b), ncclSuccess);
+  });
+}
+
+// Every collective on the urgent stream, correct while a bulk all-reduce is
+// in flight on the same communicator, with scheduling on and off.
+class Preemption : public ::testing::TestWithParam<std::tuple<int, std::string, std::string>> {};
+
+TEST_P(Preemption, EveryCollectiveOvertakingBulk) {
+  const auto [n, transport, priority] = GetParam();
+  ScopedEnv env({{"MESHCCL_DIRECT_SLOT_BYTES", "0"},
+                 {"MESHCCL_CHUNK_US", "1"},
+                 {"MESHCCL_TRANSPORT", transport},
+                 {"MESHCCL_PRIORITY", priority}});
+  run_ranks(n, [n = n](ncclComm_t comm, int rank) {
+    Streams s;
+    // Bulk: 1 MiB of int32 per rank (64 chunks of 16 KiB), low priority.
+    std::vector<int> bulk(1 << 18);
+    std::iota(bulk.begin(), bulk.end(), rank);
+    std::vector<int> bulk_out(bulk.size(), -1);
+    ASSERT_EQ(ncclAllReduce(bulk.data(), bulk_out.data(), bulk.size(), ncclInt, ncclSum, comm, cu(s.lo)),
+              ncclSuccess);
+    const int sum_ranks = n * (n - 1) / 2;
+    // Urgent, each larger than two chunks somewhere and prime-sized.
+    for (size_t count : {size_t{0}, size_t{1}, size_t{1009}, size_t{12289}}) {
+      std::vector<int> in(count * n), out(count * n, -1), small(count, -1);
+      for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<int>(i % 9973) + rank * 3;
+      const int root = 1 % n;
+      auto hi = cu(s.hi);
+      ASSERT_EQ(ncclAllReduce(in.data(), out.data(), count, ncclInt, ncclSum, comm, hi), ncclSuccess);
+      ASSERT_EQ(meshcclStreamSynchronize(s.hi), ncclSuccess);
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[i], n * static_cast<int>(i % 9973) + 3 * sum_ranks);
+      ASSERT_EQ(ncclBroadcast(in.data(), out.data(), count, ncclInt, root, comm, hi), ncclSuccess);
+      ASSERT_EQ(meshcclStreamSynchronize(s.hi), ncclSuccess);
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[i], static_cast<int>(i % 9973) + root * 3);
+      std::fill(out.begin(), out.end(), -1);
+      ASSERT_EQ(ncclReduce(in.data(), out.data(), count, ncclInt, ncclMax, root, comm, hi), ncclSuccess);
+      ASSERT_EQ(meshcclStreamSynchronize(s.hi), ncclSuccess);
+      if (rank == root)
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[i], static_cast<int>(i % 9973) + (n - 1) * 3);
+      ASSERT_EQ(ncclAllGather(in.data(), out.data(), count, ncclInt, comm, hi), ncclSuccess);
+      ASSERT_EQ(meshcclStreamSynchronize(s.hi), ncclSuccess);
+      for (int r = 0; r < n; ++r)
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[r * count + i], static_cast<int>(i % 9973) + r * 3);
+      ASSERT_EQ(ncclReduceScatter(in.data(), small.data(), count, ncclInt, ncclSum, comm, hi), ncclSuccess);
+      ASSERT_EQ(meshcclStreamSynchronize(s.hi), ncclSuccess);
+      for (size_t i = 0; i < count; ++i)
+        ASSERT_EQ(small[i], n * static_cast<int>((rank * count + i) % 9973) + 3 * sum_ranks);
+      ASSERT_EQ(ncclAlltoAll(in.data(), out.data(), count, ncclInt, comm, hi), ncclSuccess);
+      ASSERT_EQ(meshcclStreamSynchronize(s.hi), ncclSuccess);
+      for (int r = 0; r < n; ++r)
+        for (size_t i = 0; i < count; ++i)
+          ASSERT_EQ(out[r * count + i], static_cast<int>((rank * count + i) % 9973) + r * 3);
+      ASSERT_EQ(ncclGather(in.data(), out.data(), count, ncclInt, root, comm, hi), ncclSuccess);
+      ASSERT_EQ(meshcclStreamSynchronize(s.hi), ncclSuccess);
+      if (rank == root)
+        for (int r = 0; r < n; ++r)
+          for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[r * count + i], static_cast<int>(i % 9973) + r * 3);
+      ASSERT_EQ(ncclScatter(in.data(), small.data(), count, ncclInt, root, comm, hi), ncclSuccess);
+      ASSERT_EQ(meshcclStreamSynchronize(s.hi), ncclSuccess);
+      for (size_t i = 0; i < count; ++i)
+        ASSERT_EQ(small[i], static_cast<int>((rank * count + i) % 9973) + root * 3);
+      ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+      ASSERT_EQ(ncclSend(in.data(), count, ncclInt, (rank + 1) % n, comm, hi), ncclSuccess);
+      ASSERT_EQ(ncclRecv(small.data(), count, ncclInt, (rank + n - 1) % n, comm, hi), ncclSuccess);
+      ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+      ASSERT_EQ(meshcclStreamSynchronize(s.hi), ncclSuccess);
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(small[i], static_cast<int>(i % 9973) + ((rank + n - 1) % n) * 3);
+    }
+    ASSERT_EQ(meshcclStreamSynchronize(s.lo), ncclSuccess);
+    for (size_t i = 0; i < bulk.size(); i += 997) ASSERT_EQ(bulk_out[i], n * static_cast<int>(i) + sum_ranks);
+    ASSERT_EQ(bulk_out.back(), n * static_cast<int>(bulk.size() - 1) + sum_ranks);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Preemption,
+                         ::testing::Values(std::make_tuple(2, "shm", "1"), std::make_tuple(3, "shm", "1"),
+                                           std::make_tuple(4, "shm", "1"), std::make_tuple(2, "socket", "1"),
+                                           std::make_tuple(3, "socket", "1"), std::make_tuple(3, "shm", "0")));
+
+}  // namespace
