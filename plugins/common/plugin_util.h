@@ -104,14 +104,14 @@ class ArgCheck {
 // Runs a C entry point's body so that no C++ exception crosses the C
 // boundary: running out of memory is an OS failure, anything else a bug.
 template <class F>
-int guarded(const meshccl_transport_host_v1_t* host, const char* where, F&& body) noexcept {
+int guarded(const meshccl_transport_host_v1_t* host, const char* plugin, const char* fn, F&& body) noexcept {
   try {
     return static_cast<int>(body());
   } catch (const std::bad_alloc&) {
-    MPLUG_WARN(host, "%s: out of memory", where);
+    MPLUG_WARN(host, "%s %s: out of memory", plugin, fn);
     return MESHCCL_T_SYSTEM_ERROR;
   } catch (...) {
-    MPLUG_WARN(host, "%s: unexpected exception", where);
+    MPLUG_WARN(host, "%s %s: unexpected exception", plugin, fn);
     return MESHCCL_T_INTERNAL_ERROR;
   }
 }

@@ -22,6 +22,7 @@
 #include <new>
 
 #include "plugins/builtin.h"
+#include "plugins/common/entry.h"
 #include "plugins/shm/shm_comm.h"
 
 namespace meshccl::plugin::shm {
@@ -71,7 +72,6 @@ meshccl_tresult_t do_init(const meshccl_transport_host_v1_t* host, void** out) {
   prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
   MPLUG_INFO(host, "shm: ring %" PRIu64 " bytes, eager up to %" PRIu64 " bytes, cma %s", ctx->ring_bytes,
              ctx->eager, ctx->cma ? "on" : "off");
-  g_check.remember(host);
   *out = ctx.release();
   return MESHCCL_T_SUCCESS;
 }
@@ -201,27 +201,8 @@ meshccl_tresult_t do_accept(ListenComm* lc, void** recv_comm) {
   return MESHCCL_T_SUCCESS;
 }
 
-// ---- C entry points --------------------------------------------------------
-
-int shm_init(const meshccl_transport_host_v1_t* host, void** ctx) {
-  if (ctx == nullptr) return g_check.misuse(host, "init", "ctx is NULL");
-  *ctx = nullptr;
-  MPLUG_CHECK(check_host(host, "shm"));
-  return guarded(host, "shm init", [&] { return do_init(host, ctx); });
-}
-
-int shm_devices(void* ctx, int* ndev) {
-  Ctx* c = g_check.as<Ctx>(ctx, kCtxMagic, "context", "devices");
-  if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  if (ndev == nullptr) return g_check.misuse(c->host, "devices", "ndev is NULL");
-  *ndev = 1;
-  return MESHCCL_T_SUCCESS;
-}
-
-int shm_properties(void* ctx, int dev, meshccl_transport_props_v1_t* props) {
-  Ctx* c = g_check.as<Ctx>(ctx, kCtxMagic, "context", "properties");
-  if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  if (props == nullptr || dev != 0) return g_check.misuse(c->host, "properties", "bad device or NULL props");
+void props(Ctx* c, meshccl_transport_props_v1_t* props) {
+  (void)c;
   // Estimates from transport_pingpong on a 2-core VM; a cost model only needs
   // the order of magnitude next to socket's.
   *props = meshccl_transport_props_v1_t{
@@ -232,98 +213,9 @@ int shm_properties(void* ctx, int dev, meshccl_transport_props_v1_t* props) {
       .ptr_support = MESHCCL_PTR_HOST,
       .max_requests = 0,
   };
-  return MESHCCL_T_SUCCESS;
 }
 
-int shm_listen(void* ctx, int dev, void* handle, void** listen_comm) {
-  Ctx* c = g_check.as<Ctx>(ctx, kCtxMagic, "context", "listen");
-  if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  if (handle == nullptr || listen_comm == nullptr || dev != 0)
-    return g_check.misuse(c->host, "listen", "bad device or NULL handle/listen_comm");
-  *listen_comm = nullptr;
-  return guarded(c->host, "shm listen", [&] { return do_listen(c, handle, listen_comm); });
-}
-
-int shm_connect(void* ctx, int dev, const void* handle, void** send_comm) {
-  Ctx* c = g_check.as<Ctx>(ctx, kCtxMagic, "context", "connect");
-  if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  if (handle == nullptr || send_comm == nullptr || dev != 0)
-    return g_check.misuse(c->host, "connect", "bad device or NULL handle/send_comm");
-  *send_comm = nullptr;
-  return guarded(c->host, "shm connect", [&] { return do_connect(c, handle, send_comm); });
-}
-
-int shm_accept(void* listen_comm, void** recv_comm) {
-  ListenComm* lc = g_check.as<ListenComm>(listen_comm, kListenMagic, "listen comm", "accept");
-  if (lc == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  if (recv_comm == nullptr) return g_check.misuse(lc->ctx->host, "accept", "recv_comm is NULL");
-  *recv_comm = nullptr;
-  return guarded(lc->ctx->host, "shm accept", [&] { return do_accept(lc, recv_comm); });
-}
-
-int shm_reg_mr(void* comm, void* data, size_t size, void** mhandle) {
-  (void)comm;
-  (void)data;
-  (void)size;
-  if (mhandle != nullptr) *mhandle = nullptr;  // nothing to register: memory is read where it lies
-  return MESHCCL_T_SUCCESS;
-}
-
-int shm_dereg_mr(void* comm, void* mhandle) {
-  (void)comm;
-  (void)mhandle;
-  return MESHCCL_T_SUCCESS;
-}
-
-int shm_isend(void* send_comm, const void* data, size_t size, uint64_t tag, void* mhandle, void** request) {
-  (void)mhandle;
-  SendComm* c = g_check.as<SendComm>(send_comm, kSendMagic, "send comm", "isend");
-  if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  if (request == nullptr) return g_check.misuse(c->ctx->host, "isend", "request is NULL");
-  *request = nullptr;
-  if (data == nullptr && size != 0) return g_check.misuse(c->ctx->host, "isend", "NULL buffer with a non-zero size");
-  return guarded(c->ctx->host, "shm isend", [&] { return send_post(c, data, size, tag, request); });
-}
-
-int shm_irecv(void* recv_comm, void* data, size_t size, uint64_t tag, void* mhandle, void** request) {
-  (void)mhandle;
-  RecvComm* c = g_check.as<RecvComm>(recv_comm, kRecvMagic, "recv comm", "irecv");
-  if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  if (request == nullptr) return g_check.misuse(c->ctx->host, "irecv", "request is NULL");
-  *request = nullptr;
-  if (data == nullptr && size != 0) return g_check.misuse(c->ctx->host, "irecv", "NULL buffer with a non-zero size");
-  return guarded(c->ctx->host, "shm irecv", [&] { return recv_post(c, data, size, tag, request); });
-}
-
-int shm_test(void* request, int* done, size_t* size) {
-  Request* r = g_check.as<Request>(request, kReqMagic, "request", "test");
-  if (r == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  if (done == nullptr) return g_check.misuse(g_check.host(), "test", "done is NULL");
-  if (r->kind == Kind::kSend) {
-    auto* c = static_cast<SendComm*>(r->comm);
-    return guarded(c->ctx->host, "shm test", [&] { return send_test(r, done, size); });
-  }
-  auto* c = static_cast<RecvComm*>(r->comm);
-  return guarded(c->ctx->host, "shm test", [&] { return recv_test(r, done, size); });
-}
-
-int shm_close_send(void* send_comm) {
-  SendComm* c = g_check.as<SendComm>(send_comm, kSendMagic, "send comm", "close_send");
-  if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  send_close(c);
-  return MESHCCL_T_SUCCESS;
-}
-
-int shm_close_recv(void* recv_comm) {
-  RecvComm* c = g_check.as<RecvComm>(recv_comm, kRecvMagic, "recv comm", "close_recv");
-  if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  recv_close(c);
-  return MESHCCL_T_SUCCESS;
-}
-
-int shm_close_listen(void* listen_comm) {
-  ListenComm* lc = g_check.as<ListenComm>(listen_comm, kListenMagic, "listen comm", "close_listen");
-  if (lc == nullptr) return MESHCCL_T_INTERNAL_ERROR;
+void close_listen(ListenComm* lc) {
   if (lc->seg != nullptr) {
     // A sender may have attached already: tell it nobody will read.
     seg_release(lc->seg);
@@ -331,41 +223,43 @@ int shm_close_listen(void* listen_comm) {
     munmap(lc->seg, lc->map_bytes);
   }
   if (lc->fd >= 0) close(lc->fd);
-  lc->magic = 0;
-  delete lc;
-  return MESHCCL_T_SUCCESS;
 }
 
-int shm_finalize(void* ctx) {
-  Ctx* c = g_check.as<Ctx>(ctx, kCtxMagic, "context", "finalize");
-  if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  g_check.forget(c->host);
-  c->magic = 0;
-  delete c;
-  return MESHCCL_T_SUCCESS;
-}
+// What the shared entry shims (plugins/common/entry.h) need from shm.
+struct Traits {
+  static constexpr const char* kName = "shm";
+  using Ctx = shm::Ctx;
+  using ListenComm = shm::ListenComm;
+  using SendComm = shm::SendComm;
+  using RecvComm = shm::RecvComm;
+  using Request = shm::Request;
+  static constexpr uint32_t kCtxMagic = shm::kCtxMagic;
+  static constexpr uint32_t kListenMagic = shm::kListenMagic;
+  static constexpr uint32_t kSendMagic = shm::kSendMagic;
+  static constexpr uint32_t kRecvMagic = shm::kRecvMagic;
+  static constexpr uint32_t kReqMagic = shm::kReqMagic;
+  static ArgCheck& check() { return g_check; }
+  static meshccl_tresult_t init(const meshccl_transport_host_v1_t* h, void** c) { return do_init(h, c); }
+  static void props(Ctx* c, meshccl_transport_props_v1_t* p) { shm::props(c, p); }
+  static meshccl_tresult_t listen(Ctx* c, void* h, void** l) { return do_listen(c, h, l); }
+  static meshccl_tresult_t connect(Ctx* c, const void* h, void** s) { return do_connect(c, h, s); }
+  static meshccl_tresult_t accept(ListenComm* l, void** r) { return do_accept(l, r); }
+  static meshccl_tresult_t send_post(SendComm* c, const void* d, size_t n, uint64_t t, void** r) {
+    return shm::send_post(c, d, n, t, r);
+  }
+  static meshccl_tresult_t recv_post(RecvComm* c, void* d, size_t n, uint64_t t, void** r) {
+    return shm::recv_post(c, d, n, t, r);
+  }
+  static meshccl_tresult_t send_test(Request* r, int* d, size_t* n) { return shm::send_test(r, d, n); }
+  static meshccl_tresult_t recv_test(Request* r, int* d, size_t* n) { return shm::recv_test(r, d, n); }
+  static void close_send(SendComm* c) { send_close(c); }
+  static void close_recv(RecvComm* c) { recv_close(c); }
+  static void close_listen(ListenComm* l) { shm::close_listen(l); }
+  static void finalize(Ctx* c) { (void)c; }
+};
 
 }  // namespace
 }  // namespace meshccl::plugin::shm
 
-namespace shm = meshccl::plugin::shm;
-
-extern "C" const meshccl_transport_v1_t meshccl_transport_shm = {
-    .name = "shm",
-    .version = MESHCCL_TRANSPORT_V1,
-    .init = shm::shm_init,
-    .devices = shm::shm_devices,
-    .properties = shm::shm_properties,
-    .listen = shm::shm_listen,
-    .connect = shm::shm_connect,
-    .accept = shm::shm_accept,
-    .reg_mr = shm::shm_reg_mr,
-    .dereg_mr = shm::shm_dereg_mr,
-    .isend = shm::shm_isend,
-    .irecv = shm::shm_irecv,
-    .test = shm::shm_test,
-    .close_send = shm::shm_close_send,
-    .close_recv = shm::shm_close_recv,
-    .close_listen = shm::shm_close_listen,
-    .finalize = shm::shm_finalize,
-};
+extern "C" const meshccl_transport_v1_t meshccl_transport_shm =
+    meshccl::plugin::Entry<meshccl::plugin::shm::Traits>::table();

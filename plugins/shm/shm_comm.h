@@ -140,12 +140,12 @@ struct RecvComm {
 // Sender side (shm_send.cpp).
 meshccl_tresult_t send_post(SendComm* c, const void* data, size_t size, uint64_t tag, void** request);
 meshccl_tresult_t send_test(Request* r, int* done, size_t* size);
-void send_close(SendComm* c);
+void send_close(SendComm* c);  // the caller frees c
 
 // Receiver side (shm_recv.cpp).
 meshccl_tresult_t recv_post(RecvComm* c, void* data, size_t size, uint64_t tag, void** request);
 meshccl_tresult_t recv_test(Request* r, int* done, size_t* size);
-void recv_close(RecvComm* c);
+void recv_close(RecvComm* c);  // the caller frees c
 
 }  // namespace meshccl::plugin::shm
 

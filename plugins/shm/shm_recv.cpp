@@ -408,8 +408,6 @@ void recv_close(RecvComm* c) {
     if (g.base != nullptr) unmap_region(g);
   for (Unexpected* u; (u = c->unexpected.pop_front()) != nullptr;) c->bufs.put(u->buf);
   munmap(c->seg, c->map_bytes);
-  c->magic = 0;
-  delete c;
 }
 
 }  // namespace meshccl::plugin::shm

@@ -245,8 +245,6 @@ void send_close(SendComm* c) {
   seg_release(c->seg);
   c->seg->hdr.sender_closed.store(1, std::memory_order_release);
   munmap(c->seg, c->map_bytes);
-  c->magic = 0;
-  delete c;
 }
 
 }  // namespace meshccl::plugin::shm

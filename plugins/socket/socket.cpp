@@ -18,6 +18,7 @@
 #include <memory>
 
 #include "plugins/builtin.h"
+#include "plugins/common/entry.h"
 #include "plugins/socket/socket_comm.h"
 
 namespace meshccl::plugin::socket {
@@ -84,7 +85,6 @@ meshccl_tresult_t do_init(const meshccl_transport_host_v1_t* host, void** out) {
   ctx->iface = all[static_cast<size_t>(i)];
   estimate_link(ctx.get());
   MPLUG_INFO(host, "socket: using %s", describe(ctx->iface).c_str());
-  g_check.remember(host);
   *out = ctx.release();
   return MESHCCL_T_SUCCESS;
 }
@@ -274,27 +274,7 @@ meshccl_tresult_t do_accept(ListenComm* lc, void** recv_comm) {
   return MESHCCL_T_SUCCESS;  // not yet
 }
 
-// ---- C entry points --------------------------------------------------------
-
-int sock_init(const meshccl_transport_host_v1_t* host, void** ctx) {
-  if (ctx == nullptr) return g_check.misuse(host, "init", "ctx is NULL");
-  *ctx = nullptr;
-  MPLUG_CHECK(check_host(host, "socket"));
-  return guarded(host, "socket init", [&] { return do_init(host, ctx); });
-}
-
-int sock_devices(void* ctx, int* ndev) {
-  Ctx* c = g_check.as<Ctx>(ctx, kCtxMagic, "context", "devices");
-  if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  if (ndev == nullptr) return g_check.misuse(c->host, "devices", "ndev is NULL");
-  *ndev = 1;
-  return MESHCCL_T_SUCCESS;
-}
-
-int sock_properties(void* ctx, int dev, meshccl_transport_props_v1_t* props) {
-  Ctx* c = g_check.as<Ctx>(ctx, kCtxMagic, "context", "properties");
-  if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  if (props == nullptr || dev != 0) return g_check.misuse(c->host, "properties", "bad device or NULL props");
+void props(Ctx* c, meshccl_transport_props_v1_t* props) {
   *props = meshccl_transport_props_v1_t{
       .name = c->iface.name.c_str(),
       .bandwidth_gbs = c->bandwidth_gbs,
@@ -303,141 +283,55 @@ int sock_properties(void* ctx, int dev, meshccl_transport_props_v1_t* props) {
       .ptr_support = MESHCCL_PTR_HOST,
       .max_requests = 0,
   };
-  return MESHCCL_T_SUCCESS;
 }
 
-int sock_listen(void* ctx, int dev, void* handle, void** listen_comm) {
-  Ctx* c = g_check.as<Ctx>(ctx, kCtxMagic, "context", "listen");
-  if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  if (handle == nullptr || listen_comm == nullptr || dev != 0)
-    return g_check.misuse(c->host, "listen", "bad device or NULL handle/listen_comm");
-  *listen_comm = nullptr;
-  return guarded(c->host, "socket listen", [&] { return do_listen(c, handle, listen_comm); });
-}
-
-int sock_connect(void* ctx, int dev, const void* handle, void** send_comm) {
-  Ctx* c = g_check.as<Ctx>(ctx, kCtxMagic, "context", "connect");
-  if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  if (handle == nullptr || send_comm == nullptr || dev != 0)
-    return g_check.misuse(c->host, "connect", "bad device or NULL handle/send_comm");
-  *send_comm = nullptr;
-  return guarded(c->host, "socket connect", [&] { return do_connect(c, handle, send_comm); });
-}
-
-int sock_accept(void* listen_comm, void** recv_comm) {
-  ListenComm* lc = g_check.as<ListenComm>(listen_comm, kListenMagic, "listen comm", "accept");
-  if (lc == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  if (recv_comm == nullptr) return g_check.misuse(lc->ctx->host, "accept", "recv_comm is NULL");
-  *recv_comm = nullptr;
-  return guarded(lc->ctx->host, "socket accept", [&] { return do_accept(lc, recv_comm); });
-}
-
-int sock_reg_mr(void* comm, void* data, size_t size, void** mhandle) {
-  (void)comm;
-  (void)data;
-  (void)size;
-  if (mhandle != nullptr) *mhandle = nullptr;  // the kernel copies; nothing to pin
-  return MESHCCL_T_SUCCESS;
-}
-
-int sock_dereg_mr(void* comm, void* mhandle) {
-  (void)comm;
-  (void)mhandle;
-  return MESHCCL_T_SUCCESS;
-}
-
-int sock_isend(void* send_comm, const void* data, size_t size, uint64_t tag, void* mhandle, void** request) {
-  (void)mhandle;
-  SendComm* c = g_check.as<SendComm>(send_comm, kSendMagic, "send comm", "isend");
-  if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  if (request == nullptr) return g_check.misuse(c->ctx->host, "isend", "request is NULL");
-  *request = nullptr;
-  if (data == nullptr && size != 0) return g_check.misuse(c->ctx->host, "isend", "NULL buffer with a non-zero size");
-  return guarded(c->ctx->host, "socket isend", [&] { return send_post(c, data, size, tag, request); });
-}
-
-int sock_irecv(void* recv_comm, void* data, size_t size, uint64_t tag, void* mhandle, void** request) {
-  (void)mhandle;
-  RecvComm* c = g_check.as<RecvComm>(recv_comm, kRecvMagic, "recv comm", "irecv");
-  if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  if (request == nullptr) return g_check.misuse(c->ctx->host, "irecv", "request is NULL");
-  *request = nullptr;
-  if (data == nullptr && size != 0) return g_check.misuse(c->ctx->host, "irecv", "NULL buffer with a non-zero size");
-  return guarded(c->ctx->host, "socket irecv", [&] { return recv_post(c, data, size, tag, request); });
-}
-
-int sock_test(void* request, int* done, size_t* size) {
-  Request* r = g_check.as<Request>(request, kReqMagic, "request", "test");
-  if (r == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  if (done == nullptr) return g_check.misuse(g_check.host(), "test", "done is NULL");
-  if (r->kind == Kind::kSend) {
-    auto* c = static_cast<SendComm*>(r->comm);
-    return guarded(c->ctx->host, "socket test", [&] { return send_test(r, done, size); });
-  }
-  auto* c = static_cast<RecvComm*>(r->comm);
-  return guarded(c->ctx->host, "socket test", [&] { return recv_test(r, done, size); });
-}
-
-int sock_close_send(void* send_comm) {
-  SendComm* c = g_check.as<SendComm>(send_comm, kSendMagic, "send comm", "close_send");
-  if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  close(c->fd);
-  c->magic = 0;
-  delete c;
-  return MESHCCL_T_SUCCESS;
-}
-
-int sock_close_recv(void* recv_comm) {
-  RecvComm* c = g_check.as<RecvComm>(recv_comm, kRecvMagic, "recv comm", "close_recv");
-  if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
+void close_recv(RecvComm* c) {
   close(c->fd);
   for (Unexpected* u; (u = c->unexpected.pop_front()) != nullptr;) c->bufs.put(u->buf);
-  c->magic = 0;
-  delete c;
-  return MESHCCL_T_SUCCESS;
 }
 
-int sock_close_listen(void* listen_comm) {
-  ListenComm* lc = g_check.as<ListenComm>(listen_comm, kListenMagic, "listen comm", "close_listen");
-  if (lc == nullptr) return MESHCCL_T_INTERNAL_ERROR;
+void close_listen(ListenComm* lc) {
   for (Pending& p : lc->pending) close(p.fd);
   if (lc->fd >= 0) close(lc->fd);
-  lc->magic = 0;
-  delete lc;
-  return MESHCCL_T_SUCCESS;
 }
 
-int sock_finalize(void* ctx) {
-  Ctx* c = g_check.as<Ctx>(ctx, kCtxMagic, "context", "finalize");
-  if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-  for (Connecting& cn : c->connecting) close(cn.fd);  // connects the host gave up on
-  g_check.forget(c->host);
-  c->magic = 0;
-  delete c;
-  return MESHCCL_T_SUCCESS;
-}
+// What the shared entry shims (plugins/common/entry.h) need from socket.
+struct Traits {
+  static constexpr const char* kName = "socket";
+  using Ctx = socket::Ctx;
+  using ListenComm = socket::ListenComm;
+  using SendComm = socket::SendComm;
+  using RecvComm = socket::RecvComm;
+  using Request = socket::Request;
+  static constexpr uint32_t kCtxMagic = socket::kCtxMagic;
+  static constexpr uint32_t kListenMagic = socket::kListenMagic;
+  static constexpr uint32_t kSendMagic = socket::kSendMagic;
+  static constexpr uint32_t kRecvMagic = socket::kRecvMagic;
+  static constexpr uint32_t kReqMagic = socket::kReqMagic;
+  static ArgCheck& check() { return g_check; }
+  static meshccl_tresult_t init(const meshccl_transport_host_v1_t* h, void** c) { return do_init(h, c); }
+  static void props(Ctx* c, meshccl_transport_props_v1_t* p) { socket::props(c, p); }
+  static meshccl_tresult_t listen(Ctx* c, void* h, void** l) { return do_listen(c, h, l); }
+  static meshccl_tresult_t connect(Ctx* c, const void* h, void** s) { return do_connect(c, h, s); }
+  static meshccl_tresult_t accept(ListenComm* l, void** r) { return do_accept(l, r); }
+  static meshccl_tresult_t send_post(SendComm* c, const void* d, size_t n, uint64_t t, void** r) {
+    return socket::send_post(c, d, n, t, r);
+  }
+  static meshccl_tresult_t recv_post(RecvComm* c, void* d, size_t n, uint64_t t, void** r) {
+    return socket::recv_post(c, d, n, t, r);
+  }
+  static meshccl_tresult_t send_test(Request* r, int* d, size_t* n) { return socket::send_test(r, d, n); }
+  static meshccl_tresult_t recv_test(Request* r, int* d, size_t* n) { return socket::recv_test(r, d, n); }
+  static void close_send(SendComm* c) { close(c->fd); }
+  static void close_recv(RecvComm* c) { socket::close_recv(c); }
+  static void close_listen(ListenComm* l) { socket::close_listen(l); }
+  static void finalize(Ctx* c) {
+    for (Connecting& cn : c->connecting) close(cn.fd);  // connects the host gave up on
+  }
+};
 
 }  // namespace
 }  // namespace meshccl::plugin::socket
 
-namespace sock = meshccl::plugin::socket;
-
-extern "C" const meshccl_transport_v1_t meshccl_transport_socket = {
-    .name = "socket",
-    .version = MESHCCL_TRANSPORT_V1,
-    .init = sock::sock_init,
-    .devices = sock::sock_devices,
-    .properties = sock::sock_properties,
-    .listen = sock::sock_listen,
-    .connect = sock::sock_connect,
-    .accept = sock::sock_accept,
-    .reg_mr = sock::sock_reg_mr,
-    .dereg_mr = sock::sock_dereg_mr,
-    .isend = sock::sock_isend,
-    .irecv = sock::sock_irecv,
-    .test = sock::sock_test,
-    .close_send = sock::sock_close_send,
-    .close_recv = sock::sock_close_recv,
-    .close_listen = sock::sock_close_listen,
-    .finalize = sock::sock_finalize,
-};
+extern "C" const meshccl_transport_v1_t meshccl_transport_socket =
+    meshccl::plugin::Entry<meshccl::plugin::socket::Traits>::table();

@@ -1,6 +1,7 @@
 #include "tests/plugins/test_host.h"
 
 #include <dirent.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -18,6 +19,8 @@
 #include <fstream>
 #include <mutex>
 #include <thread>
+
+#include "plugins/builtin.h"
 
 namespace meshccl::test {
 namespace {
@@ -357,6 +360,25 @@ bool read_all(int fd, void* buf, size_t n, double timeout_s) {
     n -= static_cast<size_t>(r);
   }
   return true;
+}
+
+const meshccl_transport_v1_t* load_transport(const std::string& name, std::string* why) {
+  if (name == "shm") return &meshccl_transport_shm;
+  if (name == "socket") return &meshccl_transport_socket;
+  const char* dir = std::getenv("MESHCCL_TEST_PLUGIN_DIR");
+  std::string path = std::string(dir != nullptr ? dir : ".") + "/libmeshccl-transport-" + name + ".so";
+  if (access(path.c_str(), F_OK) != 0) {
+    *why = path + " is not built (its library was not found at configure time)";
+    return nullptr;
+  }
+  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);  // kept loaded for the process
+  if (h == nullptr) {
+    *why = std::string("cannot load ") + path + ": " + dlerror();
+    return nullptr;
+  }
+  auto* t = static_cast<const meshccl_transport_v1_t*>(dlsym(h, "meshccl_transport_v1"));
+  if (t == nullptr) *why = path + " exports no meshccl_transport_v1";
+  return t;
 }
 
 }  // namespace meshccl::test

@@ -55,6 +55,11 @@ class ScopedEnv {
 
 constexpr double kTimeoutS = 30.0;
 
+// A built-in transport by name, or a loadable one from
+// $MESHCCL_TEST_PLUGIN_DIR/libmeshccl-transport-<name>.so. NULL with *why
+// set when it is not there (not built) or does not load.
+const meshccl_transport_v1_t* load_transport(const std::string& name, std::string* why);
+
 // Polls test() until done or the deadline. Returns the request's result, or
 // -1 when it did not finish in time.
 int wait_request(const meshccl_transport_v1_t* t, void* req, size_t* size = nullptr, double timeout_s = kTimeoutS);

@@ -24,10 +24,12 @@ const size_t kSizes[] = {0, 1, 4095, kEager - 1, kEager, kEager + 1, kMiB, 64 * 
 
 using Clock = std::chrono::steady_clock;
 
-class TransportTest : public ::testing::TestWithParam<const meshccl_transport_v1_t*> {
+class TransportTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    t_ = GetParam();
+    std::string why;
+    t_ = load_transport(GetParam(), &why);
+    if (t_ == nullptr) GTEST_SKIP() << why;
     ASSERT_EQ(t_->init(test_host(), &sctx_), MESHCCL_T_SUCCESS);
     ASSERT_EQ(t_->init(test_host(), &rctx_), MESHCCL_T_SUCCESS);
   }
@@ -667,11 +669,11 @@ TEST_P(TransportTest, MisuseIsAnErrorNotACrash) {
   EXPECT_EQ(t_->finalize(junk), MESHCCL_T_INTERNAL_ERROR);
 }
 
-INSTANTIATE_TEST_SUITE_P(Builtin, TransportTest,
-                         ::testing::Values(&meshccl_transport_shm, &meshccl_transport_socket),
-                         [](const ::testing::TestParamInfo<const meshccl_transport_v1_t*>& info) {
-                           return std::string(info.param->name);
-                         });
+// ucx is not listed yet: its connect needs the receiving worker to make
+// progress, which a single thread that polls only connect never gives it
+// (HandshakeAndProperties); the forked-peer cases time out as well.
+INSTANTIATE_TEST_SUITE_P(All, TransportTest, ::testing::Values("shm", "socket", "ofi"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace
 }  // namespace meshccl::test
