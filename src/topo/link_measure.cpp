@@ -17,6 +17,7 @@
 #include "util/log.h"
 #include "util/param.h"
 #include "topo/cost_model.h"
+#include "topo/topology.h"
 #include "util/wait.h"
 
 namespace meshccl {
@@ -31,7 +32,8 @@ const char* const kFieldName[kFields] = {"shm alpha", "shm bandwidth", "net alph
 const Param kFieldParam[kFields] = {Param::TuneShmAlphaUs, Param::TuneShmBwGbs, Param::TuneNetAlphaUs,
                                     Param::TuneNetBwGbs, Param::TuneReduceGbs};
 // Used when no rank knows better (no link of that class, nothing measured).
-const double kFallback[kFields] = {2.0, 5.0, 20.0, 1.25, 5.0};
+const double kFallback[kFields] = {kBuiltinShm.alpha_us, kBuiltinShm.bw_gbs, kBuiltinNet.alpha_us, kBuiltinNet.bw_gbs,
+                                   kBuiltinReduceGbs};
 
 // Tag bases of the measuring plans: bit 62 set, bit 63 clear — a
 // collective's tag base would need 2^38 earlier collectives to reach it (see
@@ -148,6 +150,12 @@ TuneModel make_tune_model(int nranks, bool network, LinkCost shm, LinkCost net, 
   t.net = net;
   t.reduce_gbs = reduce_gbs;
   return t;
+}
+
+TuneModel tune_model_for(const SystemGraph& graph, LinkCost shm, LinkCost net, double reduce_gbs) {
+  bool network = false;
+  for (const RankPlace& r : graph.ranks) network |= r.host != graph.ranks.front().host;
+  return make_tune_model(graph.nranks(), network, shm, net, reduce_gbs);
 }
 
 Status tune_init(int rank, Bootstrap& bs, Mesh& mesh, Engine& engine, const std::vector<PeerInfo>& peers,
