@@ -17,7 +17,6 @@
 #include "util/log.h"
 #include "util/param.h"
 #include "topo/cost_model.h"
-#include "topo/topology.h"
 #include "util/wait.h"
 
 namespace meshccl {
@@ -150,12 +149,6 @@ TuneModel make_tune_model(int nranks, bool network, LinkCost shm, LinkCost net, 
   t.net = net;
   t.reduce_gbs = reduce_gbs;
   return t;
-}
-
-TuneModel tune_model_for(const SystemGraph& graph, LinkCost shm, LinkCost net, double reduce_gbs) {
-  bool network = false;
-  for (const RankPlace& r : graph.ranks) network |= r.host != graph.ranks.front().host;
-  return make_tune_model(graph.nranks(), network, shm, net, reduce_gbs);
 }
 
 Status tune_init(int rank, Bootstrap& bs, Mesh& mesh, Engine& engine, const std::vector<PeerInfo>& peers,
