@@ -159,6 +159,8 @@ def errors(tmp):
         (["--preset", "cpu:2", "--coll", "allsum"], "unknown collective"),
         (["--preset", "cpu:2", "-b", "-4"], "not a positive number"),
         (["--preset", "cpu:2", "--hosts", "0"], "--hosts"),
+        (["--preset", "cpu:2", "-e", "1e300"], "at most"),
+        (["--preset", "cpu:2", "-f", "1.0000001"], "-f"),
         (["--preset", "cpu:2", "--topo", bad], "one of --preset and --topo"),
         ([], "one of --preset and --topo"),
     ]

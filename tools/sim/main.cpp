@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -43,6 +44,8 @@ const char* kUsage =
     "  --png FILE             a plot of the CSV (python3 and matplotlib; scripts/sim_plot.py)\n"
     "  --quiet                no tables on standard output\n"
     "MESHCCL_ALGO restricts the candidates as it does in the library.\n";
+
+constexpr double kMaxBytes = double(uint64_t{1} << 40);
 
 struct Options {
   std::string preset, topo, csv, png;
@@ -146,6 +149,9 @@ int parse(int argc, char** argv, Options* o) {
   }
   if (o->preset.empty() == o->topo.empty()) return fail("give one of --preset and --topo; see --help");
   if (o->sizes.min_bytes > o->sizes.max_bytes) return fail("-b is larger than -e");
+  if (o->sizes.max_bytes > kMaxBytes) return fail("-e: at most 1T (2^40 bytes)");
+  if (o->sizes.factor > 1 && std::log(o->sizes.max_bytes / o->sizes.min_bytes) / std::log(o->sizes.factor) > 4096)
+    return fail("more than 4096 sizes: raise -f");
   if (o->sizes.factor < 1.01 && o->sizes.min_bytes != o->sizes.max_bytes) return fail("-f must be above 1");
   if (o->kinds.empty()) o->kinds = {OpKind::AllReduce, OpKind::AllGather, OpKind::ReduceScatter, OpKind::Broadcast,
                                     OpKind::Reduce, OpKind::AlltoAll};
