@@ -54,6 +54,17 @@ struct Algorithm {
 // Every algorithm, one entry per (name, collective).
 const std::vector<Algorithm>& algorithm_table();
 
+// One plan algorithm's prediction for an operation.
+struct Candidate {
+  const Algorithm* algorithm;
+  double cost_us;  // estimated microseconds; +infinity where it does not apply
+  bool allowed;    // by MESHCCL_ALGO / NCCL_ALGO
+};
+// Every plan algorithm for op.kind, in table order, with its estimate under
+// tune: a pure function of the model and the operation (and the MESHCCL_ALGO
+// rule, for `allowed`). choose_algorithm picks from it; so do the tuner's log
+// and tools/meshccl_sim.
+std::vector<Candidate> estimate_candidates(const TuneModel& tune, const OpDesc& op);
 // The algorithm for op among the plans: among those MESHCCL_ALGO / NCCL_ALGO
 // allows, the one with the lowest estimated cost (ties: the earlier table
 // entry). *cost_us (optional) receives its estimate.

@@ -15,6 +15,7 @@ class Bootstrap;
 class Engine;
 class Mesh;
 struct PeerInfo;
+struct SystemGraph;
 
 // What one message step costs on a class of links.
 struct LinkCost {
@@ -39,8 +40,18 @@ struct TuneModel {
   double gamma() const { return 1e-3 / reduce_gbs; }    // us per byte
 };
 
+// The constants used where no rank knows better (no link of that class,
+// nothing measured or set); topology.h's nominal bandwidths match them.
+constexpr LinkCost kBuiltinShm{2.0, 5.0};
+constexpr LinkCost kBuiltinNet{20.0, 1.25};
+constexpr double kBuiltinReduceGbs = 5.0;
+
 // A model from explicit constants (tests, tools).
 TuneModel make_tune_model(int nranks, bool network, LinkCost shm, LinkCost net, double reduce_gbs);
+// The model of a communicator laid out as `graph` (its ranks, and which of
+// them share a host) with the given constants: how a described cluster
+// becomes a model (tools/meshccl_sim).
+TuneModel tune_model_for(const SystemGraph& graph, LinkCost shm, LinkCost net, double reduce_gbs);
 
 // Collective over the communicator (link_measure.cpp), once its connections and engine exist:
 // fills the model from MESHCCL_TUNE_* parameters, transport properties and a

@@ -1,8 +1,10 @@
-// The system graph: link classes between ranks, subsets, descriptions.
+// The system graph: link classes between ranks, subsets, descriptions, and
+// the tuner's model of a graph (tune_model_for).
 #include <algorithm>
 #include <cstdio>
 #include <map>
 
+#include "topo/cost_model.h"
 #include "topo/topology.h"
 
 namespace meshccl {
@@ -148,6 +150,14 @@ std::string SystemGraph::describe() const {
     }
   }
   return s;
+}
+
+// A graph's layout as the tuner sees it: network links as soon as two ranks
+// are on different hosts.
+TuneModel tune_model_for(const SystemGraph& graph, LinkCost shm, LinkCost net, double reduce_gbs) {
+  bool network = false;
+  for (const RankPlace& r : graph.ranks) network |= r.host != graph.ranks.front().host;
+  return make_tune_model(graph.nranks(), network, shm, net, reduce_gbs);
 }
 
 }  // namespace meshccl

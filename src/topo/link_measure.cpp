@@ -31,7 +31,8 @@ const char* const kFieldName[kFields] = {"shm alpha", "shm bandwidth", "net alph
 const Param kFieldParam[kFields] = {Param::TuneShmAlphaUs, Param::TuneShmBwGbs, Param::TuneNetAlphaUs,
                                     Param::TuneNetBwGbs, Param::TuneReduceGbs};
 // Used when no rank knows better (no link of that class, nothing measured).
-const double kFallback[kFields] = {2.0, 5.0, 20.0, 1.25, 5.0};
+const double kFallback[kFields] = {kBuiltinShm.alpha_us, kBuiltinShm.bw_gbs, kBuiltinNet.alpha_us, kBuiltinNet.bw_gbs,
+                                   kBuiltinReduceGbs};
 
 // Tag bases of the measuring plans: bit 62 set, bit 63 clear — a
 // collective's tag base would need 2^38 earlier collectives to reach it (see

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "collectives/algorithms.h"
+#include "topo/topology.h"
 #include "util/param.h"
 
 namespace meshccl {
@@ -157,6 +158,70 @@ TEST(Tuner, PlanWhenOnlyDirectIsAllowed) {
 TEST(Tuner, SendAndRecvIgnoreForcing) {
   ScopedEnv e("MESHCCL_ALGO", "tree");
   EXPECT_EQ(pick(fast(2), OpKind::Send, 2, 64), "p2p");
+}
+
+// The one estimate: what estimate_candidates reports (and meshccl_sim prints)
+// is each algorithm's own cost function, choose_algorithm takes its cheapest
+// allowed entry (the earlier on a tie), and a communicator's estimate (what
+// the scheduler sees) is that pick's cost.
+void expect_choice_agrees(const TuneModel& t, const OpDesc& op) {
+  const std::vector<Candidate> all = estimate_candidates(t, op);
+  const Candidate* best = nullptr;
+  for (const Candidate& c : all) {
+    EXPECT_EQ(c.algorithm->kind, op.kind);
+    EXPECT_EQ(c.cost_us, c.algorithm->cost(BuildCtx::whole(t, op), op)) << c.algorithm->name;
+    if (c.allowed && std::isfinite(c.cost_us) && (best == nullptr || c.cost_us < best->cost_us)) best = &c;
+  }
+  ASSERT_NE(best, nullptr) << op_kind_name(op.kind);
+  const Algorithm* pick = nullptr;
+  double cost = -1;
+  ASSERT_TRUE(choose_algorithm(t, op, &pick, &cost).ok());
+  EXPECT_EQ(pick, best->algorithm) << op_kind_name(op.kind) << " n=" << op.nranks << " count=" << op.count;
+  EXPECT_EQ(cost, best->cost_us);
+  double us = -1;
+  ASSERT_TRUE(make_algorithms(1, t, nullptr)->estimate(op, &us).ok());
+  EXPECT_EQ(us, best->cost_us);
+}
+
+TEST(Tuner, ChoiceIsTheCheapestCandidate) {
+  const TuneModel net = make_tune_model(0, true, {2.0, 5.0}, {20.0, 1.25}, 5.0);
+  for (int n : {2, 3, 7, 8, 64, 1000, 16384}) {
+    for (TuneModel t : {fast(n), slow_steps(n), net}) {
+      t.nranks = n;
+      for (OpKind kind : {OpKind::AllReduce, OpKind::Broadcast, OpKind::Reduce, OpKind::AllGather,
+                          OpKind::ReduceScatter, OpKind::AlltoAll, OpKind::Gather, OpKind::Send})
+        for (size_t bytes = 4; bytes <= (size_t{1} << 30); bytes *= 8) expect_choice_agrees(t, op_of(kind, n, bytes));
+    }
+  }
+}
+
+TEST(Tuner, CandidatesFollowForcing) {
+  ScopedEnv e("MESHCCL_ALGO", "allreduce:ring");
+  const OpDesc op = op_of(OpKind::AllReduce, 8, 8);
+  int allowed = 0;
+  for (const Candidate& c : estimate_candidates(fast(8), op)) {
+    EXPECT_EQ(c.allowed, std::string(c.algorithm->name) == "ring") << c.algorithm->name;
+    allowed += c.allowed;
+  }
+  EXPECT_EQ(allowed, 1);
+  expect_choice_agrees(fast(8), op);
+}
+
+// A described cluster's model: its rank count, and network links as soon as
+// two ranks are on different hosts.
+TEST(Tuner, ModelOfAGraph) {
+  SystemGraph g;
+  g.hosts.resize(2);
+  g.ranks.resize(4);
+  TuneModel t = tune_model_for(g, {1, 10}, {30, 2}, 7);
+  EXPECT_EQ(t.nranks, 4);
+  EXPECT_FALSE(t.network);
+  EXPECT_EQ(t.link().bw_gbs, 10);
+  g.ranks[3].host = 1;
+  t = tune_model_for(g, {1, 10}, {30, 2}, 7);
+  EXPECT_TRUE(t.network);
+  EXPECT_EQ(t.link().alpha_us, 30);
+  EXPECT_EQ(t.reduce_gbs, 7);
 }
 
 }  // namespace
