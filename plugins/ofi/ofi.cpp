@@ -182,7 +182,9 @@ meshccl_tresult_t do_init(const meshccl_transport_host_v1_t* host, void** out) {
   ctx->pid = static_cast<int32_t>(::getpid());
   meshccl_tresult_t r = pick_info(ctx.get());
   if (r == MESHCCL_T_SUCCESS) r = open_endpoint(ctx.get());
-  uint64_t limit = 1ull << 30;
+  // shm copies a whole posted receive in one progress call: 1 MiB pieces keep
+  // a poll short. Network providers are fastest with one message per payload.
+  uint64_t limit = ctx->host_only ? kDefaultShmMaxMsg : kDefaultMaxMsg;
   if (r == MESHCCL_T_SUCCESS) r = param_size(host, "MESHCCL_OFI_MAX_MSG", 1024, 1ull << 40, &limit);
   if (r != MESHCCL_T_SUCCESS) {
     close_fabric(ctx.get());

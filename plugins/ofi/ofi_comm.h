@@ -81,6 +81,8 @@ struct Hello {
 
 // Header of every message. kBye: the sender closed; messages with a sequence
 // number from `complete_below` on were not (fully) sent and never complete.
+// The same header is the receiver's close notice on the back channel: it
+// holds every message below `complete_below` whole.
 enum : uint32_t { kFlagBye = 1 };
 struct WireHdr {
   uint64_t tag;
@@ -93,6 +95,9 @@ constexpr size_t kBufBytes = 4096;
 constexpr size_t kInline = kBufBytes - sizeof(WireHdr);  // payload carried in the header
 static_assert(sizeof(Hello) <= kBufBytes);
 constexpr int kHdrWindow = 8;  // header receives kept posted per connection
+constexpr uint32_t kChunkWindow = 8;  // payload chunk receives posted per message at a time
+constexpr uint64_t kDefaultMaxMsg = 1ull << 30;     // MESHCCL_OFI_MAX_MSG, network providers
+constexpr uint64_t kDefaultShmMaxMsg = 1ull << 20;  // and shm
 
 // One or more libfabric operations sharing a completion context.
 struct Op {
@@ -195,6 +200,7 @@ struct SendComm {
   Request* hello = nullptr;  // the hello, until libfabric reports it sent
   Request* back = nullptr;   // receive for the receiver's notices
   meshccl_tresult_t broken = MESHCCL_T_SUCCESS;
+  uint64_t delivered_below = 0;  // the receiver closed holding every message before this one
   PeerWatch watch;
 };
 
