@@ -185,7 +185,9 @@ meshccl_tresult_t do_init(const meshccl_transport_host_v1_t* host, void** out) {
   // shm copies a whole posted receive in one progress call: 1 MiB pieces keep
   // a poll short. Network providers are fastest with one message per payload.
   uint64_t limit = ctx->host_only ? kDefaultShmMaxMsg : kDefaultMaxMsg;
-  if (r == MESHCCL_T_SUCCESS) r = param_size(host, "MESHCCL_OFI_MAX_MSG", 1024, 1ull << 40, &limit);
+  const char* max_msg = param_str(host, "MESHCCL_OFI_MAX_MSG");  // "" = the registry's unset
+  if (r == MESHCCL_T_SUCCESS && max_msg != nullptr && *max_msg != 0)
+    r = param_size(host, "MESHCCL_OFI_MAX_MSG", 1024, 1ull << 40, &limit);
   if (r != MESHCCL_T_SUCCESS) {
     close_fabric(ctx.get());
     return r;
