@@ -4,12 +4,17 @@
 // wrong element. Uses only the public API.
 //
 //   cluster_ranks [--quick]
+//   cluster_ranks --die R   rank R SIGKILLs itself after one collective; the
+//                           others run allreduces until one fails and print
+//                           "rank N saw the dead peer after S s: <error>"
 //
 // Prints one line "rank R host NETNS local L/S ok N checks" and exits 0, or
 // prints what failed and exits 1. --quick runs one size per collective.
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -260,7 +265,39 @@ std::string netns_name() {
 
 }  // namespace
 
+// A peer dies in the middle of a job: every survivor's next collective fails
+// with an error naming the cause, within MESHCCL_TIMEOUT, instead of hanging.
+int dead_peer(ncclComm_t comm, int victim) {
+  std::vector<float> buf(1 << 18, 1.0f);
+  NCCL_OK(ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comm, nullptr));
+  if (g_rank == victim) {
+    std::fflush(stdout);
+    raise(SIGKILL);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  double took = 0;
+  for (long i = 0; i < 10'000'000 && took < 900; ++i) {
+    ncclResult_t r = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat32, ncclSum, comm, nullptr);
+    took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r != ncclSuccess) {
+      std::printf("rank %d saw the dead peer after %.1f s: %s: %s\n", g_rank, took, ncclGetErrorString(r),
+                  ncclGetLastError(comm));
+      ncclCommAbort(comm);
+      return 0;
+    }
+  }
+  std::printf("rank %d: no error %.0f s after rank %d died\n", g_rank, took, victim);
+  return 1;
+}
+
 int main(int argc, char** argv) {
+  if (argc > 2 && std::strcmp(argv[1], "--die") == 0) {
+    ncclComm_t comm = nullptr;
+    NCCL_OK(meshcclCommInitFromEnv(&comm, nullptr));
+    int local = 0;
+    NCCL_OK(meshcclGetLaunchInfo(&g_rank, &g_n, &local));
+    return dead_peer(comm, std::atoi(argv[2]));
+  }
   bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   ncclComm_t comm = nullptr;
   NCCL_OK(meshcclCommInitFromEnv(&comm, nullptr));

@@ -5,11 +5,14 @@
 # layouts 2x1, 2x2 (round-robin and blocked), 3+1, 3x1 and 2+1+1, checking
 # which transport each pair of ranks uses. Skips (exit 77) with the reason
 # where network namespaces cannot be made.
-#   cluster_test.sh <scripts/cluster> <meshrun> <cluster_ranks>
+# With the ofi plugin built, the same over libfabric (MESHCCL_TRANSPORT=ofi,
+# tcp provider) and a rank killed mid-job.
+#   cluster_test.sh <scripts/cluster> <meshrun> <cluster_ranks> [<ofi plugin>|none]
 set -u
 cluster=$1
 meshrun=$2
 ranks=$3
+ofi=${4:-none}
 
 if ! why=$("$cluster" check 2>&1); then
   echo "SKIP: no emulated cluster here: ${why:-scripts/cluster check failed without saying why}" | head -1
@@ -134,6 +137,33 @@ check "meshrun on a cluster that is not up fails" eval '! run "$meshrun" --clust
 check "  saying so" has "cluster '$c' is not up"
 check "--ranks-per-host too small for -n fails" eval '! run "$meshrun" --cluster "$a" -n 5 --ranks-per-host 2 true'
 check "  saying so" has "does not fit on 2 host"
+
+# ---- ofi ------------------------------------------------------------------
+# Every collective with every pair of ranks on the libfabric plugin (tcp
+# provider, also between ranks of one host), then a rank SIGKILLed mid-job:
+# each survivor's next collective fails within MESHCCL_TIMEOUT, saying why.
+if [ "$ofi" != none ] && [ -e "$ofi" ]; then
+  export MESHCCL_TRANSPORT=ofi FI_PROVIDER=tcp
+  export MESHCCL_DEBUG=INFO MESHCCL_DEBUG_SUBSYS=INIT,NET
+  check "ofi 2x1: every collective across 2 hosts" job "$a" 2
+  unset MESHCCL_DEBUG MESHCCL_DEBUG_SUBSYS
+  check "  rank 0 <-> rank 1 via ofi" has "\[0\] .*rank 0 <-> rank 1 via ofi"
+  check "  the tcp provider on eth0" has "\[0\] .*ofi: ofi:tcp;ofi_rxm:eth0"
+  check "ofi 2x2 round-robin: 2 ranks per host" job "$a" 4
+  check "ofi 2+1+1: 4 ranks on 3 shaped hosts" job "$b" 4
+  dead() {
+    MESHCCL_TIMEOUT=15 timeout 120 "$meshrun" --keep-going --cluster "$b" -n 3 --timeout 100 "$ranks" --die 1 >"$out" 2>&1
+    local s0 s2
+    s0=$(sed -n 's/^\[0\] rank 0 saw the dead peer after \([0-9.]*\) s: .*/\1/p' "$out")
+    s2=$(sed -n 's/^\[2\] rank 2 saw the dead peer after \([0-9.]*\) s: .*/\1/p' "$out")
+    [ -n "$s0" ] && [ -n "$s2" ] && awk -v a="$s0" -v b="$s2" 'BEGIN { exit !(a <= 20 && b <= 20) }'
+  }
+  check "ofi: rank 1 killed, ranks 0 and 2 fail within MESHCCL_TIMEOUT=15 s (+5)" dead
+  check "  with a remote error" has "saw the dead peer .*remote process exited or there was a network error"
+  unset MESHCCL_TRANSPORT FI_PROVIDER
+else
+  echo "skip ofi: the ofi plugin is not built (libfabric was not found at configure time)"
+fi
 
 # ---- bench ----------------------------------------------------------------
 # Behaviour only: every figure is there and the 1 Gbit/s shaping holds (tbf

@@ -1,7 +1,10 @@
 // transport_pingpong: latency and bandwidth of the built-in transports
 // between two forked processes.
 //
-//   transport_pingpong [shm|socket|all] [--quick]
+//   transport_pingpong [shm|socket|ofi|ucx|all] [--quick]
+//
+// Loadable transports (ofi, ucx) come from $MESHCCL_TEST_PLUGIN_DIR, as in
+// the contract suite; "all" runs the built-in ones.
 //
 // Overhead: an 8-byte send and receive polled by one thread (the code path's
 // own cost). Latency: 8-byte ping-pong, half the round trip. Bandwidth: the parent
@@ -185,7 +188,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     else if (argv[i][0] != '-') which = argv[i];
     else {
-      std::fprintf(stderr, "usage: %s [shm|socket|all] [--quick]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [shm|socket|ofi|ucx|all] [--quick]\n", argv[0]);
       return 2;
     }
   }
@@ -196,6 +199,15 @@ int main(int argc, char** argv) {
   plan.bw = {{1u << 20, 25 * f}, {16u << 20, 4 * f}, {64u << 20, 1 * f}};
   std::printf("%-8s %-10s %10s %8s  %s\n", "#", "test", "size", "msgs", "result");
   bool ok = true;
+  if (which != "all" && which != "shm" && which != "socket") {
+    std::string why;
+    const meshccl_transport_v1_t* t = load_transport(which, &why);
+    if (t == nullptr) {
+      std::fprintf(stderr, "%s\n", why.c_str());
+      return 2;
+    }
+    return run(t, plan) ? 0 : 1;
+  }
   for (const meshccl_transport_v1_t* t : {&meshccl_transport_shm, &meshccl_transport_socket}) {
     if (which != "all" && which != t->name) continue;
     ok = run(t, plan) && ok;
