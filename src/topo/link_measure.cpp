@@ -297,8 +297,9 @@ Status tune_init(int rank, Bootstrap& bs, Mesh& mesh, Engine& engine, const std:
     std::string consts;
     for (int f = 0; f < kFields; ++f) {
       char buf[96];
+      const bool derived = source[f] == kUnknown && kFallback[f] == 0;
       std::snprintf(buf, sizeof(buf), "%s%s %.3g %s (%s)", f ? ", " : "", kFieldName[f], agreed[f],
-                    is_alpha(f) ? "us" : "GB/s", kSourceName[source[f]]);
+                    is_alpha(f) ? "us" : "GB/s", derived ? "from the same-NUMA figure" : kSourceName[source[f]]);
       consts += buf;
     }
     MC_INFO(kTune, "cost model on %d ranks, %d host(s), %s links: %s", n, out->hosts(),
