@@ -165,8 +165,9 @@ TEST(HierRankMath, SharesCoverEveryHostRank) {
         prev = o;
       }
       for (int c : owned) EXPECT_GE(c, 1) << k << " of " << widest;
-      if (k == widest)
+      if (k == widest) {
         for (int j = 0; j < widest; ++j) EXPECT_EQ(share_owner(k, widest, j), j);
+      }
     }
 }
 
