@@ -125,6 +125,19 @@ check "  rank 0 on h2, rank 1 on h0" eval 'on 0 h2 0/1 && on 1 h0 0/1'
 check "--hosts with namespace names, no --cluster" job "$b" 2 --hosts "mcc-$b-h1,mcc-$b-h2"
 check "  rank 0 on h1, rank 1 on h2" eval 'on 0 h1 0/1 && on 1 h2 0/1'
 
+# The hierarchical algorithms forced, across real hosts: even, uneven, wide.
+export MESHCCL_ALGO="allreduce:hier;allgather:hier;reducescatter:hier;broadcast:hier;reduce:hier"
+check "hier 2x2: hierarchical collectives, 2 ranks per host" job "$a" 4 --ranks-per-host 2
+check "hier 3+1: uneven hosts" job "$a" 4 --ranks-per-host 3
+check "hier 2+1+1: 3 shaped hosts" job "$b" 4
+check "hier 2x4: 4 ranks per host" job "$a" 8 --ranks-per-host 4
+unset MESHCCL_ALGO
+export MESHCCL_DEBUG=INFO MESHCCL_DEBUG_SUBSYS=TUNE
+check "2x2 tuned: every candidate's prediction is logged" job "$a" 4 --ranks-per-host 2
+unset MESHCCL_DEBUG MESHCCL_DEBUG_SUBSYS
+check "  hier among the AllReduce candidates" has "AllReduce: .* -> algorithm [a-z_]+, estimated .*\(ring [0-9.]+, tree [0-9.]+, halving_doubling [0-9.]+, hier [0-9.]+"
+check "  the cost model knows the 2 hosts" has "cost model on 4 ranks, 2 host\(s\), network links"
+
 check "ranks see their namespace's devices in /sys" run "$meshrun" --cluster "$a" -n 2 sh -c 'echo net: $(ls /sys/class/net)'
 check "  eth0 and lo only" eval 'has "^\[0\] net: eth0 lo$" && has "^\[1\] net: eth0 lo$"'
 check "--bind core with --cluster" job "$a" 2 --bind core --report-bindings

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <vector>
 #include <cstdlib>
 #include <string>
 
@@ -54,16 +55,31 @@ std::string pick(const TuneModel& t, OpKind kind, int nranks, size_t bytes) {
 
 // Shared memory with a cheap step, or one where a step costs a context switch.
 TuneModel fast(int n) { return make_tune_model(n, false, {1.0, 10.0}, {20.0, 1.25}, 10.0); }
+// n ranks on `hosts` hosts, blocked (ranks 0..n/hosts-1 on host 0, ...) or
+// round-robin, with a network between them.
+TuneModel across_hosts(int n, int hosts, bool blocked) {
+  std::vector<int> host(static_cast<size_t>(n));
+  const int per = (n + hosts - 1) / hosts;
+  for (int r = 0; r < n; ++r) host[r] = blocked ? r / per : r % hosts;
+  return with_hosts(make_tune_model(n, hosts > 1 && n > 1, {1.0, 10.0}, {20.0, 1.25}, 10.0), host);
+}
 TuneModel slow_steps(int n) { return make_tune_model(n, false, {200.0, 2.0}, {20.0, 1.25}, 10.0); }
 
 TEST(Tuner, EveryEstimateIsFiniteAndGrowsWithSize) {
   for (int n : {1, 2, 3, 5, 8, 64}) {
     for (const Algorithm& a : algorithm_table()) {
       if (a.cost == nullptr) continue;  // not chosen by cost (direct_shm)
+      // The hierarchical algorithms need hosts: ranks on 2 (n = 1: one).
+      const bool hier = std::string(a.name) == "hier";
+      const TuneModel m = hier ? across_hosts(n, 2, true) : fast(n);
       double prev = -1;
       for (size_t bytes = 4; bytes <= (size_t{1} << 30); bytes *= 4) {
         const OpDesc op = op_of(a.kind, n, bytes);
-        const double c = a.cost(BuildCtx::whole(fast(n), op), op);
+        const double c = a.cost(BuildCtx::whole(m, op), op);
+        if (hier && n == 1) {
+          EXPECT_TRUE(std::isinf(c)) << "hier on one host";
+          continue;
+        }
         EXPECT_TRUE(std::isfinite(c) && c >= 0) << a.name << " n=" << n;
         EXPECT_GE(c, prev) << a.name << " n=" << n << " bytes=" << bytes;
         prev = c;
@@ -139,13 +155,36 @@ TEST(Tuner, ForcedByEnvironment) {
 TEST(Tuner, BadForcingIsInvalidUsage) {
   const TuneModel t = fast(4);
   const Algorithm* a = nullptr;
-  for (const char* spec : {"allgather:tree", "nosuchalgo", "allreduce:ring;tree", "broadcast:^chain,tree,direct_shm"}) {
+  for (const char* spec : {"allgather:tree", "nosuchalgo", "allreduce:ring;tree", "broadcast:^chain,tree,direct_shm,hier"}) {
     ScopedEnv e("MESHCCL_ALGO", spec);
     OpKind kind = std::string(spec).rfind("broadcast", 0) == 0 ? OpKind::Broadcast
                   : std::string(spec).rfind("allgather", 0) == 0 ? OpKind::AllGather
                                                                  : OpKind::AllReduce;
     EXPECT_EQ(choose_algorithm(t, op_of(kind, 4, 64), &a).code(), ncclInvalidUsage) << spec;
   }
+}
+
+TEST(Tuner, HierarchicalAcrossHostsOnly) {
+  // One host: never hierarchical, even when forced (the cheapest plan runs).
+  for (OpKind kind : {OpKind::AllReduce, OpKind::AllGather, OpKind::ReduceScatter, OpKind::Broadcast, OpKind::Reduce})
+    EXPECT_NE(pick(fast(4), kind, 4, 64 << 20), "hier") << op_kind_name(kind);
+  {
+    ScopedEnv e("MESHCCL_ALGO", "allreduce:hier");
+    EXPECT_NE(pick(fast(4), OpKind::AllReduce, 4, 64 << 20), "hier");
+  }
+  // 2 hosts x 4 ranks, shared memory 8x faster than the network: large
+  // operations go hierarchical (each byte crosses the network once).
+  const TuneModel t = across_hosts(8, 2, true);
+  for (OpKind kind : {OpKind::AllReduce, OpKind::AllGather, OpKind::ReduceScatter})
+    EXPECT_EQ(pick(t, kind, 8, 64 << 20), "hier") << op_kind_name(kind);
+}
+
+TEST(Tuner, RingPaysEveryEdgeThatLeavesAHost) {
+  // 2x2: blocked, one ring edge leaves each host; round-robin, two.
+  const OpDesc op = op_of(OpKind::AllReduce, 4, 64 << 20);
+  const TuneModel blocked = across_hosts(4, 2, true), rr = across_hosts(4, 2, false);
+  EXPECT_DOUBLE_EQ(detail::ring_beta(BuildCtx::whole(rr, op)), 2 * detail::ring_beta(BuildCtx::whole(blocked, op)));
+  EXPECT_GT(cost_ring_allreduce(BuildCtx::whole(rr, op), op), 1.9 * cost_ring_allreduce(BuildCtx::whole(blocked, op), op) - 1000);
 }
 
 TEST(Tuner, PlanWhenOnlyDirectIsAllowed) {
