@@ -41,7 +41,8 @@ int open_private_output(const std::string& path, std::string* why) {
   // No O_TRUNC here: a file of another user is refused before it is touched.
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0644);
   if (fd < 0) {
-    *why = errno == ELOOP ? "it is a symbolic link" : std::strerror(errno);
+    // ENXIO: a FIFO nobody reads, or a device without its hardware.
+    *why = errno == ELOOP ? "it is a symbolic link" : errno == ENXIO ? "not a regular file" : std::strerror(errno);
     return -1;
   }
   return checked(fd, false, why);
