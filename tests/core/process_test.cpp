@@ -187,12 +187,17 @@ TEST(ProcessFailure, KilledRankSocket) { killed_rank_case("socket"); }
 TEST(ProcessFailure, AbortFromAnotherThread) {
   set_timeout_env();
   const int n = 2;
-  ncclUniqueId id;
-  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  // The id is made after the fork: forking beside ncclGetUniqueId's thread
+  // can leave the sanitizer's locks held in a child (its aborter thread then
+  // never ran under ASan, one run in several).
+  SharedArray<SharedId> sid(1);
   SharedSlots slots(n);
   auto kids = run_procs(n, kChildDeadline, [&](int rank) {
+    ncclUniqueId id;
+    ncclResult_t res = shared_id(sid, rank, &id);
+    if (res != ncclSuccess) return fail(9, rank, "ncclGetUniqueId", res);
     ncclComm_t comm = nullptr;
-    ncclResult_t res = ncclCommInitRank(&comm, n, id, rank);
+    res = ncclCommInitRank(&comm, n, id, rank);
     if (res != ncclSuccess) return fail(10, rank, "ncclCommInitRank", res);
     if (rank == 1) {
       // Never joins the collective; outlives rank 0's abort.
