@@ -20,6 +20,11 @@ const std::vector<Algorithm>& algorithm_table() {
       {"pairwise", OpKind::AlltoAll, build_pairwise_alltoall, cost_pairwise_alltoall},
       {"direct", OpKind::Gather, build_direct_gather, cost_direct_gather_scatter},
       {"direct", OpKind::Scatter, build_direct_scatter, cost_direct_gather_scatter},
+      {"hier", OpKind::AllReduce, build_hier_allreduce, cost_hier_allreduce},
+      {"hier", OpKind::AllGather, build_hier_allgather, cost_hier_allgather},
+      {"hier", OpKind::ReduceScatter, build_hier_reduce_scatter, cost_hier_reduce_scatter},
+      {"hier", OpKind::Broadcast, build_hier_broadcast, cost_hier_broadcast},
+      {"hier", OpKind::Reduce, build_hier_reduce, cost_hier_reduce},
       {"p2p", OpKind::Send, build_p2p, cost_p2p},
       {"p2p", OpKind::Recv, build_p2p, cost_p2p},
       // Not plans: make_run starts them (direct_shm.cpp).
@@ -50,6 +55,19 @@ size_t chunk_elems(const OpDesc& op, size_t largest_piece, int phases) {
   const size_t max_chunks = size_t{kControlTag} / static_cast<size_t>(phases > 0 ? phases : 1);
   if (largest_piece / ce >= max_chunks) ce = largest_piece / max_chunks + 1;
   return ce;
+}
+
+double ring_beta(const BuildCtx& ctx) {
+  const TuneModel& t = ctx.model;
+  if (!t.network || t.host.empty()) return t.beta();
+  std::vector<int> out(static_cast<size_t>(t.hosts()), 0);
+  int most = 1;
+  for (int i = 0; i < ctx.nranks; ++i) {
+    const int a = ctx.ranks != nullptr ? ctx.ranks[i] : i;
+    const int b = ctx.ranks != nullptr ? ctx.ranks[(i + 1) % ctx.nranks] : (i + 1) % ctx.nranks;
+    if (t.host_of(a) != t.host_of(b)) most = std::max(most, ++out[static_cast<size_t>(t.host_of(a))]);
+  }
+  return t.beta() * most;
 }
 
 }  // namespace detail

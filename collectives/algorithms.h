@@ -54,6 +54,17 @@ struct Algorithm {
 // Every algorithm, one entry per (name, collective).
 const std::vector<Algorithm>& algorithm_table();
 
+// One plan algorithm's prediction for an operation.
+struct Candidate {
+  const Algorithm* algorithm;
+  double cost_us;  // estimated microseconds; +infinity where it does not apply
+  bool allowed;    // by MESHCCL_ALGO / NCCL_ALGO
+};
+// Every plan algorithm for op.kind, in table order, with its estimate under
+// tune: a pure function of the model and the operation (and the MESHCCL_ALGO
+// rule, for `allowed`). choose_algorithm picks from it; so do the tuner's log
+// and tools/meshccl_sim.
+std::vector<Candidate> estimate_candidates(const TuneModel& tune, const OpDesc& op);
 // The algorithm for op among the plans: among those MESHCCL_ALGO / NCCL_ALGO
 // allows, the one with the lowest estimated cost (ties: the earlier table
 // entry). *cost_us (optional) receives its estimate.
@@ -101,6 +112,12 @@ Status build_tree_allreduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
 Status build_tree_broadcast(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
 Status build_tree_reduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
 Status build_halving_doubling_allreduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
+// Hierarchical algorithms for groups spanning hosts (hier_*.cpp).
+Status build_hier_allreduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
+Status build_hier_allgather(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
+Status build_hier_reduce_scatter(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
+Status build_hier_broadcast(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
+Status build_hier_reduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
 
 // Cost functions, next to their builders.
 double cost_p2p(const BuildCtx& ctx, const OpDesc& op);
@@ -115,6 +132,12 @@ double cost_tree_allreduce(const BuildCtx& ctx, const OpDesc& op);
 double cost_tree_broadcast(const BuildCtx& ctx, const OpDesc& op);
 double cost_tree_reduce(const BuildCtx& ctx, const OpDesc& op);
 double cost_halving_doubling_allreduce(const BuildCtx& ctx, const OpDesc& op);
+// +infinity on a group within one host.
+double cost_hier_allreduce(const BuildCtx& ctx, const OpDesc& op);
+double cost_hier_allgather(const BuildCtx& ctx, const OpDesc& op);
+double cost_hier_reduce_scatter(const BuildCtx& ctx, const OpDesc& op);
+double cost_hier_broadcast(const BuildCtx& ctx, const OpDesc& op);
+double cost_hier_reduce(const BuildCtx& ctx, const OpDesc& op);
 
 // Adds the signature check to a collective's plan where it applies (every
 // collective with MESHCCL_CHECKS, large ones always); see signature_check.cpp.
@@ -140,6 +163,9 @@ inline const char* at(const void* base, size_t elems, size_t es) { return static
 // Bytes of the first chunk of a piece: what a pipeline must carry across each
 // hop before its last stage starts (the fill of the pipeline).
 inline double first_chunk(const OpDesc& op, double piece) { return std::min(static_cast<double>(op.chunk_bytes), piece); }
+// Microseconds per byte a ring over ctx's group moves through its busiest
+// link: on a network, a host link carries every ring edge that leaves the host.
+double ring_beta(const BuildCtx& ctx);
 }  // namespace detail
 
 }  // namespace meshccl

@@ -106,4 +106,22 @@ TreeLinks rooted_at_0(int n, int rank, int t) { return rooted_double_tree(n, 0, 
 TreeLoad double_tree_load(int n) { return load_of(n, binary_tree_depth(n), double_tree); }
 TreeLoad rooted_double_tree_load(int n) { return load_of(n, rooted_tree_depth(n), rooted_at_0); }
 
+HostGroups host_groups(const std::vector<int>& host_id) {
+  HostGroups g;
+  std::vector<int> ids;
+  for (size_t p = 0; p < host_id.size(); ++p) {
+    size_t h = 0;
+    while (h < ids.size() && ids[h] != host_id[p]) ++h;
+    if (h == ids.size()) {
+      ids.push_back(host_id[p]);
+      g.members.emplace_back();
+    }
+    g.host.push_back(static_cast<int>(h));
+    g.local.push_back(static_cast<int>(g.members[h].size()));
+    g.members[h].push_back(static_cast<int>(p));
+    g.widest = std::max(g.widest, static_cast<int>(g.members[h].size()));
+  }
+  return g;
+}
+
 }  // namespace meshccl

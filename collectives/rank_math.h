@@ -3,6 +3,8 @@
 // tests can check it exhaustively.
 #pragma once
 
+#include <vector>
+
 namespace meshccl {
 
 struct TreeLinks {
@@ -48,5 +50,20 @@ int hd_pof2(int n);
 int hd_newrank(int n, int rank);    // -1 for a rank that sits out
 int hd_rank_of(int n, int newrank); // the old rank working as newrank
 int hd_first(int n, int newrank);   // first old rank newrank stands for; hd_first(n, p2) == n
+
+// Hierarchical algorithms: the ranks of a group by host. Hosts are numbered
+// in order of their lowest position, positions ascend within a host.
+struct HostGroups {
+  std::vector<std::vector<int>> members;  // positions on each host
+  std::vector<int> host;                  // host of each position
+  std::vector<int> local;                 // index of each position on its host
+  int widest = 0;                         // most positions on one host
+};
+// host_id[p]: any id of the host of position p (equal ids, same host).
+HostGroups host_groups(const std::vector<int>& host_id);
+// The local index, on a host of local_size ranks, of the rank that owns share
+// j of `shares` (shares = the widest host's size): contiguous runs of shares,
+// every local rank owning at least one when local_size <= shares.
+inline int share_owner(int local_size, int shares, int j) { return static_cast<int>(static_cast<long long>(j) * local_size / shares); }
 
 }  // namespace meshccl

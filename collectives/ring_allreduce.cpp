@@ -109,7 +109,7 @@ double cost_ring_allreduce(const BuildCtx& ctx, const OpDesc& op) {
   const TuneModel& t = ctx.model;
   const double p = ctx.nranks, bytes = static_cast<double>(op.count * op.elem());
   if (ctx.nranks == 1) return 0;
-  return 2 * (p - 1) * t.alpha() + 2 * (p - 1) / p * bytes * t.beta() + (p - 1) / p * bytes * t.gamma();
+  return 2 * (p - 1) * t.alpha() + 2 * (p - 1) / p * bytes * detail::ring_beta(ctx) + (p - 1) / p * bytes * t.gamma();
 }
 
 }  // namespace meshccl

@@ -9,6 +9,7 @@
 // taken first when allowed and the operation fits its slots (make_run).
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <string>
 
@@ -67,39 +68,45 @@ bool algorithm_forced(OpKind kind, const char* name) {
   return r.status.ok() && !r.exclude && std::find(r.names.begin(), r.names.end(), name) != r.names.end();
 }
 
-Status choose_algorithm(const TuneModel& tune, const OpDesc& op, const Algorithm** out, double* cost_us) {
+std::vector<Candidate> estimate_candidates(const TuneModel& tune, const OpDesc& op) {
   const BuildCtx ctx = BuildCtx::whole(tune, op);
   const Rule& rule = rule_of(op.kind);
-  MC_TRY(rule.status);
-  const std::vector<std::string>& names = rule.names;
-  const bool exclude = rule.exclude;
-  // The cheapest plan the rule allows; if it allows only algorithms that are
-  // not plans (direct_shm, which could not take this op), the cheapest plan.
-  const Algorithm* best = nullptr;
-  const Algorithm* best_any = nullptr;
-  double best_cost = 0, best_any_cost = 0;
-  bool any_allowed = false;
+  std::vector<Candidate> out;
   for (const Algorithm& a : algorithm_table()) {
-    if (a.kind != op.kind) continue;
-    const bool ok = allowed_by(names, exclude, a.name);
-    any_allowed |= ok;
-    if (a.build == nullptr || a.cost == nullptr) continue;
-    const double c = a.cost(ctx, op);
-    if (best_any == nullptr || c < best_any_cost) best_any = &a, best_any_cost = c;
-    if (ok && (best == nullptr || c < best_cost)) best = &a, best_cost = c;
+    if (a.kind != op.kind || a.build == nullptr || a.cost == nullptr) continue;
+    out.push_back({&a, a.cost(ctx, op), rule.status.ok() && allowed_by(rule.names, rule.exclude, a.name)});
   }
+  return out;
+}
+
+Status choose_algorithm(const TuneModel& tune, const OpDesc& op, const Algorithm** out, double* cost_us) {
+  const Rule& rule = rule_of(op.kind);
+  MC_TRY(rule.status);
+  bool any_allowed = false;  // algorithms that are not plans (direct_shm) count
+  for (const Algorithm& a : algorithm_table())
+    any_allowed |= a.kind == op.kind && allowed_by(rule.names, rule.exclude, a.name);
   if (!any_allowed)
     return MC_ERROR(ncclInvalidUsage, "MESHCCL_ALGO=\"%s\" leaves no algorithm for %s", param_str(Param::Algo).c_str(),
                     op_kind_name(op.kind));
+  // The cheapest plan the rule allows (ties: the earlier entry); if it allows
+  // only algorithms that are not plans (direct_shm, which could not take this
+  // op), the cheapest plan.
+  const Candidate* best = nullptr;
+  const Candidate* best_any = nullptr;
+  const std::vector<Candidate> all = estimate_candidates(tune, op);
+  for (const Candidate& c : all) {
+    if (!std::isfinite(c.cost_us)) continue;  // does not apply here
+    if (best_any == nullptr || c.cost_us < best_any->cost_us) best_any = &c;
+    if (c.allowed && (best == nullptr || c.cost_us < best->cost_us)) best = &c;
+  }
   if (best == nullptr) {
     if (best_any == nullptr) return MC_ERROR(ncclInternalError, "no algorithm for %s", op_kind_name(op.kind));
     MC_INFO(kTune, "%s: the algorithm MESHCCL_ALGO allows cannot run %zu elements here; using %s",
-            op_kind_name(op.kind), op.count, best_any->name);
+            op_kind_name(op.kind), op.count, best_any->algorithm->name);
     best = best_any;
-    best_cost = best_any_cost;
   }
-  *out = best;
-  if (cost_us != nullptr) *cost_us = best_cost;
+  *out = best->algorithm;
+  if (cost_us != nullptr) *cost_us = best->cost_us;
   return kOk;
 }
 
@@ -125,10 +132,9 @@ Status make_plan(const TuneModel& tune, const OpDesc& op, std::unique_ptr<Plan>*
   if (log_enabled(LogLevel::Info, kTune)) {
     // Every candidate's estimate, so that a surprising pick can be explained.
     std::string all;
-    for (const Algorithm& a : algorithm_table()) {
-      if (a.kind != op.kind || a.cost == nullptr) continue;
+    for (const Candidate& c : estimate_candidates(tune, op)) {
       char buf[96];
-      std::snprintf(buf, sizeof(buf), "%s%s %.1f", all.empty() ? "" : ", ", a.name, a.cost(BuildCtx::whole(tune, op), op));
+      std::snprintf(buf, sizeof(buf), "%s%s %.1f", all.empty() ? "" : ", ", c.algorithm->name, c.cost_us);
       all += buf;
     }
     MC_INFO(kTune, "%s: %zu elements of %s -> algorithm %s, estimated %.1f us (%s; %zu steps%s)",

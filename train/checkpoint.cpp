@@ -147,6 +147,20 @@ void check_dir_usable(const std::string& dir, int rank) {
   fs::create_directories(dir, ec);
   if (ec) throw CheckpointError("--ckpt-dir " + dir + " cannot be created: " + ec.message());
   if (!fs::is_directory(dir, ec)) throw CheckpointError("--ckpt-dir " + dir + " is not a directory");
+  // Resuming loads what the directory holds: another user able to write there
+  // could plant shards or `latest`.
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) throw CheckpointError("cannot stat --ckpt-dir " + dir + ": " + os_reason(errno));
+  if (st.st_uid != ::geteuid()) {
+    throw CheckpointError("--ckpt-dir " + dir + " belongs to uid " + std::to_string(st.st_uid) +
+                          ", not to this user: checkpoints are kept only in a directory of one's own");
+  }
+  if ((st.st_mode & S_IWOTH) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    throw CheckpointError("--ckpt-dir " + dir + " is writable by other users (mode " + mode +
+                          "): remove that right (chmod o-w) or choose another directory");
+  }
   const std::string probe = (fs::path(dir) / (".write_test_" + rank_file_name(rank))).string();
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {

@@ -1,5 +1,6 @@
 #include "plugins/common/msg_engine.h"
 
+#include <cstdint>
 #include <cstdlib>
 
 namespace meshccl::plugin {
@@ -46,6 +47,7 @@ BufferPool::Buf BufferPool::get(size_t n) {
     cached_ -= b.cap;
     return b;
   }
+  if (n > SIZE_MAX - kBigGranule) return {};  // a size no allocation can have (from a peer's header)
   size_t cap = (n + kBigGranule - 1) / kBigGranule * kBigGranule;
   return {std::malloc(cap), cap};
 }

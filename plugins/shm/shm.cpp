@@ -18,7 +18,10 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <utility>
 #include <new>
 
 #include "plugins/builtin.h"
@@ -26,13 +29,43 @@
 #include "plugins/shm/shm_comm.h"
 
 namespace meshccl::plugin::shm {
+
+const char* check_handle(const void* bytes, Handle* h) {
+  std::memcpy(h, bytes, sizeof(*h));
+  if (h->magic != kHandleMagic) return "the handle is not an shm handle";
+  if (h->size < sizeof(Segment) + kMinRing || h->size > sizeof(Segment) + kMaxRing ||
+      (h->size - sizeof(Segment)) % kLine != 0)
+    return "the handle names a segment of an impossible size";
+  if (h->pid <= 0 || h->fd < 0) return "the handle names no process or no descriptor";
+  return nullptr;
+}
+
+namespace {
+std::mutex g_local_mu;
+std::map<std::pair<uint64_t, uint32_t>, std::pair<uint64_t, uint64_t>> g_local_rdv;  // (nonce, slot) -> (addr, size)
+}  // namespace
+
+void local_rdv_add(uint64_t nonce, uint32_t slot, uint64_t addr, uint64_t size) {
+  std::lock_guard<std::mutex> lock(g_local_mu);
+  g_local_rdv[{nonce, slot}] = {addr, size};
+}
+
+void local_rdv_remove(uint64_t nonce, uint32_t slot) {
+  std::lock_guard<std::mutex> lock(g_local_mu);
+  g_local_rdv.erase({nonce, slot});
+}
+
+bool local_rdv_check(uint64_t nonce, uint32_t slot, uint64_t addr, uint64_t size) {
+  std::lock_guard<std::mutex> lock(g_local_mu);
+  auto it = g_local_rdv.find({nonce, slot});
+  return it != g_local_rdv.end() && it->second.first == addr && it->second.second == size;
+}
+
 namespace {
 
 constexpr uint64_t kDefaultRing = 1u << 20;
 constexpr uint64_t kDefaultEager = 64u << 10;
 constexpr uint64_t kCopyChunk = 1u << 20;
-constexpr uint64_t kMinRing = 64u << 10;
-constexpr uint64_t kMaxRing = 1u << 30;
 
 struct ListenComm {
   uint32_t magic = kListenMagic;
@@ -40,6 +73,7 @@ struct ListenComm {
   int fd = -1;
   Segment* seg = nullptr;
   size_t map_bytes = 0;
+  uint64_t nonce = 0;
   bool accepted = false;
 };
 
@@ -116,6 +150,7 @@ meshccl_tresult_t do_listen(Ctx* ctx, void* handle, void** listen_comm) {
   lc->fd = fd;
   lc->seg = seg;
   lc->map_bytes = total;
+  lc->nonce = seg->hdr.nonce;
   Handle h{kHandleMagic, ctx->pid, fd, total, seg->hdr.nonce};
   std::memset(handle, 0, MESHCCL_TRANSPORT_HANDLE_BYTES);
   std::memcpy(handle, &h, sizeof(h));
@@ -126,10 +161,7 @@ meshccl_tresult_t do_listen(Ctx* ctx, void* handle, void** listen_comm) {
 meshccl_tresult_t do_connect(Ctx* ctx, const void* handle, void** send_comm) {
   const meshccl_transport_host_v1_t* host = ctx->host;
   Handle h;
-  std::memcpy(&h, handle, sizeof(h));
-  if (h.magic != kHandleMagic) return g_check.misuse(host, "connect", "the handle is not an shm handle");
-  if (h.size < sizeof(Segment) + kMinRing || h.size > sizeof(Segment) + kMaxRing)
-    return g_check.misuse(host, "connect", "the handle names a segment of an impossible size");
+  if (const char* why = check_handle(handle, &h)) return g_check.misuse(host, "connect", why);
   char path[64];
   std::snprintf(path, sizeof(path), "/proc/%d/fd/%d", h.pid, h.fd);
   int fd = open(path, O_RDWR | O_CLOEXEC | O_NONBLOCK);
@@ -169,6 +201,7 @@ meshccl_tresult_t do_connect(Ctx* ctx, const void* handle, void** send_comm) {
   c->ctx = ctx;
   c->seg = seg;
   c->map_bytes = h.size;
+  c->nonce = h.nonce;
   c->ring = seg->ring();
   c->cap = seg->hdr.ring_bytes;
   c->eager = std::min<uint64_t>(ctx->eager, c->cap / 4 - sizeof(RecHdr));
@@ -189,6 +222,7 @@ meshccl_tresult_t do_accept(ListenComm* lc, void** recv_comm) {
   c->ctx = lc->ctx;
   c->seg = seg;
   c->map_bytes = lc->map_bytes;
+  c->nonce = lc->nonce;
   c->ring = seg->ring();
   c->cap = seg->hdr.ring_bytes;
   c->peer_pid = seg->hdr.sender_pid.load(std::memory_order_relaxed);

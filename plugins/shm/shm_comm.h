@@ -90,6 +90,7 @@ struct SendComm {
   Ctx* ctx = nullptr;
   Segment* seg = nullptr;
   size_t map_bytes = 0;
+  uint64_t nonce = 0;  // the segment's, from the handle
   unsigned char* ring = nullptr;
   uint64_t cap = 0;
   // Our eager limit, capped by the receiver's ring (its size is the
@@ -113,6 +114,7 @@ struct RecvComm {
   Ctx* ctx = nullptr;
   Segment* seg = nullptr;
   size_t map_bytes = 0;
+  uint64_t nonce = 0;  // the segment's, as created
   unsigned char* ring = nullptr;
   uint64_t cap = 0;
   uint64_t tail = 0;        // our read position (published to seg->tail)
@@ -136,6 +138,18 @@ struct RecvComm {
   meshccl_tresult_t peer_gone = MESHCCL_T_SUCCESS;
   meshccl_tresult_t broken = MESHCCL_T_SUCCESS;  // the ring is unusable
 };
+
+// shm.cpp: checks a handle received from a peer; the reason it is refused,
+// or nullptr.
+const char* check_handle(const void* bytes, Handle* h);
+
+// Rendezvous payloads posted by this process's senders, by (segment nonce,
+// slot). A receiver copies with memcpy only a payload registered here: a
+// record that names this process with any other address is refused, never
+// dereferenced (the ring is written by the peer).
+void local_rdv_add(uint64_t nonce, uint32_t slot, uint64_t addr, uint64_t size);
+void local_rdv_remove(uint64_t nonce, uint32_t slot);
+bool local_rdv_check(uint64_t nonce, uint32_t slot, uint64_t addr, uint64_t size);
 
 // Sender side (shm_send.cpp).
 meshccl_tresult_t send_post(SendComm* c, const void* data, size_t size, uint64_t tag, void** request);

@@ -133,6 +133,12 @@ void start_rdv(RecvComm* c, Request* r, uint64_t size, uint32_t slot, const RdvD
   r->state = State::kCopy;
   c->active.push_back(r);
   if (d.pid == c->ctx->pid) {
+    if (!local_rdv_check(c->nonce, slot, d.addr, size)) {
+      MPLUG_WARN(c->ctx->host, "shm: a rendezvous record names this process's memory that no sender of it posted");
+      c->broken = MESHCCL_T_INTERNAL_ERROR;
+      end_rdv(c, r, MESHCCL_T_INTERNAL_ERROR);
+      return;
+    }
     r->how = Copy::kMemcpy;
     r->src = reinterpret_cast<const unsigned char*>(d.addr);
   } else if (d.has_region != 0 && (r->region = map_region(c, d, size)) != nullptr) {

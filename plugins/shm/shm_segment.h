@@ -29,6 +29,8 @@ constexpr uint64_t kHandleMagic = 0x31444e484d485353ull;  // "SSHMHND1"
 constexpr uint32_t kSegVersion = 1;
 constexpr uint32_t kSlots = 256;  // rendezvous transfers in flight per connection
 constexpr size_t kLine = 64;
+constexpr uint64_t kMinRing = 64u << 10;  // MESHCCL_SHM_BUFFSIZE's range
+constexpr uint64_t kMaxRing = 1u << 30;
 
 enum RecType : uint32_t {
   kRecPad = 1,    // filler up to the end of the ring

@@ -77,6 +77,7 @@ bool write_rts(SendComm* c, Request* r) {
   h->size = r->size;
   h->offset = 0;
   std::memcpy(h + 1, &r->desc, sizeof(RdvDesc));
+  local_rdv_add(c->nonce, slot, r->desc.addr, r->size);
   publish(c, bytes);
   r->slot = slot;
   r->offset = 0;
@@ -111,7 +112,10 @@ void fail_all(SendComm* c, meshccl_tresult_t result, const char* why) {
     MPLUG_WARN(c->ctx->host, "shm: send to pid %d failed: %s", c->peer_pid, why);
   c->broken = result;
   for (Request* r; (r = c->queue.pop_front()) != nullptr;) finish(r, result);
-  for (Request* r; (r = c->active.pop_front()) != nullptr;) finish(r, result);
+  for (Request* r; (r = c->active.pop_front()) != nullptr;) {
+    local_rdv_remove(c->nonce, r->slot);
+    finish(r, result);
+  }
 }
 
 void progress(SendComm* c) {
@@ -126,6 +130,7 @@ void progress(SendComm* c) {
     seg_acquire(c->seg);
     if (st == kSlotDone || st == kSlotTrunc || st == kSlotFailed) {
       c->active.remove(r);
+      local_rdv_remove(c->nonce, r->slot);
       c->free_slots[c->nfree++] = r->slot;
       meshccl_tresult_t result = MESHCCL_T_SUCCESS;
       if (st == kSlotTrunc) {
@@ -240,6 +245,7 @@ void send_close(SendComm* c) {
       }
       sched_yield();
     }
+    local_rdv_remove(c->nonce, r->slot);
   });
   // The receiver fails whatever is still pending from us.
   seg_release(c->seg);

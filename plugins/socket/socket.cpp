@@ -22,6 +22,34 @@
 #include "plugins/socket/socket_comm.h"
 
 namespace meshccl::plugin::socket {
+
+const char* parse_handle(const void* bytes, Handle* h, sockaddr_storage* sa, socklen_t* len) {
+  std::memcpy(h, bytes, sizeof(*h));
+  *sa = sockaddr_storage{};
+  *len = 0;
+  if (h->magic != kHandleMagic) return "the handle is not a socket handle";
+  if (h->port == 0) return "the socket handle names port 0";
+  if (h->family == AF_INET) {
+    static const uint8_t zero[sizeof(h->addr) - sizeof(in_addr)] = {};
+    if (h->scope_id != 0 || std::memcmp(h->addr + sizeof(in_addr), zero, sizeof(zero)) != 0)
+      return "the socket handle's IPv4 address has stray bytes";
+    auto* in = reinterpret_cast<sockaddr_in*>(sa);
+    in->sin_family = AF_INET;
+    in->sin_port = h->port;
+    std::memcpy(&in->sin_addr, h->addr, sizeof(in->sin_addr));
+    *len = sizeof(sockaddr_in);
+    return nullptr;
+  }
+  if (h->family != AF_INET6) return "the socket handle's address family is neither IPv4 nor IPv6";
+  auto* in6 = reinterpret_cast<sockaddr_in6*>(sa);
+  in6->sin6_family = AF_INET6;
+  in6->sin6_port = h->port;
+  in6->sin6_scope_id = h->scope_id;
+  std::memcpy(&in6->sin6_addr, h->addr, sizeof(in6->sin6_addr));
+  *len = sizeof(sockaddr_in6);
+  return nullptr;
+}
+
 namespace {
 
 // Connections that have not identified themselves yet; beyond this the
@@ -126,31 +154,12 @@ meshccl_tresult_t do_listen(Ctx* ctx, void* handle, void** listen_comm) {
   return MESHCCL_T_SUCCESS;
 }
 
-socklen_t handle_addr(const Handle& h, sockaddr_storage* sa) {
-  *sa = sockaddr_storage{};
-  if (h.family == AF_INET) {
-    auto* in = reinterpret_cast<sockaddr_in*>(sa);
-    in->sin_family = AF_INET;
-    in->sin_port = h.port;
-    std::memcpy(&in->sin_addr, h.addr, sizeof(in->sin_addr));
-    return sizeof(sockaddr_in);
-  }
-  auto* in6 = reinterpret_cast<sockaddr_in6*>(sa);
-  in6->sin6_family = AF_INET6;
-  in6->sin6_port = h.port;
-  in6->sin6_scope_id = h.scope_id;
-  std::memcpy(&in6->sin6_addr, h.addr, sizeof(in6->sin6_addr));
-  return sizeof(sockaddr_in6);
-}
-
 meshccl_tresult_t do_connect(Ctx* ctx, const void* handle, void** send_comm) {
   const meshccl_transport_host_v1_t* host = ctx->host;
   Handle h;
-  std::memcpy(&h, handle, sizeof(h));
-  if (h.magic != kHandleMagic || (h.family != AF_INET && h.family != AF_INET6))
-    return g_check.misuse(host, "connect", "the handle is not a socket handle");
   sockaddr_storage sa;
-  socklen_t len = handle_addr(h, &sa);
+  socklen_t len = 0;
+  if (const char* why = parse_handle(handle, &h, &sa, &len)) return g_check.misuse(host, "connect", why);
   std::string peer = addr_to_string(reinterpret_cast<sockaddr*>(&sa));
 
   size_t idx = 0;

@@ -5,6 +5,8 @@
 #ifndef MESHCCL_PLUGINS_SOCKET_SOCKET_COMM_H_
 #define MESHCCL_PLUGINS_SOCKET_SOCKET_COMM_H_
 
+#include <sys/socket.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -147,6 +149,10 @@ struct RecvComm {
   // be received, anything else fails.
   meshccl_tresult_t peer_gone = MESHCCL_T_SUCCESS;
 };
+
+// socket.cpp: checks a handle received from a peer and gives the address it
+// names; the reason it is refused, or nullptr.
+const char* parse_handle(const void* bytes, Handle* h, sockaddr_storage* sa, socklen_t* len);
 
 // socket_io.cpp
 meshccl_tresult_t send_post(SendComm* c, const void* data, size_t size, uint64_t tag, void** request);

@@ -25,6 +25,10 @@ constexpr uint64_t kDirect = 64u << 10;
 // Bytes one progress call may move, so that a huge frame that keeps
 // streaming does not keep the caller away from its other requests.
 constexpr uint64_t kBudget = 16u << 20;
+// An unexpected frame gets at most this much buffer when its header arrives;
+// the buffer grows as the payload does, so a header that announces more than
+// will ever come costs nothing.
+constexpr uint64_t kUnexpectedUpfront = 4u << 20;
 
 void finish(Request* r, meshccl_tresult_t result) {
   r->state = State::kDone;
@@ -126,7 +130,7 @@ meshccl_tresult_t begin_frame(RecvComm* c, const FrameHdr& h) {
     return MESHCCL_T_SUCCESS;
   }
   Unexpected* u = c->unex.get();
-  BufferPool::Buf b = c->bufs.get(h.size);
+  BufferPool::Buf b = c->bufs.get(std::min(h.size, kUnexpectedUpfront));
   if (u == nullptr || (h.size != 0 && b.ptr == nullptr)) {
     MPLUG_WARN(c->ctx->host, "socket: out of memory queueing a %" PRIu64 "-byte message from %s", h.size,
                c->peer.c_str());
@@ -142,6 +146,25 @@ meshccl_tresult_t begin_frame(RecvComm* c, const FrameHdr& h) {
   c->cur_unex = u;
   c->dest = static_cast<unsigned char*>(b.ptr);
   return MESHCCL_T_SUCCESS;
+}
+
+// Makes the unexpected frame being read hold `need` bytes; false when out of
+// memory.
+bool unexpected_room(RecvComm* c, uint64_t need) {
+  Unexpected* u = c->cur_unex;
+  if (u == nullptr || need <= u->buf.cap) return true;
+  const uint64_t want = std::min(u->size, std::max(need, 2 * static_cast<uint64_t>(u->buf.cap)));
+  BufferPool::Buf b = c->bufs.get(want);
+  if (b.ptr == nullptr) {
+    MPLUG_WARN(c->ctx->host, "socket: out of memory queueing a %" PRIu64 "-byte message from %s", u->size,
+               c->peer.c_str());
+    return false;
+  }
+  if (c->got != 0) std::memcpy(b.ptr, u->buf.ptr, c->got);
+  c->bufs.put(u->buf);
+  u->buf = b;
+  c->dest = static_cast<unsigned char*>(b.ptr);
+  return true;
 }
 
 void end_frame(RecvComm* c) {
@@ -230,6 +253,10 @@ void recv_progress(RecvComm* c) {
     }
     if (avail > 0) {
       uint64_t n = std::min<uint64_t>(avail, left);
+      if (!unexpected_room(c, c->got + n)) {
+        recv_gone(c, MESHCCL_T_SYSTEM_ERROR, "out of memory");
+        return;
+      }
       if (c->dest != nullptr) std::memcpy(c->dest + c->got, c->stage.get() + c->stage_pos, n);
       c->stage_pos += n;
       c->got += n;
@@ -241,6 +268,13 @@ void recv_progress(RecvComm* c) {
     size_t want;
     if (c->dest != nullptr && left >= kDirect) {
       want = std::min(left, budget);
+      if (c->cur_unex != nullptr) {  // as much as its buffer holds, grown when full
+        if (!unexpected_room(c, c->got + 1)) {
+          recv_gone(c, MESHCCL_T_SYSTEM_ERROR, "out of memory");
+          return;
+        }
+        want = std::min<uint64_t>(want, c->cur_unex->buf.cap - c->got);
+      }
       n = read_some(c, c->dest + c->got, want);
       if (n > 0) c->got += static_cast<uint64_t>(n);
     } else {

@@ -50,7 +50,7 @@ Status enqueue(ncclComm* comm, OpDesc& desc, cudaStream_t stream) {
   // a communicator with device work in flight queues behind that work,
   // keeping call order.
   if (in_group()) {
-    group_record(op, device, stream);
+    group_record(comm, op, device, stream);
     return kOk;
   }
   if (device || (s == nullptr && cuda::busy(op.comm))) {
@@ -60,7 +60,7 @@ Status enqueue(ncclComm* comm, OpDesc& desc, cudaStream_t stream) {
 #else
   (void)cuda_stream;
   if (in_group()) {
-    group_record(op);
+    group_record(comm, op);
     return kOk;
   }
 #endif

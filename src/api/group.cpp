@@ -14,11 +14,16 @@
 namespace meshccl {
 
 namespace {
+struct CommRef {
+  ncclComm* comm;
+  uint64_t serial;
+};
 struct GroupState {
   int depth = 0;
   std::vector<PendingOp> ops;
   std::vector<const void*> cuda_streams;  // per op: its CUDA stream, when it goes the device path
   std::vector<bool> device;               // per op: goes the device path
+  std::vector<CommRef> owners;            // per op: its communicator, as recorded
   std::vector<PendingInit> inits;
   ncclResult_t error = ncclSuccess;  // first failed call inside the group
   std::string message;
@@ -56,7 +61,8 @@ Status run_inits(std::vector<PendingInit>& inits) {
 }  // namespace
 
 bool in_group() { return g_group.depth > 0; }
-void group_record(PendingOp op, bool device, const void* cuda_stream) {
+void group_record(ncclComm* owner, PendingOp op, bool device, const void* cuda_stream) {
+  g_group.owners.push_back({owner, owner->serial});
   g_group.ops.push_back(op);
   g_group.device.push_back(device);
   g_group.cuda_streams.push_back(cuda_stream);
@@ -100,7 +106,62 @@ Status launch_group(std::vector<PendingOp>& ops, const std::vector<bool>& device
   return launch(ops);
 }
 }  // namespace
-void group_record_init(PendingInit init) { g_group.inits.push_back(init); }
+void group_record_init(PendingInit init) {
+  init.serial = init.comm->serial;
+  g_group.inits.push_back(init);
+}
+
+namespace {
+// Holds the communicators a group's work is for until the group has
+// launched it. Another thread may destroy one of them while this thread's
+// group is open (its own destroy calls group_forget): the work for it is
+// dropped instead of touching freed memory.
+class GroupPins {
+ public:
+  GroupPins() = default;
+  GroupPins(const GroupPins&) = delete;
+  GroupPins& operator=(const GroupPins&) = delete;
+  ~GroupPins() {
+    for (ncclComm* c : held_) comm_unpin(c);
+  }
+  bool hold(const CommRef& r) {
+    if (std::find(held_.begin(), held_.end(), r.comm) != held_.end()) return true;
+    if (std::find(gone_.begin(), gone_.end(), r.comm) != gone_.end()) return false;
+    if (!comm_pin(r.comm, r.serial)) {
+      gone_.push_back(r.comm);
+      return false;
+    }
+    held_.push_back(r.comm);
+    return true;
+  }
+
+ private:
+  std::vector<ncclComm*> held_, gone_;
+};
+
+// Pins what ops and inits need; drops (and counts) the work of communicators
+// destroyed meanwhile.
+size_t pin_or_drop(GroupPins& pins, std::vector<PendingOp>& ops, std::vector<CommRef>& owners,
+                   std::vector<bool>& device, std::vector<const void*>& cuda_streams,
+                   std::vector<PendingInit>& inits) {
+  size_t kept = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (!pins.hold(owners[i])) continue;
+    ops[kept] = ops[i];
+    owners[kept] = owners[i];
+    device[kept] = device[i];
+    cuda_streams[kept] = cuda_streams[i];
+    ++kept;
+  }
+  size_t dropped = ops.size() - kept;
+  ops.resize(kept);
+  owners.resize(kept);
+  device.resize(kept);
+  cuda_streams.resize(kept);
+  dropped += std::erase_if(inits, [&pins](const PendingInit& in) { return !pins.hold({in.comm, in.serial}); });
+  return dropped;
+}
+}  // namespace
 
 void group_note_error(ncclResult_t code, const std::string& message) {
   if (g_group.depth == 0 || g_group.error != ncclSuccess) return;
@@ -117,11 +178,13 @@ size_t group_forget(const ncclComm* comm) {
   for (size_t i = 0; i < g_group.ops.size(); ++i) {
     if (g_group.ops[i].comm == sched) continue;
     g_group.ops[kept] = g_group.ops[i];
+    g_group.owners[kept] = g_group.owners[i];
     g_group.device[kept] = g_group.device[i];
     g_group.cuda_streams[kept] = g_group.cuda_streams[i];
     ++kept;
   }
   g_group.ops.resize(kept);
+  g_group.owners.resize(kept);
   g_group.device.resize(kept);
   g_group.cuda_streams.resize(kept);
   std::erase_if(g_group.inits, [comm](const PendingInit& in) { return in.comm == comm; });
@@ -144,14 +207,22 @@ Status group_end() {
   std::vector<PendingOp> ops = std::move(g_group.ops);
   std::vector<bool> device = std::move(g_group.device);
   std::vector<const void*> cuda_streams = std::move(g_group.cuda_streams);
+  std::vector<CommRef> owners = std::move(g_group.owners);
   g_group.inits.clear();
   g_group.ops.clear();
-  const ncclResult_t error = g_group.error;
-  const std::string message = std::move(g_group.message);
+  g_group.owners.clear();
+  ncclResult_t error = g_group.error;
+  std::string message = std::move(g_group.message);
   g_group.error = ncclSuccess;
   g_group.message.clear();
   g_group.device.clear();
   g_group.cuda_streams.clear();
+  GroupPins pins;
+  if (size_t dropped = pin_or_drop(pins, ops, owners, device, cuda_streams, inits); dropped > 0 && error == ncclSuccess) {
+    error = ncclInvalidUsage;
+    message = "a communicator was destroyed (by another thread) with " + std::to_string(dropped) +
+              " operations on it pending in this thread's group; they were dropped";
+  }
   Status init_status = kOk;
   if (!inits.empty()) {
     init_status = run_inits(inits);
@@ -171,18 +242,24 @@ Status group_simulate_end(ncclSimInfo_t* info) {
   if (g_group.depth == 0) return MC_ERROR(ncclInvalidUsage, "ncclGroupSimulateEnd : not in a group call");
   if (--g_group.depth > 0) return kOk;
   // The tuner's estimate for each op, with the algorithm it would pick.
+  GroupPins pins;
+  Status s = kOk;
   double us = 0;
-  for (const PendingOp& op : g_group.ops) {
+  for (size_t i = 0; i < g_group.ops.size() && s.ok(); ++i) {
     double cost = 0;
-    MC_TRY(op.comm->runs->estimate(op.desc, &cost));
+    if (!pins.hold(g_group.owners[i]))
+      s = MC_ERROR(ncclInvalidUsage, "ncclGroupSimulateEnd : a communicator of the group was destroyed by another thread");
+    else s = g_group.ops[i].comm->runs->estimate(g_group.ops[i].desc, &cost);
     us += cost;
   }
   g_group.ops.clear();
+  g_group.owners.clear();
   g_group.device.clear();
   g_group.cuda_streams.clear();
   g_group.inits.clear();
   g_group.error = ncclSuccess;
   g_group.message.clear();
+  MC_TRY(s);
   info->estimatedTime = static_cast<float>(us);
   return kOk;
 }

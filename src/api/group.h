@@ -17,11 +17,13 @@ struct PendingInit {
   int nranks;
   ncclUniqueId id;
   int rank;
+  uint64_t serial = 0;  // comm's, set when recorded
 };
 
 bool in_group();
 // device: the op goes the CUDA device path (src/cuda) on cuda_stream.
-void group_record(PendingOp op, bool device = false, const void* cuda_stream = nullptr);
+// owner: op.comm's communicator (held until the group launches).
+void group_record(ncclComm* owner, PendingOp op, bool device = false, const void* cuda_stream = nullptr);
 void group_record_init(PendingInit init);
 Status group_start();
 Status group_end();

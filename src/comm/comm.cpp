@@ -33,9 +33,21 @@ LiveSet<ncclComm>& live_comms() {
 }
 }  // namespace
 
-void comm_register(ncclComm* c) { live_comms().add(c); }
+void comm_register(ncclComm* c) {
+  static std::atomic<uint64_t> next{1};
+  c->serial = next.fetch_add(1);
+  live_comms().add(c);
+}
 void comm_unregister(ncclComm* c) { live_comms().remove(c); }
 bool comm_is_live(const ncclComm* c) { return live_comms().contains(c); }
+bool comm_pin(ncclComm* c, uint64_t serial) {
+  return live_comms().with_live(c, [serial](ncclComm& live) {
+    if (live.serial != serial) return false;
+    ++live.sched.users;
+    return true;
+  });
+}
+void comm_unpin(ncclComm* c) { --c->sched.users; }
 
 Status parse_config(const ncclConfig_t* in, CommConfig* out, const CommConfig* inherit) {
   *out = inherit ? *inherit : CommConfig{};

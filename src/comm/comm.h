@@ -57,6 +57,7 @@ struct ncclComm {
   std::atomic<State> state{State::Initializing};
   std::atomic<int> async_error{ncclSuccess};  // ncclInProgress while a non-blocking call runs
   std::atomic<bool> abort_flag{false};
+  uint64_t serial = 0;  // unique per registration: a new comm at a freed one's address differs
   meshccl::CommSched sched;  // engine, algorithms and in-flight counts, as the scheduler sees them
 
   std::vector<meshccl::PeerInfo> peers;
@@ -93,6 +94,11 @@ namespace meshccl {
 void comm_register(ncclComm* c);
 void comm_unregister(ncclComm* c);
 bool comm_is_live(const ncclComm* c);
+// Holds c (sched.users, which destroy/abort wait for) if it is still the live
+// communicator registered as `serial`; false when it was destroyed meanwhile,
+// also by another thread. comm_unpin releases the hold.
+bool comm_pin(ncclComm* c, uint64_t serial);
+void comm_unpin(ncclComm* c);
 
 // Init paths (collective). Blocking.
 Status comm_init_rank(ncclComm* comm, int nranks, const ncclUniqueId& id, int rank);

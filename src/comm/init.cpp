@@ -117,7 +117,7 @@ Status comm_finish_setup(ncclComm* comm) {
   comm->engine = std::make_unique<Engine>(comm->rank, comm->mesh.get(), &comm->abort_flag,
                                           [comm] { return comm->check_peers(); }, comm->wait);
   TuneModel tune;
-  MC_TRY(tune_init(comm->rank, *comm->bootstrap, *comm->mesh, *comm->engine, comm->peers, &tune));
+  MC_TRY(tune_init(comm->rank, *comm->bootstrap, *comm->mesh, *comm->engine, comm->peers, comm->topo, &tune));
   comm->tune = tune;
   comm->algorithms = make_algorithms(comm->rank, tune, comm->node.get());
   configure_links(comm, tune);

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "sched/trace.h"
+#include "transport/registry.h"
 #include "util/wait.h"
 
 namespace meshccl {
@@ -139,6 +140,7 @@ void Links::pump_dir(Queue& q, Dir& d, bool* moved) {
     if (s.ok()) s = test_chunks(d, x, moved);
     if (!s.ok()) {
       x->error = s;
+      x->reason = transport_warning();
       x->finished = true;
       *moved = true;
     }

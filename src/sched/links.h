@@ -78,6 +78,7 @@ struct Xfer {
   size_t got = 0;     // bytes the receives reported
   uint32_t nposts = 0;  // chunks handed to the transport
   Status error;         // the transport's error; the transfer is then finished
+  std::string reason;   // with error: what the transport said about it ("" if nothing)
   bool finished = false;
   bool counted_waiting = false;
   struct Chunk {

@@ -4,8 +4,9 @@ namespace meshccl {
 
 Plan::StepId Plan::add(Step s, std::initializer_list<StepId> deps) {
   s.dep_begin = static_cast<uint32_t>(deps_.size());
-  s.dep_count = static_cast<uint32_t>(deps.size());
-  for (StepId d : deps) deps_.push_back(d);
+  s.dep_count = 0;
+  for (StepId d : deps)
+    if (d != kNoStep) deps_.push_back(d), ++s.dep_count;
   steps_.push_back(s);
   return static_cast<StepId>(steps_.size() - 1);
 }

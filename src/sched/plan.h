@@ -61,7 +61,7 @@ class Plan {
   using StepId = uint32_t;
   static constexpr StepId kNoStep = ~StepId{0};
 
-  // Step builders; deps are earlier step ids.
+  // Step builders; deps are earlier step ids (kNoStep among them adds nothing).
   StepId send(int peer, uint32_t tag, const void* src, size_t bytes, std::initializer_list<StepId> deps = {});
   StepId recv(int peer, uint32_t tag, void* dst, size_t bytes, std::initializer_list<StepId> deps = {});
   // dst = src op (received data); the message lands in tmp first.

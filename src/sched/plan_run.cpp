@@ -81,7 +81,7 @@ class PlanRun final : public Run, public StepSink {
           inflight_[keep++] = i;
           continue;
         }
-        if (!x.error.ok()) return explain_transfer_error(x.error, s);
+        if (!x.error.ok()) return explain_transfer_error(x.error, x.reason, s);
         const size_t got = x.got;
         if (s.kind != StepKind::Send && got != s.bytes)
           return MC_ERROR(ncclInvalidUsage,
@@ -187,7 +187,11 @@ class PlanRun final : public Run, public StepSink {
 
   // A transfer failed: say with whom, and that a message that did not fit its
   // receive is a mismatch (the transport's own line says so in its terms).
-  Status explain_transfer_error(Status ts, const Step& s) const {
+  // The transport's own words, when it gave a reason, say what happened.
+  Status explain_transfer_error(Status ts, const std::string& reason, const Step& s) const {
+    if (ts.code() == ncclRemoteError && !reason.empty())
+      return MC_ERROR(ncclRemoteError, "%s: the transfer with rank %d failed: %s", op_kind_name(plan_->kind), s.peer,
+                      reason.c_str());
     if (ts.code() == ncclRemoteError)
       return MC_ERROR(ncclRemoteError, "%s: lost rank %d (it exited or closed its connections)",
                       op_kind_name(plan_->kind), s.peer);

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <string>
 
+#include "util/file_check.h"
 #include "util/log.h"
 #include "util/param.h"
 #include "util/wait.h"
@@ -31,8 +32,14 @@ TraceFile& trace_file() {
     for (size_t at = path.find("%p"); at != std::string::npos; at = path.find("%p"))
       path.replace(at, 2, std::to_string(getpid()));
     if (!path.empty()) {
-      tf->f = std::fopen(path.c_str(), "w");
-      if (tf->f == nullptr) MC_WARN("MESHCCL_TRACE: cannot write %s", path.c_str());
+      // As the debug file: not through a planted link, into a FIFO or another user's file.
+      std::string why;
+      int fd = open_private_output(path, &why);
+      if (fd >= 0 && (tf->f = fdopen(fd, "w")) == nullptr) {
+        why = "fdopen failed";
+        close(fd);
+      }
+      if (tf->f == nullptr) MC_WARN("MESHCCL_TRACE: cannot write %s: %s; no trace is written", path.c_str(), why.c_str());
       else {
         std::fputs("[\n", tf->f);
         std::atexit(close_trace);

@@ -15,6 +15,7 @@ class Bootstrap;
 class Engine;
 class Mesh;
 struct PeerInfo;
+struct SystemGraph;
 
 // What one message step costs on a class of links.
 struct LinkCost {
@@ -24,29 +25,57 @@ struct LinkCost {
 
 // Everything a cost function may look at. Identical on every rank of a
 // communicator (a pure function of agreed values), so costs compare alike.
+// Three link classes: shared memory within a NUMA node (`shm`), shared memory
+// across NUMA nodes (`cross_numa`), and the network between hosts (`net`: the
+// bandwidth of one host's link, which all its ranks share).
 struct TuneModel {
   int nranks = 1;
   bool network = false;  // some pair of ranks talks over a network transport
-  LinkCost shm;          // shared memory between processes of one host
-  LinkCost net;          // network transports (socket, plugins)
+  bool cross_numa_links = false;  // some pair of ranks of one host is on different NUMA nodes
+  LinkCost shm;          // shared memory between processes of one NUMA node
+  LinkCost cross_numa;   // shared memory between NUMA nodes of one host
+  LinkCost net;          // network transports (socket, plugins): one host's link
   double reduce_gbs = 0; // local reduction throughput, bytes of output per ns
+  // Host of each rank (0..hosts-1, numbered in order of their lowest rank),
+  // from the system graph; empty: every rank on host 0.
+  std::vector<int> host;
 
   // Flat algorithms run at the pace of their slowest link: the network
   // class as soon as one pair of ranks uses it.
-  const LinkCost& link() const { return network ? net : shm; }
+  const LinkCost& local() const { return cross_numa_links ? cross_numa : shm; }
+  const LinkCost& link() const { return network ? net : local(); }
   double alpha() const { return link().alpha_us; }
   double beta() const { return 1e-3 / link().bw_gbs; }  // us per byte
   double gamma() const { return 1e-3 / reduce_gbs; }    // us per byte
+  int host_of(int rank) const { return host.empty() ? 0 : host[static_cast<size_t>(rank)]; }
+  int hosts() const;
 };
 
-// A model from explicit constants (tests, tools).
+// The constants used where no rank knows better (no link of that class,
+// nothing measured or set); topology.h's nominal bandwidths match them.
+constexpr LinkCost kBuiltinShm{2.0, 5.0};
+constexpr LinkCost kBuiltinNet{20.0, 1.25};
+constexpr double kBuiltinReduceGbs = 5.0;
+
+// A model from explicit constants (tests, tools): every rank on one host,
+// cross-NUMA links as fast as same-NUMA ones (set the fields to say otherwise).
 TuneModel make_tune_model(int nranks, bool network, LinkCost shm, LinkCost net, double reduce_gbs);
+// The same model with ranks placed on hosts (host[r] as in TuneModel::host).
+TuneModel with_hosts(TuneModel model, std::vector<int> host);
+// The model of a communicator laid out as `graph` (its ranks, which of them
+// share a host, which pairs of a host are across NUMA nodes) with the given
+// constants, cross-NUMA as shm: how a described cluster becomes a model
+// (tools/meshccl_sim).
+TuneModel tune_model_for(const SystemGraph& graph, LinkCost shm, LinkCost net, double reduce_gbs);
+// Host of each rank of graph, numbered in order of their lowest rank (TuneModel::host).
+std::vector<int> host_numbers(const SystemGraph& graph);
 
 // Collective over the communicator (link_measure.cpp), once its connections and engine exist:
-// fills the model from MESHCCL_TUNE_* parameters, transport properties and a
-// short measurement (a few milliseconds), agreed across ranks through the
-// bootstrap.
+// fills the model from MESHCCL_TUNE_* parameters, the system graph (hosts,
+// NUMA placement, the cross-NUMA to same-NUMA bandwidth ratio), transport
+// properties and a short measurement (a few milliseconds), agreed across ranks
+// through the bootstrap.
 Status tune_init(int rank, Bootstrap& bootstrap, Mesh& mesh, Engine& engine, const std::vector<PeerInfo>& peers,
-                 TuneModel* out);
+                 const SystemGraph& graph, TuneModel* out);
 
 }  // namespace meshccl

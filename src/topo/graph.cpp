@@ -1,8 +1,10 @@
-// The system graph: link classes between ranks, subsets, descriptions.
+// The system graph: link classes between ranks, subsets, descriptions, and
+// the tuner's model of a graph (tune_model_for).
 #include <algorithm>
 #include <cstdio>
 #include <map>
 
+#include "topo/cost_model.h"
 #include "topo/topology.h"
 
 namespace meshccl {
@@ -148,6 +150,28 @@ std::string SystemGraph::describe() const {
     }
   }
   return s;
+}
+
+// A graph's layout as the tuner sees it: network links as soon as two ranks
+// are on different hosts.
+TuneModel tune_model_for(const SystemGraph& graph, LinkCost shm, LinkCost net, double reduce_gbs) {
+  bool network = false, xnuma = false;
+  for (const RankPlace& r : graph.ranks) network |= r.host != graph.ranks.front().host;
+  for (int a = 0; a < graph.nranks() && !xnuma && graph.nranks() <= 4096; ++a)
+    for (int b = a + 1; b < graph.nranks() && !xnuma; ++b) xnuma = graph.link(a, b).cls == LinkClass::kCrossNuma;
+  TuneModel t = with_hosts(make_tune_model(graph.nranks(), network, shm, net, reduce_gbs), host_numbers(graph));
+  t.cross_numa_links = xnuma;
+  return t;
+}
+
+std::vector<int> host_numbers(const SystemGraph& graph) {
+  std::vector<int> out(static_cast<size_t>(graph.nranks()), 0);
+  std::map<int, int> seen;  // graph host -> number
+  for (int r = 0; r < graph.nranks(); ++r) {
+    auto it = seen.emplace(graph.ranks[r].host, static_cast<int>(seen.size())).first;
+    out[r] = it->second;
+  }
+  return out;
 }
 
 }  // namespace meshccl

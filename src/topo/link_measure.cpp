@@ -17,21 +17,29 @@
 #include "util/log.h"
 #include "util/param.h"
 #include "topo/cost_model.h"
+#include "topo/topology.h"
 #include "util/wait.h"
 
 namespace meshccl {
 
 namespace {
 
-enum Field { kShmAlpha, kShmBw, kNetAlpha, kNetBw, kReduce, kFields };
+enum Field { kShmAlpha, kShmBw, kXnumaAlpha, kXnumaBw, kNetAlpha, kNetBw, kReduce, kFields };
+// The link classes measured, in the order of their fields.
+enum Cls { kClsShm, kClsXnuma, kClsNet, kClasses };
 // How a rank knows a value, weakest first.
 enum Source : int { kUnknown, kDeclared, kMeasured, kSet };
 const char* const kSourceName[] = {"built-in", "declared by the transport", "measured", "set"};
-const char* const kFieldName[kFields] = {"shm alpha", "shm bandwidth", "net alpha", "net bandwidth", "reduce"};
-const Param kFieldParam[kFields] = {Param::TuneShmAlphaUs, Param::TuneShmBwGbs, Param::TuneNetAlphaUs,
-                                    Param::TuneNetBwGbs, Param::TuneReduceGbs};
-// Used when no rank knows better (no link of that class, nothing measured).
-const double kFallback[kFields] = {2.0, 5.0, 20.0, 1.25, 5.0};
+const char* const kFieldName[kFields] = {"shm alpha", "shm bandwidth", "cross-NUMA alpha", "cross-NUMA bandwidth",
+                                         "net alpha", "net bandwidth", "reduce"};
+const Param kFieldParam[kFields] = {Param::TuneShmAlphaUs, Param::TuneShmBwGbs, Param::TuneXnumaAlphaUs,
+                                    Param::TuneXnumaBwGbs, Param::TuneNetAlphaUs, Param::TuneNetBwGbs,
+                                    Param::TuneReduceGbs};
+// Used when no rank knows better (no link of that class, nothing measured);
+// the cross-NUMA ones (0) are derived from the same-NUMA ones instead.
+const double kFallback[kFields] = {kBuiltinShm.alpha_us, kBuiltinShm.bw_gbs, 0, 0, kBuiltinNet.alpha_us,
+                                   kBuiltinNet.bw_gbs, kBuiltinReduceGbs};
+bool is_alpha(int f) { return f == kShmAlpha || f == kXnumaAlpha || f == kNetAlpha; }
 
 // Tag bases of the measuring plans: bit 62 set, bit 63 clear — a
 // collective's tag base would need 2^38 earlier collectives to reach it (see
@@ -40,22 +48,41 @@ constexpr uint64_t kPingTag = uint64_t{1} << 62;
 
 bool is_shm(const std::string& transport) { return transport == "shm"; }
 
+// The class of the link between ranks a and b: the transport says whether it
+// is shared memory, the graph whether it crosses NUMA nodes.
+Cls class_of(const std::vector<PeerInfo>& peers, const SystemGraph& graph, int a, int b) {
+  if (!is_shm(Mesh::transport_for(peers, a, b))) return kClsNet;
+  const bool graphed = graph.nranks() == static_cast<int>(peers.size());
+  return graphed && graph.link(a, b).cls == LinkClass::kCrossNuma ? kClsXnuma : kClsShm;
+}
+
 // A deterministic matching of ranks whose link is of the given class
 // (greedy, partners searched among the next 16 ranks); -1 when unmatched.
-int partner(const std::vector<PeerInfo>& peers, int me, bool shm) {
+std::vector<int> matching(const std::vector<PeerInfo>& peers, const SystemGraph& graph, Cls cls) {
   const int n = static_cast<int>(peers.size());
   std::vector<int> match(n, -1);
-  for (int i = 0; i <= me; ++i) {  // later ranks cannot change our pair
+  for (int i = 0; i < n; ++i) {
     if (match[i] >= 0) continue;
     for (int j = i + 1; j < n && j <= i + 16; ++j) {
-      if (match[j] >= 0 || is_shm(Mesh::transport_for(peers, i, j)) != shm) continue;
+      if (match[j] >= 0 || class_of(peers, graph, i, j) != cls) continue;
       match[i] = j;
       match[j] = i;
       break;
     }
   }
-  return match[me];
+  return match;
 }
+
+// Pairs of a network matching that measure at once through one host's link:
+// the most on any host (so that a pair's figure times this is the link's).
+int pairs_per_host(const std::vector<int>& match, const std::vector<int>& host) {
+  std::vector<int> per(host.size() + 1, 0);
+  int most = 1;
+  for (size_t r = 0; r < match.size(); ++r)
+    if (match[r] >= 0) most = std::max(most, ++per[static_cast<size_t>(host[r])]);
+  return most;
+}
+
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -145,29 +172,90 @@ TuneModel make_tune_model(int nranks, bool network, LinkCost shm, LinkCost net, 
   t.nranks = nranks;
   t.network = network;
   t.shm = shm;
+  t.cross_numa = shm;
   t.net = net;
   t.reduce_gbs = reduce_gbs;
   return t;
 }
 
-Status tune_init(int rank, Bootstrap& bs, Mesh& mesh, Engine& engine, const std::vector<PeerInfo>& peers,
-                 TuneModel* out) {
-  const int n = static_cast<int>(peers.size());
-  bool network = false;
-  for (int j = 1; j < n && !network; ++j) network = !is_shm(Mesh::transport_for(peers, 0, j));
+TuneModel with_hosts(TuneModel model, std::vector<int> host) {
+  model.host = std::move(host);
+  return model;
+}
 
-  // This rank's view: value and source of each field.
-  struct Known {
-    double value[kFields];
-    int32_t source[kFields];
-  } mine{};
+int TuneModel::hosts() const { return host.empty() ? 1 : *std::max_element(host.begin(), host.end()) + 1; }
+
+namespace {
+
+// This rank's view: value and source of each field.
+struct Known {
+  double value[kFields];
+  int32_t source[kFields];
+};
+
+// Measures one link of each class with a partner, all pairs of a class at
+// once; a network pair's bandwidth counts for the pairs sharing its host's link.
+Status measure_all(int rank, Engine& engine, const std::vector<PeerInfo>& peers, const SystemGraph& graph,
+                   const std::vector<int>& host, Known* mine) {
+  const int n = static_cast<int>(peers.size());
+  uint64_t tag_seq = 0;
+  for (int cls = 0; cls < kClasses; ++cls) {
+    const std::vector<int> match = matching(peers, graph, static_cast<Cls>(cls));
+    const int peer = match[rank];
+    if (n < 2 || peer < 0) continue;
+    double alpha = 0, bw = 0;
+    tag_seq = static_cast<uint64_t>(cls) << 12;  // both ends of a pair count alike
+    MC_TRY(measure_link(engine, rank, peer, &tag_seq, &alpha, &bw));
+    if (cls == kClsNet) bw *= pairs_per_host(match, host);
+    const int base = kShmAlpha + 2 * cls;
+    for (int f : {base, base + 1}) {
+      const double v = f == base ? alpha : bw;
+      if (v > 0 && std::isfinite(v) && mine->source[f] <= kMeasured) mine->value[f] = v, mine->source[f] = kMeasured;
+    }
+  }
+  return kOk;
+}
+
+// Per field, over the ranks with the best source. A step waits for its
+// slowest pair, so of measured latencies the largest counts (on a host with
+// more ranks than cores, most pairs see the others' share of the cores);
+// other values, bandwidths included, by their median, which a single
+// disturbed measurement cannot move.
+void agree(const std::vector<Known>& all, double agreed[kFields], int source[kFields]) {
+  for (int f = 0; f < kFields; ++f) {
+    source[f] = kUnknown;
+    for (const Known& k : all) source[f] = std::max(source[f], static_cast<int>(k.source[f]));
+    std::vector<double> known;
+    for (const Known& k : all)
+      if (k.source[f] == source[f] && source[f] != kUnknown) known.push_back(k.value[f]);
+    if (known.empty()) agreed[f] = kFallback[f];
+    else if (source[f] == kMeasured && is_alpha(f)) agreed[f] = *std::max_element(known.begin(), known.end());
+    else agreed[f] = median(known);
+  }
+}
+
+}  // namespace
+
+Status tune_init(int rank, Bootstrap& bs, Mesh& mesh, Engine& engine, const std::vector<PeerInfo>& peers,
+                 const SystemGraph& graph, TuneModel* out) {
+  const int n = static_cast<int>(peers.size());
+  bool network = false, xnuma = false;
+  for (int i = 0; i < n && !network; ++i)
+    for (int j = i + 1; j < n; ++j) {
+      const Cls c = class_of(peers, graph, i, j);
+      network |= c == kClsNet;
+      xnuma |= c == kClsXnuma;
+    }
+  std::vector<int> host = graph.nranks() == n ? host_numbers(graph) : std::vector<int>(static_cast<size_t>(n), 0);
+
+  Known mine{};
   auto know = [&](int f, double v, Source s) {
     if (v > 0 && std::isfinite(v) && s >= mine.source[f]) mine.value[f] = v, mine.source[f] = s;
   };
   for (int p = 0; p < n; ++p) {
     const meshccl_transport_props_v1_t* pr = p == rank ? nullptr : mesh.props(p);
     if (pr == nullptr) continue;
-    const int base = is_shm(Mesh::transport_for(peers, rank, p)) ? kShmAlpha : kNetAlpha;
+    const int base = kShmAlpha + 2 * class_of(peers, graph, rank, p);
     know(base, pr->latency_us, kDeclared);
     know(base + 1, pr->bandwidth_gbs, kDeclared);
   }
@@ -177,55 +265,45 @@ Status tune_init(int rank, Bootstrap& bs, Mesh& mesh, Engine& engine, const std:
   want[rank] = param_int(Param::TuneMeasure) != 0;
   MC_TRY(bs.allgather(want.data(), 1));
   if (std::all_of(want.begin(), want.end(), [](uint8_t w) { return w != 0; })) {
-    uint64_t tag_seq = 0;
-    for (int cls = 0; cls < 2; ++cls) {
-      const int peer = n > 1 ? partner(peers, rank, cls == 0) : -1;
-      if (peer < 0) continue;
-      double alpha = 0, bw = 0;
-      tag_seq = static_cast<uint64_t>(cls) << 12;  // both ends of a pair count alike
-      MC_TRY(measure_link(engine, rank, peer, &tag_seq, &alpha, &bw));
-      const int base = cls == 0 ? kShmAlpha : kNetAlpha;
-      know(base, alpha, kMeasured);
-      know(base + 1, bw, kMeasured);
-    }
+    MC_TRY(measure_all(rank, engine, peers, graph, host, &mine));
     know(kReduce, measure_reduce(), kMeasured);
   }
   for (int f = 0; f < kFields; ++f) know(f, param_double(kFieldParam[f], 0), kSet);
-  MC_TRACE(kTune, "rank %d knows: shm %.3g us %.3g GB/s, net %.3g us %.3g GB/s, reduce %.3g GB/s", rank,
-           mine.value[kShmAlpha], mine.value[kShmBw], mine.value[kNetAlpha], mine.value[kNetBw], mine.value[kReduce]);
+  MC_TRACE(kTune, "rank %d knows: shm %.3g us %.3g GB/s, cross-NUMA %.3g us %.3g GB/s, net %.3g us %.3g GB/s, reduce %.3g GB/s",
+           rank, mine.value[kShmAlpha], mine.value[kShmBw], mine.value[kXnumaAlpha], mine.value[kXnumaBw],
+           mine.value[kNetAlpha], mine.value[kNetBw], mine.value[kReduce]);
 
-  // Agree: per field, over the ranks with the best source. A step waits for
-  // its slowest pair, so of measured latencies the largest counts (on a host
-  // with more ranks than cores, most pairs see the others' share of the
-  // cores); other values, bandwidths included, by their median, which a
-  // single disturbed measurement cannot move.
   std::vector<Known> all(n);
   all[rank] = mine;
   MC_TRY(bs.allgather(all.data(), sizeof(Known)));
   double agreed[kFields];
   int source[kFields];
-  for (int f = 0; f < kFields; ++f) {
-    source[f] = kUnknown;
-    for (const Known& k : all) source[f] = std::max(source[f], static_cast<int>(k.source[f]));
-    std::vector<double> known;
-    for (const Known& k : all)
-      if (k.source[f] == source[f] && source[f] != kUnknown) known.push_back(k.value[f]);
-    if (known.empty()) agreed[f] = kFallback[f];
-    else if (source[f] == kMeasured && (f == kShmAlpha || f == kNetAlpha))
-      agreed[f] = *std::max_element(known.begin(), known.end());
-    else agreed[f] = median(known);
+  agree(all, agreed, source);
+  // Cross-NUMA links nobody measured: the same-NUMA figures, the bandwidth
+  // scaled by the topology's ratio (first host's description).
+  if (agreed[kXnumaAlpha] <= 0) agreed[kXnumaAlpha] = agreed[kShmAlpha];
+  if (agreed[kXnumaBw] <= 0) {
+    double ratio = 1;
+    if (!graph.hosts.empty() && graph.hosts[0].numa_gbs > 0)
+      ratio = std::min(1.0, graph.hosts[0].cross_numa_gbs / graph.hosts[0].numa_gbs);
+    agreed[kXnumaBw] = agreed[kShmBw] * ratio;
   }
-  *out = make_tune_model(n, network, LinkCost{agreed[kShmAlpha], agreed[kShmBw]},
-                         LinkCost{agreed[kNetAlpha], agreed[kNetBw]}, agreed[kReduce]);
+  *out = with_hosts(make_tune_model(n, network, LinkCost{agreed[kShmAlpha], agreed[kShmBw]},
+                                    LinkCost{agreed[kNetAlpha], agreed[kNetBw]}, agreed[kReduce]),
+                    host);
+  out->cross_numa = LinkCost{agreed[kXnumaAlpha], agreed[kXnumaBw]};
+  out->cross_numa_links = xnuma;
   if (rank == 0 && log_enabled(LogLevel::Info, kTune)) {
     std::string consts;
     for (int f = 0; f < kFields; ++f) {
       char buf[96];
+      const bool derived = source[f] == kUnknown && kFallback[f] == 0;
       std::snprintf(buf, sizeof(buf), "%s%s %.3g %s (%s)", f ? ", " : "", kFieldName[f], agreed[f],
-                    f == kShmAlpha || f == kNetAlpha ? "us" : "GB/s", kSourceName[source[f]]);
+                    is_alpha(f) ? "us" : "GB/s", derived ? "from the same-NUMA figure" : kSourceName[source[f]]);
       consts += buf;
     }
-    MC_INFO(kTune, "cost model on %d ranks, %s links: %s", n, network ? "network" : "shared-memory", consts.c_str());
+    MC_INFO(kTune, "cost model on %d ranks, %d host(s), %s links: %s", n, out->hosts(),
+            network ? "network" : xnuma ? "cross-NUMA" : "shared-memory", consts.c_str());
   }
   return kOk;
 }

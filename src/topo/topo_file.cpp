@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "topo/xml.h"
+#include "util/file_check.h"
 
 namespace meshccl {
 
@@ -259,8 +260,16 @@ bool topo_parse(const std::string& name, const char* data, size_t size, TopoFile
 }
 
 Status topo_read_file(const std::string& path, TopoFile* out) {
-  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), std::fclose);
-  if (!f) return MC_ERROR(ncclInvalidArgument, "topology file %s: cannot open: %s", path.c_str(), std::strerror(errno));
+  // The file steers placement and interface choice: only a regular file that
+  // no other user could have written is read.
+  std::string why;
+  const int fd = open_trusted_input(path, &why);
+  if (fd < 0) return MC_ERROR(ncclInvalidArgument, "topology file %s: refused: %s", path.c_str(), why.c_str());
+  std::unique_ptr<FILE, int (*)(FILE*)> f(fdopen(fd, "rb"), std::fclose);
+  if (!f) {
+    close(fd);
+    return MC_ERROR(ncclSystemError, "topology file %s: fdopen: %s", path.c_str(), std::strerror(errno));
+  }
   std::string data;
   char buf[65536];
   size_t n;
@@ -307,9 +316,16 @@ std::string topo_to_xml(const SystemGraph& g) {
 Status topo_write_file(const std::string& path, const SystemGraph& g) {
   const std::string text = topo_to_xml(g);
   const std::string tmp = path + ".tmp" + std::to_string(::getpid()) + "." + std::to_string(::gettid());
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr)
-    return MC_ERROR(ncclSystemError, "MESHCCL_TOPO_DUMP_FILE %s: cannot create: %s", path.c_str(), std::strerror(errno));
+  std::string why;
+  const int fd = open_private_output(tmp, &why);  // its name is predictable: not through a planted link
+  FILE* f = fd >= 0 ? fdopen(fd, "wb") : nullptr;
+  if (f == nullptr) {
+    if (fd >= 0) {
+      why = std::strerror(errno);
+      close(fd);
+    }
+    return MC_ERROR(ncclSystemError, "MESHCCL_TOPO_DUMP_FILE %s: cannot create: %s", path.c_str(), why.c_str());
+  }
   const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
   if (std::fclose(f) != 0 || !ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int e = errno;

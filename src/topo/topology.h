@@ -16,7 +16,7 @@ namespace meshccl {
 
 // Built-in bandwidths, GB/s per direction, used where nothing better is
 // known; they match the tuner's built-in shared-memory and network
-// fallbacks (collectives/cost_model.cpp), the cross-NUMA one is half the
+// fallbacks (kBuiltinShm, kBuiltinNet in topo/cost_model.h), the cross-NUMA one is half the
 // local one. Discovery replaces them with what hwloc reports (HMAT
 // bandwidth, SLIT distances) and a NIC's ethtool speed; files may set them.
 constexpr double kNominalNumaGbs = 5.0;

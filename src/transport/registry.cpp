@@ -22,6 +22,10 @@ namespace meshccl {
 
 namespace {
 
+// The last warning a transport logged on this thread since the library last
+// called into it: the reason behind a failed call, for the error message.
+thread_local std::string t_warning;
+
 void host_log(int level, const char* file, int line, const char* fmt, ...) {
   LogLevel l = level == MESHCCL_LOG_WARN   ? LogLevel::Warn
                : level == MESHCCL_LOG_INFO ? LogLevel::Info
@@ -33,6 +37,7 @@ void host_log(int level, const char* file, int line, const char* fmt, ...) {
   std::vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
   log_msg(l, kNet, file, line, "%s", msg);
+  if (l == LogLevel::Warn) t_warning = msg;
 }
 
 const char* host_get_param(const char* name) { return param_by_name(name); }
@@ -232,12 +237,15 @@ Status Transport::listen(void* handle, void** lc) { return check(api_->listen(ct
 Status Transport::connect(const void* handle, void** sc) { return check(api_->connect(ctx_, 0, handle, sc), "connect"); }
 Status Transport::accept(void* lc, void** rc) { return check(api_->accept(lc, rc), "accept"); }
 Status Transport::isend(void* sc, const void* data, size_t size, uint64_t tag, void** req) {
+  t_warning.clear();
   return check(api_->isend(sc, data, size, tag, nullptr, req), "send");
 }
 Status Transport::irecv(void* rc, void* data, size_t size, uint64_t tag, void** req) {
+  t_warning.clear();
   return check(api_->irecv(rc, data, size, tag, nullptr, req), "receive");
 }
 Status Transport::test(void* req, bool* done, size_t* size) {
+  t_warning.clear();
   int d = 0;
   size_t sz = 0;
   int rc = api_->test(req, &d, &sz);
@@ -245,6 +253,8 @@ Status Transport::test(void* req, bool* done, size_t* size) {
   if (size) *size = sz;
   return check(rc, "transfer");
 }
+const std::string& transport_warning() { return t_warning; }
+
 void Transport::close_send(void* c) { if (c) api_->close_send(c); }
 void Transport::close_recv(void* c) { if (c) api_->close_recv(c); }
 void Transport::close_listen(void* c) { if (c) api_->close_listen(c); }

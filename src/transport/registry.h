@@ -12,6 +12,10 @@
 
 namespace meshccl {
 
+// What the transport last warned about on this thread during the latest
+// send, receive or test call ("" if nothing): why that call failed.
+const std::string& transport_warning();
+
 class Transport {
  public:
   ~Transport();

@@ -29,6 +29,14 @@ class LiveSet {
     live_.erase(it);
     return true;
   }
+  // Runs f(*p) under the set's lock if p is live (so p cannot be removed
+  // meanwhile); returns f's result, or false when p is not live.
+  template <typename F>
+  bool with_live(const void* p, F f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = live_.find(static_cast<const T*>(p));
+    return it != live_.end() && f(const_cast<T&>(**it));
+  }
   bool contains(const void* p) const {
     std::lock_guard<std::mutex> lock(mu_);
     return live_.count(static_cast<const T*>(p)) != 0;

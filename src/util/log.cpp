@@ -15,6 +15,7 @@
 #include <set>
 #include <string>
 
+#include "util/file_check.h"
 #include "util/param.h"
 #include "util/status.h"
 
@@ -95,11 +96,16 @@ void init_locked(LogState& s) {
         path += file[i];
       }
     }
-    // Never through a symbolic link planted at that name.
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+    // Never through a symbolic link planted at that name, into a FIFO or
+    // another user's file: such a name is refused and logging stays on stderr.
+    std::string why;
+    int fd = open_private_output(path, &why);
     if (fd >= 0) {
       if (FILE* f = ::fdopen(fd, "w")) s.out = f;
       else ::close(fd);
+    } else {
+      std::fprintf(stderr, "meshccl: MESHCCL_DEBUG_FILE %s refused: %s; logging to stderr\n", path.c_str(),
+                   why.c_str());
     }
   }
   g_subsys.store(s.subsys);

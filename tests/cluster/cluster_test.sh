@@ -4,8 +4,9 @@
 # every collective across 2 and 3 hosts under meshrun --cluster, in the
 # layouts 2x1, 2x2 (round-robin and blocked), 3+1, 3x1 and 2+1+1, checking
 # which transport each pair of ranks uses; the same over the ucx transport
-# across 2, 3 and 4 hosts and a rank killed mid-job. Skips (exit 77) with the
-# reason where network namespaces cannot be made.
+# across 2, 3 and 4 hosts and over the ofi plugin (tcp provider), each with a
+# rank killed mid-job, when they are built. Skips (exit 77) with the reason
+# where network namespaces cannot be made.
 #   cluster_test.sh <scripts/cluster> <meshrun> <cluster_ranks> <plugin dir>
 set -u
 cluster=$1
@@ -19,6 +20,7 @@ net=socket
 for t in ucx ofi; do
   if [ -e "$plugins/libmeshccl-transport-$t.so" ]; then net=$t; break; fi
 done
+ofi=$plugins/libmeshccl-transport-ofi.so
 
 if ! why=$("$cluster" check 2>&1); then
   echo "SKIP: no emulated cluster here: ${why:-scripts/cluster check failed without saying why}" | head -1
@@ -144,6 +146,19 @@ check "  rank 0 on h2, rank 1 on h0" eval 'on 0 h2 0/1 && on 1 h0 0/1'
 check "--hosts with namespace names, no --cluster" job "$b" 2 --hosts "mcc-$b-h1,mcc-$b-h2"
 check "  rank 0 on h1, rank 1 on h2" eval 'on 0 h1 0/1 && on 1 h2 0/1'
 
+# The hierarchical algorithms forced, across real hosts: even, uneven, wide.
+export MESHCCL_ALGO="allreduce:hier;allgather:hier;reducescatter:hier;broadcast:hier;reduce:hier"
+check "hier 2x2: hierarchical collectives, 2 ranks per host" job "$a" 4 --ranks-per-host 2
+check "hier 3+1: uneven hosts" job "$a" 4 --ranks-per-host 3
+check "hier 2+1+1: 3 shaped hosts" job "$b" 4
+check "hier 2x4: 4 ranks per host" job "$a" 8 --ranks-per-host 4
+unset MESHCCL_ALGO
+export MESHCCL_DEBUG=INFO MESHCCL_DEBUG_SUBSYS=TUNE
+check "2x2 tuned: every candidate's prediction is logged" job "$a" 4 --ranks-per-host 2
+unset MESHCCL_DEBUG MESHCCL_DEBUG_SUBSYS
+check "  hier among the AllReduce candidates" has "AllReduce: .* -> algorithm [a-z_]+, estimated .*\(ring [0-9.]+, tree [0-9.]+, halving_doubling [0-9.]+, hier [0-9.]+"
+check "  the cost model knows the 2 hosts" has "cost model on 4 ranks, 2 host\(s\), network links"
+
 check "ranks see their namespace's devices in /sys" run "$meshrun" --cluster "$a" -n 2 sh -c 'echo net: $(ls /sys/class/net)'
 check "  eth0 and lo only" eval 'has "^\[0\] net: eth0 lo$" && has "^\[1\] net: eth0 lo$"'
 check "--bind core with --cluster" job "$a" 2 --bind core --report-bindings
@@ -172,18 +187,49 @@ if [ -e "$plugins/libmeshccl-transport-ucx.so" ]; then
   check "  one rank per host" eval 'on 0 h0 0/1 && on 3 h3 0/1'
   check "ucx 4x2: 8 ranks, 2 per host" job "$d" 8 -x NCCL_NET=ucx
   # A rank killed mid-job: the others fail within MESHCCL_TIMEOUT, saying why.
-  dead() {
+  # dead_ucx <cluster> <ranks> <victim>: every survivor's call fails within
+  # MESHCCL_TIMEOUT=10 (+5 s), saying why.
+  dead_ucx() {
     CLUSTER_NAME=$1 MESHCCL_TIMEOUT=10 timeout 100 "$meshrun" --cluster "$1" -n "$2" --timeout 90 --keep-going \
       -x MESHCCL_TRANSPORT=ucx "$ranks" --die "$3" >"$out" 2>&1
-    [ "$(grep -cE '^\[[0-9]+\] rank [0-9]+ survived: ' "$out")" -eq $(($2 - 1)) ]
+    [ "$(grep -cE '^\[[0-9]+\] rank [0-9]+ saw the dead peer after ' "$out")" -eq $(($2 - 1)) ] &&
+      ! sed -n 's/^\[[0-9]*\] rank [0-9]* saw the dead peer after \([0-9.]*\) s: .*/\1/p' "$out" |
+        awk '$1 > 15 { bad = 1 } END { exit !bad }'
   }
-  check "ucx: rank 1 of 3 killed, the 2 others fail in bounded time" dead "$b" 3 1
-  check "  with a remote error naming the lost peer" eval 'has "survived: remote process exited or there was a network error" && has "survived: .*(rank 1|ucx)"'
+  check "ucx: rank 1 of 3 killed, the 2 others fail within MESHCCL_TIMEOUT" dead_ucx "$b" 3 1
+  check "  with a remote error naming the lost peer" eval 'has "saw the dead peer .*remote process exited or there was a network error" && has "saw the dead peer .*(rank 1|ucx)"'
   check "  meshrun reports the kill" has "rank 1 \(pid [0-9]+\) was killed by SIGKILL"
-  check "ucx: rank 3 of 4 (4 hosts) killed" dead "$d" 4 3
+  check "ucx: rank 3 of 4 (4 hosts) killed" dead_ucx "$d" 4 3
   check "down 4 hosts" run "$cluster" down --name "$d"
 else
   echo "skip ucx: $plugins/libmeshccl-transport-ucx.so is not built (UCX was not found at configure time)"
+fi
+
+# ---- ofi ------------------------------------------------------------------
+# Every collective with every pair of ranks on the libfabric plugin (tcp
+# provider, also between ranks of one host), then a rank SIGKILLed mid-job:
+# each survivor's next collective fails within MESHCCL_TIMEOUT, saying why.
+if [ "$ofi" != none ] && [ -e "$ofi" ]; then
+  export MESHCCL_TRANSPORT=ofi FI_PROVIDER=tcp
+  export MESHCCL_DEBUG=INFO MESHCCL_DEBUG_SUBSYS=INIT,NET
+  check "ofi 2x1: every collective across 2 hosts" job "$a" 2
+  unset MESHCCL_DEBUG MESHCCL_DEBUG_SUBSYS
+  check "  rank 0 <-> rank 1 via ofi" has "\[0\] .*rank 0 <-> rank 1 via ofi"
+  check "  the tcp provider on eth0" has "\[0\] .*ofi: ofi:tcp;ofi_rxm:eth0"
+  check "ofi 2x2 round-robin: 2 ranks per host" job "$a" 4
+  check "ofi 2+1+1: 4 ranks on 3 shaped hosts" job "$b" 4
+  dead() {
+    MESHCCL_TIMEOUT=15 timeout 120 "$meshrun" --keep-going --cluster "$b" -n 3 --timeout 100 "$ranks" --die 1 >"$out" 2>&1
+    local s0 s2
+    s0=$(sed -n 's/^\[0\] rank 0 saw the dead peer after \([0-9.]*\) s: .*/\1/p' "$out")
+    s2=$(sed -n 's/^\[2\] rank 2 saw the dead peer after \([0-9.]*\) s: .*/\1/p' "$out")
+    [ -n "$s0" ] && [ -n "$s2" ] && awk -v a="$s0" -v b="$s2" 'BEGIN { exit !(a <= 20 && b <= 20) }'
+  }
+  check "ofi: rank 1 killed, ranks 0 and 2 fail within MESHCCL_TIMEOUT=15 s (+5)" dead
+  check "  with a remote error" has "saw the dead peer .*remote process exited or there was a network error"
+  unset MESHCCL_TRANSPORT FI_PROVIDER
+else
+  echo "skip ofi: the ofi plugin is not built (libfabric was not found at configure time)"
 fi
 
 # ---- bench ----------------------------------------------------------------

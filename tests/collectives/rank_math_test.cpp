@@ -146,3 +146,41 @@ TEST(RankMath, TreeLoads) {
 
 }  // namespace
 }  // namespace meshccl
+
+namespace meshccl {
+namespace {
+
+// Every host of 1..8 ranks under a widest host of up to 8: each share has one
+// owner, owners take consecutive shares, and every local rank owns one.
+TEST(HierRankMath, SharesCoverEveryHostRank) {
+  for (int widest = 1; widest <= 8; ++widest)
+    for (int k = 1; k <= widest; ++k) {
+      std::vector<int> owned(static_cast<size_t>(k), 0);
+      int prev = 0;
+      for (int j = 0; j < widest; ++j) {
+        const int o = share_owner(k, widest, j);
+        ASSERT_GE(o, prev);
+        ASSERT_LT(o, k);
+        ++owned[o];
+        prev = o;
+      }
+      for (int c : owned) EXPECT_GE(c, 1) << k << " of " << widest;
+      if (k == widest) {
+        for (int j = 0; j < widest; ++j) EXPECT_EQ(share_owner(k, widest, j), j);
+      }
+    }
+}
+
+TEST(HierRankMath, HostGroupsInOrderOfLowestRank) {
+  const HostGroups g = host_groups({7, 3, 7, 9, 3});
+  ASSERT_EQ(g.members.size(), 3u);
+  EXPECT_EQ(g.members[0], (std::vector<int>{0, 2}));
+  EXPECT_EQ(g.members[1], (std::vector<int>{1, 4}));
+  EXPECT_EQ(g.members[2], (std::vector<int>{3}));
+  EXPECT_EQ(g.host, (std::vector<int>{0, 1, 0, 2, 1}));
+  EXPECT_EQ(g.local, (std::vector<int>{0, 0, 1, 0, 1}));
+  EXPECT_EQ(g.widest, 2);
+}
+
+}  // namespace
+}  // namespace meshccl

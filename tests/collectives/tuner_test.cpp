@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <vector>
 #include <cstdlib>
 #include <string>
 
 #include "collectives/algorithms.h"
+#include "topo/topology.h"
 #include "util/param.h"
 
 namespace meshccl {
@@ -53,16 +55,31 @@ std::string pick(const TuneModel& t, OpKind kind, int nranks, size_t bytes) {
 
 // Shared memory with a cheap step, or one where a step costs a context switch.
 TuneModel fast(int n) { return make_tune_model(n, false, {1.0, 10.0}, {20.0, 1.25}, 10.0); }
+// n ranks on `hosts` hosts, blocked (ranks 0..n/hosts-1 on host 0, ...) or
+// round-robin, with a network between them.
+TuneModel across_hosts(int n, int hosts, bool blocked) {
+  std::vector<int> host(static_cast<size_t>(n));
+  const int per = (n + hosts - 1) / hosts;
+  for (int r = 0; r < n; ++r) host[r] = blocked ? r / per : r % hosts;
+  return with_hosts(make_tune_model(n, hosts > 1 && n > 1, {1.0, 10.0}, {20.0, 1.25}, 10.0), host);
+}
 TuneModel slow_steps(int n) { return make_tune_model(n, false, {200.0, 2.0}, {20.0, 1.25}, 10.0); }
 
 TEST(Tuner, EveryEstimateIsFiniteAndGrowsWithSize) {
   for (int n : {1, 2, 3, 5, 8, 64}) {
     for (const Algorithm& a : algorithm_table()) {
       if (a.cost == nullptr) continue;  // not chosen by cost (direct_shm)
+      // The hierarchical algorithms need hosts: ranks on 2 (n = 1: one).
+      const bool hier = std::string(a.name) == "hier";
+      const TuneModel m = hier ? across_hosts(n, 2, true) : fast(n);
       double prev = -1;
       for (size_t bytes = 4; bytes <= (size_t{1} << 30); bytes *= 4) {
         const OpDesc op = op_of(a.kind, n, bytes);
-        const double c = a.cost(BuildCtx::whole(fast(n), op), op);
+        const double c = a.cost(BuildCtx::whole(m, op), op);
+        if (hier && n == 1) {
+          EXPECT_TRUE(std::isinf(c)) << "hier on one host";
+          continue;
+        }
         EXPECT_TRUE(std::isfinite(c) && c >= 0) << a.name << " n=" << n;
         EXPECT_GE(c, prev) << a.name << " n=" << n << " bytes=" << bytes;
         prev = c;
@@ -138,13 +155,36 @@ TEST(Tuner, ForcedByEnvironment) {
 TEST(Tuner, BadForcingIsInvalidUsage) {
   const TuneModel t = fast(4);
   const Algorithm* a = nullptr;
-  for (const char* spec : {"allgather:tree", "nosuchalgo", "allreduce:ring;tree", "broadcast:^chain,tree,direct_shm"}) {
+  for (const char* spec : {"allgather:tree", "nosuchalgo", "allreduce:ring;tree", "broadcast:^chain,tree,direct_shm,hier"}) {
     ScopedEnv e("MESHCCL_ALGO", spec);
     OpKind kind = std::string(spec).rfind("broadcast", 0) == 0 ? OpKind::Broadcast
                   : std::string(spec).rfind("allgather", 0) == 0 ? OpKind::AllGather
                                                                  : OpKind::AllReduce;
     EXPECT_EQ(choose_algorithm(t, op_of(kind, 4, 64), &a).code(), ncclInvalidUsage) << spec;
   }
+}
+
+TEST(Tuner, HierarchicalAcrossHostsOnly) {
+  // One host: never hierarchical, even when forced (the cheapest plan runs).
+  for (OpKind kind : {OpKind::AllReduce, OpKind::AllGather, OpKind::ReduceScatter, OpKind::Broadcast, OpKind::Reduce})
+    EXPECT_NE(pick(fast(4), kind, 4, 64 << 20), "hier") << op_kind_name(kind);
+  {
+    ScopedEnv e("MESHCCL_ALGO", "allreduce:hier");
+    EXPECT_NE(pick(fast(4), OpKind::AllReduce, 4, 64 << 20), "hier");
+  }
+  // 2 hosts x 4 ranks, shared memory 8x faster than the network: large
+  // operations go hierarchical (each byte crosses the network once).
+  const TuneModel t = across_hosts(8, 2, true);
+  for (OpKind kind : {OpKind::AllReduce, OpKind::AllGather, OpKind::ReduceScatter})
+    EXPECT_EQ(pick(t, kind, 8, 64 << 20), "hier") << op_kind_name(kind);
+}
+
+TEST(Tuner, RingPaysEveryEdgeThatLeavesAHost) {
+  // 2x2: blocked, one ring edge leaves each host; round-robin, two.
+  const OpDesc op = op_of(OpKind::AllReduce, 4, 64 << 20);
+  const TuneModel blocked = across_hosts(4, 2, true), rr = across_hosts(4, 2, false);
+  EXPECT_DOUBLE_EQ(detail::ring_beta(BuildCtx::whole(rr, op)), 2 * detail::ring_beta(BuildCtx::whole(blocked, op)));
+  EXPECT_GT(cost_ring_allreduce(BuildCtx::whole(rr, op), op), 1.9 * cost_ring_allreduce(BuildCtx::whole(blocked, op), op) - 1000);
 }
 
 TEST(Tuner, PlanWhenOnlyDirectIsAllowed) {
@@ -157,6 +197,70 @@ TEST(Tuner, PlanWhenOnlyDirectIsAllowed) {
 TEST(Tuner, SendAndRecvIgnoreForcing) {
   ScopedEnv e("MESHCCL_ALGO", "tree");
   EXPECT_EQ(pick(fast(2), OpKind::Send, 2, 64), "p2p");
+}
+
+// The one estimate: what estimate_candidates reports (and meshccl_sim prints)
+// is each algorithm's own cost function, choose_algorithm takes its cheapest
+// allowed entry (the earlier on a tie), and a communicator's estimate (what
+// the scheduler sees) is that pick's cost.
+void expect_choice_agrees(const TuneModel& t, const OpDesc& op) {
+  const std::vector<Candidate> all = estimate_candidates(t, op);
+  const Candidate* best = nullptr;
+  for (const Candidate& c : all) {
+    EXPECT_EQ(c.algorithm->kind, op.kind);
+    EXPECT_EQ(c.cost_us, c.algorithm->cost(BuildCtx::whole(t, op), op)) << c.algorithm->name;
+    if (c.allowed && std::isfinite(c.cost_us) && (best == nullptr || c.cost_us < best->cost_us)) best = &c;
+  }
+  ASSERT_NE(best, nullptr) << op_kind_name(op.kind);
+  const Algorithm* pick = nullptr;
+  double cost = -1;
+  ASSERT_TRUE(choose_algorithm(t, op, &pick, &cost).ok());
+  EXPECT_EQ(pick, best->algorithm) << op_kind_name(op.kind) << " n=" << op.nranks << " count=" << op.count;
+  EXPECT_EQ(cost, best->cost_us);
+  double us = -1;
+  ASSERT_TRUE(make_algorithms(1, t, nullptr)->estimate(op, &us).ok());
+  EXPECT_EQ(us, best->cost_us);
+}
+
+TEST(Tuner, ChoiceIsTheCheapestCandidate) {
+  const TuneModel net = make_tune_model(0, true, {2.0, 5.0}, {20.0, 1.25}, 5.0);
+  for (int n : {2, 3, 7, 8, 64, 1000, 16384}) {
+    for (TuneModel t : {fast(n), slow_steps(n), net}) {
+      t.nranks = n;
+      for (OpKind kind : {OpKind::AllReduce, OpKind::Broadcast, OpKind::Reduce, OpKind::AllGather,
+                          OpKind::ReduceScatter, OpKind::AlltoAll, OpKind::Gather, OpKind::Send})
+        for (size_t bytes = 4; bytes <= (size_t{1} << 30); bytes *= 8) expect_choice_agrees(t, op_of(kind, n, bytes));
+    }
+  }
+}
+
+TEST(Tuner, CandidatesFollowForcing) {
+  ScopedEnv e("MESHCCL_ALGO", "allreduce:ring");
+  const OpDesc op = op_of(OpKind::AllReduce, 8, 8);
+  int allowed = 0;
+  for (const Candidate& c : estimate_candidates(fast(8), op)) {
+    EXPECT_EQ(c.allowed, std::string(c.algorithm->name) == "ring") << c.algorithm->name;
+    allowed += c.allowed;
+  }
+  EXPECT_EQ(allowed, 1);
+  expect_choice_agrees(fast(8), op);
+}
+
+// A described cluster's model: its rank count, and network links as soon as
+// two ranks are on different hosts.
+TEST(Tuner, ModelOfAGraph) {
+  SystemGraph g;
+  g.hosts.resize(2);
+  g.ranks.resize(4);
+  TuneModel t = tune_model_for(g, {1, 10}, {30, 2}, 7);
+  EXPECT_EQ(t.nranks, 4);
+  EXPECT_FALSE(t.network);
+  EXPECT_EQ(t.link().bw_gbs, 10);
+  g.ranks[3].host = 1;
+  t = tune_model_for(g, {1, 10}, {30, 2}, 7);
+  EXPECT_TRUE(t.network);
+  EXPECT_EQ(t.link().alpha_us, 30);
+  EXPECT_EQ(t.reduce_gbs, 7);
 }
 
 }  // namespace

@@ -8,6 +8,10 @@
 // type with sum, which keeps the suite to tens of seconds on 2 cores.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <tuple>
@@ -305,6 +309,84 @@ TEST_P(Collectives, DataMovement) {
 INSTANTIATE_TEST_SUITE_P(Ranks, Collectives,
                          ::testing::Combine(::testing::ValuesIn(kRankCounts), ::testing::Values("plans", "direct_shm")),
                          case_name);
+
+// The hierarchical algorithms on ranks grouped into hosts by a topology file
+// (MESHCCL_TOPO_FILE places each rank on a host; the transports stay shared
+// memory, the algorithms see the hosts): even, uneven and interleaved layouts
+// (tests/cluster runs them on real emulated hosts too: 2x2, 3+1, 2+1+1, 2x4).
+struct HostLayout {
+  const char* name;
+  std::vector<int> host;  // host of each rank
+};
+
+// A topology file placing rank r on host[r]; returns its path.
+std::string write_hosts_file(const std::string& name, const std::vector<int>& host) {
+  int hosts = 0;
+  for (int h : host) hosts = std::max(hosts, h + 1);
+  std::string xml = "<meshccl_topology version=\"1\">\n";
+  for (int h = 0; h < hosts; ++h)
+    xml += "  <host name=\"fake" + std::to_string(h) + "\">\n    <numa id=\"0\" cpus=\"0-1\"/>\n  </host>\n";
+  for (size_t r = 0; r < host.size(); ++r)
+    xml += "  <rank id=\"" + std::to_string(r) + "\" host=\"" + std::to_string(host[r]) + "\" numa=\"0\"/>\n";
+  xml += "</meshccl_topology>\n";
+  const char* dir = std::getenv("TMPDIR");
+  const std::string path = std::string(dir != nullptr ? dir : "/tmp") + "/meshccl_hosts_" + name + "_" +
+                           std::to_string(getpid()) + ".xml";
+  FILE* f = std::fopen(path.c_str(), "w");
+  EXPECT_NE(f, nullptr) << path;
+  if (f != nullptr) {
+    std::fputs(xml.c_str(), f);
+    std::fclose(f);
+  }
+  return path;
+}
+
+class HierAlgos : public ::testing::TestWithParam<HostLayout> {};
+
+TEST_P(HierAlgos, EveryCollective) {
+  const HostLayout& l = GetParam();
+  const int n = static_cast<int>(l.host.size());
+  const std::string file = write_hosts_file(l.name, l.host);
+  ScopedEnv env({{"MESHCCL_TOPO_FILE", file},
+                 {"MESHCCL_ALGO", "allreduce:hier;allgather:hier;reducescatter:hier;broadcast:hier;reduce:hier"}});
+  run_ranks(n, [n](ncclComm_t comm, int rank) {
+    for (bool ip : {false, true}) {
+      check_allreduce(comm, n, rank, ip);
+      check_reduce_scatter(comm, n, rank, ip);
+      check_data_movement(comm, n, rank, ip);
+      check_reduce(comm, n, rank, ip);
+      check_broadcast(comm, n, rank, ip);
+    }
+  });
+  std::remove(file.c_str());
+}
+
+// A large AllReduce: several segments, chunked sub-plans across hosts.
+TEST_P(HierAlgos, LargeAllReduce) {
+  const HostLayout& l = GetParam();
+  const int n = static_cast<int>(l.host.size());
+  const std::string file = write_hosts_file(std::string(l.name) + "_large", l.host);
+  ScopedEnv env({{"MESHCCL_TOPO_FILE", file}, {"MESHCCL_ALGO", "allreduce:hier"}, {"MESHCCL_CHUNKSIZE", "65536"}});
+  const size_t count = (3u << 20) / 4 + 5;
+  run_ranks(n, [&](ncclComm_t comm, int rank) {
+    std::vector<float> buf(count);
+    for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>((rank + i) % 5);
+    ASSERT_EQ(ncclAllReduce(buf.data(), buf.data(), count, ncclFloat, ncclSum, comm, nullptr), ncclSuccess);
+    for (size_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int r = 0; r < n; ++r) want += static_cast<float>((r + i) % 5);
+      ASSERT_EQ(buf[i], want) << i;
+    }
+  });
+  std::remove(file.c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(Hosts, HierAlgos,
+                         ::testing::Values(HostLayout{"h2x2_interleaved", {0, 1, 0, 1}},
+                                           HostLayout{"h3p1", {0, 0, 0, 1}}, HostLayout{"h2p1p1", {0, 0, 1, 2}},
+                                           HostLayout{"h3p2", {0, 1, 0, 1, 0}},
+                                           HostLayout{"h2x4", {0, 0, 0, 0, 1, 1, 1, 1}}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 // Large messages cross the chunking and the rendezvous paths, with every
 // algorithm; 3 ranks also take halving-doubling's fold.

@@ -114,6 +114,57 @@ TEST(Groups, DestroyOrAbortWithOperationsPendingInTheGroup) {
   }
 }
 
+// Another thread destroys (or aborts) a communicator while this thread's
+// open group holds operations on it: ncclGroupEnd must not touch the freed
+// communicator (heap-use-after-free under ASan before). The group fails and
+// says why; the other communicator's work is not run either (a failed group
+// runs nothing).
+TEST(Groups, DestroyOrAbortFromAnotherThreadWhileTheGroupHoldsOperations) {
+  for (bool abort : {false, true}) {
+    ncclComm_t gone[1], kept[1];
+    ASSERT_EQ(ncclCommInitAll(gone, 1, nullptr), ncclSuccess);
+    ASSERT_EQ(ncclCommInitAll(kept, 1, nullptr), ncclSuccess);
+    int x = 1, y = 0, z = 0;
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    ASSERT_EQ(ncclAllReduce(&x, &y, 1, ncclInt, ncclSum, gone[0], nullptr), ncclSuccess);
+    ASSERT_EQ(ncclAllReduce(&x, &z, 1, ncclInt, ncclSum, kept[0], nullptr), ncclSuccess);
+    ncclResult_t destroyed = ncclInternalError;
+    std::thread other([&] { destroyed = abort ? ncclCommAbort(gone[0]) : ncclCommDestroy(gone[0]); });
+    other.join();
+    ASSERT_EQ(destroyed, ncclSuccess);
+    // A new communicator may reuse the freed one's address: the group must
+    // still know its work was for the old one.
+    ncclComm_t reuse[1];
+    ASSERT_EQ(ncclCommInitAll(reuse, 1, nullptr), ncclSuccess);
+    EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
+    EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("destroyed (by another thread)"), std::string::npos)
+        << ncclGetLastError(nullptr);
+    EXPECT_EQ(y, 0);
+    EXPECT_EQ(z, 0);
+    // Both remaining communicators still work.
+    EXPECT_EQ(ncclAllReduce(&x, &z, 1, ncclInt, ncclSum, kept[0], nullptr), ncclSuccess);
+    EXPECT_EQ(z, 1);
+    EXPECT_EQ(ncclAllReduce(&x, &y, 1, ncclInt, ncclSum, reuse[0], nullptr), ncclSuccess);
+    EXPECT_EQ(y, 1);
+    EXPECT_EQ(ncclCommDestroy(kept[0]), ncclSuccess);
+    EXPECT_EQ(ncclCommDestroy(reuse[0]), ncclSuccess);
+  }
+}
+
+// Same with ncclGroupSimulateEnd, which asks each communicator's tuner.
+TEST(Groups, SimulateEndAfterAnotherThreadDestroyedTheCommunicator) {
+  ncclComm_t c[1];
+  ASSERT_EQ(ncclCommInitAll(c, 1, nullptr), ncclSuccess);
+  int x = 1, y = 0;
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  ASSERT_EQ(ncclAllReduce(&x, &y, 1, ncclInt, ncclSum, c[0], nullptr), ncclSuccess);
+  std::thread([&] { EXPECT_EQ(ncclCommDestroy(c[0]), ncclSuccess); }).join();
+  ncclSimInfo_t info = NCCL_SIM_INFO_INITIALIZER;
+  EXPECT_EQ(ncclGroupSimulateEnd(&info), ncclInvalidUsage);
+  EXPECT_EQ(ncclGroupStart(), ncclSuccess);  // the group state was reset: a new group works
+  EXPECT_EQ(ncclGroupEnd(), ncclSuccess);
+}
+
 TEST(Registration, GarbageAndRepeatedHandlesAreRefused) {
   Solo s;
   std::vector<char> buf(4096);

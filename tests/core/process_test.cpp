@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -186,12 +187,17 @@ TEST(ProcessFailure, KilledRankSocket) { killed_rank_case("socket"); }
 TEST(ProcessFailure, AbortFromAnotherThread) {
   set_timeout_env();
   const int n = 2;
-  ncclUniqueId id;
-  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  // The id is made after the fork: forking beside ncclGetUniqueId's thread
+  // can leave the sanitizer's locks held in a child (its aborter thread then
+  // never ran under ASan, one run in several).
+  SharedArray<SharedId> sid(1);
   SharedSlots slots(n);
   auto kids = run_procs(n, kChildDeadline, [&](int rank) {
+    ncclUniqueId id;
+    ncclResult_t res = shared_id(sid, rank, &id);
+    if (res != ncclSuccess) return fail(9, rank, "ncclGetUniqueId", res);
     ncclComm_t comm = nullptr;
-    ncclResult_t res = ncclCommInitRank(&comm, n, id, rank);
+    res = ncclCommInitRank(&comm, n, id, rank);
     if (res != ncclSuccess) return fail(10, rank, "ncclCommInitRank", res);
     if (rank == 1) {
       // Never joins the collective; outlives rank 0's abort.
@@ -225,6 +231,93 @@ TEST(ProcessFailure, AbortFromAnotherThread) {
 
 // ---------------------------------------------------------------------------
 // (f) Ranks disagree on nranks: every rank gets an error, nobody hangs.
+
+// A transfer that fails inside the engine on shm: the receiver cannot read
+// the payload (the sender unmapped its buffer while the send waited on a host
+// stream). Both ranks hear an error naming the cause well before
+// MESHCCL_TIMEOUT, and the communicator fails with it: the next collective
+// returns an error at once instead of waiting. Needs process_vm_readv between
+// the ranks (without it the sender streams the payload itself).
+TEST(ProcessFailure, FailedShmTransferFailsTheCommunicator) {
+  set_timeout_env();
+  const int n = 2;
+  SharedArray<SharedId> sid(1);
+  SharedSlots slots(2 * n);
+  SharedArray<int> sync(3);  // [0] rank 0's pid, [1] 1 = CMA works, 2 = refused, [2] buffer unmapped
+  auto kids = run_procs(n, kChildDeadline, [&](int rank) {
+    setenv("MESHCCL_DIRECT_SLOT_BYTES", "0", 1);  // through the transport, not the shared region
+    ncclUniqueId id;
+    ncclResult_t res = shared_id(sid, rank, &id);
+    if (res != ncclSuccess) return fail(9, rank, "ncclGetUniqueId", res);
+    ncclComm_t comm = nullptr;
+    res = ncclCommInitRank(&comm, n, id, rank);
+    if (res != ncclSuccess) return fail(10, rank, "ncclCommInitRank", res);
+    const auto wait_for = [&](int i) {
+      while (__atomic_load_n(&sync[i], __ATOMIC_SEQ_CST) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    };
+    if (rank == 0) {
+      __atomic_store_n(&sync[0], static_cast<int>(getpid()), __ATOMIC_SEQ_CST);
+    } else {
+      wait_for(0);
+      int probe = 0;
+      iovec local{&probe, sizeof probe}, remote{&sync[0], sizeof probe};
+      const bool cma = process_vm_readv(sync[0], &local, 1, &remote, 1, 0) == ssize_t(sizeof probe);
+      __atomic_store_n(&sync[1], cma ? 1 : 2, __ATOMIC_SEQ_CST);
+    }
+    wait_for(1);
+    if (sync[1] != 1) {
+      slots[rank].result = -2;  // skipped
+      ncclCommDestroy(comm);
+      return 0;
+    }
+    const size_t count = size_t{1} << 20;  // 4 MiB: a rendezvous, read from the sender's memory
+    const size_t bytes = count * sizeof(float);
+    auto t0 = Clock::now();
+    if (rank == 0) {
+      void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) return 20;
+      std::memset(p, 1, bytes);
+      meshcclStream_t s = nullptr;
+      if (meshcclStreamCreate(&s) != ncclSuccess) return 21;
+      res = ncclSend(p, count, ncclFloat, 1, comm, meshcclStreamAsCuda(s));
+      munmap(p, bytes);
+      __atomic_store_n(&sync[2], 1, __ATOMIC_SEQ_CST);
+      if (res == ncclSuccess) res = meshcclStreamSynchronize(s);
+      std::snprintf(slots[rank].message, sizeof(slots[rank].message), "%s", ncclGetLastError(nullptr));
+      meshcclStreamDestroy(s);
+    } else {
+      wait_for(2);
+      std::vector<float> buf(count);
+      res = ncclRecv(buf.data(), count, ncclFloat, 0, comm, nullptr);
+      std::snprintf(slots[rank].message, sizeof(slots[rank].message), "%s", ncclGetLastError(nullptr));
+    }
+    slots[rank].seconds = since(t0);
+    slots[rank].result = res;
+    int x = 1;
+    t0 = Clock::now();
+    slots[n + rank].result = ncclAllReduce(&x, &x, 1, ncclInt, ncclSum, comm, nullptr);
+    slots[n + rank].seconds = since(t0);
+    std::snprintf(slots[n + rank].message, sizeof(slots[n + rank].message), "%s", ncclGetLastError(nullptr));
+    ncclCommAbort(comm);
+    return 0;
+  });
+  ASSERT_EQ(kids.size(), size_t(n));
+  for (auto& k : kids) EXPECT_TRUE(exited_ok(k)) << describe(k);
+  if (slots[0].result == -2) GTEST_SKIP() << "process_vm_readv between the ranks is refused here";
+  for (int r = 0; r < n; ++r) {
+    const Slot& s = slots[r];
+    EXPECT_TRUE(is_peer_failure(s.result)) << "rank " << r << " returned " << s.result << ": " << s.message;
+    EXPECT_LT(s.seconds, kTimeout) << "rank " << r << ": " << s.message;
+    const Slot& after = slots[n + r];
+    EXPECT_NE(after.result, ncclSuccess) << "rank " << r << ": the failed communicator still ran a collective";
+    EXPECT_LT(after.seconds, kTimeout) << "rank " << r << ": " << after.message;
+    std::printf("[shm failure] rank %d: %s after %.3f s: %s\n[shm failure] rank %d next: %s after %.3f s: %s\n", r,
+                ncclGetErrorString(ncclResult_t(s.result)), s.seconds, s.message, r,
+                ncclGetErrorString(ncclResult_t(after.result)), after.seconds, after.message);
+  }
+  // The receiver names the read that failed.
+  EXPECT_NE(std::strstr(slots[1].message, "read"), nullptr) << slots[1].message;
+}
 
 TEST(ProcessFailure, MismatchedNranks) {
   set_timeout_env();

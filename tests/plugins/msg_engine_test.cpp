@@ -132,3 +132,14 @@ TEST(MsgEngine, ParseSize) {
 
 }  // namespace
 }  // namespace meshccl::plugin
+
+// A size from a peer's header that no allocation can have is refused, not
+// rounded up past SIZE_MAX into a tiny buffer.
+TEST(BufferPool, SizesNearTheAddressSpaceAreRefused) {
+  meshccl::plugin::BufferPool pool(1u << 20);
+  for (size_t n : {SIZE_MAX, SIZE_MAX - 1, SIZE_MAX - 65535}) {
+    meshccl::plugin::BufferPool::Buf b = pool.get(n);
+    EXPECT_EQ(b.ptr, nullptr) << n;
+    EXPECT_EQ(b.cap, 0u) << n;
+  }
+}

@@ -1,6 +1,9 @@
 // Topology files: NCCL samples, meshccl dumps round-tripping, malformed input.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -8,6 +11,7 @@
 #include "topo/discover.h"
 #include "topo/topo_file.h"
 #include "topo/xml.h"
+#include "util/log.h"
 
 namespace meshccl {
 namespace {
@@ -299,6 +303,40 @@ TEST(TopoFile, ReadErrors) {
   TopoFile f;
   EXPECT_EQ(topo_read_file("/nonexistent/topo.xml", &f).code(), ncclInvalidArgument);
   EXPECT_EQ(topo_read_file(TOPO_DATA_DIR, &f).code(), ncclInvalidArgument);  // a directory
+}
+
+
+// MESHCCL_TOPO_FILE steers placement and interface choice: only a regular
+// file that no other user could have written is read (docs/security.md). A
+// FIFO is refused at once instead of waiting for a writer.
+TEST(TopoFileRead, RefusesFilesOthersCouldHaveWritten) {
+  char dir[] = "/tmp/meshccl_topo_perm_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/topo.xml";
+  {
+    std::ofstream out(path);
+    out << data("two_numa_4ranks.xml");
+  }
+  TopoFile f;
+  ASSERT_EQ(chmod(path.c_str(), 0644), 0);
+  EXPECT_TRUE(topo_read_file(path, &f).ok());
+  ASSERT_EQ(chmod(path.c_str(), 0666), 0);
+  EXPECT_EQ(topo_read_file(path, &f).code(), ncclInvalidArgument);
+  EXPECT_NE(thread_last_error().find("writable by other users"), std::string::npos) << thread_last_error();
+  ASSERT_EQ(chmod(path.c_str(), 0644), 0);
+  if (geteuid() == 0) {  // a file of another user (needs the right to chown)
+    ASSERT_EQ(chown(path.c_str(), 65534, 65534), 0);
+    EXPECT_EQ(topo_read_file(path, &f).code(), ncclInvalidArgument);
+    EXPECT_NE(thread_last_error().find("owned by another user"), std::string::npos) << thread_last_error();
+  }
+  const std::string fifo = std::string(dir) + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_EQ(topo_read_file(fifo, &f).code(), ncclInvalidArgument);
+  EXPECT_NE(thread_last_error().find("not a regular file"), std::string::npos) << thread_last_error();
+  EXPECT_EQ(topo_read_file(dir, &f).code(), ncclInvalidArgument);  // a directory
+  unlink(fifo.c_str());
+  unlink(path.c_str());
+  rmdir(dir);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // Single-rank engine: whole-model gradient check, learning, checkpoints and
 // resume, command-line errors. Nothing here links meshccl.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -636,4 +638,25 @@ TEST(Model, ThreeDCollectivesPerLinear) {
   for (size_t i = 0; i < st.grads.size(); i++) {
     ASSERT_NEAR(st.grads[i], plain.grads[i], 1e-6f + 1e-4f * std::fabs(plain.grads[i])) << i;
   }
+}
+
+// Resuming loads what --ckpt-dir holds: a directory other users may write
+// (or that belongs to another user) is refused before anything is saved.
+TEST(Checkpoint, DirectoryOthersCanWriteIsRefused) {
+  const fs::path dir = fresh_dir("ckpt_perm");
+  fs::create_directories(dir);
+  ASSERT_EQ(::chmod(dir.c_str(), 0777), 0);
+  try {
+    check_dir_usable(dir.string(), 0);
+    ADD_FAILURE() << "a world-writable --ckpt-dir was accepted";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("writable by other users (mode 0777)"), std::string::npos) << e.what();
+  }
+  ASSERT_EQ(::chmod(dir.c_str(), 0755), 0);
+  EXPECT_NO_THROW(check_dir_usable(dir.string(), 0));
+  if (::geteuid() == 0) {
+    ASSERT_EQ(::chown(dir.c_str(), 65534, 65534), 0);
+    EXPECT_THROW(check_dir_usable(dir.string(), 0), CheckpointError);
+  }
+  fs::remove_all(dir);
 }

@@ -1,0 +1,53 @@
+// What the hierarchical algorithms share (hier_*.cpp): the group's ranks by
+// host, tag ranges for the sub-plans they compose, sub-plans built over a
+// sub-group after a step of their own, and the costs of their local and
+// network phases. Internal to collectives/.
+#pragma once
+
+#include <vector>
+
+#include "collectives/algorithms.h"
+
+namespace meshccl::hier {
+
+// The ranks of ctx's group by host (TuneModel::host of each position's rank).
+HostGroups layout(const BuildCtx& ctx);
+
+// A plan's tags cut into `ranges` equal ranges: range 0 for the algorithm's
+// own messages, the others one per sub-plan.
+struct Tags {
+  uint32_t width = 0;
+  uint32_t base(int range) const { return width * static_cast<uint32_t>(range); }
+};
+Tags tag_ranges(int ranges);
+
+// op as a sub-plan's operation: `count` elements from `in` to `out`, no
+// averaging and no PreMulSum scaling (set premul again where it applies), chunks large enough for the sub-plan's tags to fit one range
+// (group_size ranks; ranges as in tag_ranges).
+OpDesc sub_op(const OpDesc& op, OpKind kind, const void* in, void* out, size_t count, int group_size, int ranges);
+
+// Builds `build` for the sub-group `members` (positions in ctx's group; this
+// rank at index `me`) with tags from `tag_base` on, every step of it after
+// `after` (Plan::kNoStep: none). *done: a step that completes once all of
+// them have.
+Status build_sub(const BuildCtx& ctx, BuildFn build, const std::vector<int>& members, int me, uint32_t tag_base,
+                 const OpDesc& sub, Plan::StepId after, Plan* plan, Plan::StepId* done);
+
+// The model a sub-plan across hosts runs under: one rank per host, each
+// host's link shared by `channels` sub-plans running at once.
+TuneModel net_model(const TuneModel& model, int hosts, int channels);
+// The model of the ranks of one host: shared memory only.
+TuneModel local_model(const TuneModel& model, int ranks);
+
+// The cheapest of `candidates` for op on `nranks` ranks under model.
+struct Choice {
+  const Algorithm* algorithm = nullptr;
+  double us = 0;
+};
+Choice cheapest(const TuneModel& model, int nranks, const OpDesc& op, OpKind kind,
+                std::initializer_list<const char*> candidates);
+
+// Segments a large operation is cut into so that its phases overlap.
+int segments(const OpDesc& op, size_t bytes, int shares);
+
+}  // namespace meshccl::hier

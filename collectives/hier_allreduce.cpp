@@ -1,0 +1,131 @@
+// Hierarchical AllReduce for communicators spanning hosts. The data is cut
+// into S segments of K shares each (K = the most ranks on one host); on every
+// host, share j belongs to local rank share_owner(k, K, j) (a host of k < K
+// ranks gives some ranks several shares). Per share:
+//   1. reduce inside the host: the other local ranks send their piece to the
+//      owner, which reduces them into its output;
+//   2. all-reduce across hosts among the owners of the share, one per host
+//      (ring, tree or halving-doubling, whichever the model prefers for H
+//      ranks on links shared by K channels), built with build_in;
+//   3. the owner sends the result to the other local ranks.
+// Every byte crosses the network once per direction of the inter-host
+// all-reduce, all local ranks drive the network at once, and the phases of
+// successive segments overlap.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "collectives/hier.h"
+
+namespace meshccl {
+
+using detail::at;
+using detail::block_begin;
+
+namespace {
+
+struct Layout {
+  HostGroups g;
+  int hosts = 0, shares = 0, segs = 0;
+  hier::Tags tags;
+  const Algorithm* inter = nullptr;
+};
+
+Layout make_layout(const BuildCtx& ctx, const OpDesc& op) {
+  Layout l;
+  l.g = hier::layout(ctx);
+  l.hosts = static_cast<int>(l.g.members.size());
+  l.shares = l.g.widest;
+  const size_t bytes = op.count * op.elem();
+  l.segs = hier::segments(op, bytes, l.shares);
+  l.tags = hier::tag_ranges(1 + l.segs * l.shares);
+  OpDesc channel = op;
+  channel.count = op.count / static_cast<size_t>(l.shares);
+  l.inter = hier::cheapest(hier::net_model(ctx.model, l.hosts, l.shares), l.hosts, channel, OpKind::AllReduce,
+                           {"ring", "tree", "halving_doubling"})
+                .algorithm;
+  return l;
+}
+
+// Phase 1 at the owner of a piece: reduce the other local ranks' pieces into
+// out (they land in scratch first). Returns the step after which out holds
+// the host's sum.
+Plan::StepId reduce_local(Plan* plan, const std::vector<int>& host, int me, uint32_t tag, const void* in, void* out,
+                          size_t len, size_t es, Plan::StepId scaled) {
+  Plan::StepId prev = scaled;
+  const void* acc = in;
+  for (int m : host) {
+    if (m == me) continue;
+    void* tmp = plan->scratch(len * es);
+    Plan::StepId got = plan->recv(m, tag, tmp, len * es);
+    prev = plan->reduce(out, acc, tmp, len, {got, prev});
+    acc = out;
+  }
+  if (acc != out && in != out) prev = plan->copy(out, in, len * es, {scaled});
+  return prev;
+}
+
+}  // namespace
+
+Status build_hier_allreduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan) {
+  const size_t es = op.elem(), count = op.count;
+  const detail::OwnInput own = detail::own_input(op, plan, op.recvbuff, count);
+  const Layout l = make_layout(ctx, op);
+  const int h = l.g.host[ctx.rank], me = ctx.rank;
+  const std::vector<int>& host = l.g.members[h];
+  const int k = static_cast<int>(host.size()), pieces = l.segs * l.shares;
+  if (l.inter == nullptr) return MC_ERROR(ncclInternalError, "hier: no algorithm across hosts");
+  for (int q = 0; q < pieces; ++q) {
+    const size_t lo = block_begin(count, pieces, q), len = block_begin(count, pieces, q + 1) - lo;
+    if (len == 0) continue;
+    const int j = q % l.shares, owner = host[share_owner(k, l.shares, j)];
+    const uint32_t up = static_cast<uint32_t>(q), down = static_cast<uint32_t>(pieces + q);
+    void* out = at(op.recvbuff, lo, es);
+    if (me != owner) {
+      Plan::StepId sent = plan->send(owner, up, at(own.data, lo, es), len * es, {own.scaled});
+      plan->recv(owner, down, out, len * es, {sent});  // in place: after the send read it
+      continue;
+    }
+    Plan::StepId ready = reduce_local(plan, host, me, up, at(own.data, lo, es), out, len, es, own.scaled);
+    // The owners of share j on every host, this one at index h.
+    std::vector<int> channel(static_cast<size_t>(l.hosts));
+    for (int g = 0; g < l.hosts; ++g) {
+      const std::vector<int>& hg = l.g.members[g];
+      channel[g] = hg[share_owner(static_cast<int>(hg.size()), l.shares, j)];
+    }
+    const OpDesc sub = hier::sub_op(op, OpKind::AllReduce, out, out, len, l.hosts, 1 + pieces);
+    Plan::StepId done = Plan::kNoStep;
+    MC_TRY(hier::build_sub(ctx, l.inter->build, channel, h, l.tags.base(1 + q), sub, ready, plan, &done));
+    if (op.avg) done = plan->divide(out, out, len, {done});
+    for (int m : host)
+      if (m != me) plan->send(m, down, out, len * es, {done});
+  }
+  plan->algorithm = "hier";
+  return kOk;
+}
+
+// Phases 1 and 3 move (k-1)/k of the data over shared memory (the local
+// links all busy at once), phase 2 is the inter-host algorithm's cost for
+// H ranks with each host link shared by K channels. Successive segments
+// overlap, so the slower of the two carries the whole data and the other
+// one segment's worth.
+double cost_hier_allreduce(const BuildCtx& ctx, const OpDesc& op) {
+  const HostGroups g = hier::layout(ctx);
+  const int hosts = static_cast<int>(g.members.size()), k = g.widest;
+  if (hosts < 2) return std::numeric_limits<double>::infinity();
+  const TuneModel& t = ctx.model;
+  const double bytes = static_cast<double>(op.count * op.elem());
+  OpDesc channel = op;
+  channel.count = op.count / static_cast<size_t>(k);
+  const hier::Choice inter = hier::cheapest(hier::net_model(t, hosts, k), hosts, channel, OpKind::AllReduce,
+                                            {"ring", "tree", "halving_doubling"});
+  const LinkCost& local = t.local();
+  const double share = (k - 1.0) / k;
+  const double local_us = share * bytes * (2e-3 / local.bw_gbs + t.gamma());
+  const double segs = hier::segments(op, op.count * op.elem(), k);
+  const double alphas = k > 1 ? 2 * local.alpha_us : 0;
+  return alphas + std::max(inter.us, local_us) + std::min(inter.us, local_us) / segs;
+}
+
+}  // namespace meshccl

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# AllReduce across an emulated cluster (scripts/cluster, root only): the link
+# limit from iperf3 in the same run, then all_reduce_perf with the
+# hierarchical algorithm, the flat ring and the tuner's own pick, each with
+# the cost model's prediction for the sizes it ran. Prints one table per run:
+#   size  algo  measured_us  predicted_us  algbw_GBs
+# Usage: perf/cluster_allreduce.sh CLUSTER RANKS RANKS_PER_HOST [BUILD] [MIN] [MAX] [ITERS]
+set -euo pipefail
+cluster=$1 n=$2 per=$3 build=${4:-build} lo=${5:-64K} hi=${6:-256M} iters=${7:-3}
+here=$(cd "$(dirname "$0")/.." && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+"$here/scripts/cluster" bench --name "$cluster" --time 2 | grep -E "^(link_bps|path_bps|path_bidir_bps)="
+for algo in hier ring default; do
+  spec="allreduce:$algo"
+  [ "$algo" = default ] && spec=""
+  MESHCCL_ALGO=$spec MESHCCL_DEBUG=INFO MESHCCL_DEBUG_SUBSYS=TUNE timeout 600 \
+    "$here/$build/tools/meshrun/meshrun" --cluster "$cluster" -n "$n" --ranks-per-host "$per" \
+    "$here/$build/perf/all_reduce_perf" -b "$lo" -e "$hi" -f 4 -n "$iters" -w 1 -c 0 >"$tmp/out" 2>&1 || {
+    echo "run $algo failed"; tail -5 "$tmp/out"; continue; }
+  # Predictions: rank 0's log line per plan, by element count.
+  awk -v algo="$algo" '
+    /^\[0\].*AllReduce: [0-9]+ elements of float -> algorithm/ {
+      for (i = 1; i <= NF; ++i) { if ($i == "AllReduce:") c = $(i+1); if ($i == "algorithm") a = $(i+1); if ($i == "estimated") e = $(i+1) }
+      sub(",", "", a); pred[c * 4] = e; pick[c * 4] = a }
+    /^\[0\] +[0-9]+ +[0-9]+ +float +sum/ {
+      size = $2; t = $7; bw = $8
+      printf "%10d %-8s %-16s %12.1f %12.1f %8.3f\n", size, algo, pick[size], t, pred[size], bw }
+  ' "$tmp/out"
+done
+"$here/scripts/cluster" bench --name "$cluster" --time 2 | grep -E "^(link_bps|path_bps|path_bidir_bps)="

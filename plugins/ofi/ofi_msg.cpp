@@ -1,0 +1,425 @@
+// Messages of the libfabric transport: headers with small payloads inline,
+// longer payloads in chunks, matching by user tag, and closing (a "bye"
+// header from a sender, a notice on the back channel from a receiver).
+#include <rdma/fi_errno.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstring>
+
+#include "plugins/ofi/ofi_comm.h"
+
+namespace meshccl::plugin::ofi {
+
+namespace {
+
+constexpr uint64_t kFlushNs = 500'000'000;  // how long a close waits to hand over its notice
+
+template <class Post>
+meshccl_tresult_t post_retry(Ctx* ctx, const char* what, Op* op, bool wait, Post&& post) {
+  uint64_t deadline = 0;
+  for (;;) {
+    ssize_t rc = post();
+    if (rc == 0) {
+      ++op->posted;
+      return MESHCCL_T_SUCCESS;
+    }
+    if (rc != -FI_EAGAIN) return fi_fail(ctx->host, what, rc);
+    if (!wait) return kBusy;
+    MPLUG_CHECK(progress(ctx));
+    if (deadline == 0) deadline = now_ns() + kFlushNs;
+    if (now_ns() > deadline) {
+      MPLUG_WARN(ctx->host, "ofi: %s: the queue stayed full for %" PRIu64 " ms", what, kFlushNs / 1'000'000);
+      return MESHCCL_T_SYSTEM_ERROR;
+    }
+  }
+}
+
+// Waits a bounded time for a notice to leave, then lets it go (orphaned if
+// libfabric still has it).
+void flush(Ctx* ctx, Request* r) {
+  uint64_t deadline = now_ns() + kFlushNs;
+  while (busy(r->hdr) && now_ns() < deadline && progress(ctx) == MESHCCL_T_SUCCESS) {
+  }
+  release(ctx, r);
+}
+
+void drop(Ctx* ctx, Request*& r) {
+  if (r == nullptr) return;
+  if (busy(r->hdr)) fi_cancel(&ctx->ep->fid, &r->hdr);
+  if (busy(r->body)) fi_cancel(&ctx->ep->fid, &r->body);
+  release(ctx, r);
+  r = nullptr;
+}
+
+// ---- sending -------------------------------------------------------------------
+
+// Takes in what the receiver's side reported: the hello sent (or not), a
+// notice that the receiver closed.
+void refresh(SendComm* c) {
+  Ctx* ctx = c->ctx;
+  if (c->hello != nullptr && c->hello->state == State::kPosted && !busy(c->hello->hdr)) {
+    if (c->hello->hdr.err != 0 && c->broken == MESHCCL_T_SUCCESS) c->broken = op_fail(ctx, "sending the hello", c->hello->hdr);
+    release(ctx, c->hello);
+    c->hello = nullptr;
+  }
+  if (c->back != nullptr && !busy(c->back->hdr) && c->back->hdr.posted > 0) {
+    if (c->broken == MESHCCL_T_SUCCESS) {
+      if (c->back->hdr.err != 0) {
+        c->broken = op_fail(ctx, "waiting for the receiver's notices", c->back->hdr);
+      } else {
+        WireHdr h;
+        std::memcpy(&h, c->back->buf, sizeof(h));
+        c->delivered_below = h.complete_below;
+        MPLUG_INFO(ctx->host, "ofi: the receiver closed connection %u", c->conn);
+        c->broken = MESHCCL_T_REMOTE_ERROR;
+      }
+    }
+    release(ctx, c->back);
+    c->back = nullptr;
+  }
+}
+
+meshccl_tresult_t post_header(SendComm* c, Request* r) {
+  WireHdr h{r->tag, r->size, 0, 0, 0};
+  std::memcpy(r->buf, &h, sizeof(h));
+  size_t n = sizeof(h);
+  if (r->nchunks == 0) {
+    if (r->size != 0) std::memcpy(r->buf + sizeof(h), r->data, r->size);
+    n += r->size;
+  }
+  meshccl_tresult_t res = post_tsend(c->ctx, r->buf, n, c->peer, ftag(kHeader, c->conn, c->seq, 0), &r->hdr, false);
+  if (res != MESHCCL_T_SUCCESS) return res;
+  r->seq = c->seq++;
+  r->state = State::kPosted;
+  return MESHCCL_T_SUCCESS;
+}
+
+}  // namespace
+
+meshccl_tresult_t post_tsend(Ctx* ctx, const void* buf, size_t n, fi_addr_t to, uint64_t tag, Op* op, bool wait) {
+  return post_retry(ctx, "sending (fi_tsend)", op, wait,
+                    [&] { return fi_tsend(ctx->ep, buf, n, nullptr, to, tag, op); });
+}
+
+meshccl_tresult_t post_trecv(Ctx* ctx, void* buf, size_t n, fi_addr_t from, uint64_t tag, Op* op, bool wait) {
+  return post_retry(ctx, "receiving (fi_trecv)", op, wait,
+                    [&] { return fi_trecv(ctx->ep, buf, n, nullptr, from, tag, 0, op); });
+}
+
+// Posts what waits in the send queue, in order, until libfabric is full.
+meshccl_tresult_t advance_sends(SendComm* c) {
+  Ctx* ctx = c->ctx;
+  if (c->hello != nullptr && c->hello->state == State::kQueued) {  // the hello goes first
+    meshccl_tresult_t res =
+        post_tsend(ctx, c->hello->buf, sizeof(Hello), c->peer, ftag(kHello, c->conn, 0, 0), &c->hello->hdr, false);
+    if (res == kBusy) return MESHCCL_T_SUCCESS;
+    if (res != MESHCCL_T_SUCCESS) return res;
+    c->hello->state = State::kPosted;
+  }
+  for (Request* r = c->queue.front(); r != nullptr; r = r->next) {
+    if (r->state == State::kQueued) {
+      meshccl_tresult_t res = post_header(c, r);
+      if (res == kBusy) return MESHCCL_T_SUCCESS;
+      if (res != MESHCCL_T_SUCCESS) return res;
+    }
+    while (r->state == State::kPosted && r->chunks_posted < r->nchunks) {
+      uint64_t off = r->chunks_posted * ctx->chunk;
+      uint64_t len = std::min(ctx->chunk, r->size - off);
+      meshccl_tresult_t res =
+          post_tsend(ctx, r->data + off, len, c->peer, ftag(kPayload, c->conn, r->seq, r->chunks_posted), &r->body, false);
+      if (res == kBusy) return MESHCCL_T_SUCCESS;
+      if (res != MESHCCL_T_SUCCESS) return res;
+      ++r->chunks_posted;
+    }
+    r->state = State::kActive;
+  }
+  return MESHCCL_T_SUCCESS;
+}
+
+meshccl_tresult_t send_post(SendComm* c, const void* data, size_t size, uint64_t tag, void** request) {
+  Ctx* ctx = c->ctx;
+  MPLUG_CHECK(progress(ctx));
+  refresh(c);
+  if (c->broken != MESHCCL_T_SUCCESS) return c->broken;
+  uint64_t nchunks = size <= kInline ? 0 : (size + ctx->chunk - 1) / ctx->chunk;
+  if (nchunks > kMaxChunks) {
+    MPLUG_WARN(ctx->host, "ofi: a %zu-byte message needs more than %" PRIu64 " messages of %" PRIu64 " bytes", size,
+               kMaxChunks, ctx->chunk);
+    return MESHCCL_T_INVALID_USAGE;
+  }
+  Request* r = new_request(ctx, Kind::kSend, c);
+  if (r == nullptr) return MESHCCL_T_SYSTEM_ERROR;
+  r->state = State::kQueued;
+  r->tag = tag;
+  r->data = static_cast<unsigned char*>(const_cast<void*>(data));
+  r->size = size;
+  r->nchunks = nchunks;
+  c->queue.push_back(r);
+  *request = r;
+  meshccl_tresult_t res = advance_sends(c);
+  if (res != MESHCCL_T_SUCCESS) c->broken = res;  // reported by test
+  return MESHCCL_T_SUCCESS;
+}
+
+meshccl_tresult_t send_test(Request* r, int* done, size_t* size) {
+  auto* c = static_cast<SendComm*>(r->comm);
+  Ctx* ctx = c->ctx;
+  *done = 0;
+  meshccl_tresult_t res = progress(ctx);
+  refresh(c);
+  if (res == MESHCCL_T_SUCCESS && c->broken == MESHCCL_T_SUCCESS) res = advance_sends(c);
+  if (res != MESHCCL_T_SUCCESS && c->broken == MESHCCL_T_SUCCESS) c->broken = res;
+  if (r->state == State::kActive && !busy(r->hdr) && !busy(r->body)) {
+    const Op& bad = r->hdr.err != 0 ? r->hdr : r->body;
+    res = bad.err != 0 ? op_fail(ctx, "sending a message", bad) : MESHCCL_T_SUCCESS;
+    if (res == MESHCCL_T_REMOTE_ERROR && c->broken == MESHCCL_T_SUCCESS) c->broken = res;
+  } else if (c->broken != MESHCCL_T_SUCCESS) {
+    // The receiver may close once it holds the data, before libfabric here
+    // heard back: those sends succeeded.
+    bool delivered = r->state == State::kActive && r->seq < c->delivered_below;
+    res = delivered ? MESHCCL_T_SUCCESS : c->broken;
+    if (!delivered) MPLUG_WARN(ctx->host, "ofi: a send on connection %u failed: the receiver closed or failed", c->conn);
+  } else if (peer_dead(ctx->host, c->peer_pid, c->watch)) {
+    res = c->broken = MESHCCL_T_REMOTE_ERROR;
+  } else {
+    return MESHCCL_T_SUCCESS;  // in flight
+  }
+  if (size != nullptr) *size = res == MESHCCL_T_SUCCESS ? r->size : 0;
+  c->queue.remove(r);
+  release(ctx, r);
+  *done = 1;
+  return res;
+}
+
+// ---- receiving -----------------------------------------------------------------
+
+namespace {
+
+meshccl_tresult_t post_slot(RecvComm* c, Request* s) {
+  s->hdr = Op{s, 0, 0, 0, 0, 0};
+  meshccl_tresult_t res =
+      post_trecv(c->ctx, s->buf, kBufBytes, c->peer, ftag(kHeader, c->conn, s->seq, 0), &s->hdr, false);
+  s->state = res == MESHCCL_T_SUCCESS ? State::kPosted : State::kQueued;
+  return res == kBusy ? MESHCCL_T_SUCCESS : res;
+}
+
+meshccl_tresult_t post_chunks(RecvComm* c, Request* r) {
+  Ctx* ctx = c->ctx;
+  bool truncated = r->nbytes > r->size;
+  // A window of chunks at a time: a provider that copies a whole posted
+  // receive in one progress call (shm with CMA) then does bounded work per poll.
+  while (r->chunks_posted < r->nchunks && r->body.posted - r->body.finished < kChunkWindow) {
+    uint64_t off = r->chunks_posted * ctx->chunk;
+    uint64_t len = std::min(ctx->chunk, r->nbytes - off);
+    unsigned char* dst = truncated ? c->scratch.data() : r->data + off;
+    meshccl_tresult_t res =
+        post_trecv(ctx, dst, len, c->peer, ftag(kPayload, c->conn, r->seq, r->chunks_posted), &r->body, false);
+    if (res == kBusy) return MESHCCL_T_SUCCESS;
+    if (res != MESHCCL_T_SUCCESS) return res;
+    ++r->chunks_posted;
+  }
+  return MESHCCL_T_SUCCESS;
+}
+
+// r matched message `seq` of `size` bytes; `inl` holds its payload when it
+// came inline.
+meshccl_tresult_t start_recv(RecvComm* c, Request* r, uint64_t size, uint64_t seq, const void* inl) {
+  r->nbytes = size;
+  r->seq = seq;
+  c->active.push_back(r);
+  if (size > r->size) {
+    MPLUG_WARN(c->ctx->host, "ofi: a %" PRIu64 "-byte message (tag %" PRIu64 ") does not fit a %" PRIu64 "-byte receive",
+               size, r->tag, r->size);
+    r->result = MESHCCL_T_INVALID_USAGE;
+  }
+  if (size <= kInline) {
+    if (r->result == MESHCCL_T_SUCCESS && size != 0) std::memcpy(r->data, inl, size);
+    r->state = State::kDone;
+    return MESHCCL_T_SUCCESS;
+  }
+  r->state = State::kActive;
+  r->nchunks = (size + c->ctx->chunk - 1) / c->ctx->chunk;
+  if (size > r->size && c->scratch.size() < std::min(size, c->ctx->chunk))
+    c->scratch.resize(std::min(size, c->ctx->chunk));
+  return post_chunks(c, r);
+}
+
+// One header arrived in slot s: match it, keep it as unexpected, or learn
+// that the sender closed.
+meshccl_tresult_t take_header(RecvComm* c, Request* s) {
+  WireHdr h;
+  std::memcpy(&h, s->buf, sizeof(h));
+  if (h.flags & kFlagBye) {
+    c->closed = true;
+    c->complete_below = h.complete_below;
+    return MESHCCL_T_SUCCESS;
+  }
+  bool inl = h.size <= kInline;
+  if (s->hdr.bytes != sizeof(h) + (inl ? h.size : 0)) {
+    MPLUG_WARN(c->ctx->host, "ofi: a malformed message header on connection %u", c->conn);
+    return MESHCCL_T_SYSTEM_ERROR;
+  }
+  const unsigned char* payload = s->buf + sizeof(h);
+  if (Request* r = c->posted.take_tag(h.tag)) return start_recv(c, r, h.size, s->seq, payload);
+  Unexpected* u = c->unex.get();
+  if (u == nullptr) return MESHCCL_T_SYSTEM_ERROR;
+  u->tag = h.tag;
+  u->size = h.size;
+  u->seq = s->seq;
+  if (inl && h.size != 0) {
+    u->inl = c->ctx->bufs.get(h.size);
+    if (u->inl.ptr == nullptr) return MESHCCL_T_SYSTEM_ERROR;
+    std::memcpy(u->inl.ptr, payload, h.size);
+  }
+  c->unexpected.push_back(u);
+  return MESHCCL_T_SUCCESS;
+}
+
+// Takes in every header that arrived, in order, and keeps receives posted.
+meshccl_tresult_t pump(RecvComm* c) {
+  MPLUG_CHECK(progress(c->ctx));
+  for (int i = 0; i < 4 * kHdrWindow && !c->closed; ++i) {
+    Request* s = c->slots[c->seq % kHdrWindow];
+    if (s->state == State::kQueued) MPLUG_CHECK(post_slot(c, s));
+    if (s->state == State::kQueued || busy(s->hdr)) break;
+    if (s->hdr.err != 0) return op_fail(c->ctx, "receiving a message header", s->hdr);
+    MPLUG_CHECK(take_header(c, s));
+    ++c->seq;
+    s->seq += kHdrWindow;
+    if (!c->closed) MPLUG_CHECK(post_slot(c, s));
+  }
+  for (Request* r = c->active.front(); r != nullptr; r = r->next)
+    if (r->state == State::kActive && r->chunks_posted < r->nchunks && r->body.err == 0) MPLUG_CHECK(post_chunks(c, r));
+  return MESHCCL_T_SUCCESS;
+}
+
+}  // namespace
+
+meshccl_tresult_t start_slots(RecvComm* c) {
+  for (int i = 0; i < kHdrWindow; ++i) {
+    Request* s = new_request(c->ctx, Kind::kSlot, c);
+    if (s == nullptr) return MESHCCL_T_SYSTEM_ERROR;
+    s->seq = static_cast<uint64_t>(i);
+    c->slots[i] = s;
+    MPLUG_CHECK(post_slot(c, s));
+  }
+  return MESHCCL_T_SUCCESS;
+}
+
+meshccl_tresult_t recv_post(RecvComm* c, void* data, size_t size, uint64_t tag, void** request) {
+  Unexpected* u = c->unexpected.take_tag(tag);
+  if (u == nullptr && c->closed) {
+    MPLUG_WARN(c->ctx->host, "ofi: the sender closed connection %u", c->conn);
+    return MESHCCL_T_REMOTE_ERROR;
+  }
+  Request* r = new_request(c->ctx, Kind::kRecv, c);
+  if (r == nullptr) return MESHCCL_T_SYSTEM_ERROR;
+  r->state = State::kPosted;
+  r->tag = tag;
+  r->data = static_cast<unsigned char*>(data);
+  r->size = size;
+  meshccl_tresult_t res = MESHCCL_T_SUCCESS;
+  if (u != nullptr) {
+    res = start_recv(c, r, u->size, u->seq, u->inl.ptr);
+    c->ctx->bufs.put(u->inl);
+    c->unex.put(u);
+  } else {
+    c->posted.push_back(r);
+  }
+  *request = r;
+  if (res == MESHCCL_T_SUCCESS) (void)pump(c);  // an error here is reported by test
+  return MESHCCL_T_SUCCESS;
+}
+
+meshccl_tresult_t recv_test(Request* r, int* done, size_t* size) {
+  auto* c = static_cast<RecvComm*>(r->comm);
+  Ctx* ctx = c->ctx;
+  *done = 0;
+  meshccl_tresult_t pr = pump(c);
+  meshccl_tresult_t res;
+  if (r->state == State::kDone) {
+    res = r->result;
+  } else if (r->state == State::kActive && (r->chunks_posted == r->nchunks || r->body.err != 0) && !busy(r->body)) {
+    res = r->body.err != 0 ? op_fail(ctx, "receiving a message", r->body) : r->result;
+    if (res == MESHCCL_T_SUCCESS && r->body.bytes != r->nbytes) {
+      MPLUG_WARN(ctx->host, "ofi: %" PRIu64 " of %" PRIu64 " bytes arrived", r->body.bytes, r->nbytes);
+      res = MESHCCL_T_SYSTEM_ERROR;
+    }
+  } else if (pr != MESHCCL_T_SUCCESS) {
+    res = pr;
+  } else if (c->closed && (r->state == State::kPosted || r->seq >= c->complete_below)) {
+    MPLUG_WARN(ctx->host, "ofi: the sender closed connection %u before sending this message", c->conn);
+    res = MESHCCL_T_REMOTE_ERROR;
+  } else if (peer_dead(ctx->host, c->peer_pid, c->watch)) {
+    res = MESHCCL_T_REMOTE_ERROR;
+  } else {
+    return MESHCCL_T_SUCCESS;  // in flight
+  }
+  if (r->state == State::kPosted) c->posted.remove(r); else c->active.remove(r);
+  if (busy(r->body)) fi_cancel(&ctx->ep->fid, &r->body);
+  if (size != nullptr) *size = res == MESHCCL_T_SUCCESS ? r->nbytes : 0;
+  release(ctx, r);
+  *done = 1;
+  return res;
+}
+
+// ---- closing -------------------------------------------------------------------
+
+void close_send(SendComm* c) {
+  Ctx* ctx = c->ctx;
+  (void)progress(ctx);
+  refresh(c);
+  auto& cn = ctx->connecting;
+  for (size_t i = 0; i < cn.size(); ++i) {
+    if (cn[i] == c) {
+      cn.erase(cn.begin() + static_cast<long>(i));
+      break;
+    }
+  }
+  bool live = c->broken == MESHCCL_T_SUCCESS && c->back != nullptr && c->back->hdr.posted > 0 &&
+              (c->hello == nullptr || c->hello->state == State::kPosted);
+  if (live) {
+    // Messages from the first one not wholly handed over never complete.
+    uint64_t below = c->seq;
+    for (Request* r = c->queue.front(); r != nullptr; r = r->next)
+      if (r->state == State::kPosted) below = std::min(below, r->seq);
+    Request* bye = new_request(ctx, Kind::kCtl, c);
+    if (bye != nullptr) {
+      WireHdr h{0, 0, kFlagBye, 0, below};
+      std::memcpy(bye->buf, &h, sizeof(h));
+      if (post_tsend(ctx, bye->buf, sizeof(h), c->peer, ftag(kHeader, c->conn, c->seq, 0), &bye->hdr) ==
+          MESHCCL_T_SUCCESS)
+        ++c->seq;
+      flush(ctx, bye);
+    }
+  }
+  while (Request* r = c->queue.pop_front()) release(ctx, r);
+  drop(ctx, c->hello);
+  drop(ctx, c->back);
+}
+
+void close_recv(RecvComm* c) {
+  Ctx* ctx = c->ctx;
+  (void)progress(ctx);
+  if (!c->closed) {  // tell the sender, whose sends would wait forever
+    uint64_t below = c->seq;
+    for (Request* r = c->active.front(); r != nullptr; r = r->next)
+      if (r->state == State::kActive && (r->chunks_posted < r->nchunks || busy(r->body))) below = std::min(below, r->seq);
+    for (Unexpected* u = c->unexpected.front(); u != nullptr; u = u->next)
+      if (u->size > kInline) below = std::min(below, u->seq);
+    Request* note = new_request(ctx, Kind::kCtl, c);
+    if (note != nullptr) {
+      WireHdr h{0, 0, kFlagBye, 0, below};
+      std::memcpy(note->buf, &h, sizeof(h));
+      (void)post_tsend(ctx, note->buf, sizeof(h), c->peer, ftag(kBack, c->conn, 0, 0), &note->hdr);
+      flush(ctx, note);
+    }
+  }
+  while (Request* r = c->posted.pop_front()) release(ctx, r);
+  while (Request* r = c->active.pop_front()) drop(ctx, r);
+  for (Request*& s : c->slots) drop(ctx, s);
+  while (Unexpected* u = c->unexpected.pop_front()) ctx->bufs.put(u->inl);
+}
+
+}  // namespace meshccl::plugin::ofi
