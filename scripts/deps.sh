@@ -5,7 +5,7 @@ set -euo pipefail
 
 MESHCCL_PACKAGES=(
   meson ninja-build pkgconf g++ libgtest-dev libgmock-dev libbenchmark-dev
-  libhwloc-dev libucx-dev libfabric-dev libfabric-bin libopenblas-dev zlib1g-dev
+  libhwloc-dev libucx-dev ucx-utils libfabric-dev libfabric-bin libopenblas-dev zlib1g-dev
   libopenmpi-dev openmpi-bin mpich libmpich-dev libgloo-dev
   bible-kjv bible-kjv-text iproute2 iperf3 python3 python3-matplotlib
   python3-torch libtorch-dev pybind11-dev python3-pytest cmake

@@ -75,7 +75,11 @@ int main(int argc, char** argv) {
   std::printf("CUDA (driver loaded at run time)\n%s\n", meshccl::cuda::describe().c_str());
 #endif
   std::printf("Transports\n");
-  for (const std::string& t : meshccl::available_transports()) std::printf("  %s\n", t.c_str());
+  for (const meshccl::TransportInfo& t : meshccl::transport_inventory()) {
+    std::printf("  %-8s %-28s %s\n", t.name.c_str(), t.problem.empty() ? t.version.c_str() : "(does not load)", t.path.c_str());
+    if (!t.problem.empty()) std::printf("           %s\n", t.problem.c_str());
+  }
+  std::printf("  between hosts: the first of ucx, ofi, socket that both ranks load (MESHCCL_TRANSPORT, NCCL_NET to choose)\n");
   std::printf("\nSettings (environment value, else default)\n");
   for (const meshccl::ParamInfo& p : meshccl::all_params()) {
     const char* env = std::getenv(p.name);

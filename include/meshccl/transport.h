@@ -8,6 +8,12 @@
  * newest version symbol it knows first; a later version gets a new struct and a
  * new symbol name, and plugins may export several.
  *
+ * Optionally a plugin also exports
+ *   const char* meshccl_transport_v1_describe(void);
+ * returning a short, static description of what it runs on (e.g. "UCX
+ * 1.13.1"), which meshccl_info prints next to the library's path. It may be
+ * called without init and must not block.
+ *
  * Life of a connection (A sends to B):
  *   B: listen(ctx, dev, handle, &lcomm)   -> handle travels to A via bootstrap
  *   A: connect(ctx, dev, handle, &scomm)  -> called until *scomm != NULL

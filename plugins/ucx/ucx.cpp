@@ -1,225 +1,83 @@
 // The UCX transport: libmeshccl-transport-ucx.so, loaded by the runtime.
+// This file: the C entry points, UCX status messages, the worker, and
+// connection setup (control socket handshake, then a UCP endpoint made from
+// the receiver's worker address). ucx_io.cpp moves the messages; the design is
+// in ucx_comm.h.
 //
-// One UCP worker per context with one UCP listener on an IP address
-// (MESHCCL_SOCKET_IFNAME picks the interface, as for socket); a listener's
-// handle carries that address, a connection id the worker hands out and a
-// nonce. UCX's connection manager then exchanges the full worker addresses
-// (too large for a handle) and picks the lanes: shared memory between
-// processes of one host, TCP or RDMA otherwise, as UCX_TLS allows. UCX matches tags
-// per worker, not per connection, and the contract's tags use all 64 bits,
-// so a message travels as two UCX tagged messages whose UCX tags carry
-// {connection id, kind, per-connection sequence number}:
-//   header  {user tag, size}   received in order, one at a time, by the plugin
-//   payload                    received straight into the user's buffer once
-//                              the header matched a posted receive
-// Matching by user tag (oldest posted receive, oldest unexpected header) is
-// the plugin's, with the shared lists; an unexpected payload waits in UCX's
-// own unexpected queue until its receive is posted. Progress happens only in
-// isend, irecv and test. Endpoints use UCP_ERR_HANDLING_MODE_PEER so that a
-// dead peer fails requests with REMOTE_ERROR instead of hanging.
+// One UCP worker per context, driven only inside isend, irecv, test, connect
+// and accept. Endpoints use UCP_ERR_HANDLING_MODE_PEER so that a dead
+// receiver fails sends with REMOTE_ERROR; the control socket tells a receiver
+// that its sender died (EOF without a goodbye).
 //
-// Settings: UCX's own (UCX_TLS, UCX_NET_DEVICES, ...) from the environment.
+// Settings: MESHCCL_SOCKET_IFNAME / MESHCCL_SOCKET_FAMILY pick the control
+// socket's interface (as for socket); UCX's own (UCX_TLS, UCX_NET_DEVICES,
+// ...) pick the data path.
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
-#include <ucp/api/ucp.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
-#include <cinttypes>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <memory>
-#include <vector>
+#include <string>
 
-#include "meshccl/transport.h"
 #include "plugins/common/entry.h"
-#include "plugins/common/msg_engine.h"
-#include "plugins/common/plugin_util.h"
-#include "plugins/common/socket_iface.h"
+#include "plugins/ucx/ucx_comm.h"
 
 namespace meshccl::plugin::ucx {
+
 namespace {
-
-constexpr uint32_t kCtxMagic = 0x55435843;     // "UCXC"
-constexpr uint32_t kSendMagic = 0x55435853;    // "UCXS"
-constexpr uint32_t kRecvMagic = 0x55435852;    // "UCXR"
-constexpr uint32_t kListenMagic = 0x5543584c;  // "UCXL"
-constexpr uint32_t kReqMagic = 0x55435851;     // "UCXQ"
-constexpr uint64_t kHandleMagic = 0x31444e4858435555ull;  // "UUCXHND1"
-
-// UCX tag layout: connection id (32) | kind (2) | sequence (30).
-enum : uint64_t { kHello = 0, kHeader = 1, kPayload = 2 };
-constexpr uint64_t kSeqMask = (1ull << 30) - 1;
-constexpr uint64_t kFullMask = ~0ull;
-uint64_t utag(uint32_t conn, uint64_t kind, uint64_t seq) {
-  return (static_cast<uint64_t>(conn) << 32) | (kind << 30) | (seq & kSeqMask);
-}
-
-struct Handle {
-  uint64_t magic;
-  uint64_t nonce;
-  uint32_t conn;
-  uint16_t family;
-  uint16_t port;  // network byte order
-  uint32_t scope_id;
-  uint8_t addr[16];
-};
-static_assert(sizeof(Handle) <= MESHCCL_TRANSPORT_HANDLE_BYTES);
-
-struct WireHdr {
-  uint64_t tag;
-  uint64_t size;
-};
-
-struct Ctx {
-  uint32_t magic = kCtxMagic;
-  const meshccl_transport_host_v1_t* host = nullptr;
-  ucp_context_h context = nullptr;
-  ucp_worker_h worker = nullptr;
-  ucp_listener_h listener = nullptr;
-  sockaddr_storage laddr{};  // where the listener listens
-  std::vector<ucp_ep_h> server_eps;  // endpoints of senders that connected to us
-  uint32_t next_conn = 1;
-  std::vector<void*> closing;  // endpoint close requests still in flight
-  std::vector<struct SendComm*> connecting;  // hello not yet delivered
-};
-
-struct ListenComm {
-  uint32_t magic = kListenMagic;
-  Ctx* ctx = nullptr;
-  uint32_t conn = 0;
-  uint64_t nonce = 0;
-  uint64_t hello = 0;       // what the sender's hello carries
-  void* hello_req = nullptr;
-  bool accepted = false;
-};
-
-enum class Kind : uint8_t { kSend, kRecv };
-enum class State : uint8_t { kPosted, kActive, kDone };
-
-struct Request : Linked<Request> {
-  uint32_t magic;
-  Kind kind;
-  State state;
-  meshccl_tresult_t result;
-  void* comm;
-  uint64_t tag;
-  unsigned char* data;
-  uint64_t size;    // send: message size; recv: capacity
-  uint64_t nbytes;  // recv: matched message size
-  WireHdr hdr;      // send: the header on the wire (must outlive its send)
-  void* hdr_req;
-  void* data_req;
-};
-static_assert(std::is_trivially_destructible_v<Request>);
-
-struct Unexpected : Linked<Unexpected> {
-  uint64_t tag;
-  uint64_t size;
-  uint64_t seq;
-};
-
-struct SendComm {
-  uint32_t magic = kSendMagic;
-  Ctx* ctx = nullptr;
-  Handle handle{};
-  ucp_ep_h ep = nullptr;
-  uint32_t conn = 0;
-  uint64_t seq = 0;
-  uint64_t hello = 0;
-  void* hello_req = nullptr;
-  Pool<Request> reqs;
-  List<Request> active;
-  meshccl_tresult_t broken = MESHCCL_T_SUCCESS;
-};
-
-struct RecvComm {
-  uint32_t magic = kRecvMagic;
-  Ctx* ctx = nullptr;
-  uint32_t conn = 0;
-  uint64_t seq = 0;  // next header expected
-  WireHdr hdr{};
-  void* hdr_req = nullptr;
-  List<Request> posted;
-  List<Request> active;
-  List<Unexpected> unexpected;
-  Pool<Request> reqs;
-  Pool<Unexpected> unex;
-  std::vector<unsigned char> scratch;  // payloads of truncated receives
-};
-
 ArgCheck g_check("ucx");
+constexpr size_t kMaxPending = 16;
 
-meshccl_tresult_t status_result(ucs_status_t s) {
+// What a failing UCX status most likely means for the user.
+const char* status_hint(ucs_status_t s) {
   switch (s) {
-    case UCS_OK: return MESHCCL_T_SUCCESS;
     case UCS_ERR_CONNECTION_RESET:
-    case UCS_ERR_ENDPOINT_TIMEOUT:
-    case UCS_ERR_UNREACHABLE:
-    case UCS_ERR_REJECTED:
-    case UCS_ERR_CANCELED:
-    case UCS_ERR_TIMED_OUT: return MESHCCL_T_REMOTE_ERROR;
-    case UCS_ERR_MESSAGE_TRUNCATED: return MESHCCL_T_INVALID_USAGE;
-    default: return MESHCCL_T_SYSTEM_ERROR;
+    case UCS_ERR_ENDPOINT_TIMEOUT: return "the peer exited or the network between the two failed";
+    case UCS_ERR_UNREACHABLE: return "no UCX transport reaches the peer (check UCX_TLS and UCX_NET_DEVICES)";
+    case UCS_ERR_NO_DEVICE:
+    case UCS_ERR_NO_RESOURCE: return "no usable UCX device or transport here (check UCX_TLS and UCX_NET_DEVICES)";
+    case UCS_ERR_REJECTED: return "the peer refused the connection";
+    case UCS_ERR_MESSAGE_TRUNCATED: return "a message was longer than its receive buffer";
+    case UCS_ERR_NO_MEMORY: return "out of memory";
+    case UCS_ERR_TIMED_OUT: return "the peer did not answer in time";
+    case UCS_ERR_CANCELED: return "the operation was cancelled (its connection closed)";
+    case UCS_ERR_INVALID_PARAM: return "UCX refused a parameter (check the UCX_* environment variables)";
+    case UCS_ERR_UNSUPPORTED: return "UCX does not support this here";
+    default: return "see UCX's own messages (UCX_LOG_LEVEL=info)";
   }
 }
 
-meshccl_tresult_t fail(const meshccl_transport_host_v1_t* host, const char* what, ucs_status_t s) {
-  MPLUG_WARN(host, "ucx: %s failed: %s (UCX status %d)", what, ucs_status_string(s), static_cast<int>(s));
-  return status_result(s);
+meshccl_tresult_t sys_fail(const meshccl_transport_host_v1_t* host, const char* what) {
+  MPLUG_WARN(host, "ucx: %s: %s", what, std::strerror(errno));
+  return MESHCCL_T_SYSTEM_ERROR;
 }
 
-// A request pointer from a *_nbx call: NULL = done at once, an error pointer
-// = failed at once, else in flight. Returns the status now.
-ucs_status_t check(void* req) {
-  if (req == nullptr) return UCS_OK;
-  if (UCS_PTR_IS_ERR(req)) return UCS_PTR_STATUS(req);
-  return ucp_request_check_status(req);
-}
-void drop(ucp_worker_h w, void*& req) {
-  if (req != nullptr && !UCS_PTR_IS_ERR(req)) {
-    if (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_request_cancel(w, req);
-    ucp_request_free(req);
-  }
-  req = nullptr;
+void tune(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  int idle = 20, intvl = 5, cnt = 6;
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
 }
 
-void* send_tagged(SendComm* c, const void* buf, size_t n, uint64_t tag) {
-  ucp_request_param_t p{};
-  return ucp_tag_send_nbx(c->ep, buf, n, tag, &p);
-}
-void* recv_tagged(Ctx* ctx, void* buf, size_t n, uint64_t tag) {
-  ucp_request_param_t p{};
-  return ucp_tag_recv_nbx(ctx->worker, buf, n, tag, kFullMask, &p);
+void destroy_worker(Ctx* c) {
+  if (c->worker != nullptr) ucp_worker_destroy(c->worker);
+  if (c->context != nullptr) ucp_cleanup(c->context);
+  c->worker = nullptr;
+  c->context = nullptr;
 }
 
-void server_ep_error(void* arg, ucp_ep_h ep, ucs_status_t s) {
-  (void)arg;
-  (void)ep;
-  (void)s;  // the sender's side reports; receives fail through the host's timeout
-}
-
-// Inside ucp_worker_progress: a sender connects; keep its endpoint so the
-// connection stays up (messages come in through the worker's tag matching).
-void on_conn_request(ucp_conn_request_h req, void* arg) {
-  auto* ctx = static_cast<Ctx*>(arg);
-  ucp_ep_params_t ep{};
-  ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                  UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  ep.conn_request = req;
-  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  ep.err_handler.cb = server_ep_error;
-  ep.err_handler.arg = ctx;
-  ucp_ep_h h = nullptr;
-  ucs_status_t s = ucp_ep_create(ctx->worker, &ep, &h);
-  if (s != UCS_OK) {
-    MPLUG_WARN(ctx->host, "ucx: accepting a connection failed: %s", ucs_status_string(s));
-    return;
-  }
-  ctx->server_eps.push_back(h);
-}
-
-meshccl_tresult_t do_init(const meshccl_transport_host_v1_t* host, void** out) {
-  auto ctx = std::make_unique<Ctx>();
-  ctx->host = host;
+meshccl_tresult_t make_worker(Ctx* ctx) {
+  const meshccl_transport_host_v1_t* host = ctx->host;
   ucp_config_t* cfg = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &cfg);
   if (s != UCS_OK) return fail(host, "reading the UCX configuration (UCX_* variables)", s);
@@ -233,73 +91,88 @@ meshccl_tresult_t do_init(const meshccl_transport_host_v1_t* host, void** out) {
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wp.thread_mode = UCS_THREAD_MODE_SINGLE;
   s = ucp_worker_create(ctx->context, &wp, &ctx->worker);
-  if (s != UCS_OK) {
-    ucp_cleanup(ctx->context);
-    return fail(host, "ucp_worker_create", s);
-  }
+  if (s != UCS_OK) return fail(host, "creating the UCP worker", s);
+  ucp_address_t* addr = nullptr;
+  size_t len = 0;
+  s = ucp_worker_get_address(ctx->worker, &addr, &len);
+  if (s != UCS_OK) return fail(host, "querying the worker address", s);
+  const auto* bytes = reinterpret_cast<const unsigned char*>(addr);
+  ctx->address.assign(bytes, bytes + len);
+  ucp_worker_release_address(ctx->worker, addr);
+  return MESHCCL_T_SUCCESS;
+}
+
+meshccl_tresult_t do_init(const meshccl_transport_host_v1_t* host, void** out) {
+  auto ctx = std::make_unique<Ctx>();
+  ctx->host = host;
   const char* spec = param_str(host, "MESHCCL_SOCKET_IFNAME");
+  const char* fam = param_str(host, "MESHCCL_SOCKET_FAMILY");
+  int family = fam == nullptr ? AF_UNSPEC : std::strcmp(fam, "AF_INET6") == 0 ? AF_INET6 : std::strcmp(fam, "AF_INET") == 0 ? AF_INET : -1;
+  if (family < 0) {
+    MPLUG_WARN(host, "ucx: MESHCCL_SOCKET_FAMILY=%s is neither AF_INET nor AF_INET6", fam);
+    return MESHCCL_T_INVALID_USAGE;
+  }
   std::vector<socket::Iface> all = socket::list_ifaces();
-  int i = socket::pick_iface(all, spec);
+  int i = socket::pick_iface(all, spec, family);
   if (i < 0) {
     MPLUG_WARN(host, "ucx: no interface that is up matches MESHCCL_SOCKET_IFNAME=%s", spec != nullptr ? spec : "(unset)");
-    ucp_worker_destroy(ctx->worker);
-    ucp_cleanup(ctx->context);
     return MESHCCL_T_SYSTEM_ERROR;
   }
-  const socket::Iface& ifc = all[static_cast<size_t>(i)];
-  ucp_listener_params_t lp{};
-  lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-  lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ifc.addr);
-  lp.sockaddr.addrlen = ifc.addr_len;
-  lp.conn_handler.cb = on_conn_request;
-  lp.conn_handler.arg = ctx.get();
-  s = ucp_listener_create(ctx->worker, &lp, &ctx->listener);
-  ucp_listener_attr_t la{};
-  la.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-  if (s == UCS_OK) s = ucp_listener_query(ctx->listener, &la);
-  if (s != UCS_OK) {
-    if (ctx->listener != nullptr) ucp_listener_destroy(ctx->listener);
-    ucp_worker_destroy(ctx->worker);
-    ucp_cleanup(ctx->context);
-    return fail(host, ("listening on " + socket::describe(ifc)).c_str(), s);
+  ctx->iface = all[static_cast<size_t>(i)];
+  ctx->next_conn = static_cast<uint32_t>(random_u64());
+  ctx->host_id = host_key();
+  meshccl_tresult_t r = make_worker(ctx.get());
+  if (r != MESHCCL_T_SUCCESS) {
+    destroy_worker(ctx.get());
+    return r;
   }
-  ctx->laddr = la.sockaddr;
-  MPLUG_INFO(host, "ucx: worker listening on %s",
-             socket::addr_to_string(reinterpret_cast<const sockaddr*>(&ctx->laddr)).c_str());
+  MPLUG_INFO(host, "ucx: UCX %s, worker address %zu bytes, control socket on %s", ucp_get_version_string(),
+             ctx->address.size(), socket::describe(ctx->iface).c_str());
   *out = ctx.release();
   return MESHCCL_T_SUCCESS;
 }
 
 void props(Ctx* c, meshccl_transport_props_v1_t* p) {
-  (void)c;
   *p = meshccl_transport_props_v1_t{
       .name = "ucx",
-      .bandwidth_gbs = 1.25,
-      .latency_us = 20.0,
+      .bandwidth_gbs = c->iface.loopback ? 3.0 : 1.25,
+      .latency_us = c->iface.loopback ? 10.0 : 20.0,
       .scope = MESHCCL_SCOPE_NETWORK,
       .ptr_support = MESHCCL_PTR_HOST,
       .max_requests = 0,
   };
 }
 
+// ---- listen / connect / accept ---------------------------------------------
+
 meshccl_tresult_t do_listen(Ctx* ctx, void* handle, void** out) {
+  const socket::Iface& ifc = ctx->iface;
+  int fd = ::socket(ifc.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return sys_fail(ctx->host, "socket()");
+  sockaddr_storage sa = ifc.addr;
+  socklen_t len = ifc.addr_len;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), len) != 0 || ::listen(fd, static_cast<int>(kMaxPending)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+    meshccl_tresult_t r = sys_fail(ctx->host, ("listening on " + socket::describe(ifc)).c_str());
+    close(fd);
+    return r;
+  }
   auto lc = std::make_unique<ListenComm>();
   lc->ctx = ctx;
+  lc->fd = fd;
   lc->conn = ctx->next_conn++;
   lc->nonce = random_u64();
-  lc->hello_req = recv_tagged(ctx, &lc->hello, sizeof(lc->hello), utag(lc->conn, kHello, 0));
-  if (UCS_PTR_IS_ERR(lc->hello_req)) return fail(ctx->host, "posting the hello receive", UCS_PTR_STATUS(lc->hello_req));
   Handle h{};
   h.magic = kHandleMagic;
   h.nonce = lc->nonce;
   h.conn = lc->conn;
-  h.family = ctx->laddr.ss_family;
-  if (ctx->laddr.ss_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(&ctx->laddr);
+  h.family = static_cast<uint16_t>(sa.ss_family);
+  if (sa.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&sa);
     h.port = in->sin_port;
     std::memcpy(h.addr, &in->sin_addr, sizeof(in->sin_addr));
   } else {
-    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&ctx->laddr);
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&sa);
     h.port = in6->sin6_port;
     h.scope_id = in6->sin6_scope_id;
     std::memcpy(h.addr, &in6->sin6_addr, sizeof(in6->sin6_addr));
@@ -310,15 +183,50 @@ meshccl_tresult_t do_listen(Ctx* ctx, void* handle, void** out) {
   return MESHCCL_T_SUCCESS;
 }
 
-void close_send(SendComm* c);
-
-void ep_error(void* arg, ucp_ep_h ep, ucs_status_t s) {
-  (void)ep;
-  auto* c = static_cast<SendComm*>(arg);
-  if (c->broken == MESHCCL_T_SUCCESS) {
-    MPLUG_WARN(c->ctx->host, "ucx: connection to the receiver failed: %s", ucs_status_string(s));
-    c->broken = MESHCCL_T_REMOTE_ERROR;
+socklen_t handle_addr(const Handle& h, sockaddr_storage* sa) {
+  *sa = sockaddr_storage{};
+  if (h.family == AF_INET) {
+    auto* in = reinterpret_cast<sockaddr_in*>(sa);
+    in->sin_family = AF_INET;
+    in->sin_port = h.port;
+    std::memcpy(&in->sin_addr, h.addr, sizeof(in->sin_addr));
+    return sizeof(sockaddr_in);
   }
+  auto* in6 = reinterpret_cast<sockaddr_in6*>(sa);
+  in6->sin6_family = AF_INET6;
+  in6->sin6_port = h.port;
+  in6->sin6_scope_id = h.scope_id;
+  std::memcpy(&in6->sin6_addr, h.addr, sizeof(in6->sin6_addr));
+  return sizeof(sockaddr_in6);
+}
+
+// Starts (or finds) the control connection for handle h; index into
+// ctx->connecting, or -1 with *r set on failure.
+long start_connect(Ctx* ctx, const Handle& h, const std::string& peer, meshccl_tresult_t* r) {
+  for (size_t i = 0; i < ctx->connecting.size(); ++i)
+    if (std::memcmp(&ctx->connecting[i].handle, &h, sizeof(h)) == 0) return static_cast<long>(i);
+  int fd = ::socket(h.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    *r = sys_fail(ctx->host, "socket()");
+    return -1;
+  }
+  tune(fd);
+  Connecting cn;
+  cn.handle = h;
+  cn.fd = fd;
+  sockaddr_storage sa;
+  socklen_t len = handle_addr(h, &sa);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), len) == 0) {
+    cn.connected = true;
+  } else if (errno != EINPROGRESS) {
+    int err = errno;
+    close(fd);
+    MPLUG_WARN(ctx->host, "ucx: connecting to %s failed: %s", peer.c_str(), std::strerror(err));
+    *r = err == ECONNREFUSED ? MESHCCL_T_REMOTE_ERROR : MESHCCL_T_SYSTEM_ERROR;
+    return -1;
+  }
+  ctx->connecting.push_back(cn);
+  return static_cast<long>(ctx->connecting.size() - 1);
 }
 
 meshccl_tresult_t do_connect(Ctx* ctx, const void* handle, void** out) {
@@ -326,285 +234,271 @@ meshccl_tresult_t do_connect(Ctx* ctx, const void* handle, void** out) {
   std::memcpy(&h, handle, sizeof(h));
   if (h.magic != kHandleMagic || (h.family != AF_INET && h.family != AF_INET6))
     return g_check.misuse(ctx->host, "connect", "the handle is not a ucx handle");
-  sockaddr_storage sa{};
-  socklen_t len;
-  if (h.family == AF_INET) {
-    auto* in = reinterpret_cast<sockaddr_in*>(&sa);
-    in->sin_family = AF_INET;
-    in->sin_port = h.port;
-    std::memcpy(&in->sin_addr, h.addr, sizeof(in->sin_addr));
-    len = sizeof(sockaddr_in);
-  } else {
-    auto* in6 = reinterpret_cast<sockaddr_in6*>(&sa);
-    in6->sin6_family = AF_INET6;
-    in6->sin6_port = h.port;
-    in6->sin6_scope_id = h.scope_id;
-    std::memcpy(&in6->sin6_addr, h.addr, sizeof(in6->sin6_addr));
-    len = sizeof(sockaddr_in6);
+  sockaddr_storage sa;
+  handle_addr(h, &sa);
+  std::string peer = socket::addr_to_string(reinterpret_cast<sockaddr*>(&sa));
+  meshccl_tresult_t r = MESHCCL_T_SUCCESS;
+  long idx = start_connect(ctx, h, peer, &r);
+  if (idx < 0) return r;
+  Connecting& cn = ctx->connecting[static_cast<size_t>(idx)];
+  auto give_up = [&](meshccl_tresult_t res, const char* why) {
+    MPLUG_WARN(ctx->host, "ucx: connecting to %s failed: %s", peer.c_str(), why);
+    close(cn.fd);
+    ctx->connecting.erase(ctx->connecting.begin() + idx);
+    return res;
+  };
+  if (!cn.connected) {
+    pollfd p{cn.fd, POLLOUT, 0};
+    if (poll(&p, 1, 0) <= 0) return MESHCCL_T_SUCCESS;  // not yet
+    int err = 0;
+    socklen_t elen = sizeof(err);
+    if (getsockopt(cn.fd, SOL_SOCKET, SO_ERROR, &err, &elen) != 0) err = errno;
+    if (err != 0) return give_up(err == ECONNREFUSED ? MESHCCL_T_REMOTE_ERROR : MESHCCL_T_SYSTEM_ERROR, std::strerror(err));
+    cn.connected = true;
   }
-  for (size_t k = 0; k < ctx->connecting.size(); ++k) {
-    SendComm* p = ctx->connecting[k];
-    if (std::memcmp(&p->handle, &h, sizeof(h)) != 0) continue;
-    // The connection is usable once the hello went out: that is when the
-    // connection manager finished wiring up.
-    ucp_worker_progress(ctx->worker);
-    ucs_status_t st = check(p->hello_req);
-    if (st == UCS_INPROGRESS && p->broken == MESHCCL_T_SUCCESS) return MESHCCL_T_SUCCESS;  // not yet
-    ctx->connecting.erase(ctx->connecting.begin() + static_cast<long>(k));
-    if (st == UCS_OK && p->broken == MESHCCL_T_SUCCESS) {
-      drop(ctx->worker, p->hello_req);
-      *out = p;
-      return MESHCCL_T_SUCCESS;
-    }
-    meshccl_tresult_t r = st != UCS_OK && st != UCS_INPROGRESS ? fail(ctx->host, "connecting", st) : p->broken;
-    close_send(p);
-    p->magic = 0;
-    delete p;
-    return r;
+  Hello hello{kHelloMagic, h.nonce};
+  while (cn.sent < sizeof(hello)) {
+    ssize_t w = send(cn.fd, reinterpret_cast<char*>(&hello) + cn.sent, sizeof(hello) - cn.sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return MESHCCL_T_SUCCESS;
+    if (w < 0) return give_up(MESHCCL_T_REMOTE_ERROR, std::strerror(errno));
+    cn.sent += static_cast<uint32_t>(w);
   }
   auto c = std::make_unique<SendComm>();
-  c->handle = h;
   c->ctx = ctx;
+  c->fd = cn.fd;
+  c->peer = peer;
   c->conn = h.conn;
-  c->hello = h.nonce;
-  ucp_ep_params_t ep{};
-  ep.field_mask = UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_FLAGS |
-                  UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-  ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&sa);
-  ep.sockaddr.addrlen = len;
-  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  ep.err_handler.cb = ep_error;
-  ep.err_handler.arg = c.get();
-  ucs_status_t s = ucp_ep_create(ctx->worker, &ep, &c->ep);
-  if (s != UCS_OK) return fail(ctx->host, "connecting (ucp_ep_create)", s);
-  c->hello_req = send_tagged(c.get(), &c->hello, sizeof(c->hello), utag(c->conn, kHello, 0));
-  if (UCS_PTR_IS_ERR(c->hello_req)) {
-    meshccl_tresult_t r = fail(ctx->host, "sending the hello", UCS_PTR_STATUS(c->hello_req));
-    c->hello_req = nullptr;
-    ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    void* cr = ucp_ep_close_nbx(c->ep, &p);
-    if (cr != nullptr && !UCS_PTR_IS_ERR(cr)) ctx->closing.push_back(cr);
+  ctx->connecting.erase(ctx->connecting.begin() + idx);
+  MPLUG_TRACE(ctx->host, "ucx: connected to %s (connection %u)", peer.c_str(), c->conn);
+  r = advance_setup(c.get());  // the address may be there already
+  if (r != MESHCCL_T_SUCCESS) {
+    close_send(c.get());
     return r;
   }
-  ctx->connecting.push_back(c.release());
-  return do_connect(ctx, handle, out);
-}
-
-meshccl_tresult_t do_accept(ListenComm* lc, void** out) {
-  Ctx* ctx = lc->ctx;
-  if (lc->accepted) return g_check.misuse(ctx->host, "accept", "the listener already accepted its sender");
-  ucp_worker_progress(ctx->worker);
-  ucs_status_t s = check(lc->hello_req);
-  if (s == UCS_INPROGRESS) return MESHCCL_T_SUCCESS;  // not yet
-  if (lc->hello_req != nullptr && !UCS_PTR_IS_ERR(lc->hello_req)) ucp_request_free(lc->hello_req);
-  lc->hello_req = nullptr;
-  if (s != UCS_OK) return fail(ctx->host, "receiving the hello", s);
-  if (lc->hello != lc->nonce) {
-    MPLUG_WARN(ctx->host, "ucx: a sender presented the wrong nonce for connection %u", lc->conn);
-    return MESHCCL_T_INTERNAL_ERROR;
-  }
-  auto c = std::make_unique<RecvComm>();
-  c->ctx = ctx;
-  c->conn = lc->conn;
-  lc->accepted = true;
   *out = c.release();
   return MESHCCL_T_SUCCESS;
 }
 
-// ---- sending ---------------------------------------------------------------
+void refuse(ListenComm* lc, size_t i, const char* why) {
+  MPLUG_WARN(lc->ctx->host, "ucx: refused connection from %s: %s", lc->pending[i].peer.c_str(), why);
+  close(lc->pending[i].fd);
+  lc->pending.erase(lc->pending.begin() + static_cast<long>(i));
+}
 
-meshccl_tresult_t send_post(SendComm* c, const void* data, size_t size, uint64_t tag, void** request) {
-  ucp_worker_progress(c->ctx->worker);
-  if (c->broken != MESHCCL_T_SUCCESS) return c->broken;
-  Request* r = c->reqs.get();
-  if (r == nullptr) return MESHCCL_T_SYSTEM_ERROR;
-  r->magic = kReqMagic;
-  r->kind = Kind::kSend;
-  r->state = State::kActive;
-  r->result = MESHCCL_T_SUCCESS;
-  r->comm = c;
-  r->tag = tag;
-  r->data = static_cast<unsigned char*>(const_cast<void*>(data));
-  r->size = size;
-  r->hdr = WireHdr{tag, size};
-  uint64_t seq = c->seq++;
-  r->hdr_req = send_tagged(c, &r->hdr, sizeof(r->hdr), utag(c->conn, kHeader, seq));
-  r->data_req = send_tagged(c, data, size, utag(c->conn, kPayload, seq));
-  c->active.push_back(r);
-  *request = r;
+// The sender proved itself: send it this worker's address. A fresh socket's
+// buffer takes it whole (worker addresses are well below its size).
+meshccl_tresult_t send_address(ListenComm* lc, int fd) {
+  const std::vector<unsigned char>& a = lc->ctx->address;
+  AddrMsg m{kAddrMagic, lc->ctx->host_id, a.size()};
+  std::vector<unsigned char> msg(sizeof(m) + a.size());
+  std::memcpy(msg.data(), &m, sizeof(m));
+  std::memcpy(msg.data() + sizeof(m), a.data(), a.size());
+  ssize_t w = send(fd, msg.data(), msg.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  if (w == static_cast<ssize_t>(msg.size())) return MESHCCL_T_SUCCESS;
+  if (w < 0) return sys_fail(lc->ctx->host, "sending the worker address to the sender");
+  MPLUG_WARN(lc->ctx->host, "ucx: the control socket took only %zd of %zu address bytes", w, msg.size());
+  return MESHCCL_T_SYSTEM_ERROR;
+}
+
+// Reads the hello of every pending connection; the index of the first that
+// presented this listener's nonce, or -1.
+long identify(ListenComm* lc) {
+  for (size_t i = 0; i < lc->pending.size();) {
+    Pending& p = lc->pending[i];
+    ssize_t n = recv(p.fd, reinterpret_cast<char*>(&p.hello) + p.got, sizeof(Hello) - p.got, MSG_DONTWAIT);
+    if (n == 0) {
+      refuse(lc, i, "closed before identifying itself");
+      continue;
+    }
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ++i;
+      else refuse(lc, i, std::strerror(errno));
+      continue;
+    }
+    p.got += static_cast<uint32_t>(n);
+    if (p.got < sizeof(Hello)) continue;  // read the rest right away
+    if (p.hello.magic != kHelloMagic || p.hello.nonce != lc->nonce) {
+      refuse(lc, i, "it did not present this listener's nonce");
+      continue;
+    }
+    return static_cast<long>(i);
+  }
+  return -1;
+}
+
+meshccl_tresult_t do_accept(ListenComm* lc, void** out) {
+  const meshccl_transport_host_v1_t* host = lc->ctx->host;
+  if (lc->accepted) return g_check.misuse(host, "accept", "the listener already accepted its sender");
+  for (;;) {
+    sockaddr_storage sa;
+    socklen_t len = sizeof(sa);
+    int fd = accept4(lc->fd, reinterpret_cast<sockaddr*>(&sa), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      return sys_fail(host, "accept()");
+    }
+    if (lc->pending.size() >= kMaxPending) refuse(lc, 0, "too many unidentified connections");
+    Pending p;
+    p.fd = fd;
+    p.peer = socket::addr_to_string(reinterpret_cast<sockaddr*>(&sa));
+    lc->pending.push_back(std::move(p));
+  }
+  long i = identify(lc);
+  if (i < 0) return MESHCCL_T_SUCCESS;  // not yet
+  Pending p = lc->pending[static_cast<size_t>(i)];
+  lc->pending.erase(lc->pending.begin() + i);
+  while (!lc->pending.empty()) refuse(lc, 0, "the listener already has its sender");
+  close(lc->fd);  // one sender per listener: later attempts are refused by the kernel
+  lc->fd = -1;
+  lc->accepted = true;
+  tune(p.fd);
+  meshccl_tresult_t r = send_address(lc, p.fd);
+  if (r != MESHCCL_T_SUCCESS) {
+    close(p.fd);
+    return r;
+  }
+  auto c = std::make_unique<RecvComm>();
+  c->ctx = lc->ctx;
+  c->fd = p.fd;
+  c->peer = p.peer;
+  c->conn = lc->conn;
+  MPLUG_TRACE(host, "ucx: accepted %s (connection %u)", c->peer.c_str(), c->conn);
+  *out = c.release();
   return MESHCCL_T_SUCCESS;
 }
 
-void release_send(SendComm* c, Request* r) {
-  c->active.remove(r);
-  r->magic = 0;
-  c->reqs.put(r);
-}
-
-meshccl_tresult_t send_test(Request* r, int* done, size_t* size) {
-  auto* c = static_cast<SendComm*>(r->comm);
-  ucp_worker_progress(c->ctx->worker);
-  *done = 0;
-  ucs_status_t a = check(r->hdr_req), b = check(r->data_req);
-  ucs_status_t bad = a != UCS_OK && a != UCS_INPROGRESS ? a : b != UCS_OK && b != UCS_INPROGRESS ? b : UCS_OK;
-  if (bad == UCS_OK && (a == UCS_INPROGRESS || b == UCS_INPROGRESS)) {
-    if (c->broken == MESHCCL_T_SUCCESS) return MESHCCL_T_SUCCESS;
-    bad = UCS_ERR_CONNECTION_RESET;
+void close_listen(ListenComm* lc) {
+  while (!lc->pending.empty()) {
+    close(lc->pending.back().fd);
+    lc->pending.pop_back();
   }
-  drop(c->ctx->worker, r->hdr_req);
-  drop(c->ctx->worker, r->data_req);
-  *done = 1;
-  meshccl_tresult_t res = bad == UCS_OK ? MESHCCL_T_SUCCESS : fail(c->ctx->host, "sending a message", bad);
-  if (size != nullptr) *size = res == MESHCCL_T_SUCCESS ? r->size : 0;
-  release_send(c, r);
-  return res;
+  if (lc->fd >= 0) close(lc->fd);
+  lc->fd = -1;
 }
 
-// ---- receiving -------------------------------------------------------------
-
-// Starts the payload receive of message `seq` for r (matched, size known).
-void start_payload(RecvComm* c, Request* r, uint64_t size, uint64_t seq) {
-  r->nbytes = size;
-  r->state = State::kActive;
-  void* dst = r->data;
-  if (size > r->size) {
-    // Too long: still drain the payload so the next messages flow.
-    MPLUG_WARN(c->ctx->host, "ucx: a %" PRIu64 "-byte message (tag %" PRIu64 ") does not fit a %" PRIu64
-                             "-byte receive", size, r->tag, r->size);
-    r->result = MESHCCL_T_INVALID_USAGE;
-    if (c->scratch.size() < size) c->scratch.resize(size);
-    dst = c->scratch.data();
+void send_ep_error(void* arg, ucp_ep_h ep, ucs_status_t s) {
+  (void)ep;
+  auto* c = static_cast<SendComm*>(arg);
+  if (c->broken == MESHCCL_T_SUCCESS) {
+    MPLUG_WARN(c->ctx->host, "ucx: connection to %s failed: %s (%s)", c->peer.c_str(), ucs_status_string(s), status_hint(s));
+    c->broken = MESHCCL_T_REMOTE_ERROR;
   }
-  r->data_req = recv_tagged(c->ctx, dst, size, utag(c->conn, kPayload, seq));
-  c->active.push_back(r);
 }
 
-// Takes in every header that arrived, in order, matching each to a posted
-// receive or keeping it as unexpected.
-meshccl_tresult_t pump(RecvComm* c) {
-  ucp_worker_progress(c->ctx->worker);
+// Another host: peer error handling, so that UCX reports a dead or
+// unreachable receiver. The same host: none, which lets UCX pick its
+// shared-memory transports; the control socket reports a dead receiver.
+meshccl_tresult_t create_ep(SendComm* c) {
+  const bool same_host = c->amsg.host == c->ctx->host_id;
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep.address = reinterpret_cast<const ucp_address_t*>(c->addr.data());
+  ep.err_mode = same_host ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
+  ep.err_handler.cb = send_ep_error;
+  ep.err_handler.arg = c;
+  ucs_status_t s = ucp_ep_create(c->ctx->worker, &ep, &c->ep);
+  if (s != UCS_OK) {
+    c->ep = nullptr;
+    return fail(c->ctx->host, ("creating the endpoint to " + c->peer).c_str(), s);
+  }
+  MPLUG_TRACE(c->ctx->host, "ucx: endpoint to %s (%s, error handling %s)", c->peer.c_str(), same_host ? "same host" : "another host",
+              same_host ? "none" : "peer");
+  return MESHCCL_T_SUCCESS;
+}
+
+uint64_t fnv(uint64_t h, const void* p, size_t n) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
+
+}  // namespace
+
+uint64_t host_key() {
+  uint64_t h = 0xcbf29ce484222325ull;
+  char boot[64] = {};
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    size_t n = std::fread(boot, 1, sizeof(boot) - 1, f);
+    std::fclose(f);
+    h = fnv(h, boot, n);
+  }
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) == 0) h = fnv(h, host, std::strlen(host));
+  struct stat st{};
+  if (stat("/proc/self/ns/net", &st) == 0) h = fnv(h, &st.st_ino, sizeof(st.st_ino));
+  return h;
+}
+
+meshccl_tresult_t status_result(ucs_status_t s) {
+  switch (s) {
+    case UCS_OK: return MESHCCL_T_SUCCESS;
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_REJECTED:
+    case UCS_ERR_CANCELED:
+    case UCS_ERR_TIMED_OUT: return MESHCCL_T_REMOTE_ERROR;
+    case UCS_ERR_MESSAGE_TRUNCATED:
+    case UCS_ERR_INVALID_PARAM: return MESHCCL_T_INVALID_USAGE;
+    default: return MESHCCL_T_SYSTEM_ERROR;
+  }
+}
+
+meshccl_tresult_t fail(const meshccl_transport_host_v1_t* host, const char* what, ucs_status_t s) {
+  MPLUG_WARN(host, "ucx: %s failed: %s (UCX status %d): %s", what, ucs_status_string(s), static_cast<int>(s), status_hint(s));
+  return status_result(s);
+}
+
+ucs_status_t check(void* req) {
+  if (req == nullptr) return UCS_OK;
+  if (UCS_PTR_IS_ERR(req)) return UCS_PTR_STATUS(req);
+  return ucp_request_check_status(req);
+}
+
+void drop(ucp_worker_h w, void*& req) {
+  if (req != nullptr && !UCS_PTR_IS_ERR(req)) {
+    if (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_request_cancel(w, req);
+    ucp_request_free(req);
+  }
+  req = nullptr;
+}
+
+meshccl_tresult_t advance_setup(SendComm* c) {
+  if (c->ep != nullptr || c->broken != MESHCCL_T_SUCCESS) return c->broken;
   for (;;) {
-    if (c->hdr_req == nullptr) {
-      c->hdr_req = recv_tagged(c->ctx, &c->hdr, sizeof(c->hdr), utag(c->conn, kHeader, c->seq));
-      if (c->hdr_req == nullptr) c->hdr_req = reinterpret_cast<void*>(1);  // done at once
+    bool head = c->agot < sizeof(AddrMsg);
+    char* dst = head ? reinterpret_cast<char*>(&c->amsg) + c->agot
+                     : reinterpret_cast<char*>(c->addr.data()) + (c->agot - sizeof(AddrMsg));
+    size_t want = head ? sizeof(AddrMsg) - c->agot : sizeof(AddrMsg) + c->amsg.len - c->agot;
+    if (want == 0) break;
+    ssize_t n = recv(c->fd, dst, want, MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return MESHCCL_T_SUCCESS;  // not yet
+    if (n <= 0) {
+      MPLUG_WARN(c->ctx->host, "ucx: the receiver at %s closed the connection before sending its address: %s", c->peer.c_str(),
+                 n == 0 ? "end of stream" : std::strerror(errno));
+      return c->broken = MESHCCL_T_REMOTE_ERROR;
     }
-    ucs_status_t s = c->hdr_req == reinterpret_cast<void*>(1) ? UCS_OK : check(c->hdr_req);
-    if (s == UCS_INPROGRESS) return MESHCCL_T_SUCCESS;
-    if (c->hdr_req != reinterpret_cast<void*>(1) && !UCS_PTR_IS_ERR(c->hdr_req)) ucp_request_free(c->hdr_req);
-    c->hdr_req = nullptr;
-    if (s != UCS_OK) return fail(c->ctx->host, "receiving a message header", s);
-    uint64_t seq = c->seq++;
-    if (Request* r = c->posted.take_tag(c->hdr.tag)) {
-      start_payload(c, r, c->hdr.size, seq);
-    } else {
-      Unexpected* u = c->unex.get();
-      if (u == nullptr) return MESHCCL_T_SYSTEM_ERROR;
-      u->tag = c->hdr.tag;
-      u->size = c->hdr.size;
-      u->seq = seq;
-      c->unexpected.push_back(u);
+    c->agot += static_cast<uint32_t>(n);
+    if (c->agot == sizeof(AddrMsg)) {
+      if (c->amsg.magic != kAddrMagic || c->amsg.len == 0 || c->amsg.len > kMaxAddr) {
+        MPLUG_WARN(c->ctx->host, "ucx: the receiver at %s sent no valid worker address", c->peer.c_str());
+        return c->broken = MESHCCL_T_REMOTE_ERROR;
+      }
+      c->addr.resize(c->amsg.len);
     }
   }
+  if (meshccl_tresult_t r = create_ep(c); r != MESHCCL_T_SUCCESS) return c->broken = r;
+  while (Request* r = c->waiting.pop_front()) start_send(c, r);
+  return MESHCCL_T_SUCCESS;
 }
 
-meshccl_tresult_t recv_post(RecvComm* c, void* data, size_t size, uint64_t tag, void** request) {
-  Request* r = c->reqs.get();
-  if (r == nullptr) return MESHCCL_T_SYSTEM_ERROR;
-  r->magic = kReqMagic;
-  r->kind = Kind::kRecv;
-  r->state = State::kPosted;
-  r->result = MESHCCL_T_SUCCESS;
-  r->comm = c;
-  r->tag = tag;
-  r->data = static_cast<unsigned char*>(data);
-  r->size = size;
-  r->nbytes = 0;
-  r->hdr_req = r->data_req = nullptr;
-  if (Unexpected* u = c->unexpected.take_tag(tag)) {
-    start_payload(c, r, u->size, u->seq);
-    c->unex.put(u);
-  } else {
-    c->posted.push_back(r);
-  }
-  *request = r;
-  return pump(c);
-}
-
-meshccl_tresult_t recv_test(Request* r, int* done, size_t* size) {
-  auto* c = static_cast<RecvComm*>(r->comm);
-  *done = 0;
-  meshccl_tresult_t pr = pump(c);
-  ucs_status_t s = UCS_INPROGRESS;
-  if (r->state == State::kActive) s = check(r->data_req);
-  if (s == UCS_INPROGRESS && pr == MESHCCL_T_SUCCESS) return MESHCCL_T_SUCCESS;
-  meshccl_tresult_t res = r->result;
-  if (s == UCS_INPROGRESS) {
-    res = pr;  // the stream of headers broke: this receive cannot complete
-  } else if (s != UCS_OK) {
-    res = fail(c->ctx->host, "receiving a message", s);
-  }
-  drop(c->ctx->worker, r->data_req);
-  if (r->state == State::kActive) c->active.remove(r); else c->posted.remove(r);
-  *done = 1;
-  if (size != nullptr) *size = res == MESHCCL_T_SUCCESS ? r->nbytes : 0;
-  r->magic = 0;
-  c->reqs.put(r);
-  return res;
-}
-
-// ---- closing ---------------------------------------------------------------
-
-void close_send(SendComm* c) {
-  ucp_worker_h w = c->ctx->worker;
-  c->active.for_each([&](Request* r) {
-    drop(w, r->hdr_req);
-    drop(w, r->data_req);
-    r->magic = 0;
-  });
-  drop(w, c->hello_req);
-  ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-  void* cr = ucp_ep_close_nbx(c->ep, &p);
-  if (cr != nullptr && !UCS_PTR_IS_ERR(cr)) c->ctx->closing.push_back(cr);
-}
-
-void close_recv(RecvComm* c) {
-  ucp_worker_h w = c->ctx->worker;
-  c->active.for_each([&](Request* r) {
-    drop(w, r->data_req);
-    r->magic = 0;
-  });
-  c->posted.for_each([&](Request* r) { r->magic = 0; });
-  if (c->hdr_req != reinterpret_cast<void*>(1)) drop(w, c->hdr_req);
-  // Payloads that arrived unexpected stay in UCX's queue: drain them.
-  c->unexpected.for_each([&](Unexpected* u) {
-    for (;;) {
-      ucp_tag_recv_info_t info;
-      ucp_tag_message_h m = ucp_tag_probe_nb(w, utag(c->conn, kPayload, u->seq), kFullMask, 1, &info);
-      if (m == nullptr) break;
-      std::vector<unsigned char> sink(info.length);
-      ucp_request_param_t p{};
-      void* rq = ucp_tag_msg_recv_nbx(w, sink.data(), sink.size(), m, &p);
-      for (int i = 0; i < 1000 && check(rq) == UCS_INPROGRESS; ++i) ucp_worker_progress(w);
-      void* tmp = rq;
-      drop(w, tmp);
-      break;
-    }
-  });
-}
-
-void close_listen(ListenComm* lc) { drop(lc->ctx->worker, lc->hello_req); }
+namespace {
 
 void finalize(Ctx* c) {
-  for (SendComm* p : c->connecting) {  // connects the host gave up on
-    close_send(p);
-    p->magic = 0;
-    delete p;
-  }
+  for (Connecting& cn : c->connecting) close(cn.fd);  // connects the host gave up on
   c->connecting.clear();
   // Endpoint closes in flight: bounded wait, then the worker goes anyway.
   for (int i = 0; i < 100000 && !c->closing.empty(); ++i) {
@@ -619,18 +513,8 @@ void finalize(Ctx* c) {
     }
   }
   for (void* r : c->closing) ucp_request_free(r);
-  ucp_listener_destroy(c->listener);
-  ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-  for (ucp_ep_h ep : c->server_eps) {
-    void* r = ucp_ep_close_nbx(ep, &p);
-    for (int i = 0; i < 100000 && r != nullptr && !UCS_PTR_IS_ERR(r) && ucp_request_check_status(r) == UCS_INPROGRESS; ++i)
-      ucp_worker_progress(c->worker);
-    if (r != nullptr && !UCS_PTR_IS_ERR(r)) ucp_request_free(r);
-  }
-  ucp_worker_destroy(c->worker);
-  ucp_cleanup(c->context);
+  c->closing.clear();
+  destroy_worker(c);
 }
 
 struct Traits {
@@ -670,3 +554,10 @@ struct Traits {
 
 extern "C" __attribute__((visibility("default"))) const meshccl_transport_v1_t meshccl_transport_v1 =
     meshccl::plugin::Entry<meshccl::plugin::ucx::Traits>::table();
+
+// Optional description for meshccl_info (see transport.h).
+extern "C" __attribute__((visibility("default"))) const char* meshccl_transport_v1_describe(void) {
+  static char text[64];
+  std::snprintf(text, sizeof(text), "UCX %s", ucp_get_version_string());
+  return text;
+}

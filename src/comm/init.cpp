@@ -15,6 +15,7 @@
 #include "topo/cost_model.h"
 #include "meshccl_config.h"
 #include "topo/exchange.h"
+#include "transport/select.h"
 #include "util/log.h"
 #include "util/param.h"
 
@@ -152,6 +153,7 @@ Status comm_init_rank(ncclComm* comm, int nranks, const ncclUniqueId& id, int ra
   MC_TRY(socket_listen(at, &listener, &bound));
   PeerInfo mine = local_peer_info();
   mine.rank = rank;
+  fill_transport_request(comm->config.net_name, &mine);
   std::memcpy(&mine.bootstrap_addr, &bound.ss, sizeof(bound.ss));
   MC_TRY(root_exchange(root, c.secret, nranks, rank, mine, &comm->peers, &comm->abort_flag,
                        (c.flags & kIdFixedAddress) != 0));

@@ -3,6 +3,7 @@
 #include <array>
 #include <cstring>
 
+#include "transport/select.h"
 #include "util/log.h"
 #include "util/param.h"
 #include "util/wait.h"
@@ -34,10 +35,7 @@ const meshccl_transport_props_v1_t* Mesh::props(int peer) const {
 }
 
 std::string Mesh::transport_for(const std::vector<PeerInfo>& peers, int a, int b) {
-  std::string forced = param_str(Param::Transport);
-  if (!forced.empty()) return forced;
-  const bool same_host = peers[a].machine_hash == peers[b].machine_hash && peers[a].host_hash == peers[b].host_hash;
-  return same_host && param_int(Param::ShmDisable) == 0 ? "shm" : "socket";
+  return choose_transport(peers, a, b);
 }
 
 Status Mesh::connect_all(Bootstrap& bs, const std::vector<PeerInfo>& peers,
@@ -45,6 +43,7 @@ Status Mesh::connect_all(Bootstrap& bs, const std::vector<PeerInfo>& peers,
   const int n = bs.nranks(), me = bs.rank();
   std::unique_ptr<Mesh> mesh(new Mesh());
   mesh->links_.resize(n);
+  MC_TRY(check_transport_request(peers, me));
   if (n == 1) {
     *out = std::move(mesh);
     return kOk;

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cstdarg>
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -75,8 +77,13 @@ std::vector<std::string> plugin_dirs() {
     std::string lib = info.dli_fname;
     size_t slash = lib.rfind('/');
     if (slash != std::string::npos) {
-      dirs.push_back(lib.substr(0, slash));
-      dirs.push_back(lib.substr(0, slash) + "/plugins");
+      std::string dir = lib.substr(0, slash);
+      dirs.push_back(dir);
+      dirs.push_back(dir + "/plugins");
+      // A program of the build tree (build/tools/meshccl_info) linked
+      // statically finds build/plugins one level up.
+      size_t up = dir.rfind('/');
+      if (up != std::string::npos && up > 0) dirs.push_back(dir.substr(0, up) + "/plugins");
     }
   }
   dirs.push_back(MESHCCL_PLUGIN_DIR);
@@ -85,20 +92,33 @@ std::vector<std::string> plugin_dirs() {
 
 }  // namespace
 
-Status find_transport(const std::string& name, const meshccl_transport_v1_t** out) {
+namespace {
+
+struct Loaded {
+  const meshccl_transport_v1_t* api;
+  std::string path;
+};
+
+std::mutex g_mu;
+std::map<std::string, Loaded>& g_loaded() {
+  static std::map<std::string, Loaded> m;
+  return m;
+}
+
+}  // namespace
+
+bool load_transport(const std::string& name, const meshccl_transport_v1_t** out, std::string* why) {
   for (const meshccl_transport_v1_t* t : kBuiltin) {
     if (name == t->name) {
       *out = t;
-      return kOk;
+      return true;
     }
   }
-  static std::mutex mu;
-  static std::map<std::string, const meshccl_transport_v1_t*> loaded;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = loaded.find(name);
-  if (it != loaded.end()) {
-    *out = it->second;
-    return kOk;
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = g_loaded().find(name);
+  if (it != g_loaded().end()) {
+    *out = it->second.api;
+    return true;
   }
   std::string file = "libmeshccl-transport-" + name + ".so";
   std::string tried;
@@ -106,43 +126,74 @@ Status find_transport(const std::string& name, const meshccl_transport_v1_t** ou
     std::string path = dir + "/" + file;
     std::string unsafe = unsafe_to_load(dir, path);
     if (!unsafe.empty()) {
-      MC_WARN("transport %s: not loading %s: %s", name.c_str(), path.c_str(), unsafe.c_str());
       tried += " " + path + " (refused: " + unsafe + ")";
       continue;
     }
     void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (h == nullptr) {
-      tried += " " + path;
+      if (::access(path.c_str(), F_OK) == 0) tried += " " + path + " (" + dlerror() + ")";
+      else tried += " " + path;
       continue;
     }
     auto* api = static_cast<const meshccl_transport_v1_t*>(dlsym(h, "meshccl_transport_v1"));
     if (api == nullptr || api->version != MESHCCL_TRANSPORT_V1) {
       dlclose(h);
-      return MC_ERROR(ncclInvalidUsage, "%s does not export a meshccl_transport_v1 interface", path.c_str());
+      *why = path + " does not export a meshccl_transport_v1 interface";
+      return false;
     }
-    loaded[name] = api;
+    g_loaded()[name] = Loaded{api, path};
     *out = api;
-    return kOk;
+    return true;
   }
-  return MC_ERROR(ncclInvalidUsage, "transport \"%s\" is neither built in (shm, socket) nor found as a plugin (tried%s)", name.c_str(), tried.c_str());
+  *why = "transport \"" + name + "\" is neither built in (shm, socket) nor found as a plugin (tried" + tried + ")";
+  return false;
 }
 
-std::vector<std::string> available_transports() {
-  std::vector<std::string> names;
-  for (const meshccl_transport_v1_t* t : kBuiltin) names.push_back(t->name);
+Status find_transport(const std::string& name, const meshccl_transport_v1_t** out) {
+  std::string why;
+  if (load_transport(name, out, &why)) return kOk;
+  return MC_ERROR(ncclInvalidUsage, "%s", why.c_str());
+}
+
+std::vector<TransportInfo> transport_inventory() {
+  std::vector<TransportInfo> all;
+  for (const meshccl_transport_v1_t* t : kBuiltin)
+    all.push_back(TransportInfo{t->name, "built in", "meshccl " MESHCCL_VERSION_STRING, ""});
+  std::vector<std::string> seen;
   for (const std::string& dir : plugin_dirs()) {
     DIR* d = opendir(dir.c_str());
     if (d == nullptr) continue;
     while (dirent* e = readdir(d)) {
       std::string n = e->d_name;
       const std::string pre = "libmeshccl-transport-", suf = ".so";
-      if (n.size() > pre.size() + suf.size() && n.compare(0, pre.size(), pre) == 0 &&
-          n.compare(n.size() - suf.size(), suf.size(), suf) == 0)
-        names.push_back(n.substr(pre.size(), n.size() - pre.size() - suf.size()) + " (" + dir + ")");
+      if (n.size() <= pre.size() + suf.size() || n.compare(0, pre.size(), pre) != 0 ||
+          n.compare(n.size() - suf.size(), suf.size(), suf) != 0)
+        continue;
+      std::string name = n.substr(pre.size(), n.size() - pre.size() - suf.size());
+      if (std::find(seen.begin(), seen.end(), name) != seen.end()) continue;  // an earlier directory wins
+      seen.push_back(name);
+      TransportInfo info{name, dir + "/" + n, "", ""};
+      const meshccl_transport_v1_t* api = nullptr;
+      std::string why;
+      if (!load_transport(name, &api, &why)) {
+        info.problem = why;
+      } else {
+        std::lock_guard<std::mutex> lock(g_mu);
+        info.path = g_loaded()[name].path;
+        if (char* real = realpath(info.path.c_str(), nullptr)) {
+          info.path = real;
+          std::free(real);
+        }
+        void* h = dlopen(info.path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+        auto* describe = h != nullptr ? reinterpret_cast<const char* (*)()>(dlsym(h, "meshccl_transport_v1_describe")) : nullptr;
+        info.version = describe != nullptr ? describe() : "interface v1";
+        if (h != nullptr) dlclose(h);  // drops only the NOLOAD reference
+      }
+      all.push_back(info);
     }
     closedir(d);
   }
-  return names;
+  return all;
 }
 
 Status Transport::open(const meshccl_transport_v1_t* api, int rank, int nranks,

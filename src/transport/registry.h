@@ -52,8 +52,19 @@ class Transport {
 
 // Finds a transport by name: built-in first, then a loadable module.
 Status find_transport(const std::string& name, const meshccl_transport_v1_t** out);
-// Names of the built-in transports and of loadable modules found on the
-// search path (for meshccl_info).
-std::vector<std::string> available_transports();
+// The same without logging or recording an error: false with *why set.
+bool load_transport(const std::string& name, const meshccl_transport_v1_t** out, std::string* why);
+
+// Every transport found: the built-in ones and each loadable module on the
+// search path (for meshccl_info). version: the plugin's own description when
+// it exports meshccl_transport_v1_describe (transport.h), else its interface
+// version; problem: why it does not load, "" when it does.
+struct TransportInfo {
+  std::string name;
+  std::string path;
+  std::string version;
+  std::string problem;
+};
+std::vector<TransportInfo> transport_inventory();
 
 }  // namespace meshccl

@@ -3,16 +3,24 @@
 # up, two clusters at once, shaping, a failed up and down leaving nothing) and
 # every collective across 2 and 3 hosts under meshrun --cluster, in the
 # layouts 2x1, 2x2 (round-robin and blocked), 3+1, 3x1 and 2+1+1, checking
-# which transport each pair of ranks uses. Skips (exit 77) with the reason
+# which transport each pair of ranks uses; the same over the ucx transport
+# across 2, 3 and 4 hosts and over the ofi plugin (tcp provider), each with a
+# rank killed mid-job, when they are built. Skips (exit 77) with the reason
 # where network namespaces cannot be made.
-# With the ofi plugin built, the same over libfabric (MESHCCL_TRANSPORT=ofi,
-# tcp provider) and a rank killed mid-job.
-#   cluster_test.sh <scripts/cluster> <meshrun> <cluster_ranks> [<ofi plugin>|none]
+#   cluster_test.sh <scripts/cluster> <meshrun> <cluster_ranks> <plugin dir>
 set -u
 cluster=$1
 meshrun=$2
 ranks=$3
-ofi=${4:-none}
+plugins=${4:-}
+
+# What automatic selection picks between hosts: the first of ucx, ofi,
+# socket that is built (both ends run this build).
+net=socket
+for t in ucx ofi; do
+  if [ -e "$plugins/libmeshccl-transport-$t.so" ]; then net=$t; break; fi
+done
+ofi=$plugins/libmeshccl-transport-ofi.so
 
 if ! why=$("$cluster" check 2>&1); then
   echo "SKIP: no emulated cluster here: ${why:-scripts/cluster check failed without saying why}" | head -1
@@ -23,10 +31,12 @@ fi
 a="ta$$"
 b="tb$$"
 c="tc$$"
+d="td$$"
 cleanup() {
   "$cluster" down --name "$a" >/dev/null 2>&1
   "$cluster" down --name "$b" >/dev/null 2>&1
   "$cluster" down --name "$c" >/dev/null 2>&1
+  "$cluster" down --name "$d" >/dev/null 2>&1
 }
 trap cleanup EXIT
 trap 'exit 130' INT
@@ -34,7 +44,12 @@ trap 'exit 143' TERM
 
 # The interfaces are the namespaces' own: scripts/test pins single-host jobs
 # to lo, which cannot reach another namespace; the transport must find eth0.
-unset MESHCCL_SOCKET_IFNAME NCCL_SOCKET_IFNAME MESHCCL_HOSTID MESHCCL_TRANSPORT NCCL_NET MESHCCL_COMM_ID NCCL_COMM_ID
+unset MESHCCL_SOCKET_IFNAME NCCL_SOCKET_IFNAME MESHCCL_HOSTID MESHCCL_TRANSPORT NCCL_NET MESHCCL_NET MESHCCL_COMM_ID NCCL_COMM_ID
+unset UCX_NET_DEVICES UCX_TLS
+# The namespaces share one kernel, so UCX would also reach across them by
+# shared memory and cross-memory attach: keep it on the network, as between
+# real hosts.
+export UCX_TLS=tcp
 export MESHCCL_TIMEOUT=60
 
 fail=0
@@ -101,7 +116,7 @@ check "2x1: every collective across 2 hosts" job "$a" 2
 check "  rank 0 on h0, rank 1 on h1" eval 'on 0 h0 0/1 && on 1 h1 0/1'
 
 export MESHCCL_DEBUG=INFO MESHCCL_DEBUG_SUBSYS=INIT,BOOTSTRAP,NET
-check "2x2 round-robin: every collective, 2 ranks per host" job "$a" 4
+check "2x2 round-robin: every collective, 2 ranks per host (NCCL_NET=Socket)" job "$a" 4 -x NCCL_NET=Socket
 unset MESHCCL_DEBUG MESHCCL_DEBUG_SUBSYS
 check "  ranks 0,2 on h0 and 1,3 on h1" eval 'on 0 h0 0/2 && on 2 h0 1/2 && on 1 h1 0/2 && on 3 h1 1/2'
 check "  same host: shm" eval 'has "\[0\] .*rank 0 <-> rank 2 via shm" && has "\[3\] .*rank 3 <-> rank 1 via shm"'
@@ -111,6 +126,12 @@ check "  bootstrap on the namespace's eth0, not lo" has "\[0\] .*root listening 
 check "  socket transport on eth0 of each host" eval 'has "\[0\] .*socket: using eth0 198\.18\.0\.1$" && has "\[1\] .*socket: using eth0 198\.18\.0\.2$"'
 check "  never on lo" hasnt "socket: using lo"
 check "  host identity names the namespace" has "\[1\] .*host [^ ]*:mcc-$a-h1 commId"
+
+MESHCCL_DEBUG=INFO MESHCCL_DEBUG_SUBSYS=INIT check "2x2 automatic: every collective" job "$a" 4
+check "  same host: shm" eval 'has "\[0\] .*rank 0 <-> rank 2 via shm"'
+check "  other host: $net (the first of ucx, ofi, socket built)" eval 'has "\[0\] .*rank 0 <-> rank 1 via $net" && has "\[3\] .*rank 3 <-> rank 2 via $net"'
+check "a transport that is not there fails init on every rank" eval '! job "$a" 2 -x MESHCCL_TRANSPORT=nosuch'
+check "  naming it and what is available" eval 'has "MESHCCL_TRANSPORT=nosuch is not available on rank 0 .*available there: shm, .*socket" && has "MESHCCL_TRANSPORT=nosuch is not available on rank [01] "'
 
 check "2x2 blocked (--ranks-per-host 2)" job "$a" 4 --ranks-per-host 2
 check "  ranks 0,1 on h0 and 2,3 on h1" eval 'on 0 h0 0/2 && on 1 h0 1/2 && on 2 h1 0/2 && on 3 h1 1/2'
@@ -150,6 +171,39 @@ check "meshrun on a cluster that is not up fails" eval '! run "$meshrun" --clust
 check "  saying so" has "cluster '$c' is not up"
 check "--ranks-per-host too small for -n fails" eval '! run "$meshrun" --cluster "$a" -n 5 --ranks-per-host 2 true'
 check "  saying so" has "does not fit on 2 host"
+
+# ---- ucx --------------------------------------------------------------------
+if [ -e "$plugins/libmeshccl-transport-ucx.so" ]; then
+  export MESHCCL_DEBUG=INFO MESHCCL_DEBUG_SUBSYS=INIT,NET
+  check "ucx 2x1: every collective (MESHCCL_TRANSPORT=ucx)" job "$a" 2 -x MESHCCL_TRANSPORT=ucx
+  check "  via ucx, control socket on eth0" eval 'has "rank 0 <-> rank 1 via ucx" && has "\[1\] .*ucx: UCX .* control socket on eth0 198\.18\.0\.2"'
+  check "ucx 2x2: shm within a host, ucx between (NCCL_NET=ucx)" job "$a" 4 -x NCCL_NET=ucx
+  check "  pairs" eval 'has "\[0\] .*rank 0 <-> rank 2 via shm" && has "\[0\] .*rank 0 <-> rank 1 via ucx"'
+  check "ucx 3x1 across 3 shaped hosts" job "$b" 3 -x MESHCCL_TRANSPORT=ucx
+  check "ucx 2+1+1: 4 ranks on 3 shaped hosts" job "$b" 4 -x NCCL_NET=ucx
+  unset MESHCCL_DEBUG MESHCCL_DEBUG_SUBSYS
+  check "up 4 hosts" run "$cluster" up --name "$d" --hosts 4
+  check "ucx 4x1: every collective across 4 hosts" job "$d" 4 -x MESHCCL_TRANSPORT=ucx
+  check "  one rank per host" eval 'on 0 h0 0/1 && on 3 h3 0/1'
+  check "ucx 4x2: 8 ranks, 2 per host" job "$d" 8 -x NCCL_NET=ucx
+  # A rank killed mid-job: the others fail within MESHCCL_TIMEOUT, saying why.
+  # dead_ucx <cluster> <ranks> <victim>: every survivor's call fails within
+  # MESHCCL_TIMEOUT=10 (+5 s), saying why.
+  dead_ucx() {
+    CLUSTER_NAME=$1 MESHCCL_TIMEOUT=10 timeout 100 "$meshrun" --cluster "$1" -n "$2" --timeout 90 --keep-going \
+      -x MESHCCL_TRANSPORT=ucx "$ranks" --die "$3" >"$out" 2>&1
+    [ "$(grep -cE '^\[[0-9]+\] rank [0-9]+ saw the dead peer after ' "$out")" -eq $(($2 - 1)) ] &&
+      ! sed -n 's/^\[[0-9]*\] rank [0-9]* saw the dead peer after \([0-9.]*\) s: .*/\1/p' "$out" |
+        awk '$1 > 15 { bad = 1 } END { exit !bad }'
+  }
+  check "ucx: rank 1 of 3 killed, the 2 others fail within MESHCCL_TIMEOUT" dead_ucx "$b" 3 1
+  check "  with a remote error naming the lost peer" eval 'has "saw the dead peer .*remote process exited or there was a network error" && has "saw the dead peer .*(rank 1|ucx)"'
+  check "  meshrun reports the kill" has "rank 1 \(pid [0-9]+\) was killed by SIGKILL"
+  check "ucx: rank 3 of 4 (4 hosts) killed" dead_ucx "$d" 4 3
+  check "down 4 hosts" run "$cluster" down --name "$d"
+else
+  echo "skip ucx: $plugins/libmeshccl-transport-ucx.so is not built (UCX was not found at configure time)"
+fi
 
 # ---- ofi ------------------------------------------------------------------
 # Every collective with every pair of ranks on the libfabric plugin (tcp

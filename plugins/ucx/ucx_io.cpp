@@ -1,0 +1,378 @@
+// The UCX transport's data path: posting and testing sends and receives,
+// matching user tags, noticing a peer that went away, and closing.
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <cstring>
+
+#include "plugins/ucx/ucx_comm.h"
+
+namespace meshccl::plugin::ucx {
+
+namespace {
+
+void* send_tagged(SendComm* c, const void* buf, size_t n, uint64_t tag) {
+  ucp_request_param_t p{};
+  return ucp_tag_send_nbx(c->ep, buf, n, tag, &p);
+}
+
+// Reads what the peer wrote on the control socket without blocking: the
+// goodbye when `bye` is given, else nothing is expected. True once the
+// stream ended (closed, reset, or the peer process is gone).
+bool control_closed(int fd, Bye* bye, uint32_t* got) {
+  for (;;) {
+    char sink[sizeof(Bye)];
+    char* dst = bye != nullptr && *got < sizeof(Bye) ? reinterpret_cast<char*>(bye) + *got : sink;
+    size_t want = bye != nullptr && *got < sizeof(Bye) ? sizeof(Bye) - *got : sizeof(sink);
+    ssize_t n = recv(fd, dst, want, MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
+    if (n <= 0) return true;
+    if (bye != nullptr && dst != sink) *got += static_cast<uint32_t>(n);
+  }
+}
+
+}  // namespace
+
+// ---- sending ---------------------------------------------------------------
+
+void start_send(SendComm* c, Request* r) {
+  r->state = State::kActive;
+  uint64_t seq = r->seq;
+  if (r->size <= kInline) {
+    if (r->size != 0) std::memcpy(r->wire + sizeof(WireHdr), r->data, r->size);
+    r->hdr_req = send_tagged(c, r->wire, sizeof(WireHdr) + r->size, utag(c->conn, kHeader, seq));
+  } else {
+    r->hdr_req = send_tagged(c, r->wire, sizeof(WireHdr), utag(c->conn, kHeader, seq));
+    r->data_req = send_tagged(c, r->data, r->size, utag(c->conn, kPayload, seq));
+  }
+  c->active.push_back(r);
+}
+
+meshccl_tresult_t send_post(SendComm* c, const void* data, size_t size, uint64_t tag, void** request) {
+  MPLUG_CHECK(advance_setup(c));
+  Request* r = c->reqs.get();
+  if (r == nullptr) return MESHCCL_T_SYSTEM_ERROR;
+  r->magic = kReqMagic;
+  r->kind = Kind::kSend;
+  r->state = State::kWaiting;
+  r->result = MESHCCL_T_SUCCESS;
+  r->comm = c;
+  r->tag = tag;
+  r->data = static_cast<unsigned char*>(const_cast<void*>(data));
+  r->size = size;
+  r->nbytes = 0;
+  r->seq = c->seq++;
+  r->hdr_req = r->data_req = nullptr;
+  WireHdr h{tag, size};
+  std::memcpy(r->wire, &h, sizeof(h));
+  if (c->ep != nullptr) start_send(c, r);
+  else c->waiting.push_back(r);
+  *request = r;
+  return MESHCCL_T_SUCCESS;
+}
+
+namespace {
+
+void release_send(SendComm* c, Request* r) {
+  if (r->state == State::kWaiting) c->waiting.remove(r); else c->active.remove(r);
+  drop(c->ctx->worker, r->hdr_req);
+  drop(c->ctx->worker, r->data_req);
+  r->magic = 0;
+  c->reqs.put(r);
+}
+
+// Not finished: is the receiver still there? The control socket carries
+// nothing after the address, so EOF means it closed or exited.
+meshccl_tresult_t send_liveness(SendComm* c) {
+  if (c->broken != MESHCCL_T_SUCCESS) return c->broken;
+  if (!c->watch.due()) return MESHCCL_T_SUCCESS;
+  if (!control_closed(c->fd, nullptr, nullptr)) return MESHCCL_T_SUCCESS;
+  // UCX may still be finishing what the receiver already has: one grace
+  // period, then the send fails.
+  uint64_t now = now_ns();
+  if (c->closed_ns == 0) c->closed_ns = now;
+  if (now - c->closed_ns < kGraceNs) return MESHCCL_T_SUCCESS;
+  MPLUG_WARN(c->ctx->host, "ucx: the receiver at %s closed the connection or exited", c->peer.c_str());
+  return c->broken = MESHCCL_T_REMOTE_ERROR;
+}
+
+}  // namespace
+
+meshccl_tresult_t send_test(Request* r, int* done, size_t* size) {
+  auto* c = static_cast<SendComm*>(r->comm);
+  *done = 0;
+  // Small sends usually complete inside ucp_tag_send_nbx: report that
+  // without a progress call (a system call with UCX's TCP transport).
+  if (r->state != State::kActive || check(r->hdr_req) != UCS_OK || check(r->data_req) != UCS_OK)
+    ucp_worker_progress(c->ctx->worker);
+  meshccl_tresult_t res = MESHCCL_T_SUCCESS;
+  if (r->state == State::kWaiting) {
+    res = advance_setup(c);
+    if (res == MESHCCL_T_SUCCESS && r->state == State::kWaiting) return MESHCCL_T_SUCCESS;
+  }
+  if (res == MESHCCL_T_SUCCESS) {
+    ucs_status_t a = check(r->hdr_req), b = check(r->data_req);
+    ucs_status_t bad = a != UCS_OK && a != UCS_INPROGRESS ? a : b != UCS_OK && b != UCS_INPROGRESS ? b : UCS_OK;
+    if (bad != UCS_OK) {
+      res = c->broken != MESHCCL_T_SUCCESS ? c->broken : fail(c->ctx->host, ("sending to " + c->peer).c_str(), bad);
+    } else if (a == UCS_INPROGRESS || b == UCS_INPROGRESS) {
+      res = send_liveness(c);
+      if (res == MESHCCL_T_SUCCESS) return MESHCCL_T_SUCCESS;  // not yet
+    }
+  }
+  *done = 1;
+  if (size != nullptr) *size = res == MESHCCL_T_SUCCESS ? r->size : 0;
+  release_send(c, r);
+  return res;
+}
+
+// ---- receiving -------------------------------------------------------------
+
+namespace {
+
+// Header receives always return a request (UCP_OP_ATTR_FLAG_NO_IMM_CMPL):
+// the received length comes from ucp_tag_recv_request_test, which UCX 1.13
+// fills reliably, unlike recv_info on immediate completion.
+void* recv_tagged(RecvComm* c, void* buf, size_t n, uint64_t tag, bool header) {
+  ucp_request_param_t p{};
+  if (header) p.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  return ucp_tag_recv_nbx(c->ctx->worker, buf, n, tag, kFullMask, &p);
+}
+
+// Copies an inline payload into r (or fails r when it does not fit).
+void finish_inline(RecvComm* c, Request* r, const unsigned char* src, uint64_t size) {
+  r->nbytes = size;
+  r->state = State::kActive;
+  r->data_req = nullptr;  // complete: recv_test reports it
+  if (size > r->size) {
+    MPLUG_WARN(c->ctx->host, "ucx: a %" PRIu64 "-byte message (tag %" PRIu64 ") does not fit a %" PRIu64 "-byte receive",
+               size, r->tag, r->size);
+    r->result = MESHCCL_T_INVALID_USAGE;
+  } else if (size != 0) {
+    std::memcpy(r->data, src, size);
+  }
+  c->active.push_back(r);
+}
+
+// Starts the payload receive of message `seq` for r (matched, size known).
+void start_payload(RecvComm* c, Request* r, uint64_t size, uint64_t seq) {
+  r->nbytes = size;
+  r->state = State::kActive;
+  void* dst = r->data;
+  if (size > r->size) {
+    // Too long: still drain the payload so the next messages flow.
+    MPLUG_WARN(c->ctx->host, "ucx: a %" PRIu64 "-byte message (tag %" PRIu64 ") does not fit a %" PRIu64 "-byte receive",
+               size, r->tag, r->size);
+    r->result = MESHCCL_T_INVALID_USAGE;
+    if (c->scratch.size() < size) c->scratch.resize(size);
+    dst = c->scratch.data();
+  }
+  r->data_req = recv_tagged(c, dst, size, utag(c->conn, kPayload, seq), false);
+  c->active.push_back(r);
+}
+
+// One header arrived (len bytes in hdr_buf): match it or keep it.
+meshccl_tresult_t take_header(RecvComm* c, size_t len) {
+  WireHdr h;
+  std::memcpy(&h, c->hdr_buf, sizeof(h));
+  const bool inl = h.size <= kInline;
+  if (len != sizeof(WireHdr) + (inl ? h.size : 0)) {
+    MPLUG_WARN(c->ctx->host, "ucx: malformed message header from %s (%zu bytes for a %" PRIu64 "-byte message)",
+               c->peer.c_str(), len, h.size);
+    return MESHCCL_T_SYSTEM_ERROR;
+  }
+  uint64_t seq = c->seq++;
+  const unsigned char* payload = c->hdr_buf + sizeof(WireHdr);
+  if (Request* r = c->posted.take_tag(h.tag)) {
+    if (inl) finish_inline(c, r, payload, h.size);
+    else start_payload(c, r, h.size, seq);
+    return MESHCCL_T_SUCCESS;
+  }
+  Unexpected* u = c->unex.get();
+  if (u == nullptr) return MESHCCL_T_SYSTEM_ERROR;
+  u->tag = h.tag;
+  u->size = h.size;
+  u->seq = seq;
+  u->buf = BufferPool::Buf{};
+  if (inl && h.size != 0) {
+    u->buf = c->bufs.get(h.size);
+    if (u->buf.ptr == nullptr) {
+      c->unex.put(u);
+      return MESHCCL_T_SYSTEM_ERROR;
+    }
+    std::memcpy(u->buf.ptr, payload, h.size);
+  }
+  c->unexpected.push_back(u);
+  return MESHCCL_T_SUCCESS;
+}
+
+// Takes in every header that arrived, in order.
+meshccl_tresult_t pump(RecvComm* c) {
+  ucp_worker_progress(c->ctx->worker);
+  for (;;) {
+    if (!c->hdr_posted) {
+      c->hdr_req = recv_tagged(c, c->hdr_buf, sizeof(c->hdr_buf), utag(c->conn, kHeader, c->seq), true);
+      c->hdr_posted = true;
+    }
+    ucs_status_t s = check(c->hdr_req);
+    if (s == UCS_INPROGRESS) return MESHCCL_T_SUCCESS;
+    size_t len = 0;
+    if (s == UCS_OK && c->hdr_req != nullptr) {
+      ucp_tag_recv_info_t info{};
+      s = ucp_tag_recv_request_test(c->hdr_req, &info);
+      len = info.length;
+    }
+    if (c->hdr_req != nullptr && !UCS_PTR_IS_ERR(c->hdr_req)) ucp_request_free(c->hdr_req);
+    c->hdr_req = nullptr;
+    c->hdr_posted = false;
+    if (s != UCS_OK) return fail(c->ctx->host, ("receiving a message header from " + c->peer).c_str(), s);
+    MPLUG_CHECK(take_header(c, len));
+  }
+}
+
+// A receive that cannot finish yet: did the sender go away? After its
+// goodbye, a receive with no message left to come fails at once; otherwise
+// (EOF without goodbye, or messages still owed) after a grace period.
+meshccl_tresult_t recv_liveness(RecvComm* c, Request* r) {
+  if (c->closed_ns == 0) {
+    if (!c->watch.due() || !control_closed(c->fd, &c->bye, &c->bye_got)) return MESHCCL_T_SUCCESS;
+    c->closed_ns = now_ns();
+  }
+  const bool said_bye = c->bye_got == sizeof(Bye) && c->bye.magic == kByeMagic;
+  const bool none_left = said_bye && c->seq >= c->bye.sent && r->state == State::kPosted;
+  if (!none_left && now_ns() - c->closed_ns < kGraceNs) return MESHCCL_T_SUCCESS;
+  MPLUG_WARN(c->ctx->host, "ucx: the sender at %s %s; a receive (tag %" PRIu64 ") cannot complete", c->peer.c_str(),
+             said_bye ? "closed the connection" : "exited or the connection broke", r->tag);
+  return MESHCCL_T_REMOTE_ERROR;
+}
+
+}  // namespace
+
+meshccl_tresult_t recv_post(RecvComm* c, void* data, size_t size, uint64_t tag, void** request) {
+  Request* r = c->reqs.get();
+  if (r == nullptr) return MESHCCL_T_SYSTEM_ERROR;
+  r->magic = kReqMagic;
+  r->kind = Kind::kRecv;
+  r->state = State::kPosted;
+  r->result = MESHCCL_T_SUCCESS;
+  r->comm = c;
+  r->tag = tag;
+  r->data = static_cast<unsigned char*>(data);
+  r->size = size;
+  r->nbytes = 0;
+  r->hdr_req = r->data_req = nullptr;
+  if (Unexpected* u = c->unexpected.take_tag(tag)) {
+    if (u->size <= kInline) {
+      finish_inline(c, r, static_cast<unsigned char*>(u->buf.ptr), u->size);
+      if (u->buf.ptr != nullptr) c->bufs.put(u->buf);
+    } else {
+      start_payload(c, r, u->size, u->seq);
+    }
+    c->unex.put(u);
+  } else {
+    c->posted.push_back(r);
+  }
+  *request = r;
+  return pump(c);
+}
+
+meshccl_tresult_t recv_test(Request* r, int* done, size_t* size) {
+  auto* c = static_cast<RecvComm*>(r->comm);
+  *done = 0;
+  ucs_status_t s = r->state == State::kActive ? check(r->data_req) : UCS_INPROGRESS;
+  meshccl_tresult_t res = MESHCCL_T_SUCCESS;
+  if (s == UCS_INPROGRESS) {  // a finished receive needs no progress call
+    res = pump(c);
+    s = r->state == State::kActive ? check(r->data_req) : UCS_INPROGRESS;
+  }
+  if (s == UCS_INPROGRESS && res == MESHCCL_T_SUCCESS) {
+    res = recv_liveness(c, r);
+    if (res == MESHCCL_T_SUCCESS) return MESHCCL_T_SUCCESS;  // not yet
+  } else if (s == UCS_OK) {
+    res = r->result;
+  } else if (s != UCS_INPROGRESS) {
+    // A transfer UCX gave up on: the sender's death says it better.
+    if (c->closed_ns == 0 && control_closed(c->fd, &c->bye, &c->bye_got)) c->closed_ns = now_ns();
+    if (c->closed_ns != 0) {
+      MPLUG_WARN(c->ctx->host, "ucx: the sender at %s went away during a transfer (%s)", c->peer.c_str(), ucs_status_string(s));
+      res = MESHCCL_T_REMOTE_ERROR;
+    } else {
+      res = fail(c->ctx->host, ("receiving from " + c->peer).c_str(), s);
+    }
+  }
+  drop(c->ctx->worker, r->data_req);
+  if (r->state == State::kActive) c->active.remove(r); else c->posted.remove(r);
+  *done = 1;
+  if (size != nullptr) *size = res == MESHCCL_T_SUCCESS ? r->nbytes : 0;
+  r->magic = 0;
+  c->reqs.put(r);
+  return res;
+}
+
+// ---- closing ---------------------------------------------------------------
+
+void close_send(SendComm* c) {
+  Ctx* ctx = c->ctx;
+  c->waiting.for_each([&](Request* r) { r->magic = 0; });
+  c->active.for_each([&](Request* r) {
+    drop(ctx->worker, r->hdr_req);
+    drop(ctx->worker, r->data_req);
+    r->magic = 0;
+  });
+  if (c->ep != nullptr) {
+    // Push out what completed sends left in UCX's queues (bounded), then
+    // close without waiting for the peer: a force close also ends sends
+    // that were given up on, which UCX would otherwise keep until the
+    // worker goes.
+    if (c->broken == MESHCCL_T_SUCCESS) {
+      ucp_request_param_t fp{};
+      void* fr = ucp_ep_flush_nbx(c->ep, &fp);
+      uint64_t until = now_ns() + 200'000'000;
+      while (check(fr) == UCS_INPROGRESS && now_ns() < until) ucp_worker_progress(ctx->worker);
+      drop(ctx->worker, fr);
+    }
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    void* cr = ucp_ep_close_nbx(c->ep, &p);
+    if (check(cr) == UCS_INPROGRESS) ctx->closing.push_back(cr);
+    else if (cr != nullptr && !UCS_PTR_IS_ERR(cr)) ucp_request_free(cr);
+    c->ep = nullptr;
+  }
+  if (c->fd >= 0) {
+    Bye bye{kByeMagic, c->seq};
+    (void)!send(c->fd, &bye, sizeof(bye), MSG_DONTWAIT | MSG_NOSIGNAL);
+    close(c->fd);
+    c->fd = -1;
+  }
+}
+
+void close_recv(RecvComm* c) {
+  ucp_worker_h w = c->ctx->worker;
+  c->active.for_each([&](Request* r) {
+    drop(w, r->data_req);
+    r->magic = 0;
+  });
+  c->posted.for_each([&](Request* r) { r->magic = 0; });
+  if (c->hdr_posted) drop(w, c->hdr_req);
+  // Payloads that arrived unexpected stay in UCX's queue: drain them.
+  c->unexpected.for_each([&](Unexpected* u) {
+    if (u->buf.ptr != nullptr) c->bufs.put(u->buf);
+    if (u->size <= kInline) return;
+    ucp_tag_recv_info_t info;
+    ucp_tag_message_h m = ucp_tag_probe_nb(w, utag(c->conn, kPayload, u->seq), kFullMask, 1, &info);
+    if (m == nullptr) return;
+    std::vector<unsigned char> sink(info.length);
+    ucp_request_param_t p{};
+    void* rq = ucp_tag_msg_recv_nbx(w, sink.data(), sink.size(), m, &p);
+    for (int i = 0; i < 1000 && check(rq) == UCS_INPROGRESS; ++i) ucp_worker_progress(w);
+    drop(w, rq);
+  });
+  if (c->fd >= 0) close(c->fd);
+  c->fd = -1;
+}
+
+}  // namespace meshccl::plugin::ucx

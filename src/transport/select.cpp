@@ -1,0 +1,112 @@
+#include "transport/select.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <mutex>
+
+#include "transport/registry.h"
+#include "util/log.h"
+#include "util/param.h"
+
+namespace meshccl {
+
+namespace {
+
+constexpr int kNets = static_cast<int>(std::size(kNetOrder));
+constexpr uint32_t kRequestLoads = 1u << 31;
+
+// Which of kNetOrder this process can load (once per process: loading is
+// cached by the registry, and the answer does not change).
+uint32_t loadable_nets() {
+  static std::once_flag once;
+  static uint32_t bits = 0;
+  std::call_once(once, [] {
+    for (int i = 0; i < kNets; ++i) {
+      const meshccl_transport_v1_t* api = nullptr;
+      std::string why;
+      if (load_transport(kNetOrder[i], &api, &why)) bits |= 1u << i;
+    }
+  });
+  return bits;
+}
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
+const char* request_source(const PeerInfo& p) {
+  return p.transport_scope == 1 ? "MESHCCL_TRANSPORT" : "NCCL_NET/ncclConfig_t.netName";
+}
+
+bool same_host(const PeerInfo& a, const PeerInfo& b) {
+  return a.machine_hash == b.machine_hash && a.host_hash == b.host_hash;
+}
+
+}  // namespace
+
+void fill_transport_request(const std::string& net_name, PeerInfo* me) {
+  me->nets = loadable_nets();
+  std::string forced = lower(param_str(Param::Transport));
+  std::string net = lower(!net_name.empty() ? net_name : param_str(Param::Net));
+  me->transport_scope = !forced.empty() ? 1 : !net.empty() ? 2 : 0;
+  const std::string& want = !forced.empty() ? forced : net;
+  std::memset(me->transport, 0, sizeof(me->transport));
+  std::strncpy(me->transport, want.c_str(), sizeof(me->transport) - 1);
+  const meshccl_transport_v1_t* api = nullptr;
+  std::string why;
+  if (!want.empty() && want.size() < sizeof(me->transport) && load_transport(want, &api, &why)) me->nets |= kRequestLoads;
+}
+
+std::string transports_of(const PeerInfo& p) {
+  std::string s = "shm";
+  for (int i = 0; i < kNets; ++i)
+    if (p.nets & (1u << i)) s += std::string(", ") + kNetOrder[i];
+  return s;
+}
+
+Status check_transport_request(const std::vector<PeerInfo>& peers, int me) {
+  const PeerInfo& first = peers[0];
+  for (const PeerInfo& p : peers) {
+    if (p.transport_scope != first.transport_scope || std::strncmp(p.transport, first.transport, sizeof(p.transport)) != 0)
+      return MC_ERROR(ncclInvalidUsage, "ranks ask for different transports: rank 0 (%s) %s=\"%s\", rank %d (%s) %s=\"%s\"",
+                      first.host_id, first.transport_scope ? request_source(first) : "automatic", first.transport,
+                      p.rank, p.host_id, p.transport_scope ? request_source(p) : "automatic", p.transport);
+  }
+  if (first.transport_scope == 0) return kOk;
+  const std::string name = first.transport;
+  if (name.size() >= sizeof(first.transport) - 1)
+    return MC_ERROR(ncclInvalidUsage, "%s names a transport \"%s...\" longer than any known", request_source(first), first.transport);
+  if (name == "shm") {
+    if (first.transport_scope == 2) return MC_ERROR(ncclInvalidUsage, "NCCL_NET/netName=shm: shm is not a network transport; use MESHCCL_TRANSPORT=shm");
+    return kOk;  // built in; Mesh::connect_all refuses pairs on different machines
+  }
+  for (const PeerInfo& p : peers) {
+    if (p.nets & kRequestLoads) continue;
+    if (p.rank == me) {
+      const meshccl_transport_v1_t* api = nullptr;
+      std::string why;
+      load_transport(name, &api, &why);
+      return MC_ERROR(ncclInvalidUsage, "%s=%s is not available on rank %d (%s): %s; available there: %s", request_source(p),
+                      name.c_str(), p.rank, p.host_id, why.c_str(), transports_of(p).c_str());
+    }
+    return MC_ERROR(ncclInvalidUsage, "%s=%s is not available on rank %d (%s); available there: %s", request_source(p),
+                    name.c_str(), p.rank, p.host_id, transports_of(p).c_str());
+  }
+  return kOk;
+}
+
+std::string choose_transport(const std::vector<PeerInfo>& peers, int a, int b) {
+  const PeerInfo& pa = peers[a];
+  const PeerInfo& pb = peers[b];
+  if (pa.transport_scope == 1) return pa.transport;
+  if (same_host(pa, pb) && param_int(Param::ShmDisable) == 0) return "shm";
+  if (pa.transport_scope == 2) return pa.transport;
+  const uint32_t both = pa.nets & pb.nets;
+  for (int i = 0; i < kNets; ++i)
+    if (both & (1u << i)) return kNetOrder[i];
+  return "socket";  // built in everywhere
+}
+
+}  // namespace meshccl

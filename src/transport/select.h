@@ -1,0 +1,41 @@
+// Which transport connects each pair of ranks.
+//
+// Every rank states, in its PeerInfo (exchanged by the bootstrap allgather
+// before any connection is made), which network transports it can load and
+// which transport it was asked for. The choice for a pair is then a pure
+// function of the two PeerInfos and the same on both ends and on every rank:
+//   MESHCCL_TRANSPORT=<name>          that transport for every pair;
+//   same host                         shm (unless MESHCCL_SHM_DISABLE=1);
+//   NCCL_NET / MESHCCL_NET / ncclConfig_t.netName = <name>
+//                                     that transport between hosts;
+//   otherwise                         the first of kNetOrder both ends can load.
+// A transport asked for that some rank cannot load, or ranks asking for
+// different ones, fail init on every rank with a message saying which rank
+// lacks what and what it has.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "bootstrap/identity.h"
+#include "util/status.h"
+
+namespace meshccl {
+
+// Network transports in order of preference.
+inline constexpr const char* kNetOrder[] = {"ucx", "ofi", "socket"};
+
+// Fills this rank's availability and request fields of *me. net_name is the
+// communicator's ncclConfig_t.netName ("" when unset).
+void fill_transport_request(const std::string& net_name, PeerInfo* me);
+
+// Checks that the ranks agree on the request and that every rank can load it.
+Status check_transport_request(const std::vector<PeerInfo>& peers, int me);
+
+// The transport between ranks a and b (see above).
+std::string choose_transport(const std::vector<PeerInfo>& peers, int a, int b);
+
+// "shm, socket, ucx": what a rank said it can load.
+std::string transports_of(const PeerInfo& p);
+
+}  // namespace meshccl
