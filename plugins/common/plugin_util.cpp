@@ -107,4 +107,9 @@ bool pid_alive(int32_t pid) {
   return state != 'Z' && state != 'X' && state != 'x';
 }
 
+meshccl_tresult_t sys_fail(const meshccl_transport_host_v1_t* host, const char* plugin, const char* what) {
+  MPLUG_WARN(host, "%s: %s: %s", plugin, what, std::strerror(errno));
+  return MESHCCL_T_SYSTEM_ERROR;
+}
+
 }  // namespace meshccl::plugin

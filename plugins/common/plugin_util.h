@@ -116,6 +116,9 @@ int guarded(const meshccl_transport_host_v1_t* host, const char* plugin, const c
   }
 }
 
+// Logs "<plugin>: <what>: <strerror(errno)>" and returns the system-error code.
+meshccl_tresult_t sys_fail(const meshccl_transport_host_v1_t* host, const char* plugin, const char* what);
+
 constexpr uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 }  // namespace meshccl::plugin

@@ -3,7 +3,10 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
+#include <netinet/tcp.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 
 namespace meshccl::plugin::socket {
@@ -123,6 +126,31 @@ std::string addr_to_string(const sockaddr* sa) {
 
 std::string describe(const Iface& i) {
   return i.name + " " + host_to_string(reinterpret_cast<const sockaddr*>(&i.addr));
+}
+
+void tune_tcp(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  int idle = 20, intvl = 5, cnt = 6;
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+}
+
+int listen_tcp(const Iface& ifc, int backlog, sockaddr_storage* bound) {
+  int fd = ::socket(ifc.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  *bound = ifc.addr;
+  socklen_t len = ifc.addr_len;
+  if (bind(fd, reinterpret_cast<sockaddr*>(bound), len) != 0 || ::listen(fd, backlog) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(bound), &len) != 0) {
+    int e = errno;
+    close(fd);
+    errno = e;
+    return -1;
+  }
+  return fd;
 }
 
 }  // namespace meshccl::plugin::socket

@@ -41,6 +41,16 @@ std::string describe(const Iface& i);
 std::string host_to_string(const sockaddr* sa);
 std::string addr_to_string(const sockaddr* sa);
 
+// A connected TCP socket tuned for latency over throughput (no Nagle), with
+// keepalive so that a peer host that vanishes without a FIN is noticed
+// within a minute.
+void tune_tcp(int fd);
+
+// A non-blocking listening TCP socket on `ifc` (port chosen by the kernel)
+// with room for `backlog` connections; `*bound` gets the address it listens
+// on. Returns the descriptor, or -1 with errno set.
+int listen_tcp(const Iface& ifc, int backlog, sockaddr_storage* bound);
+
 }  // namespace meshccl::plugin::socket
 
 #endif  // MESHCCL_PLUGINS_SOCKET_SOCKET_IFACE_H_

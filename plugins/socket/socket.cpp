@@ -58,23 +58,6 @@ constexpr size_t kMaxPending = 16;
 
 ArgCheck g_check("socket");
 
-meshccl_tresult_t sys_fail(const meshccl_transport_host_v1_t* host, const char* what) {
-  MPLUG_WARN(host, "socket: %s: %s", what, std::strerror(errno));
-  return MESHCCL_T_SYSTEM_ERROR;
-}
-
-// Latency over throughput for small frames; keepalive so that a peer host
-// that vanishes without a FIN is noticed within a minute.
-void tune(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-  int idle = 20, intvl = 5, cnt = 6;
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
-}
-
 void estimate_link(Ctx* ctx) {
   ctx->latency_us = ctx->iface.loopback ? 15.0 : 30.0;
   ctx->bandwidth_gbs = ctx->iface.loopback ? 3.0 : 1.25;  // unknown NIC: assume 10 Gb/s
@@ -119,16 +102,9 @@ meshccl_tresult_t do_init(const meshccl_transport_host_v1_t* host, void** out) {
 
 meshccl_tresult_t do_listen(Ctx* ctx, void* handle, void** listen_comm) {
   const Iface& ifc = ctx->iface;
-  int fd = ::socket(ifc.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return sys_fail(ctx->host, "socket()");
-  sockaddr_storage sa = ifc.addr;
-  socklen_t len = ifc.addr_len;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), len) != 0 || listen(fd, static_cast<int>(kMaxPending)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
-    meshccl_tresult_t r = sys_fail(ctx->host, ("listening on " + describe(ifc)).c_str());
-    close(fd);
-    return r;
-  }
+  sockaddr_storage sa;
+  int fd = listen_tcp(ifc, static_cast<int>(kMaxPending), &sa);
+  if (fd < 0) return sys_fail(ctx->host, "socket", ("listening on " + describe(ifc)).c_str());
   auto lc = std::make_unique<ListenComm>();
   lc->ctx = ctx;
   lc->fd = fd;
@@ -166,8 +142,8 @@ meshccl_tresult_t do_connect(Ctx* ctx, const void* handle, void** send_comm) {
   while (idx < ctx->connecting.size() && std::memcmp(&ctx->connecting[idx].handle, &h, sizeof(h)) != 0) ++idx;
   if (idx == ctx->connecting.size()) {
     int fd = ::socket(h.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) return sys_fail(host, "socket()");
-    tune(fd);
+    if (fd < 0) return sys_fail(host, "socket", "socket()");
+    tune_tcp(fd);
     Connecting cn;
     cn.handle = h;
     cn.fd = fd;
@@ -235,7 +211,7 @@ meshccl_tresult_t do_accept(ListenComm* lc, void** recv_comm) {
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-      return sys_fail(host, "accept()");
+      return sys_fail(host, "socket", "accept()");
     }
     if (lc->pending.size() >= kMaxPending) refuse(lc, 0, "too many unidentified connections");
     Pending p;
@@ -268,7 +244,7 @@ meshccl_tresult_t do_accept(ListenComm* lc, void** recv_comm) {
     c->ctx = lc->ctx;
     c->fd = p.fd;
     c->peer = p.peer;
-    tune(c->fd);
+    tune_tcp(c->fd);
     lc->pending.erase(lc->pending.begin() + static_cast<long>(i));
     while (!lc->pending.empty()) refuse(lc, 0, "the listener already has its sender");
     // One sender per listener: later connection attempts are refused by the

@@ -48,25 +48,11 @@ const char* status_hint(ucs_status_t s) {
     case UCS_ERR_NO_MEMORY: return "out of memory";
     case UCS_ERR_TIMED_OUT: return "the peer did not answer in time";
     case UCS_ERR_CANCELED: return "the operation was cancelled (its connection closed)";
+    case UCS_ERR_IO_ERROR: return "moving the data to or from the peer failed (on one host: the peer most likely exited)";
     case UCS_ERR_INVALID_PARAM: return "UCX refused a parameter (check the UCX_* environment variables)";
     case UCS_ERR_UNSUPPORTED: return "UCX does not support this here";
     default: return "see UCX's own messages (UCX_LOG_LEVEL=info)";
   }
-}
-
-meshccl_tresult_t sys_fail(const meshccl_transport_host_v1_t* host, const char* what) {
-  MPLUG_WARN(host, "ucx: %s: %s", what, std::strerror(errno));
-  return MESHCCL_T_SYSTEM_ERROR;
-}
-
-void tune(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-  int idle = 20, intvl = 5, cnt = 6;
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
 }
 
 void destroy_worker(Ctx* c) {
@@ -147,16 +133,9 @@ void props(Ctx* c, meshccl_transport_props_v1_t* p) {
 
 meshccl_tresult_t do_listen(Ctx* ctx, void* handle, void** out) {
   const socket::Iface& ifc = ctx->iface;
-  int fd = ::socket(ifc.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return sys_fail(ctx->host, "socket()");
-  sockaddr_storage sa = ifc.addr;
-  socklen_t len = ifc.addr_len;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), len) != 0 || ::listen(fd, static_cast<int>(kMaxPending)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
-    meshccl_tresult_t r = sys_fail(ctx->host, ("listening on " + socket::describe(ifc)).c_str());
-    close(fd);
-    return r;
-  }
+  sockaddr_storage sa;
+  int fd = socket::listen_tcp(ifc, static_cast<int>(kMaxPending), &sa);
+  if (fd < 0) return sys_fail(ctx->host, "ucx", ("listening on " + socket::describe(ifc)).c_str());
   auto lc = std::make_unique<ListenComm>();
   lc->ctx = ctx;
   lc->fd = fd;
@@ -207,10 +186,10 @@ long start_connect(Ctx* ctx, const Handle& h, const std::string& peer, meshccl_t
     if (std::memcmp(&ctx->connecting[i].handle, &h, sizeof(h)) == 0) return static_cast<long>(i);
   int fd = ::socket(h.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) {
-    *r = sys_fail(ctx->host, "socket()");
+    *r = sys_fail(ctx->host, "ucx", "socket()");
     return -1;
   }
-  tune(fd);
+  socket::tune_tcp(fd);
   Connecting cn;
   cn.handle = h;
   cn.fd = fd;
@@ -296,7 +275,7 @@ meshccl_tresult_t send_address(ListenComm* lc, int fd) {
   std::memcpy(msg.data() + sizeof(m), a.data(), a.size());
   ssize_t w = send(fd, msg.data(), msg.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
   if (w == static_cast<ssize_t>(msg.size())) return MESHCCL_T_SUCCESS;
-  if (w < 0) return sys_fail(lc->ctx->host, "sending the worker address to the sender");
+  if (w < 0) return sys_fail(lc->ctx->host, "ucx", "sending the worker address to the sender");
   MPLUG_WARN(lc->ctx->host, "ucx: the control socket took only %zd of %zu address bytes", w, msg.size());
   return MESHCCL_T_SYSTEM_ERROR;
 }
@@ -337,7 +316,7 @@ meshccl_tresult_t do_accept(ListenComm* lc, void** out) {
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-      return sys_fail(host, "accept()");
+      return sys_fail(host, "ucx", "accept()");
     }
     if (lc->pending.size() >= kMaxPending) refuse(lc, 0, "too many unidentified connections");
     Pending p;
@@ -353,7 +332,7 @@ meshccl_tresult_t do_accept(ListenComm* lc, void** out) {
   close(lc->fd);  // one sender per listener: later attempts are refused by the kernel
   lc->fd = -1;
   lc->accepted = true;
-  tune(p.fd);
+  socket::tune_tcp(p.fd);
   meshccl_tresult_t r = send_address(lc, p.fd);
   if (r != MESHCCL_T_SUCCESS) {
     close(p.fd);
@@ -439,6 +418,7 @@ meshccl_tresult_t status_result(ucs_status_t s) {
     case UCS_ERR_UNREACHABLE:
     case UCS_ERR_REJECTED:
     case UCS_ERR_CANCELED:
+    case UCS_ERR_IO_ERROR:  // shared-memory transports reading a peer that is gone (peer error handling is off there)
     case UCS_ERR_TIMED_OUT: return MESHCCL_T_REMOTE_ERROR;
     case UCS_ERR_MESSAGE_TRUNCATED:
     case UCS_ERR_INVALID_PARAM: return MESHCCL_T_INVALID_USAGE;
