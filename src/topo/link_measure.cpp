@@ -167,24 +167,6 @@ double measure_reduce() {
 
 }  // namespace
 
-TuneModel make_tune_model(int nranks, bool network, LinkCost shm, LinkCost net, double reduce_gbs) {
-  TuneModel t;
-  t.nranks = nranks;
-  t.network = network;
-  t.shm = shm;
-  t.cross_numa = shm;
-  t.net = net;
-  t.reduce_gbs = reduce_gbs;
-  return t;
-}
-
-TuneModel with_hosts(TuneModel model, std::vector<int> host) {
-  model.host = std::move(host);
-  return model;
-}
-
-int TuneModel::hosts() const { return host.empty() ? 1 : *std::max_element(host.begin(), host.end()) + 1; }
-
 namespace {
 
 // This rank's view: value and source of each field.
