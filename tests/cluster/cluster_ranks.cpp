@@ -366,7 +366,7 @@ int shrink_job(ncclComm_t comm, const std::vector<int>& victims) {
   if (victim) {
     std::thread([] {
       std::mt19937 rng(static_cast<unsigned>(std::random_device{}()));
-      std::this_thread::sleep_for(std::chrono::microseconds(20000 + rng() % 200000));
+      std::this_thread::sleep_for(std::chrono::microseconds(50000 + rng() % 900000));
       std::fflush(stdout);
       raise(SIGKILL);
     }).detach();
