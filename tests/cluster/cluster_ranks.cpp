@@ -375,6 +375,10 @@ int shrink_job(ncclComm_t comm, const std::vector<int>& victims) {
   const auto t0 = std::chrono::steady_clock::now();
   ncclResult_t err = allreduce_until_error(comm, &done);
   if (g_failures > 0) return 1;
+  if (victim && err != ncclSuccess) {
+    // Another victim died first: wait for our own SIGKILL (due within 1 s).
+    for (int i = 0; i < 100; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   if (err == ncclSuccess || victim) {
     std::fprintf(stderr, "rank %d: no error after %ld allreduces\n", g_rank, done);
     return 1;
