@@ -2,9 +2,11 @@
 // longer payloads in chunks, matching by user tag, and closing (a "bye"
 // header from a sender, a notice on the back channel from a receiver).
 #include <rdma/fi_errno.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cinttypes>
+#include <cstdlib>
 #include <cstring>
 
 #include "plugins/ofi/ofi_comm.h"
@@ -366,6 +368,55 @@ meshccl_tresult_t recv_test(Request* r, int* done, size_t* size) {
 
 // ---- closing -------------------------------------------------------------------
 
+namespace {
+
+uint64_t timeout_ns(const meshccl_transport_host_v1_t* host) {
+  const char* v = param_str(host, "MESHCCL_TIMEOUT");
+  double s = v != nullptr ? std::strtod(v, nullptr) : 0;
+  if (!(s > 0)) s = 30;
+  return static_cast<uint64_t>(std::min(s, 86400.0) * 1e9);
+}
+
+size_t held_sends(const SendComm* c) {
+  size_t n = 0;
+  for (const Request* r = c->queue.front(); r != nullptr; r = r->next) n += busy(r->hdr) || busy(r->body);
+  return n;
+}
+
+// The caller may free a send's buffer as soon as close returns, but
+// libfabric reads it until the send completes (a rendezvous payload is read
+// when the receiver takes it), and a send cannot be cancelled. So close
+// waits for every send libfabric holds to complete or fail: the receiver
+// takes what was wholly handed over, a dead or closed peer fails it. Bounded
+// by MESHCCL_TIMEOUT; past it, says so (the buffers must then stay valid).
+void wait_sends_let_go(SendComm* c) {
+  Ctx* ctx = c->ctx;
+  size_t held = held_sends(c);
+  if (held == 0) return;
+  for (Request* r = c->queue.front(); r != nullptr; r = r->next)
+    if (busy(r->body)) fi_cancel(&ctx->ep->fid, &r->body);
+  const uint64_t deadline = now_ns() + timeout_ns(ctx->host);
+  while ((held = held_sends(c)) != 0) {
+    if (progress(ctx) != MESHCCL_T_SUCCESS || now_ns() > deadline) break;
+    if (peer_dead(ctx->host, c->peer_pid, c->watch)) {
+      // A dead peer's connection fails what is left: give the provider a
+      // moment to report it.
+      const uint64_t until = now_ns() + kFlushNs;
+      while (held_sends(c) != 0 && now_ns() < until && progress(ctx) == MESHCCL_T_SUCCESS) {
+      }
+      break;
+    }
+    sched_yield();
+  }
+  if (held != 0)
+    MPLUG_WARN(ctx->host,
+               "ofi: closing connection %u while libfabric still holds %zu send(s) after MESHCCL_TIMEOUT; their "
+               "buffers must stay valid until the transport is finalized",
+               c->conn, held);
+}
+
+}  // namespace
+
 void close_send(SendComm* c) {
   Ctx* ctx = c->ctx;
   (void)progress(ctx);
@@ -394,6 +445,7 @@ void close_send(SendComm* c) {
       flush(ctx, bye);
     }
   }
+  wait_sends_let_go(c);
   while (Request* r = c->queue.pop_front()) release(ctx, r);
   drop(ctx, c->hello);
   drop(ctx, c->back);

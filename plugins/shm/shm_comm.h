@@ -98,6 +98,7 @@ struct SendComm {
   uint64_t eager = 0;
   uint64_t head = 0;        // our write position (published to seg->head)
   uint64_t tail_cache = 0;  // last seen seg->tail
+  bool bad_tail = false;    // seg->tail went backwards or past head: a corrupt segment
   int32_t peer_pid = 0;
   List<Request> queue;   // posting order, not yet in the ring
   List<Request> active;  // rendezvous in flight

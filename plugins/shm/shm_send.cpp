@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cinttypes>
+#include <cstdio>
 #include <cstring>
 
 #include "plugins/shm/shm_comm.h"
@@ -16,15 +17,23 @@ namespace {
 
 // Contiguous ring space for a record of `bytes` at the write position; pads to
 // the end of the ring first when the record would straddle it. nullptr when
-// the receiver has not freed enough yet. Records are at most cap/2, so an
-// empty ring always has room and the sender cannot wedge itself.
+// the receiver has not freed enough yet, or when its read position is
+// impossible (behind the last one seen or ahead of what we wrote: the
+// segment is corrupt; sets bad_tail, which fails the connection at once).
+// Records are at most cap/2, so an empty ring always has room and the
+// sender cannot wedge itself.
 RecHdr* reserve(SendComm* c, uint64_t bytes) {
   uint64_t off = c->head % c->cap;
   uint64_t pad = off + bytes > c->cap ? c->cap - off : 0;
   uint64_t need = pad + bytes;
   if (c->head + need - c->tail_cache > c->cap) {
-    c->tail_cache = c->seg->tail.v.load(std::memory_order_acquire);
+    const uint64_t tail = c->seg->tail.v.load(std::memory_order_acquire);
     seg_acquire(c->seg);
+    if (tail < c->tail_cache || tail > c->head) {
+      c->bad_tail = true;
+      return nullptr;
+    }
+    c->tail_cache = tail;
     if (c->head + need - c->tail_cache > c->cap) return nullptr;
   }
   if (pad != 0) {
@@ -160,6 +169,14 @@ void progress(SendComm* c) {
     c->queue.remove(r);
     if (r->state == State::kWaitRdv) c->active.push_back(r);
     moved = true;
+  }
+  if (c->bad_tail) {
+    char why[160];
+    std::snprintf(why, sizeof(why),
+                  "the shared ring is corrupt: the receiver's read position is outside [%" PRIu64 ", %" PRIu64 "]",
+                  c->tail_cache, c->head);
+    fail_all(c, MESHCCL_T_INTERNAL_ERROR, why);
+    return;
   }
   if (!moved && !(c->queue.empty() && c->active.empty()) && c->watch.due() && !pid_alive(c->peer_pid))
     fail_all(c, MESHCCL_T_REMOTE_ERROR, "the receiver process died");

@@ -54,7 +54,7 @@ namespace {
 
 // Connections that have not identified themselves yet; beyond this the
 // oldest is dropped so that a flood of strays cannot exhaust descriptors.
-constexpr size_t kMaxPending = 16;
+constexpr size_t kMaxPending = TcpGate::kMaxPending;
 
 ArgCheck g_check("socket");
 
@@ -107,11 +107,10 @@ meshccl_tresult_t do_listen(Ctx* ctx, void* handle, void** listen_comm) {
   if (fd < 0) return sys_fail(ctx->host, "socket", ("listening on " + describe(ifc)).c_str());
   auto lc = std::make_unique<ListenComm>();
   lc->ctx = ctx;
-  lc->fd = fd;
-  lc->nonce = random_u64();
+  lc->gate.open(ctx->host, "socket", fd, kHelloMagic, random_u64());
   Handle h{};
   h.magic = kHandleMagic;
-  h.nonce = lc->nonce;
+  h.nonce = lc->gate.nonce();
   h.family = static_cast<uint16_t>(sa.ss_family);
   if (sa.ss_family == AF_INET) {
     auto* in = reinterpret_cast<sockaddr_in*>(&sa);
@@ -195,68 +194,22 @@ meshccl_tresult_t do_connect(Ctx* ctx, const void* handle, void** send_comm) {
   return MESHCCL_T_SUCCESS;
 }
 
-void refuse(ListenComm* lc, size_t i, const char* why) {
-  MPLUG_WARN(lc->ctx->host, "socket: refused connection from %s: %s", lc->pending[i].peer.c_str(), why);
-  close(lc->pending[i].fd);
-  lc->pending.erase(lc->pending.begin() + static_cast<long>(i));
-}
-
 meshccl_tresult_t do_accept(ListenComm* lc, void** recv_comm) {
   const meshccl_transport_host_v1_t* host = lc->ctx->host;
   if (lc->accepted) return g_check.misuse(host, "accept", "the listener already accepted its sender");
-  for (;;) {
-    sockaddr_storage sa;
-    socklen_t len = sizeof(sa);
-    int fd = accept4(lc->fd, reinterpret_cast<sockaddr*>(&sa), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-      return sys_fail(host, "socket", "accept()");
-    }
-    if (lc->pending.size() >= kMaxPending) refuse(lc, 0, "too many unidentified connections");
-    Pending p;
-    p.fd = fd;
-    p.peer = addr_to_string(reinterpret_cast<sockaddr*>(&sa));
-    lc->pending.push_back(std::move(p));
-  }
-  for (size_t i = 0; i < lc->pending.size();) {
-    Pending& p = lc->pending[i];
-    ssize_t n = recv(p.fd, reinterpret_cast<char*>(&p.hello) + p.got, sizeof(Hello) - p.got, MSG_DONTWAIT);
-    if (n == 0) {
-      refuse(lc, i, "closed before identifying itself");
-      continue;
-    }
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-        ++i;
-        continue;
-      }
-      refuse(lc, i, std::strerror(errno));
-      continue;
-    }
-    p.got += static_cast<uint32_t>(n);
-    if (p.got < sizeof(Hello)) continue;  // read the rest right away
-    if (p.hello.magic != kHelloMagic || p.hello.nonce != lc->nonce) {
-      refuse(lc, i, "it did not present this listener's nonce");
-      continue;
-    }
-    auto c = std::make_unique<RecvComm>();
-    c->ctx = lc->ctx;
-    c->fd = p.fd;
-    c->peer = p.peer;
-    tune_tcp(c->fd);
-    lc->pending.erase(lc->pending.begin() + static_cast<long>(i));
-    while (!lc->pending.empty()) refuse(lc, 0, "the listener already has its sender");
-    // One sender per listener: later connection attempts are refused by the
-    // kernel instead of queueing up behind a socket nobody reads.
-    close(lc->fd);
-    lc->fd = -1;
-    lc->accepted = true;
-    MPLUG_TRACE(host, "socket: accepted %s", c->peer.c_str());
-    *recv_comm = c.release();
-    return MESHCCL_T_SUCCESS;
-  }
-  return MESHCCL_T_SUCCESS;  // not yet
+  int fd = -1;
+  std::string peer;
+  MPLUG_CHECK(lc->gate.poll(&fd, &peer));
+  if (fd < 0) return MESHCCL_T_SUCCESS;  // not yet
+  auto c = std::make_unique<RecvComm>();
+  c->ctx = lc->ctx;
+  c->fd = fd;
+  c->peer = peer;
+  tune_tcp(c->fd);
+  lc->accepted = true;
+  MPLUG_TRACE(host, "socket: accepted %s", c->peer.c_str());
+  *recv_comm = c.release();
+  return MESHCCL_T_SUCCESS;
 }
 
 void props(Ctx* c, meshccl_transport_props_v1_t* props) {
@@ -275,10 +228,7 @@ void close_recv(RecvComm* c) {
   for (Unexpected* u; (u = c->unexpected.pop_front()) != nullptr;) c->bufs.put(u->buf);
 }
 
-void close_listen(ListenComm* lc) {
-  for (Pending& p : lc->pending) close(p.fd);
-  if (lc->fd >= 0) close(lc->fd);
-}
+void close_listen(ListenComm* lc) { lc->gate.close_all(); }
 
 // What the shared entry shims (plugins/common/entry.h) need from socket.
 struct Traits {

@@ -17,6 +17,7 @@
 #include "plugins/common/msg_engine.h"
 #include "plugins/common/plugin_util.h"
 #include "plugins/common/socket_iface.h"
+#include "plugins/common/tcp_gate.h"
 
 namespace meshccl::plugin::socket {
 
@@ -41,10 +42,7 @@ static_assert(sizeof(Handle) <= MESHCCL_TRANSPORT_HANDLE_BYTES);
 
 // First bytes on every connection: a connecting socket proves that it got
 // the handle from the listener's owner.
-struct Hello {
-  uint64_t magic;
-  uint64_t nonce;
-};
+using Hello = GateHello;  // the first bytes a sender writes (plugins/common/tcp_gate.h)
 
 // Little-endian on the wire, so that hosts of either byte order agree.
 struct FrameHdr {
@@ -69,20 +67,11 @@ struct Ctx {
   std::vector<Connecting> connecting;
 };
 
-struct Pending {
-  int fd = -1;
-  uint32_t got = 0;
-  Hello hello{};
-  std::string peer;
-};
-
 struct ListenComm {
   uint32_t magic = kListenMagic;
   Ctx* ctx = nullptr;
-  int fd = -1;
-  uint64_t nonce = 0;
+  TcpGate gate;  // the listening socket and the connections not identified yet
   bool accepted = false;
-  std::vector<Pending> pending;  // accepted TCP connections not identified yet
 };
 
 enum class Kind : uint8_t { kSend, kRecv };

@@ -33,7 +33,7 @@ namespace meshccl::plugin::ucx {
 
 namespace {
 ArgCheck g_check("ucx");
-constexpr size_t kMaxPending = 16;
+constexpr size_t kMaxPending = TcpGate::kMaxPending;
 
 // What a failing UCX status most likely means for the user.
 const char* status_hint(ucs_status_t s) {
@@ -138,12 +138,11 @@ meshccl_tresult_t do_listen(Ctx* ctx, void* handle, void** out) {
   if (fd < 0) return sys_fail(ctx->host, "ucx", ("listening on " + socket::describe(ifc)).c_str());
   auto lc = std::make_unique<ListenComm>();
   lc->ctx = ctx;
-  lc->fd = fd;
+  lc->gate.open(ctx->host, "ucx", fd, kHelloMagic, random_u64());
   lc->conn = ctx->next_conn++;
-  lc->nonce = random_u64();
   Handle h{};
   h.magic = kHandleMagic;
-  h.nonce = lc->nonce;
+  h.nonce = lc->gate.nonce();
   h.conn = lc->conn;
   h.family = static_cast<uint16_t>(sa.ss_family);
   if (sa.ss_family == AF_INET) {
@@ -259,12 +258,6 @@ meshccl_tresult_t do_connect(Ctx* ctx, const void* handle, void** out) {
   return MESHCCL_T_SUCCESS;
 }
 
-void refuse(ListenComm* lc, size_t i, const char* why) {
-  MPLUG_WARN(lc->ctx->host, "ucx: refused connection from %s: %s", lc->pending[i].peer.c_str(), why);
-  close(lc->pending[i].fd);
-  lc->pending.erase(lc->pending.begin() + static_cast<long>(i));
-}
-
 // The sender proved itself: send it this worker's address. A fresh socket's
 // buffer takes it whole (worker addresses are well below its size).
 meshccl_tresult_t send_address(ListenComm* lc, int fd) {
@@ -280,82 +273,31 @@ meshccl_tresult_t send_address(ListenComm* lc, int fd) {
   return MESHCCL_T_SYSTEM_ERROR;
 }
 
-// Reads the hello of every pending connection; the index of the first that
-// presented this listener's nonce, or -1.
-long identify(ListenComm* lc) {
-  for (size_t i = 0; i < lc->pending.size();) {
-    Pending& p = lc->pending[i];
-    ssize_t n = recv(p.fd, reinterpret_cast<char*>(&p.hello) + p.got, sizeof(Hello) - p.got, MSG_DONTWAIT);
-    if (n == 0) {
-      refuse(lc, i, "closed before identifying itself");
-      continue;
-    }
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ++i;
-      else refuse(lc, i, std::strerror(errno));
-      continue;
-    }
-    p.got += static_cast<uint32_t>(n);
-    if (p.got < sizeof(Hello)) continue;  // read the rest right away
-    if (p.hello.magic != kHelloMagic || p.hello.nonce != lc->nonce) {
-      refuse(lc, i, "it did not present this listener's nonce");
-      continue;
-    }
-    return static_cast<long>(i);
-  }
-  return -1;
-}
-
 meshccl_tresult_t do_accept(ListenComm* lc, void** out) {
   const meshccl_transport_host_v1_t* host = lc->ctx->host;
   if (lc->accepted) return g_check.misuse(host, "accept", "the listener already accepted its sender");
-  for (;;) {
-    sockaddr_storage sa;
-    socklen_t len = sizeof(sa);
-    int fd = accept4(lc->fd, reinterpret_cast<sockaddr*>(&sa), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-      return sys_fail(host, "ucx", "accept()");
-    }
-    if (lc->pending.size() >= kMaxPending) refuse(lc, 0, "too many unidentified connections");
-    Pending p;
-    p.fd = fd;
-    p.peer = socket::addr_to_string(reinterpret_cast<sockaddr*>(&sa));
-    lc->pending.push_back(std::move(p));
-  }
-  long i = identify(lc);
-  if (i < 0) return MESHCCL_T_SUCCESS;  // not yet
-  Pending p = lc->pending[static_cast<size_t>(i)];
-  lc->pending.erase(lc->pending.begin() + i);
-  while (!lc->pending.empty()) refuse(lc, 0, "the listener already has its sender");
-  close(lc->fd);  // one sender per listener: later attempts are refused by the kernel
-  lc->fd = -1;
+  int fd = -1;
+  std::string peer;
+  MPLUG_CHECK(lc->gate.poll(&fd, &peer));
+  if (fd < 0) return MESHCCL_T_SUCCESS;  // not yet
   lc->accepted = true;
-  socket::tune_tcp(p.fd);
-  meshccl_tresult_t r = send_address(lc, p.fd);
+  socket::tune_tcp(fd);
+  meshccl_tresult_t r = send_address(lc, fd);
   if (r != MESHCCL_T_SUCCESS) {
-    close(p.fd);
+    close(fd);
     return r;
   }
   auto c = std::make_unique<RecvComm>();
   c->ctx = lc->ctx;
-  c->fd = p.fd;
-  c->peer = p.peer;
+  c->fd = fd;
+  c->peer = peer;
   c->conn = lc->conn;
   MPLUG_TRACE(host, "ucx: accepted %s (connection %u)", c->peer.c_str(), c->conn);
   *out = c.release();
   return MESHCCL_T_SUCCESS;
 }
 
-void close_listen(ListenComm* lc) {
-  while (!lc->pending.empty()) {
-    close(lc->pending.back().fd);
-    lc->pending.pop_back();
-  }
-  if (lc->fd >= 0) close(lc->fd);
-  lc->fd = -1;
-}
+void close_listen(ListenComm* lc) { lc->gate.close_all(); }
 
 void send_ep_error(void* arg, ucp_ep_h ep, ucs_status_t s) {
   (void)ep;

@@ -32,6 +32,7 @@
 #include "plugins/common/msg_engine.h"
 #include "plugins/common/plugin_util.h"
 #include "plugins/common/socket_iface.h"
+#include "plugins/common/tcp_gate.h"
 
 namespace meshccl::plugin::ucx {
 
@@ -74,10 +75,7 @@ static_assert(sizeof(Handle) <= MESHCCL_TRANSPORT_HANDLE_BYTES);
 
 // Control messages (host byte order: both ends run the same plugin build on
 // hosts that exchange UCX worker addresses, which are not portable either).
-struct Hello {
-  uint64_t magic;
-  uint64_t nonce;
-};
+using Hello = GateHello;  // the first bytes a sender writes (plugins/common/tcp_gate.h)
 struct AddrMsg {
   uint64_t magic;
   uint64_t host;  // host_key() of the receiver
@@ -114,21 +112,12 @@ struct Ctx {
   std::vector<void*> closing;  // endpoint close requests still in flight
 };
 
-struct Pending {
-  int fd = -1;
-  uint32_t got = 0;
-  Hello hello{};
-  std::string peer;
-};
-
 struct ListenComm {
   uint32_t magic = kListenMagic;
   Ctx* ctx = nullptr;
-  int fd = -1;
+  TcpGate gate;  // the control socket's listener and the connections not identified yet
   uint32_t conn = 0;
-  uint64_t nonce = 0;
   bool accepted = false;
-  std::vector<Pending> pending;  // TCP connections not identified yet
 };
 
 enum class Kind : uint8_t { kSend, kRecv };

@@ -175,6 +175,7 @@ Status comm_split(ncclComm* parent, int color, int key, ncclComm* child) {
     int32_t valid;
     int32_t pad;
     sockaddr_storage addr;
+    TransportRequest transport;  // for the child (its config's netName)
   };
   const int n = parent->nranks;
   std::vector<Entry> all(n);
@@ -183,6 +184,7 @@ Status comm_split(ncclComm* parent, int color, int key, ncclComm* child) {
   me.color = color;
   me.key = key;
   me.valid = color >= 0 || color == NCCL_SPLIT_NOCOLOR;
+  if (color >= 0) me.transport = transport_request(child->config.net_name);
   Socket listener;
   SockAddr addr;
   if (color >= 0) {
@@ -224,6 +226,7 @@ Status comm_split(ncclComm* parent, int color, int key, ncclComm* child) {
     addrs[i].len = addrs[i].ss.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
     child->peers[i] = parent->peers[pr];
     child->peers[i].rank = i;
+    apply_transport_request(all[pr].transport, &child->peers[i]);
     if (parent->checks) child->peers[i].flags |= kPeerChecks;  // the child keeps its parent's checks
     std::memcpy(&child->peers[i].bootstrap_addr, &all[pr].addr, sizeof(sockaddr_storage));
   }

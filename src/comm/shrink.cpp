@@ -6,7 +6,8 @@
 // survivor sends one record straight to every other survivor over the
 // parent's bootstrap and receives theirs, on a tag reserved for shrinks:
 //
-//   record = { magic, shrink number, hash of the exclude list, child's listening address }
+//   record = { magic, shrink number, hash of the exclude list, child's listening
+//              address, the transport asked for the child (its config's netName) }
 //
 // Every wait is bounded by MESHCCL_TIMEOUT (the bootstrap's deadlines); a
 // survivor that never sends its record (it died too, or it was not told to
@@ -20,6 +21,7 @@
 #include <cstring>
 
 #include "comm/comm.h"
+#include "transport/select.h"
 #include "util/log.h"
 #include "util/param.h"
 
@@ -35,6 +37,7 @@ struct Record {
   uint32_t seq;
   uint64_t exclude_hash;
   sockaddr_storage addr;
+  TransportRequest transport;  // for the child (its config's netName)
 };
 
 // Restores the bootstrap's abort flag when the exchange ends.
@@ -106,6 +109,7 @@ Status comm_shrink(ncclComm* parent, const std::vector<int>& excluded, bool abor
   me.seq = seq;
   me.exclude_hash = hash64(excluded.data(), excluded.size() * sizeof(int), 0x5a41 + static_cast<uint64_t>(n));
   std::memcpy(&me.addr, &addr.ss, sizeof(addr.ss));
+  me.transport = transport_request(child->config.net_name);
   std::vector<Record> all(cn);
   all[crank] = me;
   {
@@ -156,6 +160,7 @@ Status comm_shrink(ncclComm* parent, const std::vector<int>& excluded, bool abor
     addrs[i].len = addrs[i].ss.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
     child->peers[i] = parent->peers[members[i]];
     child->peers[i].rank = i;
+    apply_transport_request(all[i].transport, &child->peers[i]);
     if (parent->checks) child->peers[i].flags |= kPeerChecks;
     std::memcpy(&child->peers[i].bootstrap_addr, &all[i].addr, sizeof(sockaddr_storage));
   }

@@ -59,6 +59,24 @@ void fill_transport_request(const std::string& net_name, PeerInfo* me) {
   if (!want.empty() && want.size() < sizeof(me->transport) && load_transport(want, &api, &why)) me->nets |= kRequestLoads;
 }
 
+TransportRequest transport_request(const std::string& net_name) {
+  PeerInfo p{};
+  fill_transport_request(net_name, &p);
+  TransportRequest r{};
+  r.nets = p.nets;
+  r.scope = p.transport_scope;
+  static_assert(sizeof(r.transport) == sizeof(p.transport));
+  std::memcpy(r.transport, p.transport, sizeof(r.transport));
+  return r;
+}
+
+void apply_transport_request(const TransportRequest& req, PeerInfo* p) {
+  p->nets = req.nets;
+  p->transport_scope = req.scope;
+  std::memcpy(p->transport, req.transport, sizeof(p->transport));
+  p->transport[sizeof(p->transport) - 1] = '\0';
+}
+
 std::string transports_of(const PeerInfo& p) {
   std::string s = "shm";
   for (int i = 0; i < kNets; ++i)

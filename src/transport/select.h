@@ -29,6 +29,18 @@ inline constexpr const char* kNetOrder[] = {"ucx", "ofi", "socket"};
 // communicator's ncclConfig_t.netName ("" when unset).
 void fill_transport_request(const std::string& net_name, PeerInfo* me);
 
+// The same fields as plain bytes, for a communicator made from another
+// (ncclCommSplit, ncclCommShrink): each member sends its own request for the
+// child (its config's netName, the environment now), so a child whose config
+// names another network transport than its parent's gets that one.
+struct TransportRequest {
+  uint32_t nets;
+  uint32_t scope;
+  char transport[24];
+};
+TransportRequest transport_request(const std::string& net_name);
+void apply_transport_request(const TransportRequest& req, PeerInfo* p);
+
 // Checks that the ranks agree on the request and that every rank can load it.
 Status check_transport_request(const std::vector<PeerInfo>& peers, int me);
 

@@ -10,7 +10,11 @@
 # left behind (a rank process, a namespace, a file in /dev/shm) fails the run.
 #
 #   chaos.sh <scripts/cluster> <meshrun> <chaos_ranks> [--seconds S] [--hosts H]
-#            [--ops N] [--seed X]
+#            [--ops N] [--seed X] [--net socket|ucx|ofi]
+#
+# --net forces the transport between hosts (NCCL_NET; shm stays within a
+# host; ofi uses libfabric's tcp provider); without it the automatic choice
+# (the first of ucx, ofi, socket built) is used.
 #
 # Prints one line per round and a summary; exit 0, 1 (a failure above), or
 # 77 where network namespaces cannot be made (the reason is printed).
@@ -23,16 +27,26 @@ seconds=90
 hosts=3
 ops=2500
 seed=$(( ($$ * 7919 + $(date +%s)) % 1000000 ))
+net=
 while [ $# -gt 0 ]; do
   case $1 in
     --seconds) seconds=$2; shift 2 ;;
     --hosts) hosts=$2; shift 2 ;;
     --ops) ops=$2; shift 2 ;;
     --seed) seed=$2; shift 2 ;;
+    --net) net=$2; shift 2 ;;
     *) echo "chaos.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
 case $hosts in 2|3|4) ;; *) echo "chaos.sh: --hosts must be 2, 3 or 4" >&2; exit 2 ;; esac
+net_args=()
+case $net in
+  '') ;;
+  socket) net_args=(-x NCCL_NET=Socket) ;;
+  ucx) net_args=(-x NCCL_NET=ucx -x UCX_TLS=tcp) ;;
+  ofi) net_args=(-x NCCL_NET=ofi -x FI_PROVIDER=tcp) ;;
+  *) echo "chaos.sh: --net must be socket, ucx or ofi" >&2; exit 2 ;;
+esac
 
 if [ "$(id -u)" != 0 ]; then
   echo "SKIP: chaos needs root (network namespaces, tc, ip link)"
@@ -102,7 +116,7 @@ while [ "$(date +%s)" -lt "$t_end" ]; do
     fault=${fault_kinds[$(( RANDOM % ${#fault_kinds[@]} ))]}
   fi
   sat=$(( RANDOM % 3 == 0 ))
-  "$meshrun" --keep-going --cluster "$name" -n "$n" --timeout 900 -x CHAOS_DIR="$dir" \
+  "$meshrun" --keep-going --cluster "$name" -n "$n" --timeout 900 -x CHAOS_DIR="$dir" "${net_args[@]}" \
     "$ranks" "$ops" "$rseed" >"$dir/out" 2>&1 &
   job=$!
   # Wait (bounded) until every rank has written its pid.
@@ -212,5 +226,5 @@ shm_after=$(ls /dev/shm 2>/dev/null | sort)
 new_shm=$(comm -13 <(echo "$shm_before") <(echo "$shm_after") | grep -ci 'meshccl\|mcc')
 [ "$new_shm" -gt 0 ] && { echo "LEFTOVER: $new_shm files in /dev/shm"; leftovers=$(( leftovers + new_shm )); }
 
-echo "chaos summary: seed $seed, $hosts hosts, $rounds rounds, faults $faults (SIGKILL $kills, SIGSTOP $stops, link down $links, iperf3 $saturations), ops completed $ops_done, errors $errors, shrinks $shrinks, kill rounds recovered $recovered, slowest failing op ${slowest} s, wrong answers $wrong, hangs $hangs, crashes $crashes, leftovers $leftovers"
+echo "chaos summary: seed $seed, $hosts hosts, net ${net:-automatic}, $rounds rounds, faults $faults (SIGKILL $kills, SIGSTOP $stops, link down $links, iperf3 $saturations), ops completed $ops_done, errors $errors, shrinks $shrinks, kill rounds recovered $recovered, slowest failing op ${slowest} s, wrong answers $wrong, hangs $hangs, crashes $crashes, leftovers $leftovers"
 [ $(( wrong + hangs + crashes + leftovers )) -eq 0 ]

@@ -7,6 +7,15 @@
 //   cluster_ranks --die R   rank R SIGKILLs itself after one collective; the
 //                           others run allreduces until one fails and print
 //                           "rank N saw the dead peer after S s: <error>"
+//   cluster_ranks --shrink V[,V...]
+//                           ncclCommShrink across hosts: first with
+//                           NCCL_SHRINK_DEFAULT on the healthy communicator
+//                           (the ranks V stay out), then the ranks V SIGKILL
+//                           themselves at a random moment inside a stream of
+//                           checked allreduces; the survivors shrink with
+//                           NCCL_SHRINK_ABORT and check every collective on
+//                           the child. Each survivor prints "rank R shrink ok
+//                           ..." and exits 0
 //
 // Prints one line "rank R host NETNS local L/S ok N checks" and exits 0, or
 // prints what failed and exits 1. --quick runs one size per collective.
@@ -14,13 +23,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "meshccl.h"
@@ -263,6 +275,134 @@ std::string netns_name() {
   return name;
 }
 
+// Every collective on `comm` as rank `rank` of `n` (the child's ranks, so
+// the expected values are the child's too): every type and operation at
+// count 7 (`all`) or float sum and float64 movement only, then larger counts.
+void check_every_collective(ncclComm_t comm, int rank, int n, bool all) {
+  const int saved_rank = g_rank, saved_n = g_n;
+  g_rank = rank;
+  g_n = n;
+  for (const Type& t : kTypes) {
+    if (!all) break;
+    for (const Op& o : kOps) {
+      if (o.op == ncclAvg && !t.is_float) continue;
+      run_reductions(comm, t, o, 7);
+    }
+    run_movement(comm, t, 7);
+  }
+  run_reductions(comm, kTypes[3], kOps[0], 65537);
+  run_movement(comm, kTypes[4], 4099);
+  g_rank = saved_rank;
+  g_n = saved_n;
+}
+
+// The child's members in order, as ranks of the parent: each member
+// contributes its parent rank; must be `want`.
+bool check_members(ncclComm_t child, int n, const std::vector<int>& want) {
+  std::vector<int32_t> got(n);
+  int32_t mine = g_rank;
+  NCCL_OK(ncclAllGather(&mine, got.data(), 1, ncclInt32, child, nullptr));
+  for (int i = 0; i < n; ++i)
+    if (i >= static_cast<int>(want.size()) || got[i] != want[i]) {
+      std::fprintf(stderr, "rank %d: child rank %d is parent rank %d, want %d\n", g_rank, i, got[i],
+                   i < static_cast<int>(want.size()) ? want[i] : -1);
+      return false;
+    }
+  return n == static_cast<int>(want.size());
+}
+
+// Checked float allreduces of varying sizes on the parent until one fails;
+// returns the failing result (wrong answers count in g_failures and stop).
+ncclResult_t allreduce_until_error(ncclComm_t comm, long* done) {
+  const size_t sizes[] = {1, 4099, 65537, 17, 250007};
+  std::vector<float> in(250007), out(250007);
+  for (long it = 0; it < 1'000'000; ++it) {
+    const size_t c = sizes[it % 5];
+    for (size_t i = 0; i < c; ++i) in[i] = static_cast<float>((g_rank + 1) * (i % 97 + 1));
+    ncclResult_t r = ncclAllReduce(in.data(), out.data(), c, ncclFloat32, ncclSum, comm, nullptr);
+    if (r != ncclSuccess) return r;
+    const float per = static_cast<float>(g_n * (g_n + 1) / 2);
+    for (size_t i = 0; i < c; ++i)
+      if (out[i] != per * static_cast<float>(i % 97 + 1)) {
+        std::fprintf(stderr, "rank %d: WRONG allreduce %ld element %zu of %zu: %g, want %g\n", g_rank, it, i, c,
+                     out[i], per * static_cast<float>(i % 97 + 1));
+        ++g_failures;
+        return ncclSuccess;
+      }
+    ++*done;
+  }
+  return ncclSuccess;
+}
+
+// ncclCommShrink across hosts (see the top of the file).
+int shrink_job(ncclComm_t comm, const std::vector<int>& victims) {
+  const bool victim = std::find(victims.begin(), victims.end(), g_rank) != victims.end();
+  std::vector<int> members;
+  for (int r = 0; r < g_n; ++r)
+    if (std::find(victims.begin(), victims.end(), r) == victims.end()) members.push_back(r);
+  const int cn = static_cast<int>(members.size());
+  const int crank = static_cast<int>(std::find(members.begin(), members.end(), g_rank) - members.begin());
+  // 1. NCCL_SHRINK_DEFAULT on the healthy communicator; the excluded ranks
+  // wait in the parent's next allreduce, which every rank then completes.
+  if (!victim) {
+    ncclComm_t child = nullptr;
+    NCCL_OK(ncclCommShrink(comm, const_cast<int*>(victims.data()), static_cast<int>(victims.size()), &child, nullptr,
+                           NCCL_SHRINK_DEFAULT));
+    int r = -1, n = -1;
+    NCCL_OK(ncclCommUserRank(child, &r));
+    NCCL_OK(ncclCommCount(child, &n));
+    if (r != crank || n != cn || !check_members(child, n, members)) return 1;
+    check_every_collective(child, r, n, false);
+    NCCL_OK(ncclCommDestroy(child));
+  }
+  float one = 1, sum = 0;
+  NCCL_OK(ncclAllReduce(&one, &sum, 1, ncclFloat32, ncclSum, comm, nullptr));
+  if (sum != static_cast<float>(g_n)) {
+    std::fprintf(stderr, "rank %d: WRONG parent allreduce after the shrink: %g, want %d\n", g_rank, sum, g_n);
+    return 1;
+  }
+  const long default_checks = g_checks;
+  // 2. The victims die at a random moment, most likely inside a collective.
+  if (victim) {
+    std::thread([] {
+      std::mt19937 rng(static_cast<unsigned>(std::random_device{}()));
+      std::this_thread::sleep_for(std::chrono::microseconds(50000 + rng() % 900000));
+      std::fflush(stdout);
+      raise(SIGKILL);
+    }).detach();
+  }
+  long done = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  ncclResult_t err = allreduce_until_error(comm, &done);
+  if (g_failures > 0) return 1;
+  if (victim && err != ncclSuccess) {
+    // Another victim died first: wait for our own SIGKILL (due within 1 s).
+    for (int i = 0; i < 100; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (err == ncclSuccess || victim) {
+    std::fprintf(stderr, "rank %d: no error after %ld allreduces\n", g_rank, done);
+    return 1;
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ncclComm_t child = nullptr;
+  NCCL_OK(ncclCommShrink(comm, const_cast<int*>(victims.data()), static_cast<int>(victims.size()), &child, nullptr,
+                         NCCL_SHRINK_ABORT));
+  NCCL_OK(ncclCommAbort(comm));
+  int r = -1, n = -1;
+  NCCL_OK(ncclCommUserRank(child, &r));
+  NCCL_OK(ncclCommCount(child, &n));
+  if (r != crank || n != cn || !check_members(child, n, members)) return 1;
+  check_every_collective(child, r, n, true);
+  NCCL_OK(ncclCommDestroy(child));
+  if (g_failures > 0) {
+    std::fprintf(stderr, "rank %d: %d of %ld checks wrong\n", g_rank, g_failures, g_checks);
+    return 1;
+  }
+  std::printf("rank %d shrink ok: default -> %d/%d %ld checks; %ld allreduces, then after %.1f s %s; abort -> %d/%d %ld checks\n",
+              g_rank, crank, cn, default_checks, done, took, ncclGetErrorString(err), r, n, g_checks - default_checks);
+  return 0;
+}
+
 }  // namespace
 
 // A peer dies in the middle of a job: every survivor's next collective fails
@@ -297,6 +437,20 @@ int main(int argc, char** argv) {
     int local = 0;
     NCCL_OK(meshcclGetLaunchInfo(&g_rank, &g_n, &local));
     return dead_peer(comm, std::atoi(argv[2]));
+  }
+  if (argc > 2 && std::strcmp(argv[1], "--shrink") == 0) {
+    ncclComm_t comm = nullptr;
+    NCCL_OK(meshcclCommInitFromEnv(&comm, nullptr));
+    int local = 0;
+    NCCL_OK(meshcclGetLaunchInfo(&g_rank, &g_n, &local));
+    std::vector<int> victims;
+    for (const char* p = argv[2]; *p != '\0';) {
+      char* end = nullptr;
+      victims.push_back(static_cast<int>(std::strtol(p, &end, 10)));
+      p = *end == ',' ? end + 1 : end;
+      if (end == p && *p != '\0') return 2;
+    }
+    return shrink_job(comm, victims);
   }
   bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   ncclComm_t comm = nullptr;

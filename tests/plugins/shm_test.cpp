@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "plugins/builtin.h"
+#include "plugins/shm/shm_comm.h"
 #include "tests/plugins/test_host.h"
 
 namespace meshccl::test {
@@ -253,6 +254,47 @@ TEST(Shm, CloseWithdrawsPayloadsBeingRead) {
   for (int i = 0; i < 1000000 && !done; ++i) rc = t->test(rreq, &done, &got);
   EXPECT_EQ(done, 1);
   EXPECT_EQ(rc, MESHCCL_T_REMOTE_ERROR);
+}
+
+// A receiver's read position the sender could never have allowed (ahead of
+// what it wrote, or behind what it saw before): the sender's messages fail at
+// once with an error naming the corrupt ring, instead of waiting for room
+// until MESHCCL_TIMEOUT.
+TEST(Shm, CorruptReadPositionFailsTheSenderAtOnce) {
+  ScopedEnv ring("MESHCCL_SHM_BUFFSIZE", "64K");
+  ScopedEnv eager("MESHCCL_SHM_EAGER", "8K");
+  for (uint64_t bad : {uint64_t(1) << 40, uint64_t(0)}) {
+    Pair p;
+    ASSERT_TRUE(p.open());
+    auto* sc = static_cast<plugin::shm::SendComm*>(p.scomm);
+    std::vector<unsigned char> msg(6000, 3), dst(6000);
+    // Two messages the receiver takes, so the sender has seen a read
+    // position above 0; then the position is overwritten.
+    for (int k = 0; k < 2; ++k) {
+      void* sreq = nullptr;
+      void* rreq = nullptr;
+      ASSERT_EQ(t->isend(p.scomm, msg.data(), msg.size(), 1, nullptr, &sreq), MESHCCL_T_SUCCESS);
+      ASSERT_EQ(t->irecv(p.rcomm, dst.data(), dst.size(), 1, nullptr, &rreq), MESHCCL_T_SUCCESS);
+      ASSERT_EQ(wait_request(t, rreq), MESHCCL_T_SUCCESS);
+      ASSERT_EQ(wait_request(t, sreq), MESHCCL_T_SUCCESS);
+    }
+    // The sender reads the position again only when the ring looks full.
+    for (int k = 0; k < 12 && sc->tail_cache == 0; ++k) {
+      void* sreq = nullptr;
+      ASSERT_EQ(t->isend(p.scomm, msg.data(), msg.size(), 1, nullptr, &sreq), MESHCCL_T_SUCCESS);
+    }
+    ASSERT_GT(sc->tail_cache, 0u) << "the sender never read the receiver's position";
+    sc->seg->tail.v.store(bad, std::memory_order_release);
+    clear_log();
+    void* last = nullptr;
+    int rc = MESHCCL_T_SUCCESS, done = 0;
+    for (int k = 0; k < 12 && rc == MESHCCL_T_SUCCESS; ++k)
+      rc = t->isend(p.scomm, msg.data(), msg.size(), 1, nullptr, &last);
+    if (rc == MESHCCL_T_SUCCESS)
+      for (int i = 0; i < 1000 && !done; ++i) rc = t->test(last, &done, nullptr);
+    EXPECT_EQ(rc, MESHCCL_T_INTERNAL_ERROR) << "read position " << bad;
+    EXPECT_TRUE(logged("the shared ring is corrupt: the receiver's read position")) << "read position " << bad;
+  }
 }
 
 TEST(Shm, StaleOrForeignHandlesAreRefused) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <array>
@@ -487,6 +488,51 @@ TEST_P(TransportTest, SendFinishedBeforeReceiverClosedSucceeds) {
   if (reqs[0] != nullptr) {
     EXPECT_EQ(wait_request(t_, reqs[0], nullptr, 10), MESHCCL_T_SUCCESS);
   }
+}
+
+// The sender closes while a large send is in flight and then frees (unmaps)
+// its buffer: once close_send returns nothing may read that buffer any more
+// (a read would fault here), and the receiver gets either the whole correct
+// message or an error, never other bytes.
+TEST_P(TransportTest, CloseWithLargeSendInFlightThenFree) {
+  const meshccl_transport_v1_t* t = t_;
+  constexpr size_t kBig = 64 * kMiB;
+  Child child = spawn([&](int fd) -> int {
+    void* ctx = nullptr;
+    CHILD_CHECK(t->init(test_host(), &ctx) == MESHCCL_T_SUCCESS);
+    void* rcomm = nullptr;
+    CHILD_CHECK(accept_peer(t, ctx, fd, &rcomm) == MESHCCL_T_SUCCESS);
+    std::vector<unsigned char> dst(kBig, 0);
+    void* r = nullptr;
+    CHILD_CHECK(t->irecv(rcomm, dst.data(), kBig, 1, nullptr, &r) == MESHCCL_T_SUCCESS);
+    char ready = 'r';
+    CHILD_CHECK(write_all(fd, &ready, 1));
+    size_t n = 0;
+    int rc = wait_request(t, r, &n, 60);
+    CHILD_CHECK(rc == MESHCCL_T_SUCCESS || rc == MESHCCL_T_REMOTE_ERROR);
+    if (rc == MESHCCL_T_SUCCESS) CHILD_CHECK(n == kBig && check(dst.data(), kBig, 7) == SIZE_MAX);
+    t->close_recv(rcomm);
+    t->finalize(ctx);
+    return 0;
+  });
+  ASSERT_EQ(connect_peer(t_, sctx_, child.fd, &scomm_), MESHCCL_T_SUCCESS);
+  char ready = 0;
+  ASSERT_TRUE(read_all(child.fd, &ready, 1));
+  auto* src = static_cast<unsigned char*>(mmap(nullptr, kBig, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(src, MAP_FAILED);
+  fill(src, kBig, 7);
+  void* s = nullptr;
+  ASSERT_EQ(t_->isend(scomm_, src, kBig, 1, nullptr, &s), MESHCCL_T_SUCCESS);
+  int done = 0;
+  ASSERT_EQ(t_->test(s, &done, nullptr), MESHCCL_T_SUCCESS);
+  ASSERT_EQ(t_->close_send(scomm_), MESHCCL_T_SUCCESS);
+  scomm_ = nullptr;
+  munmap(src, kBig);  // the owner frees it: a read now faults
+  // Whatever still runs in this process (progress threads, finalize in
+  // TearDown) must not touch it; the receiver ends.
+  EXPECT_EQ(reap(child), 0);
+  EXPECT_EQ(t_->finalize(sctx_), MESHCCL_T_SUCCESS);
+  sctx_ = nullptr;
 }
 
 TEST_P(TransportTest, ReceiverClosedFailsLargeSend) {

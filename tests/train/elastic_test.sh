@@ -3,13 +3,15 @@
 # loses a rank (SIGKILL) mid-run, after a checkpoint; the survivors drop its
 # data-parallel replica, shrink, resume from the checkpoint with dp 1 and
 # finish, and the loss goes on from where the checkpoint left it. Run once on
-# one host and, where network namespaces can be made, once across 2 emulated
-# hosts (scripts/cluster).
-#   elastic_test.sh <meshrun> <meshtrain> <scripts/cluster>
+# one host and, where network namespaces can be made, across 2 emulated hosts
+# (scripts/cluster) once per network transport between them: socket, and ucx
+# and ofi where their plugins are built (each checked to be the one used).
+#   elastic_test.sh <meshrun> <meshtrain> <scripts/cluster> [<plugin dir>]
 set -u
 meshrun=$1
 meshtrain=$2
 cluster=$3
+plugins=${4:-}
 work=$(mktemp -d /tmp/meshtrain-elastic.XXXXXX)
 name="el$$"
 job=
@@ -22,13 +24,15 @@ trap cleanup EXIT
 export MESHCCL_TIMEOUT=10 OPENBLAS_NUM_THREADS=1
 fail=0
 
-# run_case <label> <victim job rank> [meshrun placement options...]
+# run_case <label> <victim job rank> <transport between hosts or -> [meshrun options...]
+# ($steps training steps; the kill comes after the checkpoint at step 80.)
+steps=1500
 run_case() {
-  local label=$1 victim=$2
-  shift 2
+  local label=$1 victim=$2 via=$3
+  shift 3
   local dir="$work/$label" log="$work/$label.log"
   "$meshrun" --keep-going --timeout 240 "$@" -n 4 "$meshtrain" --dp 2 --pp 2 --layers 2 --d-model 32 --heads 2 \
-    --seq 32 --micro-batch 2 --steps 1500 --lr 1e-3 --ckpt-dir "$dir" --ckpt-every 40 --elastic --log-every 10 \
+    --seq 32 --micro-batch 2 --steps "$steps" --lr 1e-3 --ckpt-dir "$dir" --ckpt-every 40 --elastic --log-every 10 \
     >"$log" 2>&1 &
   job=$!
   # Kill once a checkpoint exists and training has gone past it (bounded).
@@ -50,8 +54,11 @@ run_case() {
   [ -z "$why" ] && [ "$status" != 137 ] && why="meshrun exited $status, not 137 (the killed rank's status)"
   [ -z "$why" ] && ! grep -q "elastic: job rank(s) $victim died" "$log" && why="no elastic report naming rank $victim"
   [ -z "$why" ] && ! grep -q "dp 2 -> 1, 2 rank(s)" "$log" && why="the layout did not shrink to dp 1"
-  [ -z "$why" ] && ! grep -q "step  1500/1500" "$log" && why="training did not finish"
+  [ -z "$why" ] && ! grep -qE "step +$steps/$steps" "$log" && why="training did not finish"
   [ -z "$why" ] && ! grep -qE "^\[[0-9]+\] summary:" "$log" && why="no summary"
+  [ -z "$why" ] && [ "$via" != - ] && ! grep -qE "rank [0-9]+ <-> rank [0-9]+ via $via\$" "$log" && why="no pair of ranks used $via"
+  [ -z "$why" ] && [ "$via" != - ] && grep -qE "rank [0-9]+ <-> rank [0-9]+ via (socket|ucx|ofi)\$" "$log" &&
+    grep -E "rank [0-9]+ <-> rank [0-9]+ via (socket|ucx|ofi)\$" "$log" | grep -vq "via $via\$" && why="a pair of ranks used another network transport than $via"
   if [ -z "$why" ]; then
     # The losses go on from the checkpoint: the first logged loss after the
     # resume is near the last one logged before the failure and far below
@@ -75,11 +82,26 @@ run_case() {
   fi
 }
 
-run_case one-host 3
+run_case one-host 3 -
 if [ "$(id -u)" = 0 ] && "$cluster" check >/dev/null 2>&1; then
-  unset MESHCCL_SOCKET_IFNAME NCCL_SOCKET_IFNAME MESHCCL_HOSTID
+  unset MESHCCL_SOCKET_IFNAME NCCL_SOCKET_IFNAME MESHCCL_HOSTID MESHCCL_TRANSPORT NCCL_NET MESHCCL_NET
   if "$cluster" up --name "$name" --hosts 2 >/dev/null; then
-    run_case two-hosts 1 --cluster "$name"
+    # Ranks 0,2 on h0 and 1,3 on h1: shm within a host, the transport
+    # between (the pairs it makes are logged at INFO, subsystem INIT).
+    dbg=(-x MESHCCL_DEBUG=INFO -x MESHCCL_DEBUG_SUBSYS=INIT)
+    steps=400  # the resume and its loss are what is checked; shorter runs per transport
+    run_case two-hosts-socket 1 socket --cluster "$name" "${dbg[@]}" -x NCCL_NET=Socket
+    if [ -e "$plugins/libmeshccl-transport-ucx.so" ]; then
+      # UCX kept on its tcp transport, as between real hosts.
+      run_case two-hosts-ucx 2 ucx --cluster "$name" "${dbg[@]}" -x NCCL_NET=ucx -x UCX_TLS=tcp
+    else
+      echo "skip two-hosts-ucx: the ucx plugin is not built"
+    fi
+    if [ -e "$plugins/libmeshccl-transport-ofi.so" ]; then
+      run_case two-hosts-ofi 3 ofi --cluster "$name" "${dbg[@]}" -x NCCL_NET=ofi -x FI_PROVIDER=tcp
+    else
+      echo "skip two-hosts-ofi: the ofi plugin is not built"
+    fi
   else
     echo "FAIL: scripts/cluster up"; fail=1
   fi

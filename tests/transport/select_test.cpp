@@ -189,5 +189,59 @@ TEST(SelectInit, NetNameOfTheConfig) {
   EXPECT_EQ(res[1], ncclInvalidUsage);
 }
 
+// A communicator made from another (ncclCommSplit, ncclCommShrink) takes
+// the transport its own config names, not its parent's: a netName that
+// cannot load fails every member with the usual error, one that loads works.
+TEST(SelectInit, SplitAndShrinkTakeTheirConfigsNetName) {
+  const int n = 3;
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  std::vector<std::thread> threads;
+  std::vector<ncclResult_t> split_bad(n), shrink_bad(n), split_ok(n), shrink_ok(n);
+  std::vector<std::string> why_split(n), why_shrink(n);
+  std::vector<int> sums(n, -1);
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      ncclComm_t parent = nullptr;
+      if (ncclCommInitRank(&parent, n, id, r) != ncclSuccess) return;
+      ncclConfig_t bad = NCCL_CONFIG_INITIALIZER;
+      bad.netName = "nosuch";
+      ncclComm_t child = nullptr;
+      split_bad[r] = ncclCommSplit(parent, 0, r, &child, &bad);
+      why_split[r] = ncclGetLastError(nullptr);
+      if (child != nullptr) ncclCommDestroy(child);
+      child = nullptr;
+      shrink_bad[r] = ncclCommShrink(parent, nullptr, 0, &child, &bad, NCCL_SHRINK_DEFAULT);
+      why_shrink[r] = ncclGetLastError(nullptr);
+      if (child != nullptr) ncclCommDestroy(child);
+      ncclConfig_t good = NCCL_CONFIG_INITIALIZER;
+      good.netName = "Socket";
+      child = nullptr;
+      split_ok[r] = ncclCommSplit(parent, 0, r, &child, &good);
+      if (child != nullptr) {
+        int one = 1;
+        if (ncclAllReduce(&one, &sums[r], 1, ncclInt, ncclSum, child, nullptr) != ncclSuccess) sums[r] = -2;
+        ncclCommDestroy(child);
+      }
+      child = nullptr;
+      shrink_ok[r] = ncclCommShrink(parent, nullptr, 0, &child, &good, NCCL_SHRINK_DEFAULT);
+      if (child != nullptr) ncclCommDestroy(child);
+      ncclCommDestroy(parent);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(split_bad[r], ncclInvalidUsage) << "rank " << r << ": " << why_split[r];
+    EXPECT_NE(why_split[r].find("NCCL_NET/ncclConfig_t.netName=nosuch is not available on rank"), std::string::npos)
+        << why_split[r];
+    EXPECT_EQ(shrink_bad[r], ncclInvalidUsage) << "rank " << r << ": " << why_shrink[r];
+    EXPECT_NE(why_shrink[r].find("NCCL_NET/ncclConfig_t.netName=nosuch is not available on rank"), std::string::npos)
+        << why_shrink[r];
+    EXPECT_EQ(split_ok[r], ncclSuccess) << "rank " << r;
+    EXPECT_EQ(sums[r], n) << "rank " << r;
+    EXPECT_EQ(shrink_ok[r], ncclSuccess) << "rank " << r;
+  }
+}
+
 }  // namespace
 }  // namespace meshccl
