@@ -421,8 +421,8 @@ std::unique_ptr<Run> make_direct_run(NodeRegion* node, const OpDesc& op, size_t 
   return std::make_unique<DirectRun>(node, op, node->reserve_rounds(rounds), rounds);
 }
 
-Status run_direct_now(NodeRegion* node, const OpDesc& op, size_t max_bytes, double budget_us, bool* taken,
-                      std::unique_ptr<Run>* rest) {
+Status run_direct_now(NodeRegion* node, const OpDesc& op, size_t max_bytes, double budget_us, const WaitPolicy& wait,
+                      bool* taken, std::unique_ptr<Run>* rest) {
   *taken = false;
   rest->reset();
   if (!node->idle()) return kOk;
@@ -435,7 +435,7 @@ Status run_direct_now(NodeRegion* node, const OpDesc& op, size_t max_bytes, doub
   // Poll the flags (yielding to a peer that may share this core); look at
   // the clock only every so often.
   double until = -1;
-  Backoff backoff;
+  Backoff backoff(wait);
   for (uint32_t i = 1;; ++i) {
     bool moved = false;
     MC_TRY(run.poll(nullptr, &moved));
