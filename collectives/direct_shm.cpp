@@ -247,7 +247,14 @@ class DirectRun final : public Run {
     for (int p = 0; p < n(); ++p) {
       if (p == me() || arrived(p, round_)) continue;
       waiting_ = p;
-      return peer_failure();
+      Status failure = peer_failure();
+      if (failure.ok()) return kOk;
+      // A rank found a mismatch, which it can only after every rank arrived:
+      // p may have arrived since it was looked at. Then compare here too, so
+      // that this rank names the difference rather than who found it.
+      for (int q = 0; q < n(); ++q)
+        if (q != me() && !arrived(q, round_)) return failure;
+      break;
     }
     waiting_ = -1;
     for (int p = 0; p < n(); ++p) {
