@@ -253,10 +253,11 @@ class CommAlgorithms final : public RunMaker {
       limits_gen_.store(gen, std::memory_order_release);
       return direct_max_bytes(kind);
     }
-    return limits_[static_cast<size_t>(kind)].load(std::memory_order_relaxed);
+    const size_t k = static_cast<size_t>(kind);
+    return k < kKinds ? limits_[k].load(std::memory_order_relaxed) : direct_max_bytes(kind);  // kinds past Recv
   }
 
-  static constexpr size_t kKinds = static_cast<size_t>(OpKind::Recv) + 1;
+  static constexpr size_t kKinds = static_cast<size_t>(OpKind::Recv) + 1;  // the collectives and point-to-point
   TuneModel tune_;
   NodeRegion* node_;
   WaitPolicy wait_;
