@@ -14,6 +14,7 @@
 #include "topo/cost_model.h"
 #include "sched/plan.h"
 #include "util/status.h"
+#include "util/wait.h"
 
 namespace meshccl {
 
@@ -76,8 +77,10 @@ Status build_in(const BuildCtx& ctx, BuildFn build, const OpDesc& op, Plan* plan
 Status make_plan(const TuneModel& tune, const OpDesc& op, std::unique_ptr<Plan>* out);
 // A communicator's algorithms as the scheduler sees them: its make_run picks
 // between the direct shared-memory algorithm (node: the communicator's shared
-// region, or null) and a plan. Rank 0 logs the table of picks (TUNE).
-std::unique_ptr<RunMaker> make_algorithms(int rank, const TuneModel& tune, NodeRegion* node);
+// region, or null) and a plan; wait: how the communicator's waits poll.
+// Rank 0 logs the table of picks (TUNE).
+std::unique_ptr<RunMaker> make_algorithms(int rank, const TuneModel& tune, NodeRegion* node,
+                                          const WaitPolicy& wait = WaitPolicy::standalone());
 // True unless MESHCCL_ALGO / NCCL_ALGO rules `name` out for this collective.
 bool algorithm_allowed(OpKind kind, const char* name);
 // True when MESHCCL_ALGO names `name` for this collective explicitly.
@@ -104,9 +107,9 @@ std::unique_ptr<Run> make_direct_run(NodeRegion* node, const OpDesc& op, size_t 
 // Runs op on the calling thread at once when the direct algorithm takes it
 // (*taken) and no earlier direct operation of the communicator is pending:
 // returns when done, or after about budget_us with the rest of the work in
-// *rest, to be submitted like any run.
-Status run_direct_now(NodeRegion* node, const OpDesc& op, size_t max_bytes, double budget_us, bool* taken,
-                      std::unique_ptr<Run>* rest);
+// *rest, to be submitted like any run. Its waits poll as `wait` says.
+Status run_direct_now(NodeRegion* node, const OpDesc& op, size_t max_bytes, double budget_us, const WaitPolicy& wait,
+                      bool* taken, std::unique_ptr<Run>* rest);
 constexpr const char* kDirectShm = "direct_shm";
 Status build_tree_allreduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
 Status build_tree_broadcast(const BuildCtx& ctx, const OpDesc& op, Plan* plan);

@@ -247,7 +247,14 @@ class DirectRun final : public Run {
     for (int p = 0; p < n(); ++p) {
       if (p == me() || arrived(p, round_)) continue;
       waiting_ = p;
-      return peer_failure();
+      Status failure = peer_failure();
+      if (failure.ok()) return kOk;
+      // A rank found a mismatch, which it can only after every rank arrived:
+      // p may have arrived since it was looked at. Then compare here too, so
+      // that this rank names the difference rather than who found it.
+      for (int q = 0; q < n(); ++q)
+        if (q != me() && !arrived(q, round_)) return failure;
+      break;
     }
     waiting_ = -1;
     for (int p = 0; p < n(); ++p) {
@@ -421,8 +428,8 @@ std::unique_ptr<Run> make_direct_run(NodeRegion* node, const OpDesc& op, size_t 
   return std::make_unique<DirectRun>(node, op, node->reserve_rounds(rounds), rounds);
 }
 
-Status run_direct_now(NodeRegion* node, const OpDesc& op, size_t max_bytes, double budget_us, bool* taken,
-                      std::unique_ptr<Run>* rest) {
+Status run_direct_now(NodeRegion* node, const OpDesc& op, size_t max_bytes, double budget_us, const WaitPolicy& wait,
+                      bool* taken, std::unique_ptr<Run>* rest) {
   *taken = false;
   rest->reset();
   if (!node->idle()) return kOk;
@@ -435,7 +442,7 @@ Status run_direct_now(NodeRegion* node, const OpDesc& op, size_t max_bytes, doub
   // Poll the flags (yielding to a peer that may share this core); look at
   // the clock only every so often.
   double until = -1;
-  Backoff backoff;
+  Backoff backoff(wait);
   for (uint32_t i = 1;; ++i) {
     bool moved = false;
     MC_TRY(run.poll(nullptr, &moved));

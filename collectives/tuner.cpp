@@ -7,6 +7,7 @@
 // Among the plan algorithms allowed, the one with the lowest estimated cost
 // under the communicator's model wins; the direct shared-memory algorithm is
 // taken first when allowed and the operation fits its slots (make_run).
+#include <atomic>
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -203,7 +204,8 @@ void log_picks(const TuneModel& t) {
 // its shared region.
 class CommAlgorithms final : public RunMaker {
  public:
-  CommAlgorithms(const TuneModel& tune, NodeRegion* node) : tune_(tune), node_(node) {}
+  CommAlgorithms(const TuneModel& tune, NodeRegion* node, const WaitPolicy& wait)
+      : tune_(tune), node_(node), wait_(wait) {}
 
   // The one decision: the direct shared-memory algorithm when the
   // communicator has a shared region, the rules allow it and the operation
@@ -212,11 +214,11 @@ class CommAlgorithms final : public RunMaker {
   Status make_run(const OpDesc& op, uint64_t tag_base, double inline_budget_us, bool* ran_here,
                   std::unique_ptr<Run>* out) override {
     *ran_here = false;
-    const size_t max_bytes = node_ != nullptr ? direct_max_bytes(op.kind) : 0;
+    const size_t max_bytes = node_ != nullptr ? direct_limit(op.kind) : 0;
     if (max_bytes > 0) {
       if (inline_budget_us > 0) {
         bool taken = false;
-        Status s = run_direct_now(node_, op, max_bytes, inline_budget_us, &taken, out);
+        Status s = run_direct_now(node_, op, max_bytes, inline_budget_us, wait_, &taken, out);
         if (taken || !s.ok()) {
           *ran_here = true;
           return s;
@@ -241,15 +243,34 @@ class CommAlgorithms final : public RunMaker {
   }
 
  private:
+  // direct_max_bytes(kind), worked out again only when the settings change
+  // (it parses MESHCCL_ALGO's rules: too slow for every small call).
+  size_t direct_limit(OpKind kind) {
+    const uintptr_t gen = param_generation();
+    if (gen != limits_gen_.load(std::memory_order_acquire)) {
+      for (size_t k = 0; k < kKinds; ++k)
+        limits_[k].store(direct_max_bytes(static_cast<OpKind>(k)), std::memory_order_relaxed);
+      limits_gen_.store(gen, std::memory_order_release);
+      return direct_max_bytes(kind);
+    }
+    const size_t k = static_cast<size_t>(kind);
+    return k < kKinds ? limits_[k].load(std::memory_order_relaxed) : direct_max_bytes(kind);  // kinds past Recv
+  }
+
+  static constexpr size_t kKinds = static_cast<size_t>(OpKind::Recv) + 1;  // the collectives and point-to-point
   TuneModel tune_;
   NodeRegion* node_;
+  WaitPolicy wait_;
+  std::atomic<uintptr_t> limits_gen_{0};
+  std::atomic<size_t> limits_[kKinds] = {};
 };
 
 }  // namespace
 
-std::unique_ptr<RunMaker> make_algorithms(int rank, const TuneModel& tune, NodeRegion* node) {
+std::unique_ptr<RunMaker> make_algorithms(int rank, const TuneModel& tune, NodeRegion* node,
+                                          const WaitPolicy& wait) {
   if (rank == 0 && log_enabled(LogLevel::Info, kTune)) log_picks(tune);
-  return std::make_unique<CommAlgorithms>(tune, node);
+  return std::make_unique<CommAlgorithms>(tune, node, wait);
 }
 
 }  // namespace meshccl

@@ -119,7 +119,7 @@ Status comm_finish_setup(ncclComm* comm) {
   TuneModel tune;
   MC_TRY(tune_init(comm->rank, *comm->bootstrap, *comm->mesh, *comm->engine, comm->peers, comm->topo, &tune));
   comm->tune = tune;
-  comm->algorithms = make_algorithms(comm->rank, tune, comm->node.get());
+  comm->algorithms = make_algorithms(comm->rank, tune, comm->node.get(), comm->wait);
   configure_links(comm, tune);
   comm->sched.engine = comm->engine.get();
   comm->sched.runs = comm->algorithms.get();

@@ -33,9 +33,9 @@ namespace {
 // new one is made only when a value changed), so readers need no lock.
 struct Snapshot {
   std::vector<std::string> value;  // environment value, else the default
-  std::vector<bool> set;           // found in the environment
+  std::vector<char> set;           // found in the environment
   std::vector<int64_t> num;        // value as an integer (default when malformed)
-  std::vector<bool> malformed;
+  std::vector<char> malformed;     // (bytes, not bits: read on every call's path)
 };
 
 std::atomic<const Snapshot*> g_snapshot{nullptr};
@@ -145,10 +145,12 @@ const char* param_env(Param p) {
 
 const std::string& param_str(Param p) { return snapshot().value[static_cast<size_t>(p)]; }
 
+uintptr_t param_generation() { return reinterpret_cast<uintptr_t>(&snapshot()); }
+
 int64_t param_int(Param p) {
   const Snapshot& s = snapshot();
   const size_t i = static_cast<size_t>(p);
-  if (s.malformed[i]) {
+  if (s.malformed[i]) [[unlikely]] {
     const ParamInfo& info = param_info(p);
     warn_once(std::string(info.name) + "=" + s.value[i], "%s=\"%s\" is not an integer; using the default %s",
               info.name, s.value[i].c_str(), info.default_value);

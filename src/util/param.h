@@ -35,6 +35,9 @@ const char* param_env(Param p);
 const std::string& param_str(Param p);
 // Integer value; a malformed value logs a WARN once and yields the default.
 int64_t param_int(Param p);
+// Changes exactly when the values in force change (a param_refresh that
+// found a different environment): what a cache of derived values keys on.
+uintptr_t param_generation();
 // Floating-point value; unset, empty or malformed (WARN once) yields `unset`.
 double param_double(Param p, double unset);
 // Lookup by name or alias ("MESHCCL_X" / "NCCL_X"); unknown names fall back to

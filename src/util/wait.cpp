@@ -1,5 +1,7 @@
 #include "util/wait.h"
 
+#include <algorithm>
+
 #include <sched.h>
 #include <unistd.h>
 
@@ -49,12 +51,19 @@ void Backoff::idle() {
     sched_yield();
     return;
   }
-  // Sleep 10 us, doubling to 1 ms: bounded added latency, no starvation.
-  uint32_t k = n_ - spin_ - yield_;
-  long ns = 10000L << (k < 7 ? k : 7);
-  if (ns > 1000000L) ns = 1000000L;
+  // Each sleep a quarter of the time asleep so far (measured: a sleep lasts
+  // longer than asked), from 10 us up to 1 ms: a peer that became ready
+  // meanwhile waits at most about a quarter of this wait longer (doubling
+  // sleeps could double a wait), and a long wait settles at about a thousand
+  // wake-ups a second.
+  timespec t0{};
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  const long ns = std::clamp(slept_ns_ / 4, 10000L, 1000000L);
   timespec ts{0, ns};
   nanosleep(&ts, nullptr);
+  timespec t1{};
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  slept_ns_ += (t1.tv_sec - t0.tv_sec) * 1000000000L + (t1.tv_nsec - t0.tv_nsec);
 }
 
 void Backoff::yield_only() {

@@ -1,6 +1,7 @@
 // Polling waits that stay cheap when a peer answers quickly and polite when it
-// does not: spin (with a CPU pause), then sched_yield, then short sleeps that
-// grow to a cap. Oversubscribed ranks (8 on 2 cores) thus leave the CPU to the
+// does not: spin (with a CPU pause), then sched_yield, then sleeps of a
+// quarter of the time already slept (at least 10 us, at most 1 ms), so a wait
+// oversleeps its peer by at most about a quarter. Oversubscribed ranks (8 on 2 cores) thus leave the CPU to the
 // peer they wait for. Deadline bounds every wait.
 #pragma once
 
@@ -36,10 +37,14 @@ class Backoff {
   // Like idle(), but never sleeps: for short bounded waits.
   void yield_only();
   // Call after a poll that made progress.
-  void progress() { n_ = 0; }
+  void progress() {
+    n_ = 0;
+    slept_ns_ = 0;
+  }
 
  private:
   uint32_t n_ = 0;
+  long slept_ns_ = 0;  // slept since the last progress
   uint32_t spin_;
   uint32_t yield_;
 };
