@@ -11,7 +11,8 @@
 //   - the bulk AllReduce's bus bandwidth alone and with the urgent traffic.
 // Prints one table and the ratios the targets name (loaded / idle latency <=
 // 1.5, bulk bandwidth loss <= 5%). Usage: priority_perf [-n ranks] [-b bytes]
-// [-i urgent iterations]
+// [-i urgent iterations]; or under meshrun (-n is then the launcher's), e.g.
+// meshrun --cluster NAME -n 2 -x MESHCCL_TRANSPORT=socket priority_perf -b ...
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -131,29 +132,75 @@ struct Rank {
   }
 };
 
-void run_rank(int rank, int n, const ncclUniqueId& id_prio, const ncclUniqueId& id_fifo, size_t bytes, int iters,
-              int out_fd) {
+// make(mode, &comm): mode 0 = the priority communicator, 1 = the FIFO one.
+// Returns both results (meaningful on rank 0).
+template <class Make>
+void run_rank(int rank, int n, size_t bytes, int iters, Make make, Result res[2]) {
   Rank r{rank, n, nullptr, nullptr, nullptr, std::vector<char>(64 << 10, 1), std::vector<float>(256, 1.f),
          std::vector<float>(bytes / sizeof(float), 1.f)};
   int least = 0, greatest = 0;
   CHECK(meshcclStreamGetPriorityRange(&least, &greatest));
   CHECK(meshcclStreamCreateWithPriority(&r.lo, least));
   CHECK(meshcclStreamCreateWithPriority(&r.hi, greatest));
-  Result res[2];
-  const ncclUniqueId* ids[2] = {&id_prio, &id_fifo};
   for (int mode = 0; mode < 2; ++mode) {
     setenv("MESHCCL_PRIORITY", mode == 0 ? "1" : "0", 1);
     // The direct shared-memory algorithms run their rounds in call order and
     // are not preempted (docs/priority.md): the bulk goes through a plan.
     if (std::getenv("MESHCCL_DIRECT_MAX_BYTES") == nullptr) setenv("MESHCCL_DIRECT_MAX_BYTES", "65536", 1);
-    CHECK(ncclCommInitRank(&r.comm, n, *ids[mode], rank));
+    make(mode, &r.comm);
     r.measure(2);  // warm-up: connections, scratch
     res[mode] = r.measure(iters);
-    CHECK(ncclCommDestroy(r.comm));
   }
-  if (rank == 0 && write(out_fd, res, sizeof res) != static_cast<ssize_t>(sizeof res)) std::exit(3);
   meshcclStreamDestroy(r.lo);
   meshcclStreamDestroy(r.hi);
+}
+
+void print_results(int n, size_t bytes, int iters, const Result res[2]) {
+  const char* transport = std::getenv("MESHCCL_TRANSPORT");
+  std::printf("# priority_perf: %d ranks, %s, bulk AllReduce %zu bytes, %d urgent operations of each kind\n", n,
+              transport != nullptr ? transport : "default transport", bytes, iters);
+  std::printf("# %-9s %12s %12s %8s %12s %12s %8s %12s %12s %8s\n", "mode", "send64K_idle", "send64K_load", "ratio",
+              "ar1K_idle", "ar1K_load", "ratio", "bulk_GB/s", "bulk_load", "loss");
+  for (int m = 0; m < 2; ++m) {
+    const Result& x = res[m];
+    const double busbw = 2.0 * (n - 1) / n * bytes / (x.bulk_alone_us * 1e3);
+    const double busbw_l = 2.0 * (n - 1) / n * bytes / (x.bulk_loaded_us * 1e3);
+    std::printf("  %-9s %10.1fus %10.1fus %8.2f %10.1fus %10.1fus %8.2f %12.2f %12.2f %7.1f%%\n",
+                m == 0 ? "priority" : "fifo", x.send_idle, x.send_load, x.send_load / x.send_idle, x.ar_idle,
+                x.ar_load, x.ar_load / x.ar_idle, busbw, busbw_l, 100.0 * (1 - busbw_l / busbw));
+  }
+  const Result& p = res[0];
+  std::printf("# targets (priority): send loaded/idle %.2f (<= 1.5: %s), allreduce loaded/idle %.2f (<= 1.5: %s), "
+              "bulk loss %.1f%% (<= 5%%: %s)\n",
+              p.send_load / p.send_idle, p.send_load <= 1.5 * p.send_idle ? "met" : "not met", p.ar_load / p.ar_idle,
+              p.ar_load <= 1.5 * p.ar_idle ? "met" : "not met", 100.0 * (1 - p.bulk_alone_us / p.bulk_loaded_us),
+              p.bulk_loaded_us <= p.bulk_alone_us / 0.95 ? "met" : "not met");
+}
+
+// Under meshrun (one process per rank, for instance on the hosts of an
+// emulated cluster): the priority communicator from the launcher's
+// environment, the FIFO one split from it.
+int run_launched(size_t bytes, int iters) {
+  ncclComm_t world = nullptr, fifo = nullptr;
+  Result res[2];
+  int rank = 0, n = 0;
+  run_rank(std::atoi(std::getenv("MESHCCL_RANK")), std::atoi(std::getenv("MESHCCL_NRANKS")), bytes, iters,
+           [&](int mode, ncclComm_t* comm) {
+             if (mode == 0) {
+               CHECK(meshcclCommInitFromEnv(&world, nullptr));
+               CHECK(ncclCommUserRank(world, &rank));
+               CHECK(ncclCommCount(world, &n));
+               *comm = world;
+             } else {
+               CHECK(ncclCommSplit(world, 0, rank, &fifo, nullptr));
+               *comm = fifo;
+             }
+           },
+           res);
+  CHECK(ncclCommDestroy(fifo));
+  CHECK(ncclCommDestroy(world));
+  if (rank == 0) print_results(n, bytes, iters, res);
+  return 0;
 }
 
 }  // namespace
@@ -174,6 +221,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "priority_perf: need 2..64 ranks, >= 1 iteration, >= 4096 bulk bytes\n");
     return 1;
   }
+  if (std::getenv("MESHCCL_COMM_FILE") != nullptr && std::getenv("MESHCCL_RANK") != nullptr &&
+      std::getenv("MESHCCL_NRANKS") != nullptr)
+    return run_launched(bytes, iters);
   ncclUniqueId id_prio, id_fifo;
   CHECK(ncclGetUniqueId(&id_prio));
   CHECK(ncclGetUniqueId(&id_fifo));
@@ -184,7 +234,16 @@ int main(int argc, char** argv) {
     pid_t p = fork();
     if (p == 0) {
       close(fds[0]);
-      run_rank(r, n, id_prio, id_fifo, bytes, iters, fds[1]);
+      Result res[2];
+      ncclComm_t comms[2] = {nullptr, nullptr};
+      run_rank(r, n, bytes, iters,
+               [&](int mode, ncclComm_t* comm) {
+                 CHECK(ncclCommInitRank(&comms[mode], n, mode == 0 ? id_prio : id_fifo, r));
+                 *comm = comms[mode];
+               },
+               res);
+      for (ncclComm_t c : comms) CHECK(ncclCommDestroy(c));
+      if (r == 0 && write(fds[1], res, sizeof res) != static_cast<ssize_t>(sizeof res)) _exit(3);
       _exit(0);
     }
     pids.push_back(p);
@@ -202,24 +261,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "priority_perf: %d ranks failed\n", failed);
     return 2;
   }
-  const char* transport = std::getenv("MESHCCL_TRANSPORT");
-  std::printf("# priority_perf: %d ranks, %s, bulk AllReduce %zu bytes, %d urgent operations of each kind\n", n,
-              transport != nullptr ? transport : "default transport", bytes, iters);
-  std::printf("# %-9s %12s %12s %8s %12s %12s %8s %12s %12s %8s\n", "mode", "send64K_idle", "send64K_load", "ratio",
-              "ar1K_idle", "ar1K_load", "ratio", "bulk_GB/s", "bulk_load", "loss");
-  for (int m = 0; m < 2; ++m) {
-    const Result& x = res[m];
-    const double busbw = [&](double us) { return 2.0 * (n - 1) / n * bytes / (us * 1e3); }(x.bulk_alone_us);
-    const double busbw_l = 2.0 * (n - 1) / n * bytes / (x.bulk_loaded_us * 1e3);
-    std::printf("  %-9s %10.1fus %10.1fus %8.2f %10.1fus %10.1fus %8.2f %12.2f %12.2f %7.1f%%\n",
-                m == 0 ? "priority" : "fifo", x.send_idle, x.send_load, x.send_load / x.send_idle, x.ar_idle,
-                x.ar_load, x.ar_load / x.ar_idle, busbw, busbw_l, 100.0 * (1 - busbw_l / busbw));
-  }
-  const Result& p = res[0];
-  std::printf("# targets (priority): send loaded/idle %.2f (<= 1.5: %s), allreduce loaded/idle %.2f (<= 1.5: %s), "
-              "bulk loss %.1f%% (<= 5%%: %s)\n",
-              p.send_load / p.send_idle, p.send_load <= 1.5 * p.send_idle ? "met" : "not met", p.ar_load / p.ar_idle,
-              p.ar_load <= 1.5 * p.ar_idle ? "met" : "not met", 100.0 * (1 - p.bulk_alone_us / p.bulk_loaded_us),
-              p.bulk_loaded_us <= p.bulk_alone_us / 0.95 ? "met" : "not met");
+  print_results(n, bytes, iters, res);
   return 0;
 }

@@ -20,6 +20,9 @@ layout:   --dp N --pp N --tp N          dp x pp x tp must equal the number of ra
           --tp-mode 1d|3d               Megatron 1D, or Colossal-AI 3D with tp = q^3
           --stages 3,2,2,1              layers per pipeline stage (default: balanced)
           --schedule gpipe|1f1b|eager-1f1b  pipeline schedule (default 1f1b)
+          --comm-sched fifo|priority    communication order: one priority for all, or by
+                                        dependencies (pipeline, tensor, data-parallel
+                                        buckets first layer first, embedding; default)
 model:    --layers N --d-model N --heads N --seq N --vocab N --untied --seed N
 batch:    --micro-batch N --grad-accum N  (global batch = dp x micro-batch x grad-accum)
 optim:    --steps N --lr X --min-lr-ratio X --warmup N --weight-decay X --clip X
@@ -57,7 +60,7 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
     return true;
   };
   int bucket_kb = -1, seed = -1, data_seed = -1;
-  std::string schedule, tp_mode, stages, plan;
+  std::string schedule, tp_mode, stages, plan, comm_sched;
   std::map<std::string, int*> ints = {
       {"--dp", &t.layout.dp}, {"--pp", &t.layout.pp}, {"--tp", &t.layout.tp},
       {"--layers", &t.model.layers}, {"--d-model", &t.model.d_model},
@@ -78,7 +81,7 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
       {"--temperature", &o->temperature}};
   std::map<std::string, std::string*> strings = {
       {"--data", &o->data}, {"--ckpt-dir", &t.ckpt_dir}, {"--prompt", &o->prompt},
-      {"--schedule", &schedule}, {"--order", &t.layout.order},
+      {"--schedule", &schedule}, {"--comm-sched", &comm_sched}, {"--order", &t.layout.order},
       {"--tp-mode", &tp_mode}, {"--stages", &stages}, {"--plan", &plan},
       {"--profile", &o->profile}};
   int warmup_given = 0;
@@ -142,6 +145,9 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
   }
   if (!schedule.empty() && !parse_schedule(schedule, &t.schedule)) {
     return "--schedule must be gpipe, 1f1b or eager-1f1b, got '" + schedule + "'";
+  }
+  if (!comm_sched.empty() && !parse_comm_sched(comm_sched, &t.comm_sched)) {
+    return "--comm-sched must be fifo or priority, got '" + comm_sched + "'";
   }
   if (!tp_mode.empty() && !parse_tp_mode(tp_mode, &t.layout.tp_mode)) {
     return "--tp-mode must be 1d or 3d, got '" + tp_mode + "'";

@@ -19,6 +19,25 @@ struct P2POp {
   int peer = 0;  // rank in this communicator
 };
 
+// How a step's communications share the links (--comm-sched):
+//   Fifo      every communication on one stream priority, in the order issued;
+//   Priority  each gets the priority its dependencies give it, most urgent
+//             first: pipeline sends/receives, tensor-parallel collectives
+//             (and the small blocking ones: loss, gradient norm),
+//             data-parallel gradient buckets by when the next forward needs
+//             them (the first layer's first), sparse embedding gradients.
+enum class CommSched { Fifo, Priority };
+enum class CommKind { Pipeline, Tensor, DataParallel, Sparse };
+
+// Parses "fifo" or "priority"; returns false on anything else.
+bool parse_comm_sched(const std::string& s, CommSched* out);
+const char* comm_sched_name(CommSched s);
+
+// The meshccl stream priority (0 = least urgent .. -7 = most) of a
+// communication. position, for DataParallel: where the bucket starts in the
+// parameters, 0 = the first layer's .. 1 = past the last layer's.
+int comm_priority(CommSched sched, CommKind kind, double position = 0.0);
+
 struct CommError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -38,6 +57,14 @@ class Comm {
   // everything enqueued so far. The buffer must stay untouched until then.
   virtual void all_reduce_async(float* buf, size_t n, ReduceOp op) = 0;
   virtual void wait_async() = 0;
+  // The same at a given stream priority (comm_priority); wait_async() waits
+  // for these too. Communicators without priorities ignore it.
+  virtual void all_reduce_async_at(float* buf, size_t n, ReduceOp op, int /*priority*/) {
+    all_reduce_async(buf, n, op);
+  }
+  // The stream priority of the blocking calls and exchanges (set once, before
+  // any communication).
+  virtual void set_priority(int /*priority*/) {}
   // Blocking, on the critical path: out (size() x n) = every rank's n floats
   // in rank order; out (n) = this rank's block of the element-wise sum of
   // every rank's in (size() x n).

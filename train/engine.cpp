@@ -101,7 +101,7 @@ void Engine::run_schedule(PipeSchedule sched, int m, bool train, int step, doubl
   auto ready = [&](size_t lo) {
     if (!comms_.dp) return;
     if (launched_lo_ - lo >= cfg_.bucket_elems) {
-      comms_.dp->all_reduce_async(st.grads.data() + lo, launched_lo_ - lo, ReduceOp::Avg);
+      launch_bucket(lo);
       launched_lo_ = lo;
     }
   };
@@ -147,6 +147,16 @@ void Engine::run_schedule(PipeSchedule sched, int m, bool train, int step, doubl
   if (comms_.pp) comms_.pp->wait_async();
 }
 
+// The data-parallel bucket [lo, launched_lo_) of the gradients: backward
+// makes them from the last layer to the first, the next forward needs them
+// from the first, so the lower the bucket the more urgent (comm_priority).
+void Engine::launch_bucket(size_t lo) {
+  Stage& st = *stage_;
+  const double position = static_cast<double>(lo) / static_cast<double>(std::max<size_t>(st.grads.size(), 1));
+  comms_.dp->all_reduce_async_at(st.grads.data() + lo, launched_lo_ - lo, ReduceOp::Avg,
+                                 comm_priority(cfg_.comm_sched, CommKind::DataParallel, position));
+}
+
 StepStats Engine::train_step(int step) {
   const double t0 = now();
   const double c0 = comm_seconds();
@@ -159,7 +169,7 @@ StepStats Engine::train_step(int step) {
   run_schedule(cfg_.schedule, m, true, step, &loss_sum);
 
   if (comms_.dp) {
-    if (launched_lo_ > 0) comms_.dp->all_reduce_async(st.grads.data(), launched_lo_, ReduceOp::Avg);
+    if (launched_lo_ > 0) launch_bucket(0);
     comms_.dp->wait_async();
   }
   st.finish_grads();

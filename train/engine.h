@@ -26,6 +26,7 @@ struct TrainConfig {
   int steps = 10;
   PipeSchedule schedule = PipeSchedule::OneFOneB;
   size_t bucket_elems = size_t(1) << 18;  // data-parallel all-reduce bucket (floats)
+  CommSched comm_sched = CommSched::Priority;  // --comm-sched (comm.h)
   uint64_t data_seed = 1234;
   int val_every = 0;      // 0: never
   int val_sequences = 16; // global, split over data-parallel ranks
@@ -95,6 +96,7 @@ class Engine {
  private:
   double comm_seconds() const;
   void run_schedule(PipeSchedule sched, int m, bool train, int step, double* loss_sum);
+  void launch_bucket(size_t lo);
   void load_micro(bool train, int step, int micro, int m, int32_t* tokens, int32_t* targets);
   // Throws on every rank if `error` is non-empty on any rank.
   void agree(const std::string& error);

@@ -145,6 +145,9 @@ int run(const CliOptions& opts) {
     return 0;
   }
   const int world_size = launch_size();
+  // meshccl's link scheduling follows --comm-sched (chunk by chunk, most
+  // urgent first; or whole transfers in order) unless the environment sets it.
+  setenv("MESHCCL_PRIORITY", cfg.comm_sched == CommSched::Priority ? "1" : "0", 0);
   ncclComm_t world = nullptr;
   if (o.plan_auto) {
     // Rank 0 plans (the others wait in the broadcast), then all take its plan.
@@ -175,6 +178,7 @@ int run(const CliOptions& opts) {
     if (!world) check_nccl(meshcclCommInitFromEnv(&world, nullptr), "meshcclCommInitFromEnv");
     rc = split_comms(world, cfg.layout, cfg.model.tied,
                      static_cast<size_t>(cfg.micro_batch) * cfg.model.seq * cfg.model.d_model);
+    set_comm_sched(rc, cfg.comm_sched);
     rank = rc.world->rank();
   }
   const int threads = o.blas_threads > 0
@@ -288,6 +292,7 @@ int run(const CliOptions& opts) {
       cfg.layout.dp -= plan.lost_replicas;
       rc = split_comms(nw, cfg.layout, cfg.model.tied,
                        static_cast<size_t>(cfg.micro_batch) * cfg.model.seq * cfg.model.d_model);
+      set_comm_sched(rc, cfg.comm_sched);
       rank = rc.world->rank();
       talk = rank == 0;
       engine = std::make_unique<Engine>(cfg, rank, rc.view(), corpus);

@@ -52,6 +52,8 @@ NcclComm::~NcclComm() {
   // Errors here have nowhere to go; the streams are drained before the comm goes.
   if (fast_) meshcclStreamDestroy(fast_);
   if (slow_) meshcclStreamDestroy(slow_);
+  for (meshcclStream_t s : at_)
+    if (s) meshcclStreamDestroy(s);
   if (comm_) ncclCommDestroy(comm_);
 }
 
@@ -94,6 +96,24 @@ void NcclComm::all_reduce_async(float* buf, size_t n, ReduceOp op) {
 void NcclComm::wait_async() {
   Blocked b(&wait_seconds);
   check_nccl(meshcclStreamSynchronize(slow_), "meshcclStreamSynchronize", comm_);
+  for (meshcclStream_t s : at_)
+    if (s) check_nccl(meshcclStreamSynchronize(s), "meshcclStreamSynchronize", comm_);
+}
+
+void NcclComm::all_reduce_async_at(float* buf, size_t n, ReduceOp op, int priority) {
+  const int level = std::clamp(-priority, 0, kLevels - 1);
+  if (!at_[level])
+    check_nccl(meshcclStreamCreateWithPriority(&at_[level], -level), "meshcclStreamCreateWithPriority");
+  bytes_sent += 2.0 * (size_ - 1) / size_ * n * sizeof(float);
+  check_nccl(ncclAllReduce(buf, buf, n, ncclFloat32, to_nccl(op), comm_, meshcclStreamAsCuda(at_[level])),
+             "ncclAllReduce", comm_);
+}
+
+void NcclComm::set_priority(int priority) {
+  check_nccl(meshcclStreamSynchronize(fast_), "meshcclStreamSynchronize", comm_);
+  meshcclStreamDestroy(fast_);
+  fast_ = nullptr;
+  check_nccl(meshcclStreamCreateWithPriority(&fast_, priority), "meshcclStreamCreateWithPriority");
 }
 
 void NcclComm::all_gather(const float* in, float* out, size_t n) {
@@ -170,6 +190,18 @@ StagePipe::StagePipe(std::unique_ptr<NcclComm> replica, const Layout& layout, in
                "meshcclReshardPlanCreate", replica_->handle());
     grad_.push_back(bwd);
   }
+}
+
+void StagePipe::set_priority(int priority) {
+  replica_->set_priority(priority);
+  auto remake = [&](meshcclStream_t& s) {
+    check_nccl(meshcclStreamSynchronize(s), "meshcclStreamSynchronize", replica_->handle());
+    meshcclStreamDestroy(s);
+    s = nullptr;
+    check_nccl(meshcclStreamCreateWithPriority(&s, priority), "meshcclStreamCreateWithPriority");
+  };
+  for (auto& s : streams_) remake(s);
+  for (auto& s : ring_streams_) remake(s);
 }
 
 StagePipe::~StagePipe() {
@@ -291,6 +323,17 @@ RankComms split_comms(ncclComm_t world, const Layout& layout, bool tied, size_t 
     for (int a = 0; a < 3; a++) rc.cube[a] = group({cube_axis_dim(a)});
   }
   return rc;
+}
+
+void set_comm_sched(RankComms& rc, CommSched sched) {
+  const int tensor = comm_priority(sched, CommKind::Tensor);
+  for (NcclComm* c : {rc.world.get(), rc.tp.get(), rc.cube[0].get(), rc.cube[1].get(), rc.cube[2].get()})
+    if (c) c->set_priority(tensor);
+  // The data-parallel communicator's blocking calls (the loss) are small and
+  // on the critical path; its buckets name their priority per call.
+  if (rc.dp) rc.dp->set_priority(tensor);
+  if (rc.pp) rc.pp->set_priority(comm_priority(sched, CommKind::Pipeline));
+  if (rc.embed) rc.embed->set_priority(comm_priority(sched, CommKind::Sparse));
 }
 
 }  // namespace meshtrain

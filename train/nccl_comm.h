@@ -28,6 +28,8 @@ class NcclComm final : public Comm {
   void all_reduce_finish() override;
   void all_reduce_async(float* buf, size_t n, ReduceOp op) override;
   void wait_async() override;
+  void all_reduce_async_at(float* buf, size_t n, ReduceOp op, int priority) override;
+  void set_priority(int priority) override;
   void all_gather(const float* in, float* out, size_t n) override;
   void reduce_scatter(const float* in, float* out, size_t n) override;
   void exchange(const P2POp* ops, int n) override;
@@ -42,6 +44,9 @@ class NcclComm final : public Comm {
   ncclComm_t comm_;
   int rank_ = 0, size_ = 1;
   meshcclStream_t fast_ = nullptr, slow_ = nullptr;
+  // all_reduce_async_at's streams, by -priority (made when first used).
+  static constexpr int kLevels = 8;
+  meshcclStream_t at_[kLevels] = {};
 };
 
 // The pipeline "communicator" of a layout with per-stage tensor-parallel
@@ -67,6 +72,7 @@ class StagePipe final : public Comm {
   void all_reduce_finish() override;
   void all_reduce_async(float* buf, size_t n, ReduceOp op) override;
   void wait_async() override;
+  void set_priority(int priority) override;
   void all_gather(const float* in, float* out, size_t n) override;
   void reduce_scatter(const float* in, float* out, size_t n) override;
   void exchange(const P2POp* ops, int n) override;
@@ -95,6 +101,10 @@ struct RankComms {
 // act_count (floats per activation between stages) is needed only by layouts
 // with per-stage tensor-parallel degrees.
 RankComms split_comms(ncclComm_t world, const Layout& layout, bool tied, size_t act_count = 0);
+// Gives every communicator of rc its stream priority under sched (comm.h):
+// pipeline, tensor-parallel (and the world's small blocking calls),
+// data-parallel (its buckets get theirs per call), embedding gradients.
+void set_comm_sched(RankComms& rc, CommSched sched);
 
 // Throws CommError with the call, the result's name and meshccl's last error.
 void check_nccl(ncclResult_t r, const char* what, ncclComm_t comm = nullptr);

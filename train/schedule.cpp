@@ -1,5 +1,7 @@
 #include "schedule.h"
 
+#include "comm.h"
+
 #include <algorithm>
 #include <set>
 
@@ -88,6 +90,31 @@ std::vector<std::vector<PipeMsg>> stage_groups(const std::vector<PipeOp>& ops, i
     }
   }
   return groups;
+}
+
+bool parse_comm_sched(const std::string& s, CommSched* out) {
+  if (s == "fifo") *out = CommSched::Fifo;
+  else if (s == "priority") *out = CommSched::Priority;
+  else return false;
+  return true;
+}
+
+const char* comm_sched_name(CommSched s) { return s == CommSched::Fifo ? "fifo" : "priority"; }
+
+int comm_priority(CommSched sched, CommKind kind, double position) {
+  if (sched == CommSched::Fifo) return 0;
+  switch (kind) {
+    case CommKind::Pipeline: return -7;
+    case CommKind::Tensor: return -6;
+    case CommKind::DataParallel: {
+      // Four levels, -5 for the buckets holding the first quarter of the
+      // parameters (needed first by the next forward) .. -2 for the last.
+      const int quarter = std::clamp(static_cast<int>(position * 4.0), 0, 3);
+      return -5 + quarter;
+    }
+    case CommKind::Sparse: return 0;
+  }
+  return 0;
 }
 
 }  // namespace meshtrain

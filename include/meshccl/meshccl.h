@@ -29,7 +29,7 @@ typedef struct meshcclStream* meshcclStream_t;
 
 /*
  * Priorities follow CUDA's convention: a lower number is more urgent. The range
- * is [greatest, least] = [-3, 0]; 0 is the default. Values outside it are clamped.
+ * is [greatest, least] = [-7, 0]; 0 is the default. Values outside it are clamped.
  */
 ncclResult_t meshcclStreamGetPriorityRange(int* leastPriority, int* greatestPriority);
 ncclResult_t meshcclStreamCreate(meshcclStream_t* stream);

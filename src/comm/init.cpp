@@ -64,6 +64,7 @@ void configure_links(ncclComm* comm, const TuneModel& tune) {
   policy.priority = std::none_of(comm->peers.begin(), comm->peers.end(),
                                  [](const PeerInfo& p) { return (p.flags & kPeerFifo) != 0; });
   policy.credit_chunks = static_cast<size_t>(std::max<int64_t>(param_int(Param::LinkCredit), 1));
+  policy.window = static_cast<size_t>(std::max<int64_t>(param_int(Param::LinkWindow), 0));
   const double chunk_us = static_cast<double>(std::max<int64_t>(param_int(Param::ChunkUs), 1));
   const PeerInfo& me = comm->peers[comm->rank];
   for (int p = 0; p < comm->nranks; ++p) {

@@ -55,6 +55,28 @@ void Links::configure(const LinkPolicy& policy, int peer, size_t chunk_bytes, Li
 
 size_t Links::inflight(int peer) const { return q_[peer].dir[0].inflight + q_[peer].dir[1].inflight; }
 
+size_t Links::take_max_ahead(int peer) {
+  const size_t n = q_[peer].dir[1].max_ahead;
+  q_[peer].dir[1].max_ahead = 0;
+  return n;
+}
+
+void Links::note_ahead(Dir& d) {
+  // The most urgent transfer with bytes left to post: count this engine's
+  // chunks of less urgent transfers in flight ahead of it.
+  const Xfer* first = nullptr;
+  for (const Xfer* x : d.xfers)
+    if (!x->finished && x->posted < x->bytes) {
+      first = x;
+      break;
+    }
+  if (first == nullptr) return;
+  size_t ahead = 0;
+  for (const Xfer* x : d.xfers)
+    if (x->level > first->level) ahead += x->chunks.size();
+  d.max_ahead = std::max(d.max_ahead, ahead);
+}
+
 void Links::post(Xfer* x, int priority) {
   x->level = policy_.priority ? std::clamp(priority + LinkShare::kLevels / 2, 0, LinkShare::kLevels - 1) : 0;
   x->seq = seq_++;
@@ -107,9 +129,10 @@ Status Links::post_chunks(Queue& q, Dir& d, Xfer* x, bool* moved) {
     const size_t left = x->bytes - x->posted;
     size_t n = left;
     if (q.chunk > 0 && left > q.chunk) n = left >= 2 * q.chunk ? q.chunk : left;  // no runt last chunk
-    if (!x->chunks.empty()) {
-      // Beyond its first chunk a transfer needs credit and no more urgent waiter.
-      if (q.chunk == 0) break;
+    if (q.chunk == 0 && !x->chunks.empty()) break;  // FIFO: whole transfers
+    if (q.chunk > 0 && (!x->chunks.empty() || !x->exempt)) {
+      // Beyond the one chunk of an exempt transfer, a chunk needs credit and
+      // no more urgent waiter.
       const int64_t used = std::max<int64_t>(d.share->inflight_upto(x->level), 0);
       if (static_cast<size_t>(used) + n > credit) break;
       if (d.share->urgent_waiting(x->level)) break;
@@ -130,6 +153,7 @@ Status Links::post_chunks(Queue& q, Dir& d, Xfer* x, bool* moved) {
 }
 
 void Links::pump_dir(Queue& q, Dir& d, bool* moved) {
+  if (q.chunk > 0 && &d == &q.dir[1]) note_ahead(d);
   // Tags with an earlier transfer that has bytes left to post: a later
   // transfer with the same tag waits, so chunks of the two never interleave.
   busy_tags_.clear();

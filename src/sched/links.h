@@ -4,11 +4,13 @@
 // link by the communicator from the agreed cost model, so both ends cut a
 // transfer alike); all chunks of a transfer carry its tag, and the transports
 // match equal tags in order. Between chunks the most urgent transfer (lowest
-// priority value, then the oldest) posts first; a transfer posts more than
-// one chunk at a time only while the link's credit (bytes in flight, shared
-// by every communicator of the process on that link) has room and no more
-// urgent transfer of any communicator waits on it. Every transfer may always
-// keep one chunk in flight, so none starves and none deadlocks on credit.
+// priority value, then the oldest) posts first. A transfer its run marks
+// exempt (the run's window: its first transfers on the link in tag order,
+// docs/priority.md) may always keep one chunk in flight, so none starves and
+// none deadlocks on credit; any other chunk posts only while the link's
+// credit (bytes in flight, shared by every communicator of the process on
+// that link) has room and no more urgent transfer of any communicator waits
+// on it.
 // With scheduling off (MESHCCL_PRIORITY=0) a transfer goes whole, in the order
 // posted. Transfers to the rank itself are matched here by tag.
 #pragma once
@@ -72,6 +74,10 @@ struct Xfer {
   uint64_t tag = 0;
   int level = 0;     // 0 = most urgent
   uint64_t seq = 0;  // posting order on this engine
+  // In its run's window: may keep one chunk in flight without credit. Set by
+  // the run (before or after posting); a transfer leaves the window only by
+  // finishing.
+  bool exempt = true;
   // Progress, written by Links.
   size_t posted = 0;  // bytes handed to the transport
   size_t done = 0;    // bytes completed
@@ -92,7 +98,8 @@ struct Xfer {
 // Priority scheduling settings of one engine, read at communicator creation.
 struct LinkPolicy {
   bool priority = true;       // false: FIFO, whole transfers
-  size_t credit_chunks = 2;  // chunks in flight per link beyond each transfer's first
+  size_t credit_chunks = 2;  // chunks in flight per link beyond the exempt ones
+  size_t window = 1;         // exempt transfers per run and link direction (0: every transfer)
 };
 
 class Links {
@@ -120,6 +127,11 @@ class Links {
   void pump(bool* moved);
   // Bytes posted and not yet completed to and from peer by this engine.
   size_t inflight(int peer) const;
+  // The most chunks of less urgent levels than `level` that were in flight
+  // toward peer at once while a transfer of `level` or more urgent waited
+  // to post there (what an urgent transfer can find ahead of it); reset by
+  // reading.
+  size_t take_max_ahead(int peer);
 
   // A transfer to or from this rank: matched with its counterpart by tag;
   // both steps complete when the second one arrives.
@@ -141,6 +153,7 @@ class Links {
     LinkShare* share = nullptr;
     LinkShare own;             // when the communicator names no share
     size_t inflight = 0;
+    size_t max_ahead = 0;      // see take_max_ahead (sends)
   };
   struct Queue {
     size_t chunk = 0;
@@ -150,6 +163,7 @@ class Links {
   Status test_chunks(Dir& d, Xfer* x, bool* moved);
   Status post_chunks(Queue& q, Dir& d, Xfer* x, bool* moved);
   void leave_waiting(Dir& d, Xfer* x);
+  void note_ahead(Dir& d);
 
   int rank_;
   Mesh* mesh_;

@@ -1,6 +1,8 @@
 // Running one plan: its steps start as their dependencies complete;
 // transfers go through the engine's links, local work to its executor.
+#include <algorithm>
 #include <cstring>
+#include <map>
 #include <string>
 
 #include "sched/engine.h"
@@ -59,6 +61,7 @@ class PlanRun final : public Run, public StepSink {
   Status poll(Engine* eng, bool* moved) override {
     Links& links = eng->links();
     Executor& exec = eng->executor();
+    if (!windows_set_) set_windows(links);
     // A few passes: local steps and completions make more steps ready.
     for (int pass = 0; pass < 8; ++pass) {
       bool local = false;
@@ -89,6 +92,7 @@ class PlanRun final : public Run, public StepSink {
                           "across ranks %s",
                           op_kind_name(plan_->kind), got, s.peer, s.bytes, mismatch_hint());
         if (s.kind == StepKind::RecvReduce) exec.reduce2(plan_->dtype, plan_->op, s.dst, s.src, s.tmp, s.count);
+        transfer_done(i);
         complete_step(i);
         local = true;
       }
@@ -113,10 +117,73 @@ class PlanRun final : public Run, public StepSink {
   }
 
  private:
+  struct Window {
+    std::vector<uint32_t> order;  // transfer steps of one link direction, in tag order
+    size_t head = 0;              // order[0, head) are finished
+  };
+
   template <typename T>
   T* bind(T* p) {
     if (p == nullptr || !Plan::is_scratch(p)) return p;
     return reinterpret_cast<T*>(scratch_->data() + Plan::scratch_offset(p));
+  }
+
+  // The window (docs/priority.md): on each link direction, only the
+  // transfers among the first links.policy().window unfinished ones in tag
+  // order may keep a chunk in flight without credit. Both ends order the
+  // messages between them by the same tags, and every algorithm tags its
+  // messages so that a message depends only on messages with smaller tags
+  // (the signature exchange, tagged from kControlTag up, comes first), so
+  // the unfinished message with the smallest tag is always ready and in the
+  // window at both ends: no deadlock, and at most `window` chunks per run
+  // and link direction go without credit.
+  static uint32_t order_key(uint32_t tag) { return tag ^ kControlTag; }
+
+  void set_windows(const Links& links) {
+    windows_set_ = true;
+    window_ = links.policy().priority ? links.policy().window : 0;
+    if (window_ == 0) return;  // every transfer exempt
+    const size_t n = plan_->size();
+    group_of_.assign(n, kNoGroup);
+    xdone_.assign(n, 0);
+    std::map<int, uint32_t> groups;  // peer * 2 + send -> index in windows_
+    for (uint32_t i = 0; i < n; ++i) {
+      const Step& s = plan_->steps()[i];
+      if (s.kind != StepKind::Send && s.kind != StepKind::Recv && s.kind != StepKind::RecvReduce) continue;
+      if (s.peer == links.rank()) continue;
+      const int key = s.peer * 2 + (s.kind == StepKind::Send ? 1 : 0);
+      auto [it, added] = groups.emplace(key, static_cast<uint32_t>(windows_.size()));
+      if (added) windows_.emplace_back();
+      group_of_[i] = it->second;
+      windows_[it->second].order.push_back(i);
+      xfers_[i].exempt = false;
+    }
+    const auto& steps = plan_->steps();
+    for (Window& w : windows_) {
+      std::stable_sort(w.order.begin(), w.order.end(), [&](uint32_t a, uint32_t b) {
+        return order_key(steps[a].tag) < order_key(steps[b].tag);
+      });
+      slide(w);
+    }
+  }
+
+  // Moves a window past its finished transfers and marks the first window_
+  // unfinished ones exempt.
+  void slide(Window& w) {
+    while (w.head < w.order.size() && xdone_[w.order[w.head]] != 0) ++w.head;
+    size_t open = 0;
+    for (size_t k = w.head; k < w.order.size() && open < window_; ++k) {
+      const uint32_t i = w.order[k];
+      if (xdone_[i] != 0) continue;
+      xfers_[i].exempt = true;
+      ++open;
+    }
+  }
+
+  void transfer_done(uint32_t i) {
+    if (window_ == 0 || group_of_[i] == kNoGroup) return;
+    xdone_[i] = 1;
+    slide(windows_[group_of_[i]]);
   }
 
   Status start_step(Links& links, Executor& exec, uint32_t i, bool* started) {
@@ -221,6 +288,12 @@ class PlanRun final : public Run, public StepSink {
   std::vector<uint32_t> dep_offsets_;
   std::vector<uint32_t> dependents_;
   std::vector<Xfer> xfers_;  // the transfer of each send and receive step
+  static constexpr uint32_t kNoGroup = ~0u;
+  bool windows_set_ = false;
+  size_t window_ = 0;               // 0: no window, every transfer exempt
+  std::vector<Window> windows_;     // one per link direction this plan uses
+  std::vector<uint32_t> group_of_;  // per step: its window, or kNoGroup
+  std::vector<uint8_t> xdone_;      // per step: transfer finished
   std::vector<uint32_t> ready_;
   std::vector<uint32_t> inflight_;
   size_t completed_ = 0;

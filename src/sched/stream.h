@@ -55,7 +55,7 @@ class Submitted {
 Status run_launches(std::vector<Launch>& launches, int priority);
 
 constexpr int kLeastPriority = 0;
-constexpr int kGreatestPriority = -3;
+constexpr int kGreatestPriority = -7;  // eight levels (Links keeps 16)
 
 }  // namespace meshccl
 

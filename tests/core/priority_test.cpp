@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <numeric>
 #include <string>
 #include <tuple>
@@ -183,14 +184,41 @@ TEST(Priority, NoCreditDeadlockAcrossCommunicators) {
 
 // Every collective on the urgent stream, correct while a bulk all-reduce is
 // in flight on the same communicator, with scheduling on and off.
-class Preemption : public ::testing::TestWithParam<std::tuple<int, std::string, std::string>> {};
+// The fourth parameter forces algorithms (MESHCCL_ALGO; "hier" places the
+// ranks on two fake hosts): every one is deadlock-free under the window.
+class Preemption : public ::testing::TestWithParam<std::tuple<int, std::string, std::string, std::string>> {};
+
+// A topology file placing the first half of n ranks on one host, the rest on
+// another; returns its path.
+std::string two_hosts_file(int n) {
+  std::string xml = "<meshccl_topology version=\"1\">\n";
+  for (int h = 0; h < 2; ++h)
+    xml += "  <host name=\"fake" + std::to_string(h) + "\">\n    <numa id=\"0\" cpus=\"0-1\"/>\n  </host>\n";
+  for (int r = 0; r < n; ++r)
+    xml += "  <rank id=\"" + std::to_string(r) + "\" host=\"" + std::to_string(r < n / 2 ? 0 : 1) + "\" numa=\"0\"/>\n";
+  xml += "</meshccl_topology>\n";
+  const char* dir = std::getenv("TMPDIR");
+  const std::string path =
+      std::string(dir != nullptr ? dir : "/tmp") + "/meshccl_prio_hosts_" + std::to_string(getpid()) + ".xml";
+  FILE* f = std::fopen(path.c_str(), "w");
+  EXPECT_NE(f, nullptr) << path;
+  if (f != nullptr) {
+    std::fputs(xml.c_str(), f);
+    std::fclose(f);
+  }
+  return path;
+}
 
 TEST_P(Preemption, EveryCollectiveOvertakingBulk) {
-  const auto [n, transport, priority] = GetParam();
+  const auto [n, transport, priority, algo] = GetParam();
+  const bool hier = algo == "hier";
   ScopedEnv env({{"MESHCCL_DIRECT_SLOT_BYTES", "0"},
                  {"MESHCCL_CHUNK_US", "1"},
                  {"MESHCCL_TRANSPORT", transport},
-                 {"MESHCCL_PRIORITY", priority}});
+                 {"MESHCCL_PRIORITY", priority},
+                 {"MESHCCL_ALGO", hier ? "allreduce:hier;allgather:hier;reducescatter:hier;broadcast:hier;reduce:hier"
+                                       : algo},
+                 {"MESHCCL_TOPO_FILE", hier ? two_hosts_file(n) : std::string()}});
   run_ranks(n, [n = n](ncclComm_t comm, int rank) {
     Streams s;
     // Bulk: 1 MiB of int32 per rank (64 chunks of 16 KiB), low priority.
@@ -253,8 +281,73 @@ TEST_P(Preemption, EveryCollectiveOvertakingBulk) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Preemption,
-                         ::testing::Values(std::make_tuple(2, "shm", "1"), std::make_tuple(3, "shm", "1"),
-                                           std::make_tuple(4, "shm", "1"), std::make_tuple(2, "socket", "1"),
-                                           std::make_tuple(3, "socket", "1"), std::make_tuple(3, "shm", "0")));
+                         ::testing::Values(std::make_tuple(2, "shm", "1", ""), std::make_tuple(3, "shm", "1", ""),
+                                           std::make_tuple(4, "shm", "1", ""), std::make_tuple(2, "socket", "1", ""),
+                                           std::make_tuple(3, "socket", "1", ""), std::make_tuple(3, "shm", "0", "")));
+
+// Every algorithm forced, for the bulk all-reduce and the urgent collectives
+// alike: the two-tree all-reduce (whose two ends make transfers ready in
+// different orders), ring/chain, halving-doubling, the hierarchical ones.
+INSTANTIATE_TEST_SUITE_P(
+    Algorithms, Preemption,
+    ::testing::Values(std::make_tuple(3, "shm", "1", "tree"), std::make_tuple(4, "shm", "1", "tree"),
+                      std::make_tuple(5, "socket", "1", "tree"), std::make_tuple(4, "socket", "1", "ring;broadcast:chain;reduce:chain"),
+                      std::make_tuple(4, "shm", "1", "halving_doubling"), std::make_tuple(3, "shm", "1", "halving_doubling"),
+                      std::make_tuple(4, "shm", "1", "hier"), std::make_tuple(5, "socket", "1", "hier")));
+
+// The window bounds what an urgent transfer finds ahead of it on a link: a
+// pipelined bulk all-reduce makes many transfers to the same peer ready at
+// once; with the window (MESHCCL_LINK_WINDOW=1) at most window + credit of
+// its chunks are in flight there while an urgent transfer waits to post.
+// Without it (0: every ready transfer keeps a chunk in flight) there are far
+// more on shm, where a send completes only once the peer has read it: the
+// bound is what makes the difference. (On sockets a chunk completes once the
+// kernel took it, so few stay in flight either way.)
+class WindowBound : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(WindowBound, UrgentFindsFewBulkChunksAhead) {
+  const auto [transport, window] = GetParam();
+  ScopedEnv env({{"MESHCCL_DIRECT_SLOT_BYTES", "0"},
+                 {"MESHCCL_CHUNK_US", "1"},
+                 {"MESHCCL_TRANSPORT", transport},
+                 {"MESHCCL_PRIORITY", "1"},
+                 {"MESHCCL_LINK_CREDIT", "2"},
+                 {"MESHCCL_LINK_WINDOW", window},
+                 {"MESHCCL_ALGO", "ring"}});
+  std::vector<size_t> ahead(2, 0);
+  run_ranks(2, [&](ncclComm_t comm, int rank) {
+    Streams s;
+    meshccl::Links& links = comm->engine->links();
+    const int peer = 1 - rank;
+    // Many pipeline chunks (MESHCCL_CHUNKSIZE, 512 KiB) per ring step, each
+    // several link chunks long.
+    const size_t count = (transport == "shm" ? size_t{64} : size_t{8}) << 20 >> 2;
+    std::vector<float> bulk(count, 1.0f + static_cast<float>(rank));
+    ASSERT_EQ(ncclAllReduce(bulk.data(), bulk.data(), count, ncclFloat, ncclSum, comm, cu(s.lo)), ncclSuccess);
+    std::vector<float> msg(16384, static_cast<float>(rank));
+    // Urgent exchanges while the bulk runs on both ranks (they agree when to stop).
+    for (int i = 0, running = 1; i < 40 && running == 1; ++i) {
+      ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+      ASSERT_EQ(ncclSend(msg.data(), msg.size(), ncclFloat, peer, comm, cu(s.hi)), ncclSuccess);
+      ASSERT_EQ(ncclRecv(msg.data(), msg.size(), ncclFloat, peer, comm, cu(s.hi)), ncclSuccess);
+      ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+      running = meshcclStreamQuery(s.lo) == ncclSuccess ? 0 : 1;
+      ASSERT_EQ(ncclAllReduce(&running, &running, 1, ncclInt, ncclMin, comm, cu(s.hi)), ncclSuccess);
+      ASSERT_EQ(meshcclStreamSynchronize(s.hi), ncclSuccess);
+    }
+    ASSERT_EQ(meshcclStreamSynchronize(s.lo), ncclSuccess);
+    EXPECT_EQ(bulk[count - 1], 3.0f);
+    ahead[rank] = links.take_max_ahead(peer);
+  });
+  const size_t most = std::max(ahead[0], ahead[1]);
+  std::printf("most bulk chunks ahead of an urgent transfer: %zu (%s, window %s)\n", most, transport.c_str(),
+              window.c_str());
+  if (window == "1") EXPECT_LE(most, 3u) << "window 1 + credit 2 chunks";
+  else EXPECT_GT(most, 3u) << "without the window every ready transfer keeps a chunk in flight";
+}
+
+INSTANTIATE_TEST_SUITE_P(Windows, WindowBound,
+                         ::testing::Values(std::make_tuple("shm", "1"), std::make_tuple("shm", "0"),
+                                           std::make_tuple("socket", "1")));
 
 }  // namespace

@@ -68,6 +68,7 @@ CommFactory meshccl_comms(const TrainConfig& cfg) {
     auto rc = std::make_shared<RankComms>(split_comms(
         world, cfg.layout, cfg.model.tied,
         static_cast<size_t>(cfg.micro_batch) * cfg.model.seq * cfg.model.d_model));
+    set_comm_sched(*rc, cfg.comm_sched);
     *out = rc->view();
     return rc;
   };
@@ -144,7 +145,14 @@ std::string case_name(const LayoutCase& c) {
          std::to_string(c.layout.tp) + "_" + sched + (c.tied ? "" : "_untied");
 }
 
-class Equivalence : public ::testing::TestWithParam<LayoutCase> {
+// --comm-sched: fifo runs meshccl's links FIFO, priority by priority (as
+// meshtrain's main sets MESHCCL_PRIORITY), while the ranks' threads run.
+struct CommSchedEnv {
+  explicit CommSchedEnv(CommSched s) { setenv("MESHCCL_PRIORITY", s == CommSched::Priority ? "1" : "0", 1); }
+  ~CommSchedEnv() { unsetenv("MESHCCL_PRIORITY"); }
+};
+
+class Equivalence : public ::testing::TestWithParam<std::tuple<LayoutCase, CommSched>> {
  protected:
   static void SetUpTestSuite() { openblas_set_num_threads(1); }
 };
@@ -152,16 +160,18 @@ class Equivalence : public ::testing::TestWithParam<LayoutCase> {
 }  // namespace
 
 TEST_P(Equivalence, MatchesSingleProcess) {
-  const LayoutCase& lc = GetParam();
+  const auto& [lc, sched] = GetParam();
   TrainConfig c = with_layout(lc.layout, lc.schedule);
   c.model.tied = lc.tied;
+  c.comm_sched = sched;
+  CommSchedEnv env(sched);
   const RunResult got = run_threads(c, corpus(), meshccl_comms(c));
-  expect_equivalent(got, reference(lc.tied), case_name(lc).c_str());
+  expect_equivalent(got, reference(lc.tied), (case_name(lc) + " " + comm_sched_name(sched)).c_str());
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, Equivalence,
-    ::testing::Values(LayoutCase{{2, 1, 1}, PipeSchedule::OneFOneB},
+    ::testing::Combine(::testing::Values(LayoutCase{{2, 1, 1}, PipeSchedule::OneFOneB},
                       LayoutCase{{1, 2, 1}, PipeSchedule::OneFOneB},
                       LayoutCase{{1, 2, 1}, PipeSchedule::GPipe},
                       LayoutCase{{1, 3, 1}, PipeSchedule::Eager1F1B},
@@ -177,7 +187,10 @@ INSTANTIATE_TEST_SUITE_P(
                       LayoutCase{{1, 4, 1}, PipeSchedule::OneFOneB},
                       LayoutCase{{1, 1, 4}, PipeSchedule::OneFOneB},
                       LayoutCase{{1, 2, 2}, PipeSchedule::GPipe, false}),
-    [](const ::testing::TestParamInfo<LayoutCase>& i) { return case_name(i.param); });
+                       ::testing::Values(CommSched::Fifo, CommSched::Priority)),
+    [](const ::testing::TestParamInfo<std::tuple<LayoutCase, CommSched>>& i) {
+      return case_name(std::get<0>(i.param)) + "_" + comm_sched_name(std::get<1>(i.param));
+    });
 
 // Pipeline stages with different tensor-parallel degrees: activations and
 // their gradients cross stages through meshccl reshard plans.
@@ -188,29 +201,32 @@ struct HeteroCase {
   bool tied;
 };
 
-class HeteroEquivalence : public ::testing::TestWithParam<HeteroCase> {
+class HeteroEquivalence : public ::testing::TestWithParam<std::tuple<HeteroCase, CommSched>> {
  protected:
   static void SetUpTestSuite() { openblas_set_num_threads(1); }
 };
 
 TEST_P(HeteroEquivalence, MatchesSingleProcess) {
-  const HeteroCase& hc = GetParam();
+  const auto& [hc, sched] = GetParam();
   Layout l{hc.dp, static_cast<int>(hc.stage_tp.size()), hc.stage_tp[0]};
   l.stage_tp = hc.stage_tp;
   TrainConfig c = with_layout(l, hc.schedule);
   c.model.tied = hc.tied;
+  c.comm_sched = sched;
+  CommSchedEnv env(sched);
   std::string name = "dp" + std::to_string(hc.dp) + " tp";
   for (int t : hc.stage_tp) name += std::to_string(t);
-  name += std::string(" ") + schedule_name(hc.schedule);
+  name += std::string(" ") + schedule_name(hc.schedule) + " " + comm_sched_name(sched);
   const RunResult got = run_threads(c, corpus(), meshccl_comms(c));
   expect_equivalent(got, reference(hc.tied), name.c_str());
 }
 
 INSTANTIATE_TEST_SUITE_P(
     StageMeshes, HeteroEquivalence,
-    ::testing::Values(HeteroCase{1, {2, 1}, PipeSchedule::OneFOneB, false},
-                      HeteroCase{1, {1, 2, 1}, PipeSchedule::Eager1F1B, true},
-                      HeteroCase{2, {1, 2}, PipeSchedule::GPipe, false}));
+    ::testing::Combine(::testing::Values(HeteroCase{1, {2, 1}, PipeSchedule::OneFOneB, false},
+                                         HeteroCase{1, {1, 2, 1}, PipeSchedule::Eager1F1B, true},
+                                         HeteroCase{2, {1, 2}, PipeSchedule::GPipe, false}),
+                       ::testing::Values(CommSched::Fifo, CommSched::Priority)));
 
 TEST(HeteroLayout, RefusedWithTheReason) {
   ModelConfig m = base_config().model;

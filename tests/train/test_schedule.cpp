@@ -6,6 +6,7 @@
 #include <map>
 #include <tuple>
 
+#include "comm.h"
 #include "schedule.h"
 
 using namespace meshtrain;
@@ -196,4 +197,29 @@ TEST(Schedule, ParseNames) {
   EXPECT_TRUE(parse_schedule("1f1b", &s));
   EXPECT_EQ(s, PipeSchedule::OneFOneB);
   EXPECT_FALSE(parse_schedule("interleaved", &s));
+}
+
+// --comm-sched priority: pipeline before tensor-parallel before every
+// data-parallel bucket (the first layer's before the last's) before the
+// embedding gradients, all within meshccl's stream priorities; fifo: one.
+TEST(CommSched, PrioritiesFollowDependencies) {
+  CommSched s = CommSched::Fifo;
+  EXPECT_TRUE(parse_comm_sched("priority", &s));
+  EXPECT_EQ(s, CommSched::Priority);
+  EXPECT_TRUE(parse_comm_sched("fifo", &s));
+  EXPECT_EQ(s, CommSched::Fifo);
+  EXPECT_FALSE(parse_comm_sched("lifo", &s));
+  const CommSched p = CommSched::Priority;
+  const int pipe = comm_priority(p, CommKind::Pipeline), tensor = comm_priority(p, CommKind::Tensor);
+  const int first = comm_priority(p, CommKind::DataParallel, 0.0), last = comm_priority(p, CommKind::DataParallel, 0.99);
+  const int sparse = comm_priority(p, CommKind::Sparse);
+  EXPECT_LT(pipe, tensor);
+  EXPECT_LT(tensor, first);
+  EXPECT_LT(first, comm_priority(p, CommKind::DataParallel, 0.5));
+  EXPECT_LT(comm_priority(p, CommKind::DataParallel, 0.5), last);
+  EXPECT_LT(last, sparse);
+  EXPECT_GE(pipe, -7);  // meshcclStreamGetPriorityRange's greatest
+  EXPECT_LE(sparse, 0);
+  for (CommKind k : {CommKind::Pipeline, CommKind::Tensor, CommKind::DataParallel, CommKind::Sparse})
+    EXPECT_EQ(comm_priority(CommSched::Fifo, k, 0.3), 0);
 }
