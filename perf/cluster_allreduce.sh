@@ -11,6 +11,7 @@
 set -euo pipefail
 cluster=$1 n=$2 per=$3 build=${4:-build} lo=${5:-64K} hi=${6:-256M} iters=${7:-3}
 here=$(cd "$(dirname "$0")/.." && pwd)
+case $build in /*) ;; *) build=$here/$build ;; esac
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 bench() {
@@ -22,8 +23,8 @@ for algo in ${CLUSTER_ALGOS:-hier ring default}; do
   spec="allreduce:$algo"
   [ "$algo" = default ] && spec=""
   MESHCCL_ALGO=$spec MESHCCL_DEBUG=INFO MESHCCL_DEBUG_SUBSYS=TUNE timeout "${CLUSTER_TIMEOUT:-600}" \
-    "$here/$build/tools/meshrun/meshrun" --cluster "$cluster" -n "$n" --ranks-per-host "$per" \
-    "$here/$build/perf/all_reduce_perf" -b "$lo" -e "$hi" -f 4 -n "$iters" -w 1 -c 0 >"$tmp/out" 2>&1 || {
+    "$build/tools/meshrun/meshrun" --cluster "$cluster" -n "$n" --ranks-per-host "$per" \
+    "$build/perf/all_reduce_perf" -b "$lo" -e "$hi" -f 4 -n "$iters" -w 1 -c 0 >"$tmp/out" 2>&1 || {
     echo "run $algo failed"; tail -5 "$tmp/out"; continue; }
   # Predictions: rank 0's log line per plan, by element count.
   awk -v algo="$algo" '

@@ -338,8 +338,8 @@ class ClusterRun:
               f"Command: `{' '.join(argv)}`. Times: best of {self.a.reps} run(s) per size, out of place, "
               "float32 sum. meshccl: perf/cluster_allreduce.sh (tuner's pick, forced hier, forced flat ring; "
               "predicted = rank 0's cost-model estimate of the plan it ran, from that run's own init "
-              "measurement). Open MPI: perf/cluster_vs_mpi's mpirun (MPI_Allreduce, btl self,vader,tcp, TCP on "
-              "eth0), default and `--mca coll_han_priority 100`.\n", self.targets_md()]
+              "measurement). Open MPI: perf/cluster_vs_mpi's mpirun (MPI_Allreduce, btl tcp,self on "
+              "eth0: no shared memory, see perf/cluster_vs_mpi), default and `--mca coll_han_priority 100`.\n", self.targets_md()]
         md += [self.table(res) for res in self.results if res["rows"]]
         if self.failures:
             md.append("### Runs that failed or were left out\n\n" + "\n".join(f"- {x}" for x in self.failures) + "\n")
