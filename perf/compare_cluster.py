@@ -93,7 +93,7 @@ class ClusterRun:
         self.note = note
         self.vs_mpi = load_vs_mpi()
         self.build = os.path.abspath(a.build)
-        self.log = open(os.path.join(a.out, "cluster.log"), "w")
+        self.log = open(os.path.join(a.out, "cluster.log"), "a" if a.report_only else "w")
         self.results = []   # one dict per (shape, rate)
         self.failures = []
         self.up = set()
@@ -114,10 +114,10 @@ class ClusterRun:
     # ---- the cluster's life ------------------------------------------------
     def cluster_up(self, name, hosts, rate):
         rate_arg = f"{int(rate * 1000)}mbit"
+        self.up.add(name)  # before: an interrupted `up` leaves namespaces to take down
         status, out = self.sh([CLUSTER, "up", "--hosts", str(hosts), "--rate", rate_arg, "--name", name], 120)
         if status != 0:
             raise RuntimeError(f"scripts/cluster up failed: {out.strip()[-300:]}")
-        self.up.add(name)
 
     def cluster_down(self, name):
         if name in self.up:
@@ -249,8 +249,9 @@ class ClusterRun:
                f"cluster {res['name']} from {res['started']} UTC; iperf3 link before / after: {link} Gbit/s; "
                f"link limit B H/(2(H-1)) = {1000 * lim:.1f} MB/s; load average before / after: {load}\n",
                "| size | tuner: pick | time (us) | predicted (us) | pred/meas | hier (us) | ring (us) | "
-               "Open MPI (us) | Open MPI han (us) | hier algbw / limit | ring / hier | best Open MPI / tuner |",
-               "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+               "Open MPI (us) | Open MPI han (us) | hier algbw / limit | ring / hier | best Open MPI / tuner | "
+               "hier pred/meas |",
+               "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         sizes = sorted(set().union(*[set(v) for v in rows.values()] or [set()]))
         for s in sizes:
             g = {k: rows.get(k, {}).get(s) for k in KINDS}
@@ -263,6 +264,7 @@ class ClusterRun:
             cells.append(f"{s / hier[0] / 1e3 / lim:.2f}" if hier and lim > 0 else "-")
             cells.append(f"{ring[0] / hier[0]:.2f}" if hier and ring else "-")
             cells.append(f"{min(mpis) / auto[0]:.2f}" if auto and mpis else "-")
+            cells.append(f"{hier[1] / hier[0]:.2f}" if hier and s >= 64 << 10 and hier[1] > 0 else "-")
             out.append("| " + " | ".join(cells) + " |")
         return "\n".join(out) + "\n"
 
@@ -320,6 +322,21 @@ class ClusterRun:
                 cells.append(text + mark)
             lines.append(f"| {res['hosts']}x{res['per']}, {res['rate']:g} Gbit/s | " + " | ".join(cells) + " |")
         return "\n".join(lines) + "\n"
+
+    def load_csv(self):
+        """The results of an earlier run from --out/cluster.csv (--report-only)."""
+        by = {}
+        with open(os.path.join(self.a.out, "cluster.csv")) as f:
+            for r in csv.DictReader(f):
+                key = (int(r["hosts"]), int(r["ranks_per_host"]), float(r["rate_gbit"]))
+                res = by.get(key)
+                if res is None:
+                    res = by[key] = {"hosts": key[0], "per": key[1], "rate": key[2], "name": "-", "started": "-",
+                                     "rows": {}, "link": [float(r["link_gbit_before"]), float(r["link_gbit_after"])],
+                                     "load": [float(r["load_before"]), float(r["load_after"])]}
+                    self.results.append(res)
+                res["rows"].setdefault(r["kind"], {})[int(r["bytes"])] = (
+                    float(r["time_us"]), float(r["predicted_us"] or 0), r["pick"])
 
     def write(self, argv):
         out = self.a.out
@@ -402,7 +419,7 @@ def plot(out, note):
 
 def main(a, note):
     """perf/compare's --cluster mode; a: its parsed arguments."""
-    if os.geteuid() != 0:
+    if os.geteuid() != 0 and not a.report_only:
         sys.exit("perf/compare --cluster: scripts/cluster needs root (network namespaces)")
     for exe in ("tools/meshrun/meshrun", "perf/all_reduce_perf", "perf/mpi_bench"):
         if not os.access(os.path.join(a.build, exe), os.X_OK):
@@ -416,6 +433,10 @@ def main(a, note):
         a.max = min(a.max, QUICK_MAX)
     os.makedirs(a.out, exist_ok=True)
     run = ClusterRun(a, note)
+    if a.report_only:
+        run.load_csv()
+        run.write(sys.argv)
+        return 0
     run.run_all()
     run.write(sys.argv)
     note(f"wrote {a.out}/cluster.md, {a.out}/cluster.csv, {a.out}/cluster.png")

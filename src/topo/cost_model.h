@@ -76,7 +76,7 @@ TuneModel with_hosts(TuneModel model, std::vector<int> host);
 // (tools/meshccl_sim).
 TuneModel tune_model_for(const SystemGraph& graph, LinkCost shm, LinkCost net, double reduce_gbs);
 // Network links per host of graph: the fewest distinct interfaces (ifname)
-// the ranks of one host use, at least 1.
+// the ranks of one host name (ranks without a name share one), at least 1.
 int rails_of(const SystemGraph& graph);
 // Host of each rank of graph, numbered in order of their lowest rank (TuneModel::host).
 std::vector<int> host_numbers(const SystemGraph& graph);

@@ -169,7 +169,10 @@ TuneModel tune_model_for(const SystemGraph& graph, LinkCost shm, LinkCost net, d
 
 int rails_of(const SystemGraph& graph) {
   std::map<int, std::set<std::string>> ifs;  // host -> interfaces its ranks use
-  for (const RankPlace& r : graph.ranks) ifs[r.host].insert(r.ifname.empty() ? std::string("-") : r.ifname);
+  for (const RankPlace& r : graph.ranks) {
+    std::set<std::string>& names = ifs[r.host];
+    if (!r.ifname.empty()) names.insert(r.ifname);
+  }
   size_t fewest = 0;
   for (const auto& [h, names] : ifs) fewest = fewest == 0 ? names.size() : std::min(fewest, names.size());
   return std::max(static_cast<int>(fewest), 1);
