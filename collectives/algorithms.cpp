@@ -67,7 +67,8 @@ double ring_beta(const BuildCtx& ctx) {
     const int b = ctx.ranks != nullptr ? ctx.ranks[(i + 1) % ctx.nranks] : (i + 1) % ctx.nranks;
     if (t.host_of(a) != t.host_of(b)) most = std::max(most, ++out[static_cast<size_t>(t.host_of(a))]);
   }
-  return t.beta() * most;
+  // The hops leaving one host share its links (a rail each while there are rails).
+  return 1e-3 * most / t.host_net_gbs(most);
 }
 
 }  // namespace detail

@@ -52,7 +52,7 @@ Status build_sub(const BuildCtx& ctx, BuildFn build, const std::vector<int>& mem
 
 TuneModel net_model(const TuneModel& model, int hosts, int channels) {
   LinkCost net = model.net;
-  net.bw_gbs /= std::max(channels, 1);
+  net.bw_gbs = model.host_net_gbs(channels) / std::max(channels, 1);
   std::vector<int> host(static_cast<size_t>(hosts));
   for (int h = 0; h < hosts; ++h) host[h] = h;
   TuneModel m = with_hosts(make_tune_model(hosts, true, model.shm, net, model.reduce_gbs), host);

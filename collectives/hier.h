@@ -33,8 +33,9 @@ OpDesc sub_op(const OpDesc& op, OpKind kind, const void* in, void* out, size_t c
 Status build_sub(const BuildCtx& ctx, BuildFn build, const std::vector<int>& members, int me, uint32_t tag_base,
                  const OpDesc& sub, Plan::StepId after, Plan* plan, Plan::StepId* done);
 
-// The model a sub-plan across hosts runs under: one rank per host, each
-// host's link shared by `channels` sub-plans running at once.
+// The model a sub-plan across hosts runs under: one rank per host, the
+// host's links (TuneModel::rails) shared by `channels` sub-plans running at
+// once: a link each while there are as many rails as channels.
 TuneModel net_model(const TuneModel& model, int hosts, int channels);
 // The model of the ranks of one host: shared memory only.
 TuneModel local_model(const TuneModel& model, int ranks);

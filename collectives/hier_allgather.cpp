@@ -66,7 +66,7 @@ double cost_hier_allgather(const BuildCtx& ctx, const OpDesc& op) {
   const double block = static_cast<double>(op.count * op.elem());
   int smallest = n;
   for (const auto& hg : g.members) smallest = std::min(smallest, static_cast<int>(hg.size()));
-  const double net_us = t.net.alpha_us + (n - smallest) * block * 1e-3 / t.net.bw_gbs;
+  const double net_us = t.net.alpha_us + (n - smallest) * block * 1e-3 / t.host_net_gbs(smallest);
   const double local_us = g.widest > 1 ? t.local().alpha_us + (n - 1) * block * 1e-3 / t.local().bw_gbs : 0;
   return net_us + local_us;
 }

@@ -84,7 +84,7 @@ double cost_hier_reduce_scatter(const BuildCtx& ctx, const OpDesc& op) {
   const double block = static_cast<double>(op.count * op.elem());
   int smallest = n;
   for (const auto& hg : g.members) smallest = std::min(smallest, static_cast<int>(hg.size()));
-  const double net_us = t.net.alpha_us + (n - smallest) * block * (1e-3 / t.net.bw_gbs) + (hosts - 1) * block * t.gamma();
+  const double net_us = t.net.alpha_us + (n - smallest) * block * (1e-3 / t.host_net_gbs(smallest)) + (hosts - 1) * block * t.gamma();
   const double local_us = k > 1 ? t.local().alpha_us + (k - 1.0) / k * n * block * (1e-3 / t.local().bw_gbs + t.gamma()) : 0;
   return net_us + local_us;
 }

@@ -5,18 +5,26 @@
 # the cost model's prediction for the sizes it ran. Prints one table per run:
 #   size  algo  measured_us  predicted_us  algbw_GBs
 # Usage: perf/cluster_allreduce.sh CLUSTER RANKS RANKS_PER_HOST [BUILD] [MIN] [MAX] [ITERS]
+# CLUSTER_BENCH=0 leaves out the iperf3 measurement (perf/compare --cluster
+# takes it once per cluster); CLUSTER_ALGOS picks the runs (default
+# "hier ring default"), CLUSTER_TIMEOUT bounds each run (seconds, default 600).
 set -euo pipefail
 cluster=$1 n=$2 per=$3 build=${4:-build} lo=${5:-64K} hi=${6:-256M} iters=${7:-3}
 here=$(cd "$(dirname "$0")/.." && pwd)
+case $build in /*) ;; *) build=$here/$build ;; esac
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-"$here/scripts/cluster" bench --name "$cluster" --time 2 | grep -E "^(link_bps|path_bps|path_bidir_bps)="
-for algo in hier ring default; do
+bench() {
+  [ "${CLUSTER_BENCH:-1}" = 0 ] ||
+    "$here/scripts/cluster" bench --name "$cluster" --time 2 | grep -E "^(link_bps|path_bps|path_bidir_bps)="
+}
+bench
+for algo in ${CLUSTER_ALGOS:-hier ring default}; do
   spec="allreduce:$algo"
   [ "$algo" = default ] && spec=""
-  MESHCCL_ALGO=$spec MESHCCL_DEBUG=INFO MESHCCL_DEBUG_SUBSYS=TUNE timeout 600 \
-    "$here/$build/tools/meshrun/meshrun" --cluster "$cluster" -n "$n" --ranks-per-host "$per" \
-    "$here/$build/perf/all_reduce_perf" -b "$lo" -e "$hi" -f 4 -n "$iters" -w 1 -c 0 >"$tmp/out" 2>&1 || {
+  MESHCCL_ALGO=$spec MESHCCL_DEBUG=INFO MESHCCL_DEBUG_SUBSYS=TUNE timeout "${CLUSTER_TIMEOUT:-600}" \
+    "$build/tools/meshrun/meshrun" --cluster "$cluster" -n "$n" --ranks-per-host "$per" \
+    "$build/perf/all_reduce_perf" -b "$lo" -e "$hi" -f 4 -n "$iters" -w 1 -c 0 >"$tmp/out" 2>&1 || {
     echo "run $algo failed"; tail -5 "$tmp/out"; continue; }
   # Predictions: rank 0's log line per plan, by element count.
   awk -v algo="$algo" '
@@ -25,7 +33,8 @@ for algo in hier ring default; do
       sub(",", "", a); pred[c * 4] = e; pick[c * 4] = a }
     /^\[0\] +[0-9]+ +[0-9]+ +float +sum/ {
       size = $2; t = $7; bw = $8
+      if (!(size in pick)) { pick[size] = "-"; pred[size] = 0 }
       printf "%10d %-8s %-16s %12.1f %12.1f %8.3f\n", size, algo, pick[size], t, pred[size], bw }
   ' "$tmp/out"
 done
-"$here/scripts/cluster" bench --name "$cluster" --time 2 | grep -E "^(link_bps|path_bps|path_bidir_bps)="
+bench

@@ -27,7 +27,8 @@ struct LinkCost {
 // communicator (a pure function of agreed values), so costs compare alike.
 // Three link classes: shared memory within a NUMA node (`shm`), shared memory
 // across NUMA nodes (`cross_numa`), and the network between hosts (`net`: the
-// bandwidth of one host's link, which all its ranks share).
+// bandwidth of one network link of a host; a host has `rails` of them, and
+// ranks that talk across hosts at once share min(rails, ranks) links).
 struct TuneModel {
   int nranks = 1;
   bool network = false;  // some pair of ranks talks over a network transport
@@ -36,6 +37,10 @@ struct TuneModel {
   LinkCost cross_numa;   // shared memory between NUMA nodes of one host
   LinkCost net;          // network transports (socket, plugins): one host's link
   double reduce_gbs = 0; // local reduction throughput, bytes of output per ns
+  // Network links per host, each of net.bw_gbs: 1 where a host's ranks share
+  // one NIC (the emulated clusters, most CPU hosts); one per local rank on
+  // rail-optimized GPU nodes (a NIC per GPU).
+  int rails = 1;
   // Host of each rank (0..hosts-1, numbered in order of their lowest rank),
   // from the system graph; empty: every rank on host 0.
   std::vector<int> host;
@@ -49,6 +54,9 @@ struct TuneModel {
   double gamma() const { return 1e-3 / reduce_gbs; }    // us per byte
   int host_of(int rank) const { return host.empty() ? 0 : host[static_cast<size_t>(rank)]; }
   int hosts() const;
+  // Bandwidth out of one host (GB/s) when `streams` of its ranks send across
+  // hosts at once: each stream on its own rail while there are rails.
+  double host_net_gbs(int streams) const;
 };
 
 // The constants used where no rank knows better (no link of that class,
@@ -67,6 +75,9 @@ TuneModel with_hosts(TuneModel model, std::vector<int> host);
 // constants, cross-NUMA as shm: how a described cluster becomes a model
 // (tools/meshccl_sim).
 TuneModel tune_model_for(const SystemGraph& graph, LinkCost shm, LinkCost net, double reduce_gbs);
+// Network links per host of graph: the fewest distinct interfaces (ifname)
+// the ranks of one host name (ranks without a name share one), at least 1.
+int rails_of(const SystemGraph& graph);
 // Host of each rank of graph, numbered in order of their lowest rank (TuneModel::host).
 std::vector<int> host_numbers(const SystemGraph& graph);
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <set>
+#include <string>
 
 #include "topo/cost_model.h"
 #include "topo/topology.h"
@@ -161,7 +163,19 @@ TuneModel tune_model_for(const SystemGraph& graph, LinkCost shm, LinkCost net, d
     for (int b = a + 1; b < graph.nranks() && !xnuma; ++b) xnuma = graph.link(a, b).cls == LinkClass::kCrossNuma;
   TuneModel t = with_hosts(make_tune_model(graph.nranks(), network, shm, net, reduce_gbs), host_numbers(graph));
   t.cross_numa_links = xnuma;
+  t.rails = rails_of(graph);
   return t;
+}
+
+int rails_of(const SystemGraph& graph) {
+  std::map<int, std::set<std::string>> ifs;  // host -> interfaces its ranks use
+  for (const RankPlace& r : graph.ranks) {
+    std::set<std::string>& names = ifs[r.host];
+    if (!r.ifname.empty()) names.insert(r.ifname);
+  }
+  size_t fewest = 0;
+  for (const auto& [h, names] : ifs) fewest = fewest == 0 ? names.size() : std::min(fewest, names.size());
+  return std::max(static_cast<int>(fewest), 1);
 }
 
 std::vector<int> host_numbers(const SystemGraph& graph) {

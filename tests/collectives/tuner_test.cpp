@@ -263,5 +263,72 @@ TEST(Tuner, ModelOfAGraph) {
   EXPECT_EQ(t.reduce_gbs, 7);
 }
 
+// Nodes of 8 ranks with a NIC each (rail-optimized GPU nodes, meshccl_sim's
+// dgx-h100 preset) against the same nodes with one shared NIC (the emulated
+// clusters): the hierarchical AllReduce's channels each get a NIC when there
+// are as many NICs as local ranks, so no channel runs faster than one NIC
+// (NVLink-class local links here, far faster than the network, so that the
+// network phase is what bounds the whole)
+// and the host's NICs together bound the whole; with one NIC the channels
+// share it.
+SystemGraph nodes_of_8(int hosts, bool nic_per_rank) {
+  SystemGraph g;
+  g.hosts.resize(static_cast<size_t>(hosts));
+  for (int r = 0; r < 8 * hosts; ++r) {
+    RankPlace p;
+    p.host = r / 8;
+    p.ifname = nic_per_rank ? "mlx5_" + std::to_string(r % 8) : "eth0";
+    p.net_gbs = 50;
+    g.ranks.push_back(p);
+  }
+  return g;
+}
+
+double predicted_us(const TuneModel& t, const char* algorithm, size_t bytes) {
+  for (const Candidate& c : estimate_candidates(t, op_of(OpKind::AllReduce, t.nranks, bytes)))
+    if (std::string(c.algorithm->name) == algorithm) return c.cost_us;
+  ADD_FAILURE() << "no candidate " << algorithm;
+  return 0;
+}
+
+TEST(Tuner, RailsBoundTheHierarchicalAllReduce) {
+  const size_t bytes = size_t{256} << 20;
+  for (int hosts : {2, 4}) {
+    const TuneModel rails = tune_model_for(nodes_of_8(hosts, true), {1, 4500}, {5, 50}, 11000);
+    const TuneModel shared = tune_model_for(nodes_of_8(hosts, false), {1, 4500}, {5, 50}, 11000);
+    EXPECT_EQ(rails.rails, 8);
+    EXPECT_EQ(shared.rails, 1);
+    EXPECT_EQ(rails.host_net_gbs(8), 400);
+    EXPECT_EQ(rails.host_net_gbs(3), 150);
+    EXPECT_EQ(shared.host_net_gbs(8), 50);
+    // Link limits of the algorithm bandwidth: B H / (2 (H - 1)) with B one
+    // host's network bandwidth (GB/s = bytes per ns).
+    const double h = hosts, per_host = h / (2 * (h - 1));
+    const double algbw_rails = bytes * 1e-3 / predicted_us(rails, "hier", bytes);
+    const double algbw_shared = bytes * 1e-3 / predicted_us(shared, "hier", bytes);
+    EXPECT_LE(algbw_rails, 400 * per_host) << hosts;
+    EXPECT_GE(algbw_rails, 0.5 * 400 * per_host) << hosts;  // the rails are used, not one NIC
+    EXPECT_LE(algbw_shared, 50 * per_host) << hosts;
+    EXPECT_GE(algbw_shared, 0.5 * 50 * per_host) << hosts;
+    // The inter-host phase of each channel (one rank per host, 1/8 of the
+    // data) is bounded by one NIC: its bus bandwidth stays at or below 50.
+    const double channel_bytes = bytes / 8.0;
+    const double inter_busbw = channel_bytes * 1e-3 / predicted_us(
+        with_hosts(make_tune_model(hosts, true, {1, 450}, {5, rails.host_net_gbs(8) / 8}, 1100), [&] {
+          std::vector<int> v(static_cast<size_t>(hosts));
+          for (int i = 0; i < hosts; ++i) v[i] = i;
+          return v;
+        }()), "ring", bytes / 8) * 2 * (h - 1) / h;
+    EXPECT_LE(inter_busbw, 50.0) << hosts;
+    // The flat ring, host-major, leaves each host through one rank's NIC
+    // either way: its bus bandwidth stays at or below one NIC's.
+    for (const TuneModel* t : {&rails, &shared}) {
+      const double n = t->nranks;
+      const double ring_busbw = bytes * 1e-3 / predicted_us(*t, "ring", bytes) * 2 * (n - 1) / n;
+      EXPECT_LE(ring_busbw, 50.0) << hosts;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace meshccl

@@ -137,12 +137,15 @@ bool add_hosts(int hosts, const std::vector<std::pair<HostTopo, std::vector<Rank
 std::vector<RankPlace> ranks_on(const HostTopo& host, int n) {
   std::vector<const TopoPci*> gpus, nics;
   for (const TopoPci& p : host.pci) (p.kind == TopoPci::Kind::kGpu ? gpus : nics).push_back(&p);
-  double fastest = 0;
-  for (const TopoPci* nic : nics) fastest = std::max(fastest, nic->speed_gbs);
+  const TopoPci* fastest_nic = nullptr;
+  for (const TopoPci* nic : nics)
+    if (fastest_nic == nullptr || nic->speed_gbs > fastest_nic->speed_gbs) fastest_nic = nic;
+  const double fastest = fastest_nic != nullptr ? fastest_nic->speed_gbs : 0;
   std::vector<RankPlace> out(n);
   for (int i = 0; i < n; ++i) {
     RankPlace& r = out[i];
     r.net_gbs = fastest > 0 ? fastest : kNominalNetGbs;
+    if (fastest_nic != nullptr) r.ifname = fastest_nic->name;  // ranks beyond the NICs share the fastest one
     if (i < static_cast<int>(gpus.size())) r.numa = gpus[i]->numa;
     if (i < static_cast<int>(nics.size())) {
       r.ifname = nics[i]->name;

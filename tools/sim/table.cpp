@@ -91,10 +91,11 @@ void print_table(std::FILE* f, const Cluster& c, OpKind kind, const std::vector<
   std::vector<std::string> algos;  // in the tuner's order
   for (const Row& r : rows)
     if (r.bytes == rows.front().bytes) algos.push_back(r.algorithm);
-  std::fprintf(f, "# %s on %d ranks, %d host%s (%s): shm %.3g us %.4g GB/s, net %.3g us %.4g GB/s, reduce %.4g GB/s\n",
+  const int rails = c.model().rails;
+  const std::string nics = rails > 1 ? " per NIC, " + std::to_string(rails) + " NICs per host" : "";
+  std::fprintf(f, "# %s on %d ranks, %d host%s (%s): shm %.3g us %.4g GB/s, net %.3g us %.4g GB/s%s, reduce %.4g GB/s\n",
                op_kind_name(kind), rows.front().nranks, rows.front().nhosts, rows.front().nhosts == 1 ? "" : "s",
-               c.name.c_str(), c.shm.alpha_us,
-               c.shm.bw_gbs, c.net.alpha_us, c.net.bw_gbs, c.reduce_gbs);
+               c.name.c_str(), c.shm.alpha_us, c.shm.bw_gbs, c.net.alpha_us, c.net.bw_gbs, nics.c_str(), c.reduce_gbs);
   std::vector<int> width;  // of each algorithm's time column
   std::fprintf(f, "# %9s", "size");
   for (const std::string& a : algos) {
