@@ -4,6 +4,8 @@
 // data-parallel gradient buckets.
 #pragma once
 
+#include <cstdint>
+#include <deque>
 #include <memory>
 #include <vector>
 
@@ -28,6 +30,7 @@ class NcclComm final : public Comm {
   void all_reduce_finish() override;
   void all_reduce_async(float* buf, size_t n, ReduceOp op) override;
   void wait_async() override;
+  void sparse_all_reduce_async(float* buf, size_t rows, size_t row_len, ReduceOp op) override;
   void all_gather(const float* in, float* out, size_t n) override;
   void reduce_scatter(const float* in, float* out, size_t n) override;
   void exchange(const P2POp* ops, int n) override;
@@ -42,6 +45,12 @@ class NcclComm final : public Comm {
   ncclComm_t comm_;
   int rank_ = 0, size_ = 1;
   meshcclStream_t fast_ = nullptr, slow_ = nullptr;
+  // The non-zero rows of sparse reductions in flight (kept until wait_async).
+  struct SparseRows {
+    std::vector<int64_t> index;
+    std::vector<float> values;
+  };
+  std::deque<SparseRows> sparse_;
 };
 
 // The pipeline "communicator" of a layout with per-stage tensor-parallel
