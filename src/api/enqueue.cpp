@@ -41,7 +41,8 @@ Status enqueue(ncclComm* comm, OpDesc& desc, cudaStream_t stream) {
 #endif
   // Empty operations are dropped after the checks, on every rank alike; with
   // MESHCCL_CHECKS an empty collective still exchanges its signature.
-  if (desc.count == 0 && !(desc.checks && !is_p2p(desc.kind))) return kOk;
+  // A sparse all-reduce of an empty tensor has nothing to check either.
+  if (desc.count == 0 && (desc.kind == OpKind::SparseAllReduce || !(desc.checks && !is_p2p(desc.kind)))) return kOk;
   uint64_t tag;
   if (desc.kind == OpKind::Send) tag = kP2PBit | ((comm->send_seq[desc.peer]++ & kSeqMask) << kStepBits);
   else if (desc.kind == OpKind::Recv) tag = kP2PBit | ((comm->recv_seq[desc.peer]++ & kSeqMask) << kStepBits);
