@@ -179,7 +179,8 @@ ncclResult_t meshcclShardTile(const meshcclMesh_t* mesh, const meshcclShardSpec_
  * ncclInvalidArgument, naming the rank, before any data moves; the
  * communicator stays usable. Host memory only; a host stream or NULL
  * (synchronous), inside groups too; the buffers are read and written when
- * the stream reaches the operation. rows * rowLen == 0 does nothing.
+ * the stream reaches the operation. rows * rowLen == 0 does nothing (but
+ * nnz > 0 rows of a 0-row tensor is ncclInvalidArgument on that rank).
  */
 ncclResult_t meshcclSparseAllReduce(const void* sendvalues, const int64_t* indices, size_t nnz, void* recvbuff,
                                     size_t rows, size_t rowLen, ncclDataType_t datatype, ncclRedOp_t op,
