@@ -34,6 +34,33 @@ namespace meshccl {
 namespace {
 
 constexpr uint32_t kTagHeader = 0, kTagIndices = 1, kTagValues = 2, kTagScatter = 3, kTagGather = 4;
+constexpr int kPieceBits = 20;  // a message's piece number under its tag
+
+// A message in pieces of at most op.chunk_bytes (tag << kPieceBits | piece),
+// as the other plans cut theirs: transfers of a few MiB in one step are
+// several times slower on the shm transport. Returns the last step (a send)
+// or adds every piece to *steps (a receive).
+size_t piece_bytes(const OpDesc& op, size_t bytes) {
+  return std::max({op.chunk_bytes, (bytes >> kPieceBits) + 1, size_t{1}});
+}
+Plan::StepId send_pieces(Plan* plan, const OpDesc& op, int peer, uint32_t tag, const void* src, size_t bytes,
+                         Plan::StepId dep = Plan::kNoStep) {
+  Plan::StepId last = Plan::kNoStep;
+  const size_t piece = piece_bytes(op, bytes);
+  for (size_t off = 0, k = 0; off < bytes; off += piece, ++k)
+    last = plan->send(peer, tag << kPieceBits | static_cast<uint32_t>(k), static_cast<const char*>(src) + off,
+                      std::min(piece, bytes - off), {dep});
+  return last;
+}
+void recv_pieces(Plan* plan, const OpDesc& op, int peer, uint32_t tag, void* dst, size_t bytes,
+                 std::vector<Plan::StepId>* steps = nullptr) {
+  const size_t piece = piece_bytes(op, bytes);
+  for (size_t off = 0, k = 0; off < bytes; off += piece, ++k) {
+    Plan::StepId s = plan->recv(peer, tag << kPieceBits | static_cast<uint32_t>(k), static_cast<char*>(dst) + off,
+                                std::min(piece, bytes - off));
+    if (steps != nullptr) steps->push_back(s);
+  }
+}
 
 enum Problem : uint8_t { kNoProblem = 0, kIndexRange = 1, kOverlap = 2, kBadSetting = 3 };
 
@@ -268,28 +295,29 @@ void SparseRun::plan_dense(Plan* plan) {
   const size_t mine = len(me);
   char* out = detail::at(op_.recvbuff, lo(me), es);
   slots_.assign(static_cast<size_t>(n) * mine * es, 0);
-  std::vector<Plan::StepId> got(static_cast<size_t>(n), Plan::kNoStep);
+  std::vector<std::vector<Plan::StepId>> got(static_cast<size_t>(n));
   std::vector<const char*> part(static_cast<size_t>(n));
   for (int j = 0; j < n; ++j) {
-    part[static_cast<size_t>(j)] = j == me ? detail::at(dense_.data(), lo(me), es) : slots_.data() + static_cast<size_t>(j) * mine * es;
+    const auto u = static_cast<size_t>(j);
+    part[u] = j == me ? detail::at(dense_.data(), lo(me), es) : slots_.data() + u * mine * es;
     if (j == me) continue;
-    if (len(j) > 0) plan->send(j, kTagScatter, detail::at(dense_.data(), lo(j), es), len(j) * es);
-    if (mine > 0) got[static_cast<size_t>(j)] = plan->recv(j, kTagScatter, slots_.data() + static_cast<size_t>(j) * mine * es, mine * es);
+    send_pieces(plan, op_, j, kTagScatter, detail::at(dense_.data(), lo(j), es), len(j) * es);
+    recv_pieces(plan, op_, j, kTagScatter, slots_.data() + u * mine * es, mine * es, &got[u]);
   }
-  if (mine == 0) {
-    for (int j = 0; j < n; ++j)
-      if (j != me && len(j) > 0) plan->recv(j, kTagGather, detail::at(op_.recvbuff, lo(j), es), len(j) * es);
-    return;
-  }
-  Plan::StepId acc = n == 1 ? plan->copy(out, part[0], mine * es)
-                            : plan->reduce(out, part[0], part[1], mine, {got[0], got[1]});
-  for (int j = 2; j < n; ++j) acc = plan->reduce(out, out, part[static_cast<size_t>(j)], mine, {acc, got[static_cast<size_t>(j)]});
+  for (int j = 0; j < n; ++j)
+    if (j != me) recv_pieces(plan, op_, j, kTagGather, detail::at(op_.recvbuff, lo(j), es), len(j) * es);
+  if (mine == 0) return;
+  // The fold; the step that first reads part j waits for its pieces.
+  std::vector<Plan::StepId> reads(static_cast<size_t>(n));
+  Plan::StepId acc = n == 1 ? plan->copy(out, part[0], mine * es) : plan->reduce(out, part[0], part[1], mine);
+  reads[0] = acc;
+  if (n > 1) reads[1] = acc;
+  for (int j = 2; j < n; ++j) reads[static_cast<size_t>(j)] = acc = plan->reduce(out, out, part[static_cast<size_t>(j)], mine, {acc});
+  for (int j = 0; j < n; ++j)
+    for (Plan::StepId s : got[static_cast<size_t>(j)]) plan->add_dep(reads[static_cast<size_t>(j)], s);
   if (op_.avg) acc = plan->divide(out, out, mine, {acc});
-  for (int j = 0; j < n; ++j) {
-    if (j == me) continue;
-    plan->send(j, kTagGather, out, mine * es, {acc});
-    if (len(j) > 0) plan->recv(j, kTagGather, detail::at(op_.recvbuff, lo(j), es), len(j) * es);
-  }
+  for (int j = 0; j < n; ++j)
+    if (j != me) send_pieces(plan, op_, j, kTagGather, out, mine * es, acc);
 }
 
 // Every rank's indices and rows to every other.
@@ -303,14 +331,10 @@ void SparseRun::plan_gather(Plan* plan) {
     const size_t theirs = headers_[static_cast<size_t>(j)].nnz;
     peer_indices_[static_cast<size_t>(j)].resize(theirs);
     peer_values_[static_cast<size_t>(j)].resize(theirs * rb);
-    if (op_.nnz > 0) {
-      plan->send(j, kTagIndices, op_.indices, op_.nnz * sizeof(int64_t));
-      plan->send(j, kTagValues, op_.sendbuff, op_.nnz * rb);
-    }
-    if (theirs > 0) {
-      plan->recv(j, kTagIndices, peer_indices_[static_cast<size_t>(j)].data(), theirs * sizeof(int64_t));
-      plan->recv(j, kTagValues, peer_values_[static_cast<size_t>(j)].data(), theirs * rb);
-    }
+    send_pieces(plan, op_, j, kTagIndices, op_.indices, op_.nnz * sizeof(int64_t));
+    send_pieces(plan, op_, j, kTagValues, op_.sendbuff, op_.nnz * rb);
+    recv_pieces(plan, op_, j, kTagIndices, peer_indices_[static_cast<size_t>(j)].data(), theirs * sizeof(int64_t));
+    recv_pieces(plan, op_, j, kTagValues, peer_values_[static_cast<size_t>(j)].data(), theirs * rb);
   }
 }
 
