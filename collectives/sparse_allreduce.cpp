@@ -187,6 +187,8 @@ class SparseRun final : public Run {
   void release(ScratchPool& pool) override {
     if (sub_ != nullptr) sub_->release(pool);
     sub_.reset();
+    if (pooled_ != nullptr) pool.release(pooled_);
+    pooled_ = nullptr;
   }
   Status poll(Engine* eng, bool* moved) override {
     bool sub_done = false;
@@ -238,7 +240,13 @@ class SparseRun final : public Run {
   void plan_dense(Plan* plan);
   void plan_gather(Plan* plan);
   void fold(Executor& ex);
-  void fold_rank(Executor& ex, int i, const std::vector<int64_t>& uni, std::vector<char>& contrib);
+  void fold_rank(Executor& ex, int i, const std::vector<int64_t>& uni, char* contrib);
+  // The run's buffers, from the communicator's scratch pool: reused from
+  // operation to operation, so their pages are not faulted in again each time.
+  char* take(ScratchPool& pool, size_t bytes) {
+    pooled_ = pool.acquire(std::max<size_t>(bytes, 1));
+    return reinterpret_cast<char*>(pooled_->data());
+  }
 
   size_t row_bytes() const { return op_.row_len * op_.elem(); }
 
@@ -251,10 +259,12 @@ class SparseRun final : public Run {
   bool gather_ = false;
   bool done_ = false;
   bool agreed_failure_ = false;
-  std::vector<char> dense_;                         // dense: this rank's contribution
-  std::vector<char> slots_;                         // dense: the other ranks' parts of this rank's block
-  std::vector<std::vector<int64_t>> peer_indices_;  // gather: every other rank's rows
-  std::vector<std::vector<char>> peer_values_;
+  std::vector<unsigned char>* pooled_ = nullptr;
+  char* dense_ = nullptr;                     // dense: this rank's contribution
+  char* slots_ = nullptr;                     // dense: the other ranks' parts of this rank's block
+  std::vector<int64_t*> peer_indices_;        // gather: every other rank's rows
+  std::vector<char*> peer_values_;
+  char* contrib_ = nullptr;                   // gather: one rank's rows of the union
 };
 
 Status SparseRun::begin_data(Engine* eng) {
@@ -266,9 +276,25 @@ Status SparseRun::begin_data(Engine* eng) {
   MC_INFO(kTune, "SparseAllReduce: %zu rows of %zu elements of %s, %zu rows sent in all -> %s", op_.rows, op_.row_len,
           dtype_name(op_.dtype), total, gather_ ? "gather" : "dense");
   auto plan = new_plan(gather_ ? "sparse_gather" : "sparse_dense");
+  const size_t rb = row_bytes();
   if (gather_) {
+    char* m = take(eng->scratch(), total * (sizeof(int64_t) + 2 * rb));
+    peer_indices_.assign(static_cast<size_t>(op_.nranks), nullptr);
+    peer_values_.assign(static_cast<size_t>(op_.nranks), nullptr);
+    for (int j = 0; j < op_.nranks; ++j) {
+      peer_indices_[static_cast<size_t>(j)] = reinterpret_cast<int64_t*>(m);
+      m += headers_[static_cast<size_t>(j)].nnz * sizeof(int64_t);
+    }
+    for (int j = 0; j < op_.nranks; ++j) {
+      peer_values_[static_cast<size_t>(j)] = m;
+      m += headers_[static_cast<size_t>(j)].nnz * rb;
+    }
+    contrib_ = m;
     plan_gather(plan.get());
   } else {
+    const size_t mine = detail::block_begin(op_.count, op_.nranks, op_.rank + 1) - detail::block_begin(op_.count, op_.nranks, op_.rank);
+    dense_ = take(eng->scratch(), op_.count * op_.elem() + static_cast<size_t>(op_.nranks) * mine * op_.elem());
+    slots_ = dense_ + op_.count * op_.elem();
     densify(eng->executor());
     plan_dense(plan.get());
   }
@@ -279,11 +305,11 @@ Status SparseRun::begin_data(Engine* eng) {
 // This rank's contribution as a dense tensor: zeros, its rows combined, scaled.
 void SparseRun::densify(Executor& ex) {
   const size_t rb = row_bytes();
-  dense_.assign(op_.rows * rb, 0);
+  std::memset(dense_, 0, op_.rows * rb);
   std::vector<uint8_t> seen(op_.rows, 0);
-  coalesce(ex, op_, op_.indices, static_cast<const char*>(op_.sendbuff), op_.nnz, dense_.data(), seen,
+  coalesce(ex, op_, op_.indices, static_cast<const char*>(op_.sendbuff), op_.nnz, dense_, seen,
            [](int64_t r) { return static_cast<size_t>(r); });
-  if (op_.premul) ex.scale(op_.dtype, dense_.data(), dense_.data(), op_.count, op_.scalar);
+  if (op_.premul) ex.scale(op_.dtype, dense_, dense_, op_.count, op_.scalar);
 }
 
 // Direct reduce-scatter in rank order, then direct all-gather, into recvbuff.
@@ -294,15 +320,14 @@ void SparseRun::plan_dense(Plan* plan) {
   auto len = [&](int b) { return lo(b + 1) - lo(b); };
   const size_t mine = len(me);
   char* out = detail::at(op_.recvbuff, lo(me), es);
-  slots_.assign(static_cast<size_t>(n) * mine * es, 0);
   std::vector<std::vector<Plan::StepId>> got(static_cast<size_t>(n));
   std::vector<const char*> part(static_cast<size_t>(n));
   for (int j = 0; j < n; ++j) {
     const auto u = static_cast<size_t>(j);
-    part[u] = j == me ? detail::at(dense_.data(), lo(me), es) : slots_.data() + u * mine * es;
+    part[u] = j == me ? detail::at(dense_, lo(me), es) : slots_ + u * mine * es;
     if (j == me) continue;
-    send_pieces(plan, op_, j, kTagScatter, detail::at(dense_.data(), lo(j), es), len(j) * es);
-    recv_pieces(plan, op_, j, kTagScatter, slots_.data() + u * mine * es, mine * es, &got[u]);
+    send_pieces(plan, op_, j, kTagScatter, detail::at(dense_, lo(j), es), len(j) * es);
+    recv_pieces(plan, op_, j, kTagScatter, slots_ + u * mine * es, mine * es, &got[u]);
   }
   for (int j = 0; j < n; ++j)
     if (j != me) recv_pieces(plan, op_, j, kTagGather, detail::at(op_.recvbuff, lo(j), es), len(j) * es);
@@ -324,37 +349,33 @@ void SparseRun::plan_dense(Plan* plan) {
 void SparseRun::plan_gather(Plan* plan) {
   const int n = op_.nranks, me = op_.rank;
   const size_t rb = row_bytes();
-  peer_indices_.resize(static_cast<size_t>(n));
-  peer_values_.resize(static_cast<size_t>(n));
   for (int j = 0; j < n; ++j) {
     if (j == me) continue;
     const size_t theirs = headers_[static_cast<size_t>(j)].nnz;
-    peer_indices_[static_cast<size_t>(j)].resize(theirs);
-    peer_values_[static_cast<size_t>(j)].resize(theirs * rb);
     send_pieces(plan, op_, j, kTagIndices, op_.indices, op_.nnz * sizeof(int64_t));
     send_pieces(plan, op_, j, kTagValues, op_.sendbuff, op_.nnz * rb);
-    recv_pieces(plan, op_, j, kTagIndices, peer_indices_[static_cast<size_t>(j)].data(), theirs * sizeof(int64_t));
-    recv_pieces(plan, op_, j, kTagValues, peer_values_[static_cast<size_t>(j)].data(), theirs * rb);
+    recv_pieces(plan, op_, j, kTagIndices, peer_indices_[static_cast<size_t>(j)], theirs * sizeof(int64_t));
+    recv_pieces(plan, op_, j, kTagValues, peer_values_[static_cast<size_t>(j)], theirs * rb);
   }
 }
 
 // Folds rank i's contribution into the rows of uni (sorted row numbers) of
 // recvbuff: rank 0's is copied, later ones combined with op.
-void SparseRun::fold_rank(Executor& ex, int i, const std::vector<int64_t>& uni, std::vector<char>& contrib) {
+void SparseRun::fold_rank(Executor& ex, int i, const std::vector<int64_t>& uni, char* contrib) {
   const size_t rb = row_bytes(), es = op_.elem();
   const bool own = i == op_.rank;
-  const int64_t* idx = own ? op_.indices : peer_indices_[static_cast<size_t>(i)].data();
-  const char* vals = own ? static_cast<const char*>(op_.sendbuff) : peer_values_[static_cast<size_t>(i)].data();
+  const int64_t* idx = own ? op_.indices : peer_indices_[static_cast<size_t>(i)];
+  const char* vals = own ? static_cast<const char*>(op_.sendbuff) : peer_values_[static_cast<size_t>(i)];
   const Header& h = headers_[static_cast<size_t>(i)];
   std::vector<uint8_t> seen(uni.size(), 0);
   auto pos = [&](int64_t r) { return static_cast<size_t>(std::lower_bound(uni.begin(), uni.end(), r) - uni.begin()); };
-  std::fill(contrib.begin(), contrib.end(), 0);
-  coalesce(ex, op_, idx, vals, h.nnz, contrib.data(), seen, pos);
-  if (op_.premul) ex.scale(op_.dtype, contrib.data(), contrib.data(), uni.size() * op_.row_len, h.scalar);
+  std::memset(contrib, 0, uni.size() * rb);
+  coalesce(ex, op_, idx, vals, h.nnz, contrib, seen, pos);
+  if (op_.premul) ex.scale(op_.dtype, contrib, contrib, uni.size() * op_.row_len, h.scalar);
   for (size_t u = 0; u < uni.size(); ++u) {
     char* out = detail::at(op_.recvbuff, static_cast<size_t>(uni[u]) * op_.row_len, es);
-    if (i == 0) std::memcpy(out, contrib.data() + u * rb, rb);
-    else ex.reduce2(op_.dtype, op_.op, out, out, contrib.data() + u * rb, op_.row_len);
+    if (i == 0) std::memcpy(out, contrib + u * rb, rb);
+    else ex.reduce2(op_.dtype, op_.op, out, out, contrib + u * rb, op_.row_len);
   }
 }
 
@@ -364,7 +385,8 @@ void SparseRun::fold(Executor& ex) {
   const size_t rb = row_bytes(), es = op_.elem();
   std::vector<int64_t> uni(op_.indices, op_.indices + op_.nnz);
   for (int j = 0; j < n; ++j)
-    if (j != op_.rank) uni.insert(uni.end(), peer_indices_[static_cast<size_t>(j)].begin(), peer_indices_[static_cast<size_t>(j)].end());
+    if (j != op_.rank)
+      uni.insert(uni.end(), peer_indices_[static_cast<size_t>(j)], peer_indices_[static_cast<size_t>(j)] + headers_[static_cast<size_t>(j)].nnz);
   std::sort(uni.begin(), uni.end());
   uni.erase(std::unique(uni.begin(), uni.end()), uni.end());
   // A row no rank holds: the fold of every rank's zero row, the same for all.
@@ -382,8 +404,7 @@ void SparseRun::fold(Executor& ex) {
     if (u < uni.size() && uni[u] == static_cast<int64_t>(r)) ++u;
     else std::memcpy(detail::at(op_.recvbuff, r * op_.row_len, es), empty.data(), rb);
   }
-  std::vector<char> contrib(uni.size() * rb);
-  for (int i = 0; i < n; ++i) fold_rank(ex, i, uni, contrib);
+  for (int i = 0; i < n; ++i) fold_rank(ex, i, uni, contrib_);
   if (op_.avg)
     for (int64_t r : uni) {
       char* out = detail::at(op_.recvbuff, static_cast<size_t>(r) * op_.row_len, es);
