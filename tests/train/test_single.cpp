@@ -191,6 +191,23 @@ TEST(Engine, CheckpointErrorsAreClear) {
     } catch (const CheckpointError& e) {
       EXPECT_NE(std::string(e.what()).find("stage split differs"), std::string::npos) << e.what();
     }
+    // Another tokenizer (a word vocabulary where the shard has bytes, or another word list).
+    for (uint64_t fp : {uint64_t{0x1234}, uint64_t{0x5678}}) {
+      ModelConfig mc = three.model;
+      mc.tokenizer = fp;
+      if (fp == 0x5678) {
+        ShardHeader hw = make_shard_header(mc, three.layout, 0, 0, 10, 0, 3);
+        hw.tokenizer = 0x1234;
+        write_shard((d3 / "step_00000000" / "rank_00000.bin").string(), hw, z.data(), z.data(), z.data());
+      }
+      try {
+        read_shard((d3 / "step_00000000" / "rank_00000.bin").string(), make_shard_header(mc, three.layout, 0, 0, 10, 0, 3),
+                   &p, &m, &v);
+        ADD_FAILURE() << "read a shard of another tokenizer";
+      } catch (const CheckpointError& e) {
+        EXPECT_NE(std::string(e.what()).find("another tokenizer"), std::string::npos) << e.what();
+      }
+    }
     fs::remove_all(d3);
   }
   TrainConfig other = c;
