@@ -111,6 +111,17 @@ std::unique_ptr<Run> make_direct_run(NodeRegion* node, const OpDesc& op, size_t 
 Status run_direct_now(NodeRegion* node, const OpDesc& op, size_t max_bytes, double budget_us, const WaitPolicy& wait,
                       bool* taken, std::unique_ptr<Run>* rest);
 constexpr const char* kDirectShm = "direct_shm";
+// meshcclSparseAllReduce (sparse_allreduce.cpp): a run that first exchanges
+// every rank's row count and arguments, then takes the dense or the gather
+// strategy (MESHCCL_SPARSE_ALGO, else the cheaper under model for the counts
+// every rank sent). Both reduce in rank order, so they agree bitwise.
+std::unique_ptr<Run> make_sparse_allreduce_run(const TuneModel& model, const OpDesc& op, uint64_t tag_base);
+// The estimate of the cheaper strategy when every rank has op.nnz rows.
+double sparse_allreduce_cost(const TuneModel& model, const OpDesc& op);
+enum class SparseStrategy : uint8_t { Auto = 0, Dense = 1, Gather = 2 };
+// Each strategy's estimate, microseconds, for these per-rank row counts.
+double sparse_dense_cost(const TuneModel& model, const OpDesc& op);
+double sparse_gather_cost(const TuneModel& model, const OpDesc& op, size_t total_nnz);
 Status build_tree_allreduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
 Status build_tree_broadcast(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
 Status build_tree_reduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan);

@@ -37,7 +37,7 @@ struct Rule {
 // Parsed once per setting value and collective (the setting's storage is
 // stable until the environment is read again); no copy per call.
 const Rule& rule_of(OpKind kind) {
-  thread_local Rule cache[static_cast<int>(OpKind::Recv) + 1];
+  thread_local Rule cache[static_cast<int>(OpKind::SparseAllReduce) + 1];
   const std::string& spec = param_str(Param::Algo);
   Rule& c = cache[static_cast<int>(kind)];
   if (c.spec != &spec) {
@@ -148,7 +148,8 @@ Status make_plan(const TuneModel& tune, const OpDesc& op, std::unique_ptr<Plan>*
 }
 
 size_t direct_max_bytes(OpKind kind) {
-  if (kind == OpKind::Send || kind == OpKind::Recv || !algorithm_allowed(kind, kDirectShm)) return 0;
+  if (kind == OpKind::Send || kind == OpKind::Recv || kind == OpKind::SparseAllReduce || !algorithm_allowed(kind, kDirectShm))
+    return 0;
   const int64_t limit = param_int(Param::DirectMaxBytes);
   if (algorithm_forced(kind, kDirectShm) || limit <= 0) return SIZE_MAX;
   return static_cast<size_t>(limit);
@@ -214,6 +215,10 @@ class CommAlgorithms final : public RunMaker {
   Status make_run(const OpDesc& op, uint64_t tag_base, double inline_budget_us, bool* ran_here,
                   std::unique_ptr<Run>* out) override {
     *ran_here = false;
+    if (op.kind == OpKind::SparseAllReduce) {
+      *out = make_sparse_allreduce_run(tune_, op, tag_base);
+      return kOk;
+    }
     const size_t max_bytes = node_ != nullptr ? direct_limit(op.kind) : 0;
     if (max_bytes > 0) {
       if (inline_budget_us > 0) {
@@ -238,6 +243,10 @@ class CommAlgorithms final : public RunMaker {
   }
 
   Status estimate(const OpDesc& op, double* us) override {
+    if (op.kind == OpKind::SparseAllReduce) {  // the nnz of the other ranks is not known here: as if all had this rank's
+      *us = sparse_allreduce_cost(tune_, op);
+      return kOk;
+    }
     const Algorithm* pick = nullptr;
     return choose_algorithm(tune_, op, &pick, us);
   }

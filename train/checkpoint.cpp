@@ -20,7 +20,7 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr char kMagic[8] = {'M', 'T', 'C', 'K', 'P', 'T', '1', '\0'};
-constexpr int32_t kVersion = 2;
+constexpr int32_t kVersion = 3;  // 3: the tokenizer's fingerprint
 
 std::string os_reason(int e) { return std::strerror(e); }
 
@@ -117,6 +117,7 @@ ShardHeader make_shard_header(const ModelConfig& mc, const Layout& l, int rank, 
   h.layer_lo = layer_lo, h.layer_hi = layer_hi;
   h.nparams = nparams;
   h.payload_bytes = 3 * nparams * sizeof(float);
+  h.tokenizer = mc.tokenizer;
   return h;
 }
 
@@ -233,6 +234,12 @@ void read_shard(const std::string& path, const ShardHeader& want, std::vector<fl
       h.d_model != want.d_model || h.heads != want.heads || h.tied != want.tied ||
       h.nparams != want.nparams) {
     throw CheckpointError(path + " holds a different model configuration");
+  }
+  if (h.tokenizer != want.tokenizer) {
+    throw CheckpointError(path + " was trained with another tokenizer (" +
+                          (h.tokenizer == 0 ? std::string("bytes") : "a word vocabulary") +
+                          "); this run's is " + (want.tokenizer == 0 ? "bytes" : "a word vocabulary") +
+                          (h.tokenizer != 0 && want.tokenizer != 0 ? " built from another corpus or --vocab" : ""));
   }
   const uint64_t expect = sizeof h + want.payload_bytes;
   if (h.payload_bytes != want.payload_bytes || static_cast<uint64_t>(st.st_size) != expect) {

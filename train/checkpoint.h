@@ -28,6 +28,7 @@ struct ShardHeader {
   int32_t layer_lo, layer_hi;  // the stage's layers [lo, hi)
   uint64_t nparams;
   uint64_t payload_bytes;  // 3 * nparams * sizeof(float)
+  uint64_t tokenizer;      // the word tokenizer's fingerprint; 0: bytes
   uint32_t crc;            // CRC-32 of this header (crc = 0) and the payload
   uint32_t pad;
 };

@@ -27,7 +27,8 @@ model:    --layers N --d-model N --heads N --seq N --vocab N --untied --seed N
 batch:    --micro-batch N --grad-accum N  (global batch = dp x micro-batch x grad-accum)
 optim:    --steps N --lr X --min-lr-ratio X --warmup N --weight-decay X --clip X
           --beta1 X --beta2 X
-data:     --data PATH (default: $MESHTRAIN_DATA, data/kjv.txt, or the build's copy)
+data:     --tokenizer bytes|word (word: the --vocab - 256 most frequent words + bytes)
+          --data PATH (default: $MESHTRAIN_DATA, data/kjv.txt, or the build's copy)
           --data-seed N
           --val-every N --val-seqs N
 ckpt:     --ckpt-dir DIR --ckpt-every N --ckpt-keep N (newest N kept; 0: all) --resume
@@ -60,7 +61,7 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
     return true;
   };
   int bucket_kb = -1, seed = -1, data_seed = -1;
-  std::string schedule, tp_mode, stages, plan, comm_sched;
+  std::string schedule, tp_mode, stages, plan, comm_sched, tokenizer;
   std::map<std::string, int*> ints = {
       {"--dp", &t.layout.dp}, {"--pp", &t.layout.pp}, {"--tp", &t.layout.tp},
       {"--layers", &t.model.layers}, {"--d-model", &t.model.d_model},
@@ -83,7 +84,7 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
       {"--data", &o->data}, {"--ckpt-dir", &t.ckpt_dir}, {"--prompt", &o->prompt},
       {"--schedule", &schedule}, {"--comm-sched", &comm_sched}, {"--order", &t.layout.order},
       {"--tp-mode", &tp_mode}, {"--stages", &stages}, {"--plan", &plan},
-      {"--profile", &o->profile}};
+      {"--profile", &o->profile}, {"--tokenizer", &tokenizer}};
   int warmup_given = 0;
   int first = 1;
   if (argc > 1 && std::string(argv[1]) == "plan") {
@@ -176,7 +177,14 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
   if (seed >= 0) t.model.seed = static_cast<uint64_t>(seed);
   if (data_seed >= 0) t.data_seed = static_cast<uint64_t>(data_seed);
   if (t.steps < 1) return "--steps must be at least 1";
-  if (t.model.vocab > 256) return "--vocab is at most 256 (byte-level model)";
+  if (!tokenizer.empty() && tokenizer != "bytes" && tokenizer != "word") {
+    return "--tokenizer must be bytes or word, got '" + tokenizer + "'";
+  }
+  t.model.words = tokenizer == "word";
+  if (!t.model.words && t.model.vocab > 256) return "--vocab is at most 256 with the byte tokenizer (--tokenizer word for more)";
+  if (t.model.words && (t.model.vocab <= 256 || t.model.vocab > (1 << 22))) {
+    return "--tokenizer word needs --vocab in (256, 4194304], e.g. 16384 (256 bytes + the most frequent words)";
+  }
   if (t.ckpt_every > 0 && t.ckpt_dir.empty()) return "--ckpt-every needs --ckpt-dir";
   if (o->resume && t.ckpt_dir.empty()) return "--resume needs --ckpt-dir";
   if (o->elastic && t.ckpt_every <= 0) return "--elastic needs --ckpt-dir and --ckpt-every (it resumes from checkpoints)";

@@ -65,6 +65,13 @@ class Comm {
   // The stream priority of the blocking calls and exchanges (set once, before
   // any communication).
   virtual void set_priority(int /*priority*/) {}
+  // The same for a row-sparse buf (rows x row_len, most rows zero, like a
+  // token embedding's gradient): only the rows that are not all zero need
+  // to travel. The default reduces it densely; NcclComm sends the non-zero
+  // rows through meshcclSparseAllReduce.
+  virtual void sparse_all_reduce_async(float* buf, size_t rows, size_t row_len, ReduceOp op) {
+    all_reduce_async(buf, rows * row_len, op);
+  }
   // Blocking, on the critical path: out (size() x n) = every rank's n floats
   // in rank order; out (n) = this rank's block of the element-wise sum of
   // every rank's in (size() x n).

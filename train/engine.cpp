@@ -45,6 +45,23 @@ Engine::Engine(const TrainConfig& cfg, int rank, const Comms& comms, const Corpu
   for (int a = 0; a < 3; a++) tc.axis[a] = comms_.cube[a];
   stage_->set_tp_comms(tc);
   opt_ = AdamW(stage_->params.size());
+  const Tokenizer& tk = corpus_.tokenizer();
+  if (tk.is_words() != cfg_.model.words || tk.size() > cfg_.model.vocab) {
+    throw std::invalid_argument("the corpus was tokenized with " + std::string(tk.is_words() ? "words" : "bytes") + " (" +
+                                std::to_string(tk.size()) + " ids) but the model expects " +
+                                (cfg_.model.words ? "words" : "bytes") + " and a vocabulary of " +
+                                std::to_string(cfg_.model.vocab));
+  }
+  cfg_.model.tokenizer = tk.fingerprint();
+  // With words, the data-parallel reduction sends the token embedding's
+  // gradient row-sparse: on the first stage it holds only the rows of the
+  // tokens seen (unless the same stage's output head shares it).
+  for (const ParamSpec& sp : stage_->specs()) {
+    if (sp.name == "wte" && stage_->first() && cfg_.model.words && comms_.dp && (!cfg_.model.tied || l.pp > 1) &&
+        sp.offset == 0 && static_cast<size_t>(sp.local_rows) * sp.local_cols == sp.size) {
+      sparse_spec_ = &sp;
+    }
+  }
   const size_t N = static_cast<size_t>(cfg_.micro_batch) * cfg_.model.seq;
   tokens_.assign(N, 0);
   targets_.assign(N, 0);
@@ -100,6 +117,7 @@ void Engine::run_schedule(PipeSchedule sched, int m, bool train, int step, doubl
 
   auto ready = [&](size_t lo) {
     if (!comms_.dp) return;
+    lo = std::max(lo, dense_lo());
     if (launched_lo_ - lo >= cfg_.bucket_elems) {
       launch_bucket(lo);
       launched_lo_ = lo;
@@ -169,7 +187,12 @@ StepStats Engine::train_step(int step) {
   run_schedule(cfg_.schedule, m, true, step, &loss_sum);
 
   if (comms_.dp) {
-    if (launched_lo_ > 0) launch_bucket(0);
+    const size_t lo = dense_lo();
+    if (launched_lo_ > lo) launch_bucket(lo);
+    if (sparse_spec_ != nullptr) {  // the least urgent kind: on the least urgent stream
+      comms_.dp->sparse_all_reduce_async(st.grads.data() + sparse_spec_->offset, static_cast<size_t>(sparse_spec_->local_rows),
+                                         static_cast<size_t>(sparse_spec_->local_cols), ReduceOp::Avg);
+    }
     comms_.dp->wait_async();
   }
   st.finish_grads();
@@ -312,7 +335,8 @@ std::string Engine::sample(const std::string& prompt, int length, float temperat
                            uint64_t seed) {
   const int T = cfg_.model.seq, V = cfg_.model.vocab;
   Stage& st = *stage_;
-  std::vector<int32_t> ctx(prompt.begin(), prompt.end());
+  const Tokenizer& tk = corpus_.tokenizer();
+  std::vector<int32_t> ctx = tk.encode(prompt);
   if (ctx.empty()) ctx.push_back('\n');
   std::string out;
   uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
@@ -357,7 +381,7 @@ std::string Engine::sample(const std::string& prompt, int length, float temperat
     // The last stage tells the others (it alone contributes a non-zero).
     if (comms_.pp) comms_.pp->all_reduce(&next, 1, ReduceOp::Sum);
     ctx.push_back(static_cast<int32_t>(next));
-    out.push_back(static_cast<char>(static_cast<int>(next)));
+    out += tk.decode(static_cast<int32_t>(next));
   }
   return out;
 }

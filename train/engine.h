@@ -84,7 +84,8 @@ class Engine {
   // replica was lost): this rank reads the shard of the rank of replica 0
   // that held its stage and tensor slice (replicas hold identical state).
   int load_checkpoint(const Layout& saved);
-  // Generates `length` bytes after `prompt` (greedy when temperature <= 0).
+  // Generates `length` tokens after `prompt` (greedy when temperature <= 0),
+  // as text.
   // Collective: every rank calls it; all ranks return the same text.
   std::string sample(const std::string& prompt, int length, float temperature, uint64_t seed);
 
@@ -111,6 +112,11 @@ class Engine {
   int slots_ = 1;
   std::vector<int32_t> tokens_, targets_;
   size_t launched_lo_ = 0;
+  // The token embedding when its gradient is reduced row-sparse (words, data
+  // parallel, first stage, not shared with the head): it lies at the start of
+  // the gradient arena, below the dense buckets.
+  const ParamSpec* sparse_spec_ = nullptr;
+  size_t dense_lo() const { return sparse_spec_ != nullptr ? sparse_spec_->offset + sparse_spec_->size : 0; }
 };
 
 }  // namespace meshtrain

@@ -15,13 +15,15 @@
 namespace meshtrain {
 
 struct ModelConfig {
-  int vocab = 256;    // real vocabulary (bytes)
+  int vocab = 256;    // real vocabulary (bytes, or the word tokenizer's ids)
   int seq = 128;      // context length T (also the size of the position table)
   int layers = 4;
   int d_model = 256;
   int heads = 4;
   bool tied = true;   // output projection shares the token embedding
   uint64_t seed = 42;
+  bool words = false; // the word tokenizer (tokenizer.h): --tokenizer word
+  uint64_t tokenizer = 0;  // its fingerprint (set by the engine from the corpus; kept in checkpoints)
 };
 
 class Grid {

@@ -170,7 +170,7 @@ int run(const CliOptions& opts) {
     return 2;
   }
   const std::string data = corpus_path(o.data);
-  const Corpus corpus = Corpus::load(data, cfg.model.seq);
+  const Corpus corpus = Corpus::load(data, cfg.model.seq, cfg.model.words ? cfg.model.vocab : 0);
 
   RankComms rc;
   int rank = 0;
@@ -222,13 +222,13 @@ int run(const CliOptions& opts) {
     }
     std::printf("meshtrain: %d rank(s) = dp %d x pp %d x tp %s (%s, order %s), %s schedule; model L=%d d=%d "
                 "heads=%d seq=%d vocab=%d (%s); global batch %d x %d tokens; rank 0 holds %zu "
-                "parameters; corpus %s (%zu bytes)\n",
+                "parameters; corpus %s (%zu bytes, %zu %s tokens)\n",
                 world_size, cfg.layout.dp, cfg.layout.pp, tp_text.c_str(),
                 tp_mode_name(cfg.layout.tp_mode), cfg.layout.order.c_str(),
                 schedule_name(cfg.schedule), cfg.model.layers, cfg.model.d_model,
                 cfg.model.heads, cfg.model.seq, cfg.model.vocab,
                 cfg.model.tied ? "tied" : "untied", cfg.global_batch(), cfg.model.seq, n,
-                data.c_str(), corpus.size());
+                data.c_str(), corpus.text_bytes(), corpus.size(), cfg.model.words ? "word" : "byte");
     std::fflush(stdout);
   }
 

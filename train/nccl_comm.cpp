@@ -98,6 +98,7 @@ void NcclComm::wait_async() {
   check_nccl(meshcclStreamSynchronize(slow_), "meshcclStreamSynchronize", comm_);
   for (meshcclStream_t s : at_)
     if (s) check_nccl(meshcclStreamSynchronize(s), "meshcclStreamSynchronize", comm_);
+  sparse_.clear();
 }
 
 void NcclComm::all_reduce_async_at(float* buf, size_t n, ReduceOp op, int priority) {
@@ -114,6 +115,22 @@ void NcclComm::set_priority(int priority) {
   meshcclStreamDestroy(fast_);
   fast_ = nullptr;
   check_nccl(meshcclStreamCreateWithPriority(&fast_, priority), "meshcclStreamCreateWithPriority");
+}
+
+void NcclComm::sparse_all_reduce_async(float* buf, size_t rows, size_t row_len, ReduceOp op) {
+  SparseRows& s = sparse_.emplace_back();
+  for (size_t r = 0; r < rows; ++r) {
+    const float* row = buf + r * row_len;
+    if (std::all_of(row, row + row_len, [](float x) { return x == 0.0f; })) continue;
+    s.index.push_back(static_cast<int64_t>(r));
+    s.values.insert(s.values.end(), row, row + row_len);
+  }
+  // Counted as the all-gather of rows it is at low density: this rank's rows
+  // (and their indices) to every other rank.
+  bytes_sent += static_cast<double>(size_ - 1) * s.index.size() * (row_len * sizeof(float) + sizeof(int64_t));
+  check_nccl(meshcclSparseAllReduce(s.values.data(), s.index.data(), s.index.size(), buf, rows, row_len, ncclFloat32,
+                                    to_nccl(op), comm_, meshcclStreamAsCuda(slow_)),
+             "meshcclSparseAllReduce", comm_);
 }
 
 void NcclComm::all_gather(const float* in, float* out, size_t n) {

@@ -4,6 +4,8 @@
 // data-parallel gradient buckets.
 #pragma once
 
+#include <cstdint>
+#include <deque>
 #include <memory>
 #include <vector>
 
@@ -30,6 +32,7 @@ class NcclComm final : public Comm {
   void wait_async() override;
   void all_reduce_async_at(float* buf, size_t n, ReduceOp op, int priority) override;
   void set_priority(int priority) override;
+  void sparse_all_reduce_async(float* buf, size_t rows, size_t row_len, ReduceOp op) override;
   void all_gather(const float* in, float* out, size_t n) override;
   void reduce_scatter(const float* in, float* out, size_t n) override;
   void exchange(const P2POp* ops, int n) override;
@@ -47,6 +50,12 @@ class NcclComm final : public Comm {
   // all_reduce_async_at's streams, by -priority (made when first used).
   static constexpr int kLevels = 8;
   meshcclStream_t at_[kLevels] = {};
+  // The non-zero rows of sparse reductions in flight (kept until wait_async).
+  struct SparseRows {
+    std::vector<int64_t> index;
+    std::vector<float> values;
+  };
+  std::deque<SparseRows> sparse_;
 };
 
 // The pipeline "communicator" of a layout with per-stage tensor-parallel

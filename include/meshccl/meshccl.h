@@ -14,6 +14,8 @@
 #ifndef MESHCCL_H_
 #define MESHCCL_H_
 
+#include <stdint.h>
+
 #include "nccl.h"
 
 #define MESHCCL_MAJOR 0
@@ -149,6 +151,40 @@ ncclResult_t meshcclReshardPlanGetInfo(meshcclReshardPlan_t plan, meshcclReshard
  * ncclInvalidArgument when rank is not in the mesh. No communicator needed. */
 ncclResult_t meshcclShardTile(const meshcclMesh_t* mesh, const meshcclShardSpec_t* spec, const size_t* shape,
                               int rank, size_t* offset, size_t* extent);
+
+/*
+ * Row-sparse all-reduce (docs/sparse.md). The tensor has rows x rowLen
+ * elements of datatype, row-major. Each rank holds nnz of its rows: indices
+ * (nnz row numbers, each in [0, rows)) and sendvalues (nnz * rowLen elements,
+ * row k of them being row indices[k]). A row a rank does not hold counts as
+ * zeros there; a row number given twice or more by one rank counts once, its
+ * rows combined with op in the order given (summed for ncclAvg and
+ * PreMulSum). Indices need not be sorted; nnz may differ between ranks and
+ * be 0. Every rank gets the dense result in recvbuff (rows * rowLen
+ * elements, overwritten whole): exactly what ncclAllReduce of the densified
+ * tensors gives in value, every op (ncclSum, ncclProd, ncclMax, ncclMin,
+ * ncclAvg, PreMulSum with a host scalar) and datatype.
+ *
+ * Two strategies, chosen per call by the cost model from every rank's nnz
+ * (or forced with MESHCCL_SPARSE_ALGO=dense|gather): a dense all-reduce of
+ * the densified tensor, or an all-gather of indices and rows followed by a
+ * local reduction. Both combine the contributions in rank order
+ * (((c0 op c1) op c2) ...), so the result is bitwise the same whichever is
+ * taken, on every rank, for every datatype (also floating point with three
+ * or more ranks, where ncclAllReduce's order may differ in the last bit).
+ *
+ * A collective: every rank passes the same rows, rowLen, datatype and op
+ * (checked). An index outside [0, rows), recvbuff overlapping sendvalues or
+ * indices, or differing arguments fail the call on every rank with
+ * ncclInvalidArgument, naming the rank, before any data moves; the
+ * communicator stays usable. Host memory only; a host stream or NULL
+ * (synchronous), inside groups too; the buffers are read and written when
+ * the stream reaches the operation. rows * rowLen == 0 does nothing (but
+ * nnz > 0 rows of a 0-row tensor is ncclInvalidArgument on that rank).
+ */
+ncclResult_t meshcclSparseAllReduce(const void* sendvalues, const int64_t* indices, size_t nnz, void* recvbuff,
+                                    size_t rows, size_t rowLen, ncclDataType_t datatype, ncclRedOp_t op,
+                                    ncclComm_t comm, cudaStream_t stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

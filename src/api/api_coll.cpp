@@ -1,5 +1,6 @@
 // Entry points for communication: each fills an OpDesc after its own checks
 // and hands it to the one enqueue path.
+#include <cstdint>
 #include <utility>
 
 #include "api/enqueue.h"
@@ -186,3 +187,39 @@ MESHCCL_WEAK_ALIAS(ncclRecv)
 MESHCCL_WEAK_ALIAS(ncclGroupStart)
 MESHCCL_WEAK_ALIAS(ncclGroupEnd)
 MESHCCL_WEAK_ALIAS(ncclGroupSimulateEnd)
+
+MESHCCL_EXPORT ncclResult_t meshcclSparseAllReduce(const void* sendvalues, const int64_t* indices, size_t nnz, void* recvbuff,
+                                                  size_t rows, size_t rowLen, ncclDataType_t datatype, ncclRedOp_t op,
+                                                  ncclComm_t comm, cudaStream_t stream) {
+  constexpr const char* fn = "meshcclSparseAllReduce";
+  return api_call(fn, comm, [&]() -> Status {
+    MC_TRY(check_comm(fn, comm));
+    UseGuard use(comm);
+    ncclDataType_t dt;
+    MC_TRY(check_dtype(fn, enum_bits(datatype), &dt));
+    const size_t es = dtype_size(dt);
+    MC_TRY(check_size(fn, rows, rowLen, es));
+    MC_TRY(check_size(fn, nnz, rowLen, es));
+    MC_TRY(check_size(fn, nnz, 1, sizeof(int64_t)));
+    if (rows > static_cast<size_t>(INT64_MAX)) return MC_ERROR(ncclInvalidArgument, "%s : rows %zu too large", fn, rows);
+    if (rows == 0 && nnz > 0 && rowLen > 0)
+      return MC_ERROR(ncclInvalidArgument, "%s : %zu rows given for a tensor of 0 rows", fn, nnz);
+    OpDesc d;
+    d.kind = OpKind::SparseAllReduce;
+    d.sendbuff = sendvalues;
+    d.recvbuff = recvbuff;
+    d.count = rows * rowLen;
+    d.dtype = dt;
+    d.root = -1;
+    d.indices = indices;
+    d.nnz = nnz;
+    d.rows = rows;
+    d.row_len = rowLen;
+    MC_TRY(resolve_op(fn, comm, enum_bits(op), dt, &d));
+    if (d.scalar_ptr != nullptr) return MC_ERROR(ncclInvalidArgument, "%s : a PreMulSum scalar in device memory", fn);
+    MC_TRY(check_buffer(fn, "sendvalues", sendvalues, d.count == 0 ? 0 : nnz * rowLen * es, false));
+    MC_TRY(check_buffer(fn, "indices", indices, d.count == 0 ? 0 : nnz * sizeof(int64_t), false));
+    MC_TRY(check_buffer(fn, "recvbuff", recvbuff, d.count * es, true));
+    return enqueue(comm, d, stream);
+  });
+}

@@ -36,10 +36,13 @@ Status enqueue(ncclComm* comm, OpDesc& desc, cudaStream_t stream) {
   // stream is refused here, before the op takes a sequence number.
   const bool device = s == nullptr && cuda::wants_device(desc, cuda_stream);
   if (device) MC_TRY(cuda::refuse_capture(op_kind_name(desc.kind), reinterpret_cast<CUstream>(stream)));
+  if (desc.kind == OpKind::SparseAllReduce && (device || cuda_stream))
+    return MC_ERROR(ncclInvalidArgument, "meshcclSparseAllReduce : host memory and host or NULL streams only");
 #endif
   // Empty operations are dropped after the checks, on every rank alike; with
   // MESHCCL_CHECKS an empty collective still exchanges its signature.
-  if (desc.count == 0 && !(desc.checks && !is_p2p(desc.kind))) return kOk;
+  // A sparse all-reduce of an empty tensor has nothing to check either.
+  if (desc.count == 0 && (desc.kind == OpKind::SparseAllReduce || !(desc.checks && !is_p2p(desc.kind)))) return kOk;
   uint64_t tag;
   if (desc.kind == OpKind::Send) tag = kP2PBit | ((comm->send_seq[desc.peer]++ & kSeqMask) << kStepBits);
   else if (desc.kind == OpKind::Recv) tag = kP2PBit | ((comm->recv_seq[desc.peer]++ & kSeqMask) << kStepBits);

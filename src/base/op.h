@@ -13,6 +13,7 @@ namespace meshccl {
 
 enum class OpKind : uint8_t {
   AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AlltoAll, Gather, Scatter, Send, Recv,
+  SparseAllReduce,  // meshcclSparseAllReduce: row-sparse input, dense output (collectives/sparse_allreduce.cpp)
 };
 
 constexpr const char* op_kind_name(OpKind k) {
@@ -27,6 +28,7 @@ constexpr const char* op_kind_name(OpKind k) {
     case OpKind::Scatter: return "Scatter";
     case OpKind::Send: return "Send";
     case OpKind::Recv: return "Recv";
+    case OpKind::SparseAllReduce: return "SparseAllReduce";
   }
   return "?";
 }
@@ -35,7 +37,7 @@ constexpr bool is_rooted(OpKind k) {
   return k == OpKind::Broadcast || k == OpKind::Reduce || k == OpKind::Gather || k == OpKind::Scatter;
 }
 constexpr bool is_reduction(OpKind k) {
-  return k == OpKind::AllReduce || k == OpKind::Reduce || k == OpKind::ReduceScatter;
+  return k == OpKind::AllReduce || k == OpKind::Reduce || k == OpKind::ReduceScatter || k == OpKind::SparseAllReduce;
 }
 
 // The elementwise operator of a reduction. Avg reduces as Sum; the caller

@@ -30,6 +30,13 @@ struct OpDesc {
   int nranks = 1;
   size_t chunk_bytes = 512 * 1024;
   bool checks = false;  // MESHCCL_CHECKS on this communicator
+  // SparseAllReduce: sendbuff holds nnz rows of row_len elements, whose row
+  // numbers are indices[0..nnz); recvbuff the dense rows x row_len result
+  // (count = rows * row_len).
+  const int64_t* indices = nullptr;
+  size_t nnz = 0;
+  size_t rows = 0;
+  size_t row_len = 0;
   size_t elem() const { return dtype_size(dtype); }
   OpSignature signature() const;
 };

@@ -25,7 +25,7 @@ OpSignature make_signature(OpKind kind, size_t count, ncclDataType_t dtype, uint
 namespace {
 
 std::string kind_str(uint8_t k) {
-  if (k <= static_cast<uint8_t>(OpKind::Recv)) return op_kind_name(static_cast<OpKind>(k));
+  if (k <= static_cast<uint8_t>(OpKind::SparseAllReduce)) return op_kind_name(static_cast<OpKind>(k));
   return "kind " + std::to_string(k);
 }
 

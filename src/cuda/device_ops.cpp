@@ -42,6 +42,7 @@ Extents extents(const OpDesc& d) {
     case OpKind::Scatter: return {root ? all : 0, n};
     case OpKind::Send: return {n, 0};
     case OpKind::Recv: return {0, n};
+    case OpKind::SparseAllReduce: return {};  // host memory only (refused in api/enqueue)
   }
   return {};
 }

@@ -56,6 +56,9 @@ class Run {
   // The operation's name, for the trace.
   virtual const char* name() const { return "operation"; }
   int priority() const { return priority_; }
+  // A run that drives runs of its own (an operation in phases) gives them
+  // its priority before starting them.
+  void inherit_priority(const Run& parent) { priority_ = parent.priority_; }
   const std::shared_ptr<OpHandle>& handle() const { return handle_; }
 
  private:

@@ -191,6 +191,23 @@ TEST(Engine, CheckpointErrorsAreClear) {
     } catch (const CheckpointError& e) {
       EXPECT_NE(std::string(e.what()).find("stage split differs"), std::string::npos) << e.what();
     }
+    // Another tokenizer (a word vocabulary where the shard has bytes, or another word list).
+    for (uint64_t fp : {uint64_t{0x1234}, uint64_t{0x5678}}) {
+      ModelConfig mc = three.model;
+      mc.tokenizer = fp;
+      if (fp == 0x5678) {
+        ShardHeader hw = make_shard_header(mc, three.layout, 0, 0, 10, 0, 3);
+        hw.tokenizer = 0x1234;
+        write_shard((d3 / "step_00000000" / "rank_00000.bin").string(), hw, z.data(), z.data(), z.data());
+      }
+      try {
+        read_shard((d3 / "step_00000000" / "rank_00000.bin").string(), make_shard_header(mc, three.layout, 0, 0, 10, 0, 3),
+                   &p, &m, &v);
+        ADD_FAILURE() << "read a shard of another tokenizer";
+      } catch (const CheckpointError& e) {
+        EXPECT_NE(std::string(e.what()).find("another tokenizer"), std::string::npos) << e.what();
+      }
+    }
     fs::remove_all(d3);
   }
   TrainConfig other = c;
@@ -252,6 +269,48 @@ TEST(Engine, DataIsDeterministicAndSplit) {
   EXPECT_GT(corpus.split(), corpus.size() / 2);
 }
 
+// Words with a byte fallback: lossless, the most frequent words first, the
+// same vocabulary (and fingerprint) from the same text.
+TEST(Tokenizer, WordsRoundTripAndAreDeterministic) {
+  const std::string text = "the cat and the dog, the end. Zebra! the cat's  tail\n\tthe";
+  const std::vector<uint8_t> bytes(text.begin(), text.end());
+  const Tokenizer tk = Tokenizer::words(bytes, 256 + 3);
+  ASSERT_EQ(tk.size(), 259);
+  EXPECT_EQ(tk.word_list()[0], " the");  // 3 times with its space, "the" twice
+  const std::vector<int32_t> ids = tk.encode(text);
+  std::string back;
+  for (int32_t id : ids) back += tk.decode(id);
+  EXPECT_EQ(back, text);
+  EXPECT_LT(ids.size(), text.size());
+  for (int32_t id : ids) EXPECT_LT(id, tk.size());
+  EXPECT_EQ(Tokenizer::words(bytes, 259).fingerprint(), tk.fingerprint());
+  EXPECT_NE(Tokenizer::words(bytes, 258).fingerprint(), tk.fingerprint());
+  EXPECT_EQ(Tokenizer().fingerprint(), 0u);
+  EXPECT_NE(tk.fingerprint(), 0u);
+  // A vocabulary larger than the text's words: every word, no more.
+  EXPECT_LT(Tokenizer::words(bytes, 100000).size(), 300);
+  // The corpus: far fewer tokens than bytes, and training data of word ids.
+  const Corpus words = Corpus::load(MESHTRAIN_TEST_CORPUS, 16, 4096);
+  EXPECT_LT(words.size() * 2, words.text_bytes());
+  EXPECT_EQ(words.tokenizer().size(), 4096);
+  std::vector<int32_t> a(16), t(16);
+  words.train_sequence(1, 0, 0, 16, a.data(), t.data());
+  for (int32_t id : a) EXPECT_LT(id, 4096);
+}
+
+TEST(Tokenizer, ModelMustMatchTheCorpus) {
+  const Corpus words = Corpus::load(MESHTRAIN_TEST_CORPUS, 16, 512);
+  TrainConfig c;
+  c.model.seq = 16, c.model.layers = 2, c.model.d_model = 16, c.model.heads = 2;
+  EXPECT_THROW(Engine(c, 0, Comms{}, words), std::invalid_argument);  // bytes model, word corpus
+  c.model.words = true;
+  c.model.vocab = 300;
+  EXPECT_THROW(Engine(c, 0, Comms{}, words), std::invalid_argument);  // vocabulary too small
+  c.model.vocab = 512;
+  Engine e(c, 0, Comms{}, words);
+  EXPECT_GT(e.train_step(0).loss, 0.0f);
+}
+
 TEST(Cli, ParsesAndRejects) {
   auto parse = [](std::vector<std::string> args, CliOptions* o) {
     std::vector<char*> argv;
@@ -288,6 +347,16 @@ TEST(Cli, ParsesAndRejects) {
   EXPECT_NE(parse({"--stages", "2,,1"}, &h).find("--stages"), std::string::npos);
   CliOptions i;
   EXPECT_NE(parse({"--tp-mode", "2d"}, &i).find("1d or 3d"), std::string::npos);
+  CliOptions w;
+  EXPECT_EQ(parse({"--tokenizer", "word", "--vocab", "16384"}, &w), "");
+  EXPECT_TRUE(w.train.model.words);
+  EXPECT_EQ(w.train.model.vocab, 16384);
+  CliOptions w2;
+  EXPECT_NE(parse({"--tokenizer", "word"}, &w2).find("--vocab"), std::string::npos);
+  CliOptions w3;
+  EXPECT_NE(parse({"--vocab", "1000"}, &w3).find("--tokenizer word"), std::string::npos);
+  CliOptions w4;
+  EXPECT_NE(parse({"--tokenizer", "bpe"}, &w4).find("bytes or word"), std::string::npos);
 }
 
 namespace {
