@@ -25,29 +25,12 @@
 #include <vector>
 
 #include "meshccl.h"
+#include "bench_util.h"
 
 namespace {
 
-double now_us() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
-
-#define CHECK(x)                                                                         \
-  do {                                                                                   \
-    ncclResult_t r_ = (x);                                                               \
-    if (r_ != ncclSuccess) {                                                             \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, ncclGetLastError(nullptr)); \
-      std::exit(2);                                                                      \
-    }                                                                                    \
-  } while (0)
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using perf_util::now_us;
+using perf_util::median;
 
 struct Result {
   double send_idle, send_load, ar_idle, ar_load, bulk_alone_us, bulk_loaded_us;

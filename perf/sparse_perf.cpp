@@ -23,28 +23,12 @@
 #include <vector>
 
 #include "meshccl.h"
+#include "bench_util.h"
 
 namespace {
 
-double now_us() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
-
-#define CHECK(x)                                                                                  \
-  do {                                                                                            \
-    ncclResult_t r_ = (x);                                                                        \
-    if (r_ != ncclSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, ncclGetLastError(nullptr)); \
-      std::exit(2);                                                                               \
-    }                                                                                             \
-  } while (0)
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using perf_util::now_us;
+using perf_util::median;
 
 const double kDensities[] = {0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0};
 constexpr int kNumDensities = sizeof kDensities / sizeof kDensities[0];
