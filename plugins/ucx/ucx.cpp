@@ -301,7 +301,8 @@ void close_listen(ListenComm* lc) { lc->gate.close_all(); }
 
 void send_ep_error(void* arg, ucp_ep_h ep, ucs_status_t s) {
   (void)ep;
-  auto* c = static_cast<SendComm*>(arg);
+  SendComm* c = static_cast<EpLink*>(arg)->comm;
+  if (c == nullptr) return;  // closed meanwhile
   if (c->broken == MESHCCL_T_SUCCESS) {
     MPLUG_WARN(c->ctx->host, "ucx: connection to %s failed: %s (%s)", c->peer.c_str(), ucs_status_string(s), status_hint(s));
     c->broken = MESHCCL_T_REMOTE_ERROR;
@@ -317,9 +318,12 @@ meshccl_tresult_t create_ep(SendComm* c) {
   ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
   ep.address = reinterpret_cast<const ucp_address_t*>(c->addr.data());
   ep.err_mode = same_host ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
+  auto link = std::make_unique<EpLink>();
+  link->comm = c;
   ep.err_handler.cb = send_ep_error;
-  ep.err_handler.arg = c;
+  ep.err_handler.arg = link.get();
   ucs_status_t s = ucp_ep_create(c->ctx->worker, &ep, &c->ep);
+  if (s == UCS_OK) c->link = link.release();
   if (s != UCS_OK) {
     c->ep = nullptr;
     return fail(c->ctx->host, ("creating the endpoint to " + c->peer).c_str(), s);
@@ -437,6 +441,7 @@ void finalize(Ctx* c) {
   for (void* r : c->closing) ucp_request_free(r);
   c->closing.clear();
   destroy_worker(c);
+  c->closed_links.clear();  // no endpoint is left to report through them
 }
 
 struct Traits {

@@ -25,6 +25,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,15 @@ struct Connecting {
   uint32_t sent = 0;  // bytes of the Hello written
 };
 
+struct SendComm;
+// What an endpoint's error handler reaches: the send comm while it is open.
+// UCX may report an endpoint's failure after the comm closed it (a force
+// close still in flight), so the handler gets this and not the comm, and
+// it outlives the comm until the worker is gone.
+struct EpLink {
+  SendComm* comm = nullptr;
+};
+
 struct Ctx {
   uint32_t magic = kCtxMagic;
   const meshccl_transport_host_v1_t* host = nullptr;
@@ -110,6 +120,7 @@ struct Ctx {
   uint32_t next_conn = 0;
   std::vector<Connecting> connecting;
   std::vector<void*> closing;  // endpoint close requests still in flight
+  std::vector<std::unique_ptr<EpLink>> closed_links;  // of closed endpoints (freed with the worker)
 };
 
 struct ListenComm {
@@ -157,6 +168,7 @@ struct SendComm {
   std::string peer;
   uint32_t conn = 0;
   ucp_ep_h ep = nullptr;
+  EpLink* link = nullptr;  // the endpoint's error handler's (owned by ctx once closed)
   // The receiver's worker address as it arrives on the control socket.
   AddrMsg amsg{};
   uint32_t agot = 0;

@@ -342,6 +342,13 @@ void close_send(SendComm* c) {
     else if (cr != nullptr && !UCS_PTR_IS_ERR(cr)) ucp_request_free(cr);
     c->ep = nullptr;
   }
+  if (c->link != nullptr) {
+    // UCX may still report the endpoint's failure (during a force close in
+    // flight): its handler then finds no comm.
+    c->link->comm = nullptr;
+    ctx->closed_links.emplace_back(c->link);
+    c->link = nullptr;
+  }
   if (c->fd >= 0) {
     Bye bye{kByeMagic, c->seq};
     (void)!send(c->fd, &bye, sizeof(bye), MSG_DONTWAIT | MSG_NOSIGNAL);
