@@ -260,7 +260,6 @@ class CommAlgorithms final : public RunMaker {
       for (size_t k = 0; k < kKinds; ++k)
         limits_[k].store(direct_max_bytes(static_cast<OpKind>(k)), std::memory_order_relaxed);
       limits_gen_.store(gen, std::memory_order_release);
-      return direct_max_bytes(kind);
     }
     const size_t k = static_cast<size_t>(kind);
     return k < kKinds ? limits_[k].load(std::memory_order_relaxed) : direct_max_bytes(kind);  // kinds past Recv
