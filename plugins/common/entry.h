@@ -27,7 +27,8 @@
 //   static void close_send(SendComm*);   release the network side, cancel
 //   static void close_recv(RecvComm*);   requests; the shim then frees the comm
 //   static void close_listen(ListenComm*);
-//   static void finalize(Ctx*);
+//   static void finalize(Ctx*);         or bool: false keeps the context's memory
+//                                        (the library below may still write to it)
 //
 // Memory registration is a no-op for every transport so far (they copy or
 // read memory where it lies), so the shims answer it without the plugin.
@@ -36,6 +37,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "meshccl/transport.h"
 #include "plugins/common/plugin_util.h"
@@ -182,10 +184,15 @@ class Entry {
   static int finalize(void* ctx) {
     Ctx* c = ctx_of(ctx, "finalize");
     if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
-    P::finalize(c);
+    bool free_it = true;
+    if constexpr (std::is_same_v<decltype(P::finalize(c)), bool>) {
+      free_it = P::finalize(c);  // false: the library below still holds the context's memory
+    } else {
+      P::finalize(c);
+    }
     P::check().forget(c->host);
     c->magic = 0;
-    delete c;
+    if (free_it) delete c;
     return MESHCCL_T_SUCCESS;
   }
 

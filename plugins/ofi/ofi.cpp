@@ -160,12 +160,19 @@ meshccl_tresult_t open_endpoint(Ctx* ctx) {
   return MESHCCL_T_SUCCESS;
 }
 
-void close_fabric(Ctx* c) {
-  if (c->ep != nullptr) fi_close(&c->ep->fid);
-  if (c->av != nullptr) fi_close(&c->av->fid);
-  if (c->cq != nullptr) fi_close(&c->cq->fid);
-  if (c->domain != nullptr) fi_close(&c->domain->fid);
-  if (c->fabric != nullptr) fi_close(&c->fabric->fid);
+bool close_fabric(Ctx* c) {
+  bool clean = true;
+  auto close = [c, &clean](fid* f, const char* what) {
+    int rc = f != nullptr ? fi_close(f) : 0;
+    if (rc == 0) return;
+    clean = false;
+    MPLUG_INFO(c->host, "ofi: closing the %s (fi_close): %s", what, fi_strerror(-rc));
+  };
+  close(c->ep != nullptr ? &c->ep->fid : nullptr, "endpoint");
+  close(c->av != nullptr ? &c->av->fid : nullptr, "address vector");
+  close(c->cq != nullptr ? &c->cq->fid : nullptr, "completion queue");
+  close(c->domain != nullptr ? &c->domain->fid : nullptr, "domain");
+  close(c->fabric != nullptr ? &c->fabric->fid : nullptr, "fabric");
   if (c->info != nullptr) fi_freeinfo(c->info);
   c->ep = nullptr;
   c->av = nullptr;
@@ -173,6 +180,7 @@ void close_fabric(Ctx* c) {
   c->domain = nullptr;
   c->fabric = nullptr;
   c->info = nullptr;
+  return clean;
 }
 
 meshccl_tresult_t do_init(const meshccl_transport_host_v1_t* host, void** out) {
@@ -415,10 +423,18 @@ void close_listen(ListenComm* lc) {
   lc->hello = nullptr;
 }
 
-void finalize(Ctx* c) {
+// libfabric's tcp;ofi_rxm stack refuses to close a domain after a peer
+// failed with operations outstanding (EBUSY) and keeps the requests and
+// buffers posted from this context: they must not be freed and reused then,
+// so the context's memory is kept (one context per communicator that saw
+// a peer fail).
+bool finalize(Ctx* c) {
   stop_helper(c);
+  drain_notices(c);   // close notices still in flight get a bounded wait
   (void)progress(c);  // reports what finished; the rest goes with the endpoint
-  close_fabric(c);
+  if (close_fabric(c)) return true;
+  MPLUG_INFO(c->host, "ofi: libfabric still holds resources of this context; its memory is kept");
+  return false;
 }
 
 using Lock = std::lock_guard<std::mutex>;
@@ -481,7 +497,7 @@ struct Traits {
     Lock g(l->ctx->mu);
     ofi::close_listen(l);
   }
-  static void finalize(Ctx* c) { ofi::finalize(c); }
+  static bool finalize(Ctx* c) { return ofi::finalize(c); }
 };
 
 }  // namespace
@@ -551,7 +567,8 @@ meshccl_tresult_t read_error(Ctx* ctx) {
 }
 }  // namespace
 
-meshccl_tresult_t progress(Ctx* ctx) {
+namespace {
+meshccl_tresult_t read_completions(Ctx* ctx) {
   constexpr int kBatch = 16;
   fi_cq_tagged_entry e[kBatch];
   for (int round = 0; round < 64; ++round) {
@@ -569,6 +586,13 @@ meshccl_tresult_t progress(Ctx* ctx) {
     }
     if (n < kBatch) return MESHCCL_T_SUCCESS;
   }
+  return MESHCCL_T_SUCCESS;
+}
+}  // namespace
+
+meshccl_tresult_t progress(Ctx* ctx) {
+  MPLUG_CHECK(read_completions(ctx));
+  if (!ctx->notices.empty()) advance_notices(ctx);
   return MESHCCL_T_SUCCESS;
 }
 

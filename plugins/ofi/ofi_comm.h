@@ -169,6 +169,16 @@ struct Ctx {
   std::vector<Peer> peers;
   Pool<Request> reqs;
   List<Request> orphans;  // requests of closed comms still known to libfabric
+  // Close notices ("bye") not yet known to be sent: progress posts those
+  // libfabric had no room for and lets go of those that completed; each is
+  // given up at its deadline. Closing does not wait for them, finalize does.
+  struct Notice {
+    Request* r;
+    fi_addr_t to;
+    uint64_t tag;
+    uint64_t deadline;
+  };
+  std::vector<Notice> notices;
   BufferPool bufs{1u << 20};
   // Providers set a connection up only while both ends make progress, and
   // a host may poll only the receiver's accept: while hellos wait to be
@@ -201,6 +211,7 @@ struct SendComm {
   Request* back = nullptr;   // receive for the receiver's notices
   meshccl_tresult_t broken = MESHCCL_T_SUCCESS;
   uint64_t delivered_below = 0;  // the receiver closed holding every message before this one
+  bool receiver_closed = false;  // its notice came
   PeerWatch watch;
 };
 
@@ -248,6 +259,10 @@ meshccl_tresult_t advance_sends(SendComm* c);
 meshccl_tresult_t start_slots(RecvComm* c);
 void close_send(SendComm* c);
 void close_recv(RecvComm* c);
+// Posts waiting close notices and lets go of sent ones (called by progress).
+void advance_notices(Ctx* ctx);
+// Gives the close notices still in flight a bounded time to leave (finalize).
+void drain_notices(Ctx* ctx);
 
 }  // namespace meshccl::plugin::ofi
 

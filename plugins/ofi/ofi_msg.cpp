@@ -37,13 +37,18 @@ meshccl_tresult_t post_retry(Ctx* ctx, const char* what, Op* op, bool wait, Post
   }
 }
 
-// Waits a bounded time for a notice to leave, then lets it go (orphaned if
-// libfabric still has it).
-void flush(Ctx* ctx, Request* r) {
-  uint64_t deadline = now_ns() + kFlushNs;
-  while (busy(r->hdr) && now_ns() < deadline && progress(ctx) == MESHCCL_T_SUCCESS) {
+// Hands a close notice over without waiting for it to leave: closing a
+// job's many connections would otherwise wait on each in turn (up to
+// kFlushNs apiece on a busy provider). The notice stays in ctx->notices
+// until libfabric reports it sent, progress retries it while libfabric has
+// no room, and finalize gives what is left one bounded wait.
+void send_notice(Ctx* ctx, Request* r, fi_addr_t to, uint64_t tag) {
+  ctx->notices.push_back({r, to, tag, now_ns() + kFlushNs});
+  meshccl_tresult_t res = post_tsend(ctx, r->buf, sizeof(WireHdr), to, tag, &r->hdr, false);
+  if (res != MESHCCL_T_SUCCESS && res != kBusy) {  // said why; the peer learns of the close another way
+    ctx->notices.pop_back();
+    release(ctx, r);
   }
-  release(ctx, r);
 }
 
 void drop(Ctx* ctx, Request*& r) {
@@ -73,6 +78,7 @@ void refresh(SendComm* c) {
         WireHdr h;
         std::memcpy(&h, c->back->buf, sizeof(h));
         c->delivered_below = h.complete_below;
+        c->receiver_closed = true;
         MPLUG_INFO(ctx->host, "ofi: the receiver closed connection %u", c->conn);
         c->broken = MESHCCL_T_REMOTE_ERROR;
       }
@@ -377,9 +383,16 @@ uint64_t timeout_ns(const meshccl_transport_host_v1_t* host) {
   return static_cast<uint64_t>(std::min(s, 86400.0) * 1e9);
 }
 
+// Sends libfabric still holds; once the receiver said it closed, only those
+// it holds the data of (below its mark): it cancelled the rest, so nothing
+// will read them again, and they complete only when the connection goes
+// (waiting for that would wait for the receiver's own close, which may be
+// waiting for ours).
 size_t held_sends(const SendComm* c) {
+  const uint64_t below = c->receiver_closed ? c->delivered_below : UINT64_MAX;
   size_t n = 0;
-  for (const Request* r = c->queue.front(); r != nullptr; r = r->next) n += busy(r->hdr) || busy(r->body);
+  for (const Request* r = c->queue.front(); r != nullptr; r = r->next)
+    n += (busy(r->hdr) || busy(r->body)) && (r->state != State::kActive || r->seq < below);
   return n;
 }
 
@@ -396,13 +409,16 @@ void wait_sends_let_go(SendComm* c) {
   for (Request* r = c->queue.front(); r != nullptr; r = r->next)
     if (busy(r->body)) fi_cancel(&ctx->ep->fid, &r->body);
   const uint64_t deadline = now_ns() + timeout_ns(ctx->host);
+  const char* why = "after MESHCCL_TIMEOUT";
   while ((held = held_sends(c)) != 0) {
     if (progress(ctx) != MESHCCL_T_SUCCESS || now_ns() > deadline) break;
+    refresh(c);
     if (peer_dead(ctx->host, c->peer_pid, c->watch)) {
+      why = "to a peer process that exited";
       // A dead peer's connection fails what is left: give the provider a
       // moment to report it.
       const uint64_t until = now_ns() + kFlushNs;
-      while (held_sends(c) != 0 && now_ns() < until && progress(ctx) == MESHCCL_T_SUCCESS) {
+      while ((held = held_sends(c)) != 0 && now_ns() < until && progress(ctx) == MESHCCL_T_SUCCESS) {
       }
       break;
     }
@@ -410,9 +426,9 @@ void wait_sends_let_go(SendComm* c) {
   }
   if (held != 0)
     MPLUG_WARN(ctx->host,
-               "ofi: closing connection %u while libfabric still holds %zu send(s) after MESHCCL_TIMEOUT; their "
-               "buffers must stay valid until the transport is finalized",
-               c->conn, held);
+               "ofi: closing connection %u while libfabric still holds %zu send(s) %s; their buffers must stay "
+               "valid until the transport is finalized",
+               c->conn, held, why);
 }
 
 }  // namespace
@@ -439,10 +455,7 @@ void close_send(SendComm* c) {
     if (bye != nullptr) {
       WireHdr h{0, 0, kFlagBye, 0, below};
       std::memcpy(bye->buf, &h, sizeof(h));
-      if (post_tsend(ctx, bye->buf, sizeof(h), c->peer, ftag(kHeader, c->conn, c->seq, 0), &bye->hdr) ==
-          MESHCCL_T_SUCCESS)
-        ++c->seq;
-      flush(ctx, bye);
+      send_notice(ctx, bye, c->peer, ftag(kHeader, c->conn, c->seq++, 0));
     }
   }
   wait_sends_let_go(c);
@@ -464,14 +477,44 @@ void close_recv(RecvComm* c) {
     if (note != nullptr) {
       WireHdr h{0, 0, kFlagBye, 0, below};
       std::memcpy(note->buf, &h, sizeof(h));
-      (void)post_tsend(ctx, note->buf, sizeof(h), c->peer, ftag(kBack, c->conn, 0, 0), &note->hdr);
-      flush(ctx, note);
+      send_notice(ctx, note, c->peer, ftag(kBack, c->conn, 0, 0));
     }
   }
   while (Request* r = c->posted.pop_front()) release(ctx, r);
   while (Request* r = c->active.pop_front()) drop(ctx, r);
   for (Request*& s : c->slots) drop(ctx, s);
   while (Unexpected* u = c->unexpected.pop_front()) ctx->bufs.put(u->inl);
+}
+
+void advance_notices(Ctx* ctx) {
+  auto& ns = ctx->notices;
+  const uint64_t now = now_ns();
+  size_t keep = 0;
+  for (size_t i = 0; i < ns.size(); ++i) {
+    Ctx::Notice& n = ns[i];
+    if (n.r->hdr.posted == 0 && now <= n.deadline) {
+      meshccl_tresult_t res = post_tsend(ctx, n.r->buf, sizeof(WireHdr), n.to, n.tag, &n.r->hdr, false);
+      if (res != MESHCCL_T_SUCCESS && res != kBusy) n.deadline = 0;  // failed, and said why
+    }
+    if (n.r->hdr.posted > 0 && !busy(n.r->hdr)) {
+      release(ctx, n.r);  // sent (or failed: the connection is gone)
+    } else if (now > n.deadline) {
+      if (n.deadline != 0 && n.r->hdr.posted == 0)
+        MPLUG_INFO(ctx->host, "ofi: a close notice found no room for %" PRIu64 " ms; the peer learns of the close when the connection goes",
+                   kFlushNs / 1'000'000);
+      release(ctx, n.r);  // orphaned if libfabric still holds it
+    } else {
+      ns[keep++] = n;
+    }
+  }
+  ns.resize(keep);
+}
+
+void drain_notices(Ctx* ctx) {
+  const uint64_t until = now_ns() + kFlushNs;
+  while (!ctx->notices.empty() && now_ns() < until && progress(ctx) == MESHCCL_T_SUCCESS) sched_yield();
+  for (Ctx::Notice& n : ctx->notices) release(ctx, n.r);
+  ctx->notices.clear();
 }
 
 }  // namespace meshccl::plugin::ofi

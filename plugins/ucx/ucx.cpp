@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cinttypes>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -32,6 +33,8 @@
 namespace meshccl::plugin::ucx {
 
 namespace {
+
+constexpr uint64_t kCloseWaitNs = 2'000'000'000;  // how long finalize waits for endpoint closes
 ArgCheck g_check("ucx");
 constexpr size_t kMaxPending = TcpGate::kMaxPending;
 
@@ -307,6 +310,7 @@ void send_ep_error(void* arg, ucp_ep_h ep, ucs_status_t s) {
     MPLUG_WARN(c->ctx->host, "ucx: connection to %s failed: %s (%s)", c->peer.c_str(), ucs_status_string(s), status_hint(s));
     c->broken = MESHCCL_T_REMOTE_ERROR;
   }
+  c->ctx->peer_failed = true;
 }
 
 // Another host: peer error handling, so that UCX reports a dead or
@@ -423,11 +427,18 @@ meshccl_tresult_t advance_setup(SendComm* c) {
 
 namespace {
 
-void finalize(Ctx* c) {
+// Endpoint closes still in flight get a bounded wait. UCX (1.13) destroys a
+// worker's endpoints with it and, after an endpoint failed with requests in
+// flight, can find one still holding requests and abort the process
+// (ucp_ep_destroy_base's assertion); destroying such a worker is not safe.
+// So a worker that saw an endpoint fail, or whose closes did not finish, is
+// kept, with the context's memory its callbacks reach: one per
+// communicator that lost a peer, until the process exits.
+bool finalize(Ctx* c) {
   for (Connecting& cn : c->connecting) close(cn.fd);  // connects the host gave up on
   c->connecting.clear();
-  // Endpoint closes in flight: bounded wait, then the worker goes anyway.
-  for (int i = 0; i < 100000 && !c->closing.empty(); ++i) {
+  const uint64_t until = now_ns() + kCloseWaitNs;
+  while (!c->closing.empty() && now_ns() < until) {
     ucp_worker_progress(c->worker);
     for (size_t k = 0; k < c->closing.size();) {
       if (ucp_request_check_status(c->closing[k]) != UCS_INPROGRESS) {
@@ -438,10 +449,14 @@ void finalize(Ctx* c) {
       }
     }
   }
-  for (void* r : c->closing) ucp_request_free(r);
-  c->closing.clear();
+  if (!c->closing.empty() || c->peer_failed) {
+    MPLUG_INFO(c->host, "ucx: %s; the UCX worker is kept",
+               c->peer_failed ? "an endpoint of this context failed" : "endpoint closes did not finish in time");
+    return false;
+  }
   destroy_worker(c);
   c->closed_links.clear();  // no endpoint is left to report through them
+  return true;
 }
 
 struct Traits {
@@ -473,7 +488,7 @@ struct Traits {
   static void close_send(SendComm* c) { ucx::close_send(c); }
   static void close_recv(RecvComm* c) { ucx::close_recv(c); }
   static void close_listen(ListenComm* l) { ucx::close_listen(l); }
-  static void finalize(Ctx* c) { ucx::finalize(c); }
+  static bool finalize(Ctx* c) { return ucx::finalize(c); }
 };
 
 }  // namespace

@@ -121,6 +121,7 @@ struct Ctx {
   std::vector<Connecting> connecting;
   std::vector<void*> closing;  // endpoint close requests still in flight
   std::vector<std::unique_ptr<EpLink>> closed_links;  // of closed endpoints (freed with the worker)
+  bool peer_failed = false;  // an endpoint failed: the worker is not destroyed (see finalize)
 };
 
 struct ListenComm {

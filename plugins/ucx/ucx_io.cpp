@@ -322,6 +322,7 @@ void close_send(SendComm* c) {
     drop(ctx->worker, r->data_req);
     r->magic = 0;
   });
+  if (c->broken != MESHCCL_T_SUCCESS) ctx->peer_failed = true;
   if (c->ep != nullptr) {
     // Push out what completed sends left in UCX's queues (bounded), then
     // close without waiting for the peer: a force close also ends sends

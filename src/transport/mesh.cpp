@@ -15,11 +15,15 @@ constexpr uint32_t kTagHandle = 0x7e57a000u;
 }
 
 Mesh::~Mesh() {
-  for (Link& l : links_) {
-    if (l.transport == nullptr) continue;
-    l.transport->close_send(l.send);
-    l.transport->close_recv(l.recv);
-  }
+  // Receives first, on every link: a transport's close_send may wait for
+  // sends its peer still has to take or refuse, and the peer refuses them
+  // when it closes its receive side. Closing a link's send before the other
+  // links' receives would let two ranks each wait in close_send for the
+  // other's close_recv until MESHCCL_TIMEOUT.
+  for (Link& l : links_)
+    if (l.transport != nullptr) l.transport->close_recv(l.recv);
+  for (Link& l : links_)
+    if (l.transport != nullptr) l.transport->close_send(l.send);
   links_.clear();
   transports_.clear();  // finalizes the plugin contexts
 }

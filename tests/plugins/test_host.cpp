@@ -312,6 +312,15 @@ Child spawn(const std::function<int(int fd)>& body) {
   return Child{pid, sv[0]};
 }
 
+// libfabric's shm provider names its region /dev/shm/<pid>:<n>:<n> and
+// unlinks it when the endpoint closes; a child killed by a signal cannot,
+// so the test that killed it removes what it left.
+void remove_dead_shm_regions(pid_t pid) {
+  const std::string prefix = std::to_string(pid) + ":";
+  for (const std::string& name : dev_shm_entries())
+    if (name.compare(0, prefix.size(), prefix) == 0) unlink(("/dev/shm/" + name).c_str());
+}
+
 int reap(Child& c, double timeout_s) {
   if (c.pid <= 0) return -1;
   double deadline = now_s() + timeout_s;
@@ -329,10 +338,13 @@ int reap(Child& c, double timeout_s) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   close(c.fd);
+  const pid_t pid = c.pid;
   c.pid = -1;
   if (WIFEXITED(status)) return WEXITSTATUS(status);
+  remove_dead_shm_regions(pid);
   return 128 + WTERMSIG(status);
 }
+
 
 bool write_all(int fd, const void* buf, size_t n) {
   auto* p = static_cast<const char*>(buf);
