@@ -1,5 +1,6 @@
-// The listening side of a nonce-checked TCP connection, shared by the socket
-// and ucx transports (their data socket / control socket).
+// Both sides of a nonce-checked TCP connection, shared by the socket and ucx
+// transports (their data socket / control socket): TcpGate listens, TcpDial
+// connects.
 //
 // A listener accepts every connection that arrives (at most kMaxPending
 // unidentified ones; the oldest is refused beyond that) and reads from each
@@ -12,9 +13,12 @@
 #ifndef MESHCCL_PLUGINS_COMMON_TCP_GATE_H_
 #define MESHCCL_PLUGINS_COMMON_TCP_GATE_H_
 
+#include <sys/socket.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "meshccl/transport.h"
@@ -68,6 +72,48 @@ class TcpGate {
   uint64_t magic_ = 0;
   uint64_t nonce_ = 0;
   std::vector<Pending> pending_;
+};
+
+// The connecting side: a non-blocking connect that then writes the hello.
+// A SYN lost while a link is down is sent again by the kernel only after 1,
+// then 2, 4, ... s, so a 3 s outage could hold a connect for 7 s; a connect
+// not answered within kRedialNs starts again with a new socket (a new SYN).
+class TcpDial {
+ public:
+  static constexpr uint64_t kRedialNs = 1'000'000'000;
+
+  TcpDial() = default;
+  ~TcpDial() { close(); }
+  TcpDial(TcpDial&& o) noexcept { *this = std::move(o); }
+  TcpDial& operator=(TcpDial&& o) noexcept;
+  TcpDial(const TcpDial&) = delete;
+  TcpDial& operator=(const TcpDial&) = delete;
+
+  // Starts connecting to `to` (`peer` names it in logs, `who` the
+  // transport). An error, logged as "<who>: connecting to <peer> failed:
+  // <why>", when connect() fails at once.
+  meshccl_tresult_t start(const meshccl_transport_host_v1_t* host, const char* who, const sockaddr_storage& to,
+                          socklen_t len, const std::string& peer, GateHello hello);
+  // Advances without blocking. *fd is the connection, the hello written
+  // (now the caller's), or -1 while under way. An error (logged) when the
+  // connection failed; the dial is then closed.
+  meshccl_tresult_t poll(int* fd);
+  void close();
+
+ private:
+  meshccl_tresult_t dial();
+  meshccl_tresult_t fail(meshccl_tresult_t r, const char* why);
+
+  const meshccl_transport_host_v1_t* host_ = nullptr;
+  const char* who_ = "";
+  sockaddr_storage to_{};
+  socklen_t len_ = 0;
+  std::string peer_;
+  GateHello hello_{};
+  int fd_ = -1;
+  bool connected_ = false;
+  uint32_t sent_ = 0;         // bytes of the hello written
+  uint64_t dialed_ns_ = 0;    // when the current connect() was issued
 };
 
 }  // namespace meshccl::plugin

@@ -140,55 +140,21 @@ meshccl_tresult_t do_connect(Ctx* ctx, const void* handle, void** send_comm) {
   size_t idx = 0;
   while (idx < ctx->connecting.size() && std::memcmp(&ctx->connecting[idx].handle, &h, sizeof(h)) != 0) ++idx;
   if (idx == ctx->connecting.size()) {
-    int fd = ::socket(h.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) return sys_fail(host, "socket", "socket()");
-    tune_tcp(fd);
     Connecting cn;
     cn.handle = h;
-    cn.fd = fd;
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), len) == 0) {
-      cn.connected = true;
-    } else if (errno != EINPROGRESS) {
-      int err = errno;
-      close(fd);
-      MPLUG_WARN(host, "socket: connecting to %s failed: %s", peer.c_str(), std::strerror(err));
-      return err == ECONNREFUSED ? MESHCCL_T_REMOTE_ERROR : MESHCCL_T_SYSTEM_ERROR;
-    }
-    ctx->connecting.push_back(cn);
+    if (meshccl_tresult_t r = cn.dial.start(host, "socket", sa, len, peer, Hello{kHelloMagic, h.nonce});
+        r != MESHCCL_T_SUCCESS)
+      return r;
+    ctx->connecting.push_back(std::move(cn));
   }
-  Connecting& cn = ctx->connecting[idx];
-  auto drop = [&](meshccl_tresult_t r, const char* why) {
-    MPLUG_WARN(host, "socket: connecting to %s failed: %s", peer.c_str(), why);
-    close(cn.fd);
-    ctx->connecting.erase(ctx->connecting.begin() + static_cast<long>(idx));
-    return r;
-  };
-  if (!cn.connected) {
-    pollfd p{cn.fd, POLLOUT, 0};
-    if (poll(&p, 1, 0) <= 0) return MESHCCL_T_SUCCESS;  // not yet
-    int err = 0;
-    socklen_t elen = sizeof(err);
-    if (getsockopt(cn.fd, SOL_SOCKET, SO_ERROR, &err, &elen) != 0) err = errno;
-    if (err != 0)
-      return drop(err == ECONNREFUSED ? MESHCCL_T_REMOTE_ERROR : MESHCCL_T_SYSTEM_ERROR, std::strerror(err));
-    cn.connected = true;
-  }
-  Hello hello{kHelloMagic, h.nonce};
-  while (cn.sent < sizeof(hello)) {
-    ssize_t w = send(cn.fd, reinterpret_cast<char*>(&hello) + cn.sent, sizeof(hello) - cn.sent,
-                     MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return MESHCCL_T_SUCCESS;
-      return drop(MESHCCL_T_REMOTE_ERROR, std::strerror(errno));
-    }
-    cn.sent += static_cast<uint32_t>(w);
-  }
+  int fd = -1;
+  meshccl_tresult_t r = ctx->connecting[idx].dial.poll(&fd);
+  if (r != MESHCCL_T_SUCCESS || fd >= 0) ctx->connecting.erase(ctx->connecting.begin() + static_cast<long>(idx));
+  if (r != MESHCCL_T_SUCCESS || fd < 0) return r;  // failed (said why), or under way
   auto c = std::make_unique<SendComm>();
   c->ctx = ctx;
-  c->fd = cn.fd;
+  c->fd = fd;
   c->peer = peer;
-  ctx->connecting.erase(ctx->connecting.begin() + static_cast<long>(idx));
   MPLUG_TRACE(host, "socket: connected to %s", peer.c_str());
   *send_comm = c.release();
   return MESHCCL_T_SUCCESS;
@@ -261,7 +227,7 @@ struct Traits {
   static void close_recv(RecvComm* c) { socket::close_recv(c); }
   static void close_listen(ListenComm* l) { socket::close_listen(l); }
   static void finalize(Ctx* c) {
-    for (Connecting& cn : c->connecting) close(cn.fd);  // connects the host gave up on
+    c->connecting.clear();  // connects the host gave up on
   }
 };
 

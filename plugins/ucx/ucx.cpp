@@ -181,76 +181,33 @@ socklen_t handle_addr(const Handle& h, sockaddr_storage* sa) {
   return sizeof(sockaddr_in6);
 }
 
-// Starts (or finds) the control connection for handle h; index into
-// ctx->connecting, or -1 with *r set on failure.
-long start_connect(Ctx* ctx, const Handle& h, const std::string& peer, meshccl_tresult_t* r) {
-  for (size_t i = 0; i < ctx->connecting.size(); ++i)
-    if (std::memcmp(&ctx->connecting[i].handle, &h, sizeof(h)) == 0) return static_cast<long>(i);
-  int fd = ::socket(h.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    *r = sys_fail(ctx->host, "ucx", "socket()");
-    return -1;
-  }
-  socket::tune_tcp(fd);
-  Connecting cn;
-  cn.handle = h;
-  cn.fd = fd;
-  sockaddr_storage sa;
-  socklen_t len = handle_addr(h, &sa);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), len) == 0) {
-    cn.connected = true;
-  } else if (errno != EINPROGRESS) {
-    int err = errno;
-    close(fd);
-    MPLUG_WARN(ctx->host, "ucx: connecting to %s failed: %s", peer.c_str(), std::strerror(err));
-    *r = err == ECONNREFUSED ? MESHCCL_T_REMOTE_ERROR : MESHCCL_T_SYSTEM_ERROR;
-    return -1;
-  }
-  ctx->connecting.push_back(cn);
-  return static_cast<long>(ctx->connecting.size() - 1);
-}
-
 meshccl_tresult_t do_connect(Ctx* ctx, const void* handle, void** out) {
   Handle h;
   std::memcpy(&h, handle, sizeof(h));
   if (h.magic != kHandleMagic || (h.family != AF_INET && h.family != AF_INET6))
     return g_check.misuse(ctx->host, "connect", "the handle is not a ucx handle");
   sockaddr_storage sa;
-  handle_addr(h, &sa);
+  const socklen_t len = handle_addr(h, &sa);
   std::string peer = socket::addr_to_string(reinterpret_cast<sockaddr*>(&sa));
-  meshccl_tresult_t r = MESHCCL_T_SUCCESS;
-  long idx = start_connect(ctx, h, peer, &r);
-  if (idx < 0) return r;
-  Connecting& cn = ctx->connecting[static_cast<size_t>(idx)];
-  auto give_up = [&](meshccl_tresult_t res, const char* why) {
-    MPLUG_WARN(ctx->host, "ucx: connecting to %s failed: %s", peer.c_str(), why);
-    close(cn.fd);
-    ctx->connecting.erase(ctx->connecting.begin() + idx);
-    return res;
-  };
-  if (!cn.connected) {
-    pollfd p{cn.fd, POLLOUT, 0};
-    if (poll(&p, 1, 0) <= 0) return MESHCCL_T_SUCCESS;  // not yet
-    int err = 0;
-    socklen_t elen = sizeof(err);
-    if (getsockopt(cn.fd, SOL_SOCKET, SO_ERROR, &err, &elen) != 0) err = errno;
-    if (err != 0) return give_up(err == ECONNREFUSED ? MESHCCL_T_REMOTE_ERROR : MESHCCL_T_SYSTEM_ERROR, std::strerror(err));
-    cn.connected = true;
+  size_t idx = 0;
+  while (idx < ctx->connecting.size() && std::memcmp(&ctx->connecting[idx].handle, &h, sizeof(h)) != 0) ++idx;
+  if (idx == ctx->connecting.size()) {
+    Connecting cn;
+    cn.handle = h;
+    if (meshccl_tresult_t r = cn.dial.start(ctx->host, "ucx", sa, len, peer, Hello{kHelloMagic, h.nonce});
+        r != MESHCCL_T_SUCCESS)
+      return r;
+    ctx->connecting.push_back(std::move(cn));
   }
-  Hello hello{kHelloMagic, h.nonce};
-  while (cn.sent < sizeof(hello)) {
-    ssize_t w = send(cn.fd, reinterpret_cast<char*>(&hello) + cn.sent, sizeof(hello) - cn.sent, MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return MESHCCL_T_SUCCESS;
-    if (w < 0) return give_up(MESHCCL_T_REMOTE_ERROR, std::strerror(errno));
-    cn.sent += static_cast<uint32_t>(w);
-  }
+  int fd = -1;
+  meshccl_tresult_t r = ctx->connecting[idx].dial.poll(&fd);
+  if (r != MESHCCL_T_SUCCESS || fd >= 0) ctx->connecting.erase(ctx->connecting.begin() + static_cast<long>(idx));
+  if (r != MESHCCL_T_SUCCESS || fd < 0) return r;  // failed (said why), or under way
   auto c = std::make_unique<SendComm>();
   c->ctx = ctx;
-  c->fd = cn.fd;
+  c->fd = fd;
   c->peer = peer;
   c->conn = h.conn;
-  ctx->connecting.erase(ctx->connecting.begin() + idx);
   MPLUG_TRACE(ctx->host, "ucx: connected to %s (connection %u)", peer.c_str(), c->conn);
   r = advance_setup(c.get());  // the address may be there already
   if (r != MESHCCL_T_SUCCESS) {
@@ -435,7 +392,7 @@ namespace {
 // kept, with the context's memory its callbacks reach: one per
 // communicator that lost a peer, until the process exits.
 bool finalize(Ctx* c) {
-  for (Connecting& cn : c->connecting) close(cn.fd);  // connects the host gave up on
+  c->connecting.clear();  // connects the host gave up on
   c->connecting.clear();
   const uint64_t until = now_ns() + kCloseWaitNs;
   while (!c->closing.empty() && now_ns() < until) {

@@ -95,9 +95,7 @@ struct WireHdr {
 // A connect() in progress, kept between calls of the non-blocking connect.
 struct Connecting {
   Handle handle;
-  int fd = -1;
-  bool connected = false;
-  uint32_t sent = 0;  // bytes of the Hello written
+  TcpDial dial;
 };
 
 struct SendComm;

@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -162,8 +163,12 @@ Status socket_accept(const Socket& listener, Deadline dl, AbortFlag abort, Socke
   }
 }
 
+// A SYN lost while a link is down is sent again by the kernel only after 1,
+// then 2, 4, ... s, so a 3 s outage could hold a connect for 7 s. Each
+// attempt waits at most kConnectAttemptS; the next starts with a fresh SYN.
+constexpr double kConnectAttemptS = 1.0;
+
 Status socket_connect(const SockAddr& to, Deadline dl, AbortFlag abort, Socket* out) {
-  Backoff backoff;
   int delay_ms = 1;
   for (;;) {
     int fd = ::socket(to.ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -171,7 +176,14 @@ Status socket_connect(const SockAddr& to, Deadline dl, AbortFlag abort, Socket* 
     Socket s(fd);
     int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&to.ss), to.len);
     if (rc != 0 && errno == EINPROGRESS) {
-      MC_TRY(wait_fd(fd, POLLOUT, dl, abort, "connect"));
+      Deadline attempt = Deadline::after(std::min(dl.seconds_left(), kConnectAttemptS));
+      if (!wait_fd(fd, POLLOUT, attempt, abort, "connect").ok()) {
+        if (abort != nullptr && abort->load()) return MC_ERROR(ncclInvalidUsage, "connect interrupted: communicator aborted");
+        if (dl.expired() || dl.seconds_left() <= 0)
+          return MC_ERROR(ncclRemoteError, "connect to %s timed out after MESHCCL_TIMEOUT=%.0f s", to.str().c_str(),
+                          timeout_seconds());
+        continue;  // no answer to this SYN yet: a new socket sends a new one
+      }
       int err = 0;
       socklen_t len = sizeof(err);
       getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
