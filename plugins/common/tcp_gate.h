@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -115,6 +116,33 @@ class TcpDial {
   uint32_t sent_ = 0;         // bytes of the hello written
   uint64_t dialed_ns_ = 0;    // when the current connect() was issued
 };
+
+// The dials of a context under way, one per listener handle: a host polls
+// connect until it says done.
+template <class Handle>
+struct Dialing {
+  Handle handle;
+  TcpDial dial;
+};
+
+// Starts (first call) or advances the dial to `h`'s listener; *fd as
+// TcpDial::poll. A dial leaves `list` once it connected or failed.
+template <class Handle>
+meshccl_tresult_t dial_handle(std::vector<Dialing<Handle>>& list, const Handle& h, const meshccl_transport_host_v1_t* host,
+                              const char* who, const sockaddr_storage& to, socklen_t len, const std::string& peer,
+                              GateHello hello, int* fd) {
+  *fd = -1;
+  size_t i = 0;
+  while (i < list.size() && std::memcmp(&list[i].handle, &h, sizeof(h)) != 0) ++i;
+  if (i == list.size()) {
+    Dialing<Handle> d{h, {}};
+    if (meshccl_tresult_t r = d.dial.start(host, who, to, len, peer, hello); r != MESHCCL_T_SUCCESS) return r;
+    list.push_back(std::move(d));
+  }
+  meshccl_tresult_t r = list[i].dial.poll(fd);
+  if (r != MESHCCL_T_SUCCESS || *fd >= 0) list.erase(list.begin() + static_cast<long>(i));
+  return r;
+}
 
 }  // namespace meshccl::plugin
 

@@ -51,10 +51,7 @@ struct FrameHdr {
 };
 
 // A connect() in progress, kept between calls of the non-blocking connect.
-struct Connecting {
-  Handle handle;
-  TcpDial dial;
-};
+using Connecting = Dialing<Handle>;
 
 struct Ctx {
   uint32_t magic = kCtxMagic;

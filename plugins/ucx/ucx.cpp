@@ -189,19 +189,8 @@ meshccl_tresult_t do_connect(Ctx* ctx, const void* handle, void** out) {
   sockaddr_storage sa;
   const socklen_t len = handle_addr(h, &sa);
   std::string peer = socket::addr_to_string(reinterpret_cast<sockaddr*>(&sa));
-  size_t idx = 0;
-  while (idx < ctx->connecting.size() && std::memcmp(&ctx->connecting[idx].handle, &h, sizeof(h)) != 0) ++idx;
-  if (idx == ctx->connecting.size()) {
-    Connecting cn;
-    cn.handle = h;
-    if (meshccl_tresult_t r = cn.dial.start(ctx->host, "ucx", sa, len, peer, Hello{kHelloMagic, h.nonce});
-        r != MESHCCL_T_SUCCESS)
-      return r;
-    ctx->connecting.push_back(std::move(cn));
-  }
   int fd = -1;
-  meshccl_tresult_t r = ctx->connecting[idx].dial.poll(&fd);
-  if (r != MESHCCL_T_SUCCESS || fd >= 0) ctx->connecting.erase(ctx->connecting.begin() + static_cast<long>(idx));
+  meshccl_tresult_t r = dial_handle(ctx->connecting, h, ctx->host, "ucx", sa, len, peer, Hello{kHelloMagic, h.nonce}, &fd);
   if (r != MESHCCL_T_SUCCESS || fd < 0) return r;  // failed (said why), or under way
   auto c = std::make_unique<SendComm>();
   c->ctx = ctx;

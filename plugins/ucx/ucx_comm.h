@@ -93,10 +93,7 @@ struct WireHdr {
 };
 
 // A connect() in progress, kept between calls of the non-blocking connect.
-struct Connecting {
-  Handle handle;
-  TcpDial dial;
-};
+using Connecting = Dialing<Handle>;
 
 struct SendComm;
 // What an endpoint's error handler reaches: the send comm while it is open.
