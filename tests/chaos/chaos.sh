@@ -80,7 +80,7 @@ export MESHCCL_TIMEOUT=$timeout_s
 RANDOM=$seed
 rounds=0 faults=0 kills=0 stops=0 links=0 saturations=0
 slowest=0
-ops_done=0 errors=0 shrinks=0 wrong=0 hangs=0 crashes=0 leftovers=0 recovered=0
+ops_done=0 errors=0 shrinks=0 wrong=0 hangs=0 overtime=0 crashes=0 leftovers=0 recovered=0
 t_end=$(( $(date +%s) + seconds ))
 
 alive() { kill -0 "$1" 2>/dev/null; }
@@ -187,7 +187,7 @@ while [ "$(date +%s)" -lt "$t_end" ]; do
   done
   wait "$job"
   status=$?
-  [ "${hung:-0}" = 1 ] && status=124
+  stalled=${hung:-0}
   hung=0
   for p in "${iperf_pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
   iperf_pids=()
@@ -215,7 +215,11 @@ while [ "$(date +%s)" -lt "$t_end" ]; do
   slowest=$(awk -v a="$slowest" -v b="$r_slow" 'BEGIN {print (b > a) ? b : a}')
   verdict=ok
   if awk -v x="$r_slow" -v t="$timeout_s" 'BEGIN {exit !(x > 2 * t + 9)}'; then hangs=$(( hangs + 1 )); verdict=SLOW; fi
-  if [ "$status" = 124 ]; then hangs=$(( hangs + 1 )); verdict=HANG; fi
+  # A stall (60 s without an operation anywhere) is a hang; a job still
+  # completing operations when meshrun's --timeout ends it is not, but it
+  # did not finish either: too slow, counted apart.
+  if [ "$stalled" = 1 ]; then hangs=$(( hangs + 1 )); verdict=HANG
+  elif [ "$status" = 124 ]; then overtime=$(( overtime + 1 )); verdict=OVERTIME; fi
   # Signals other than the injected SIGKILLs, or a missing report, are crashes.
   crashed=$(grep -E 'was killed by' "$dir/out" | grep -vc 'SIGKILL')
   if [ "$crashed" -gt 0 ] || [ $(( lines + nkilled )) -lt "$n" ] && [ "$verdict" = ok ]; then
@@ -241,5 +245,5 @@ shm_after=$(ls /dev/shm 2>/dev/null | sort)
 new_shm=$(comm -13 <(echo "$shm_before") <(echo "$shm_after") | grep -ci 'meshccl\|mcc')
 [ "$new_shm" -gt 0 ] && { echo "LEFTOVER: $new_shm files in /dev/shm"; leftovers=$(( leftovers + new_shm )); }
 
-echo "chaos summary: seed $seed, $hosts hosts, net ${net:-automatic}, $rounds rounds, faults $faults (SIGKILL $kills, SIGSTOP $stops, link down $links, iperf3 $saturations), ops completed $ops_done, errors $errors, shrinks $shrinks, kill rounds recovered $recovered, slowest failing op ${slowest} s, wrong answers $wrong, hangs $hangs, crashes $crashes, leftovers $leftovers"
-[ $(( wrong + hangs + crashes + leftovers )) -eq 0 ]
+echo "chaos summary: seed $seed, $hosts hosts, net ${net:-automatic}, $rounds rounds, faults $faults (SIGKILL $kills, SIGSTOP $stops, link down $links, iperf3 $saturations), ops completed $ops_done, errors $errors, shrinks $shrinks, kill rounds recovered $recovered, slowest failing op ${slowest} s, wrong answers $wrong, hangs $hangs, rounds over meshrun's --timeout while progressing $overtime, crashes $crashes, leftovers $leftovers"
+[ $(( wrong + hangs + overtime + crashes + leftovers )) -eq 0 ]
