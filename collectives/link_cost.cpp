@@ -56,6 +56,7 @@ StepCost step_cost(const BuildCtx& ctx, const std::vector<std::pair<int, int>>& 
 ChainCost chain_cost(const BuildCtx& ctx, int root) {
   const int n = ctx.nranks;
   ChainCost c;
+  if (root < 0 || root >= n) root = 0;
   std::vector<std::pair<int, int>> hops;
   for (int k = 0; k + 1 < n; ++k) {
     const int a = ((root + k) % n + n) % n, b = (a + 1) % n;

@@ -224,7 +224,8 @@ namespace {
 double rooted_cost(const BuildCtx& ctx, const OpDesc& op, bool reduce) {
   const TuneModel& t = ctx.model;
   if (ctx.nranks == 1) return 0;
-  const detail::PathCost tree = detail::tree_cost(ctx, parents_of(ctx.nranks, true, op.root), true);
+  const int root = op.root >= 0 && op.root < ctx.nranks ? op.root : 0;
+  const detail::PathCost tree = detail::tree_cost(ctx, parents_of(ctx.nranks, true, root), true);
   const double half = static_cast<double>(op.count * op.elem()) / 2, hops = load_for(ctx.nranks, true).depth;
   const int children = reduce ? load_for(ctx.nranks, true).children : 0;
   return tree.depth_alpha_us + tree.busiest_beta * half + (hops - 1) * detail::first_chunk(op, half) * tree.edge_beta +
