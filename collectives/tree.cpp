@@ -196,12 +196,22 @@ const TreeLoad& load_for(int n, bool rooted) {
   return it->second;
 }
 
-// Parent of every position in each of the two trees.
-std::vector<std::vector<int>> parents_of(int n, bool rooted, int root) {
-  std::vector<std::vector<int>> parents(2, std::vector<int>(static_cast<size_t>(n), -1));
+// Parent of every position in each of the two trees; the last one asked for
+// is kept per thread (a cost is asked for at every launch, mostly of the
+// same trees).
+const std::vector<std::vector<int>>& parents_of(int n, bool rooted, int root) {
+  thread_local struct {
+    int n = -1, root = -1;
+    bool rooted = false;
+    std::vector<std::vector<int>> parents;
+  } last;
+  if (last.n == n && last.rooted == rooted && last.root == root) return last.parents;
+  last.parents.assign(2, std::vector<int>(static_cast<size_t>(n), -1));
   for (int t = 0; t < 2; ++t)
-    for (int r = 0; r < n; ++r) parents[t][r] = (rooted ? rooted_double_tree(n, root, r, t) : double_tree(n, r, t)).parent;
-  return parents;
+    for (int r = 0; r < n; ++r)
+      last.parents[t][r] = (rooted ? rooted_double_tree(n, root, r, t) : double_tree(n, r, t)).parent;
+  last.n = n, last.rooted = rooted, last.root = root;
+  return last.parents;
 }
 }  // namespace
 
