@@ -167,16 +167,16 @@ Status concurrent_exchange(Bootstrap& bs, Engine& engine, int peer, uint64_t* ta
 }
 
 // Bandwidth (GB/s) of one link of a class, from concurrent_exchange: the
-// slope between a medium and a large exchange (network: 256 KiB and 4 MiB,
+// slope between a medium and a large exchange (network: 256 KiB and 2 MiB,
 // past the socket buffers and a shaped link's burst), so per-message costs
 // and the barrier's skew do not count. `streams`: the pairs that crossed one
 // link at once (the network: the most pairs on one host, which share its
 // link), so that the figure is the link's, not one pair's share of it.
 Status measure_bandwidth(Bootstrap& bs, Engine& engine, int peer, bool network, int streams, uint64_t* tag_seq,
                          double* bw_gbs) {
-  constexpr int kReps = 5;
+  constexpr int kReps = 3;
   const size_t medium = network ? size_t{256} << 10 : size_t{64} << 10;
-  const size_t large = network ? size_t{4} << 20 : size_t{1} << 20;  // above every transport's eager limit
+  const size_t large = network ? size_t{2} << 20 : size_t{1} << 20;  // above every transport's eager limit
   std::vector<char> out(large, 0), in(large, 0);
   double t_medium = 0, t_large = 0;
   MC_TRY(concurrent_exchange(bs, engine, peer, tag_seq, out, in, medium, kReps, &t_medium));
