@@ -57,18 +57,10 @@ size_t chunk_elems(const OpDesc& op, size_t largest_piece, int phases) {
   return ce;
 }
 
-double ring_beta(const BuildCtx& ctx) {
-  const TuneModel& t = ctx.model;
-  if (!t.network || t.host.empty()) return t.beta();
-  std::vector<int> out(static_cast<size_t>(t.hosts()), 0);
-  int most = 1;
-  for (int i = 0; i < ctx.nranks; ++i) {
-    const int a = ctx.ranks != nullptr ? ctx.ranks[i] : i;
-    const int b = ctx.ranks != nullptr ? ctx.ranks[(i + 1) % ctx.nranks] : (i + 1) % ctx.nranks;
-    if (t.host_of(a) != t.host_of(b)) most = std::max(most, ++out[static_cast<size_t>(t.host_of(a))]);
-  }
-  // The hops leaving one host share its links (a rail each while there are rails).
-  return 1e-3 * most / t.host_net_gbs(most);
+StepCost ring_step(const BuildCtx& ctx) {
+  std::vector<std::pair<int, int>> edges;
+  for (int i = 0; i < ctx.nranks && ctx.nranks > 1; ++i) edges.emplace_back(i, (i + 1) % ctx.nranks);
+  return step_cost(ctx, edges);
 }
 
 }  // namespace detail

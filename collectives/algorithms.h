@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/op_desc.h"
@@ -177,9 +178,44 @@ inline const char* at(const void* base, size_t elems, size_t es) { return static
 // Bytes of the first chunk of a piece: what a pipeline must carry across each
 // hop before its last stage starts (the fill of the pipeline).
 inline double first_chunk(const OpDesc& op, double piece) { return std::min(static_cast<double>(op.chunk_bytes), piece); }
+// Host-aware costs (link_cost.cpp). Positions a and b of ctx's group talk
+// over the network when the model's host map puts them on different hosts
+// (a model without a host map: whenever it has a network at all).
+bool crosses_hosts(const BuildCtx& ctx, int a, int b);
+// The class of link between positions a and b: the network, else local().
+const LinkCost& link_at(const BuildCtx& ctx, int a, int b);
+// One step of transfers (from, to) that run at the same time: the slowest
+// link's latency, and the us per byte of the slowest transfer, where the
+// transfers leaving one host share its network links (TuneModel::host_net_gbs).
+struct StepCost {
+  double alpha_us = 0;
+  double beta = 0;  // us per byte
+  double us(double bytes) const { return alpha_us + bytes * beta; }
+};
+StepCost step_cost(const BuildCtx& ctx, const std::vector<std::pair<int, int>>& transfers);
+// Trees given as parent[] per tree (-1 at a root), all carrying a piece each
+// as pipelines at once: the latency of the longest path to a root (sum of
+// its links' alphas), the us per byte of piece at the busiest position
+// (a piece per edge; children_only: per child) or host link, whichever is
+// slower, and of the slowest single edge (the pipeline's fill).
+struct PathCost {
+  double depth_alpha_us = 0;
+  double busiest_beta = 0;
+  double edge_beta = 0;
+};
+PathCost tree_cost(const BuildCtx& ctx, const std::vector<std::vector<int>>& parents, bool children_only);
+// The chain from position root through root+1, ... to root-1: the sum of its
+// hops' latencies, and the us per byte of its slowest hop (all at once).
+struct ChainCost {
+  double alpha_us = 0;
+  double beta = 0;
+};
+ChainCost chain_cost(const BuildCtx& ctx, int root);
+// The ring over ctx's group (position i sends to i+1): every edge at once.
+StepCost ring_step(const BuildCtx& ctx);
 // Microseconds per byte a ring over ctx's group moves through its busiest
-// link: on a network, a host link carries every ring edge that leaves the host.
-double ring_beta(const BuildCtx& ctx);
+// link: a host link carries every ring edge that leaves the host.
+inline double ring_beta(const BuildCtx& ctx) { return ring_step(ctx).beta; }
 }  // namespace detail
 
 }  // namespace meshccl

@@ -32,12 +32,12 @@ Status build_chain_broadcast(const BuildCtx& ctx, const OpDesc& op, Plan* plan) 
 }
 
 // A pipeline of p-1 links: each carries the data once, after the first chunk
-// has crossed the links before it.
+// has crossed the links before it (each hop at its link's latency).
 double cost_chain_broadcast(const BuildCtx& ctx, const OpDesc& op) {
-  const TuneModel& t = ctx.model;
   const double p = ctx.nranks, bytes = static_cast<double>(op.count * op.elem());
   if (ctx.nranks == 1) return 0;
-  return (p - 1) * t.alpha() + (bytes + (p - 2) * detail::first_chunk(op, bytes)) * t.beta();
+  const detail::ChainCost chain = detail::chain_cost(ctx, op.root);
+  return chain.alpha_us + (bytes + (p - 2) * detail::first_chunk(op, bytes)) * chain.beta;
 }
 
 }  // namespace meshccl

@@ -58,7 +58,8 @@ double cost_chain_reduce(const BuildCtx& ctx, const OpDesc& op) {
   const TuneModel& t = ctx.model;
   const double p = ctx.nranks, bytes = static_cast<double>(op.count * op.elem());
   if (ctx.nranks == 1) return 0;
-  return (p - 1) * t.alpha() + (bytes + (p - 2) * detail::first_chunk(op, bytes)) * (t.beta() + t.gamma());
+  const detail::ChainCost chain = detail::chain_cost(ctx, op.root);
+  return chain.alpha_us + (bytes + (p - 2) * detail::first_chunk(op, bytes)) * (chain.beta + t.gamma());
 }
 
 }  // namespace meshccl

@@ -33,11 +33,16 @@ Status build_direct_scatter(const BuildCtx& ctx, const OpDesc& op, Plan* plan) {
   return kOk;
 }
 
-// The root handles p-1 messages of one block each.
+// The root handles p-1 messages of one block each, each at its link's rates.
 double cost_direct_gather_scatter(const BuildCtx& ctx, const OpDesc& op) {
-  const TuneModel& t = ctx.model;
-  const double p = ctx.nranks, block = static_cast<double>(op.count * op.elem());
-  return (p - 1) * (t.alpha() + block * t.beta());
+  const double block = static_cast<double>(op.count * op.elem());
+  double us = 0;
+  for (int i = 0; i < ctx.nranks; ++i) {
+    if (i == op.root) continue;
+    const LinkCost& l = detail::link_at(ctx, op.root, i);  // one message at a time at the root
+    us += l.alpha_us + block * 1e-3 / l.bw_gbs;
+  }
+  return us;
 }
 
 }  // namespace meshccl

@@ -162,15 +162,29 @@ Status build_halving_doubling_allreduce(const BuildCtx& ctx, const OpDesc& op, P
 }
 
 // 2 log2(p2) steps plus two for the fold; a rank that folds a partner in also
-// receives, reduces and sends back the whole data once more.
+// receives, reduces and sends back the whole data once more. Step k of the
+// reduce-scatter and its mirror in the all-gather move bytes * bit / p2 per
+// rank between partners bit apart in new ranks, each at the rates of the
+// links its pairs cross (on hosts of several ranks, the steps between
+// near partners stay inside a host, and the far ones share the host's link).
 double cost_halving_doubling_allreduce(const BuildCtx& ctx, const OpDesc& op) {
   const TuneModel& t = ctx.model;
-  if (ctx.nranks == 1) return 0;
-  const int p2 = hd_pof2(ctx.nranks);
+  const int n = ctx.nranks;
+  if (n == 1) return 0;
+  const int p2 = hd_pof2(n), rem = n - p2;
   const double bytes = static_cast<double>(op.count * op.elem()), share = (p2 - 1.0) / p2;
-  const double fold = ctx.nranks > p2 ? 1 : 0, steps = std::countr_zero(static_cast<unsigned>(p2));
-  return (2 * steps + 2 * fold) * t.alpha() + (2 * share + fold) * bytes * t.beta() +
-         (share + fold) * bytes * t.gamma();
+  double us = 0;
+  std::vector<std::pair<int, int>> pairs;
+  if (rem > 0) {  // fold in and send back: the whole data each way, one after the other
+    for (int r = 0; r < 2 * rem; r += 2) pairs.emplace_back(r, r + 1);
+    us += 2 * detail::step_cost(ctx, pairs).us(bytes);
+  }
+  for (int bit = p2 / 2; bit >= 1; bit /= 2) {
+    pairs.clear();
+    for (int nr = 0; nr < p2; ++nr) pairs.emplace_back(hd_rank_of(n, nr), hd_rank_of(n, nr ^ bit));
+    us += 2 * detail::step_cost(ctx, pairs).us(bytes * bit / p2);
+  }
+  return us + (share + (rem > 0 ? 1 : 0)) * bytes * t.gamma();
 }
 
 }  // namespace meshccl

@@ -57,6 +57,7 @@ TuneModel net_model(const TuneModel& model, int hosts, int channels) {
   for (int h = 0; h < hosts; ++h) host[h] = h;
   TuneModel m = with_hosts(make_tune_model(hosts, true, model.shm, net, model.reduce_gbs), host);
   m.cross_numa = model.cross_numa;
+  m.cpu_share = model.cpu_share;
   return m;
 }
 
@@ -64,6 +65,7 @@ TuneModel local_model(const TuneModel& model, int ranks) {
   TuneModel m = make_tune_model(ranks, false, model.shm, model.net, model.reduce_gbs);
   m.cross_numa = model.cross_numa;
   m.cross_numa_links = model.cross_numa_links;
+  m.cpu_share = model.cpu_share;
   return m;
 }
 

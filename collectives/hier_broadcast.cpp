@@ -37,9 +37,13 @@ double rooted_cost(const BuildCtx& ctx, const OpDesc& op, OpKind kind) {
   const HostGroups g = hier::layout(ctx);
   const int hosts = static_cast<int>(g.members.size());
   if (hosts < 2) return std::numeric_limits<double>::infinity();
-  const double inter = hier::cheapest(hier::net_model(ctx.model, hosts, 1), hosts, op, kind, {"chain", "tree"}).us;
+  // Across hosts rooted at the root's host; inside a host at its leader.
+  OpDesc across = op, inside = op;
+  across.root = op.root >= 0 && op.root < ctx.nranks ? g.host[op.root] : 0;
+  inside.root = 0;
+  const double inter = hier::cheapest(hier::net_model(ctx.model, hosts, 1), hosts, across, kind, {"chain", "tree"}).us;
   const double local =
-      g.widest > 1 ? hier::cheapest(hier::local_model(ctx.model, g.widest), g.widest, op, kind, {"chain", "tree"}).us : 0;
+      g.widest > 1 ? hier::cheapest(hier::local_model(ctx.model, g.widest), g.widest, inside, kind, {"chain", "tree"}).us : 0;
   return inter + local;
 }
 

@@ -13,8 +13,10 @@ Status build_p2p(const BuildCtx& /*ctx*/, const OpDesc& op, Plan* plan) {
 }
 
 double cost_p2p(const BuildCtx& ctx, const OpDesc& op) {
-  const TuneModel& t = ctx.model;
-  return t.alpha() + static_cast<double>(op.count * op.elem()) * t.beta();
+  const double bytes = static_cast<double>(op.count * op.elem());
+  if (op.peer < 0 || op.peer >= ctx.nranks) return ctx.model.alpha() + bytes * ctx.model.beta();
+  const LinkCost& l = detail::link_at(ctx, ctx.rank, op.peer);
+  return l.alpha_us + bytes * 1e-3 / l.bw_gbs;
 }
 
 }  // namespace meshccl

@@ -36,10 +36,9 @@ Status build_ring_allgather(const BuildCtx& ctx, const OpDesc& op, Plan* plan) {
 
 // p-1 steps; every rank sends (p-1)/p of the gathered output.
 double cost_ring_allgather(const BuildCtx& ctx, const OpDesc& op) {
-  const TuneModel& t = ctx.model;
   const double p = ctx.nranks, block = static_cast<double>(op.count * op.elem());
   if (ctx.nranks == 1) return 0;
-  return (p - 1) * t.alpha() + (p - 1) * block * detail::ring_beta(ctx);
+  return (p - 1) * detail::ring_step(ctx).us(block);
 }
 
 }  // namespace meshccl

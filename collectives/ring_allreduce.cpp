@@ -103,13 +103,14 @@ Status build_ring_allreduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan) {
   return kOk;
 }
 
-// 2(p-1) dependent steps; every rank sends 2(p-1)/p of the data and reduces
-// (p-1)/p of it.
+// 2(p-1) dependent steps, each paced by the ring's slowest edge (all edges
+// run at once); every rank sends 2(p-1)/p of the data and reduces (p-1)/p of it.
 double cost_ring_allreduce(const BuildCtx& ctx, const OpDesc& op) {
   const TuneModel& t = ctx.model;
   const double p = ctx.nranks, bytes = static_cast<double>(op.count * op.elem());
   if (ctx.nranks == 1) return 0;
-  return 2 * (p - 1) * t.alpha() + 2 * (p - 1) / p * bytes * detail::ring_beta(ctx) + (p - 1) / p * bytes * t.gamma();
+  const detail::StepCost ring = detail::ring_step(ctx);
+  return 2 * (p - 1) * ring.alpha_us + 2 * (p - 1) / p * bytes * ring.beta + (p - 1) / p * bytes * t.gamma();
 }
 
 }  // namespace meshccl

@@ -63,7 +63,8 @@ double cost_ring_reduce_scatter(const BuildCtx& ctx, const OpDesc& op) {
   const TuneModel& t = ctx.model;
   const double p = ctx.nranks, block = static_cast<double>(op.count * op.elem());
   if (ctx.nranks == 1) return 0;
-  return (p - 1) * t.alpha() + (p - 1) * block * (detail::ring_beta(ctx) + t.gamma());
+  const detail::StepCost ring = detail::ring_step(ctx);
+  return (p - 1) * ring.alpha_us + (p - 1) * block * (ring.beta + t.gamma());
 }
 
 }  // namespace meshccl

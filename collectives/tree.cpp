@@ -195,36 +195,56 @@ const TreeLoad& load_for(int n, bool rooted) {
   if (it == memo.end()) it = memo.emplace(std::make_pair(n, rooted), rooted ? rooted_double_tree_load(n) : double_tree_load(n)).first;
   return it->second;
 }
+
+// Parent of every position in each of the two trees; the last one asked for
+// is kept per thread (a cost is asked for at every launch, mostly of the
+// same trees).
+const std::vector<std::vector<int>>& parents_of(int n, bool rooted, int root) {
+  thread_local struct {
+    int n = -1, root = -1;
+    bool rooted = false;
+    std::vector<std::vector<int>> parents;
+  } last;
+  if (last.n == n && last.rooted == rooted && last.root == root) return last.parents;
+  last.parents.assign(2, std::vector<int>(static_cast<size_t>(n), -1));
+  for (int t = 0; t < 2; ++t)
+    for (int r = 0; r < n; ++r)
+      last.parents[t][r] = (rooted ? rooted_double_tree(n, root, r, t) : double_tree(n, r, t)).parent;
+  last.n = n, last.rooted = rooted, last.root = root;
+  return last.parents;
+}
 }  // namespace
 
 // Each tree carries half the data as a pipeline of chunks that crosses the
-// depth of the tree (twice for AllReduce: up, then down); the busiest rank
-// moves `links` (AllReduce) or max(children, 2) halves per direction.
+// depth of the tree (twice for AllReduce: up, then down), each hop at its
+// link's latency; the busiest rank (or host link) moves a half per tree edge
+// it has (AllReduce) or per child (Broadcast, Reduce), per direction, and the
+// first chunk crosses every hop of the longest path at the slowest edge's rate.
 double cost_tree_allreduce(const BuildCtx& ctx, const OpDesc& op) {
   const TuneModel& t = ctx.model;
   if (ctx.nranks == 1) return 0;
-  const TreeLoad& tree = load_for(ctx.nranks, false);
-  const double half = static_cast<double>(op.count * op.elem()) / 2, hops = 2 * tree.depth;
-  return hops * t.alpha() + (tree.links * half + (hops - 1) * detail::first_chunk(op, half)) * t.beta() +
-         tree.children * half * t.gamma();
+  const detail::PathCost tree = detail::tree_cost(ctx, parents_of(ctx.nranks, false, 0), false);
+  const double half = static_cast<double>(op.count * op.elem()) / 2, hops = 2 * load_for(ctx.nranks, false).depth;
+  const int children = load_for(ctx.nranks, false).children;
+  return 2 * tree.depth_alpha_us + tree.busiest_beta * half + (hops - 1) * detail::first_chunk(op, half) * tree.edge_beta +
+         children * half * t.gamma();
 }
 
-double cost_tree_broadcast(const BuildCtx& ctx, const OpDesc& op) {
+namespace {
+double rooted_cost(const BuildCtx& ctx, const OpDesc& op, bool reduce) {
   const TuneModel& t = ctx.model;
   if (ctx.nranks == 1) return 0;
-  const TreeLoad& tree = load_for(ctx.nranks, true);
-  const double half = static_cast<double>(op.count * op.elem()) / 2, hops = tree.depth;
-  const double moved = std::max(tree.children, 2) * half + (hops - 1) * detail::first_chunk(op, half);
-  return hops * t.alpha() + moved * t.beta();
+  const int root = op.root >= 0 && op.root < ctx.nranks ? op.root : 0;
+  const detail::PathCost tree = detail::tree_cost(ctx, parents_of(ctx.nranks, true, root), true);
+  const double half = static_cast<double>(op.count * op.elem()) / 2, hops = load_for(ctx.nranks, true).depth;
+  const int children = reduce ? load_for(ctx.nranks, true).children : 0;
+  return tree.depth_alpha_us + tree.busiest_beta * half + (hops - 1) * detail::first_chunk(op, half) * tree.edge_beta +
+         children * half * t.gamma();
 }
+}  // namespace
 
-double cost_tree_reduce(const BuildCtx& ctx, const OpDesc& op) {
-  const TuneModel& t = ctx.model;
-  if (ctx.nranks == 1) return 0;
-  const TreeLoad& tree = load_for(ctx.nranks, true);
-  const double half = static_cast<double>(op.count * op.elem()) / 2, hops = tree.depth;
-  const double moved = std::max(tree.children, 2) * half + (hops - 1) * detail::first_chunk(op, half);
-  return hops * t.alpha() + moved * t.beta() + tree.children * half * t.gamma();
-}
+double cost_tree_broadcast(const BuildCtx& ctx, const OpDesc& op) { return rooted_cost(ctx, op, false); }
+
+double cost_tree_reduce(const BuildCtx& ctx, const OpDesc& op) { return rooted_cost(ctx, op, true); }
 
 }  // namespace meshccl

@@ -44,6 +44,12 @@ struct TuneModel {
   // Host of each rank (0..hosts-1, numbered in order of their lowest rank),
   // from the system graph; empty: every rank on host 0.
   std::vector<int> host;
+  // The share of a CPU each rank has on the most crowded host: min(1, CPUs /
+  // ranks) from the topology (1 where unknown). Reductions run on the CPU
+  // while every rank of the host reduces at once, but reduce_gbs is measured
+  // by one rank at a time: the model divides it among the ranks of a host
+  // that has fewer CPUs than ranks.
+  double cpu_share = 1;
 
   // Flat algorithms run at the pace of their slowest link: the network
   // class as soon as one pair of ranks uses it.
@@ -51,7 +57,7 @@ struct TuneModel {
   const LinkCost& link() const { return network ? net : local(); }
   double alpha() const { return link().alpha_us; }
   double beta() const { return 1e-3 / link().bw_gbs; }  // us per byte
-  double gamma() const { return 1e-3 / reduce_gbs; }    // us per byte
+  double gamma() const { return 1e-3 / (reduce_gbs * cpu_share); }  // us per byte
   int host_of(int rank) const { return host.empty() ? 0 : host[static_cast<size_t>(rank)]; }
   int hosts() const;
   // Bandwidth out of one host (GB/s) when `streams` of its ranks send across
@@ -80,6 +86,9 @@ TuneModel tune_model_for(const SystemGraph& graph, LinkCost shm, LinkCost net, d
 int rails_of(const SystemGraph& graph);
 // Host of each rank of graph, numbered in order of their lowest rank (TuneModel::host).
 std::vector<int> host_numbers(const SystemGraph& graph);
+// TuneModel::cpu_share of graph: over its hosts with a known CPU count, the
+// least of min(1, CPUs / ranks on the host); 1 where no host's count is known.
+double cpu_share_of(const SystemGraph& graph);
 
 // Collective over the communicator (link_measure.cpp), once its connections and engine exist:
 // fills the model from MESHCCL_TUNE_* parameters, the system graph (hosts,

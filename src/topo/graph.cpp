@@ -164,7 +164,18 @@ TuneModel tune_model_for(const SystemGraph& graph, LinkCost shm, LinkCost net, d
   TuneModel t = with_hosts(make_tune_model(graph.nranks(), network, shm, net, reduce_gbs), host_numbers(graph));
   t.cross_numa_links = xnuma;
   t.rails = rails_of(graph);
+  t.cpu_share = cpu_share_of(graph);
   return t;
+}
+
+double cpu_share_of(const SystemGraph& graph) {
+  double share = 1;
+  for (size_t h = 0; h < graph.hosts.size(); ++h) {
+    const int cpus = graph.hosts[h].cpu_count();
+    const size_t ranks = graph.ranks_on_host(static_cast<int>(h)).size();
+    if (cpus > 0 && ranks > 0) share = std::min(share, static_cast<double>(cpus) / static_cast<double>(ranks));
+  }
+  return share;
 }
 
 int rails_of(const SystemGraph& graph) {

@@ -115,36 +115,17 @@ std::unique_ptr<Plan> exchanges(int peer, int rounds, char* out, char* in, size_
   return plan;
 }
 
-// Fastest of `reps` exchanges of `bytes` (after one not counted), in us.
-Status best_exchange(Engine& engine, int peer, uint64_t* tag_seq, std::vector<char>& out, std::vector<char>& in,
-                     size_t bytes, int reps, double* best_us) {
-  double us = 0;
-  *best_us = 0;
-  for (int i = 0; i < 1 + reps; ++i) {
-    MC_TRY(timed(engine, exchanges(peer, 1, out.data(), in.data(), bytes), tag_seq, &us));
-    if (i > 0 && (*best_us == 0 || us < *best_us)) *best_us = us;
-  }
-  return kOk;
-}
-
-// Latency of one dependent step (us) and bandwidth (GB/s) between this rank
-// and peer, both measured through the engine while every pair of the class
-// measures at once (so an oversubscribed host shows in the numbers). Each
-// figure is the best of several short probes: on a shared machine a probe
-// can only be slowed down, and the fastest ones agree from one init to the
-// next where medians moved by 10x. The bandwidth is the slope between a
-// medium and a large exchange (network: 256 KiB and 2 MiB, past the socket
-// buffers and a shaped link's burst), so per-message costs do not count.
-Status measure_link(Engine& engine, int engine_rank, int peer, bool network, uint64_t* tag_seq, double* alpha_us,
-                    double* bw_gbs) {
-  // At least 5 repetitions and 1 ms, so that on a host with more ranks than
-  // cores the pairs measure while the others run, as collectives will.
-  constexpr int kRounds = 8, kMinReps = 5, kMaxReps = 200, kLargeReps = 3;
-  constexpr double kMinUs = 1000;
-  constexpr size_t kMedium = size_t{64} << 10, kNetMedium = size_t{256} << 10;
-  const size_t medium = network ? kNetMedium : kMedium;
-  const size_t large = network ? size_t{2} << 20 : size_t{256} << 10;  // above every transport's eager limit
-  std::vector<char> out(large, 0), in(large, 0);
+// Latency of one dependent step (us) between this rank and peer, measured
+// through the engine while every pair of the class measures at once (so an
+// oversubscribed host shows in the numbers): the fastest of many short
+// probes of two rounds each. On a shared machine a probe can only be slowed
+// down; short probes are less often hit than long ones, and many of them
+// within a bounded time find the link's own latency (at least kMinProbes and
+// kMinUs, at most kMaxProbes or kMaxUs).
+Status measure_alpha(Engine& engine, int engine_rank, int peer, uint64_t* tag_seq, double* alpha_us) {
+  constexpr int kRounds = 2, kMinProbes = 16, kMaxProbes = 400;
+  constexpr double kMinUs = 2000, kMaxUs = 50000;
+  std::vector<char> out(8, 0), in(8, 0);
   double us = 0;
   MC_TRY(timed(engine, exchanges(peer, 2, out.data(), in.data(), 8), tag_seq, &us));  // warm-up
   // Both ends must run the same number of plans: the lower rank decides,
@@ -153,19 +134,56 @@ Status measure_link(Engine& engine, int engine_rank, int peer, bool network, uin
   const bool decides = engine_rank < peer;
   const double t0 = now_us();
   for (int i = 0;; ++i) {
-    if (decides) out[0] = (i + 1 >= kMinReps && now_us() - t0 >= kMinUs) || i + 1 >= kMaxReps;
+    const double spent = now_us() - t0;
+    if (decides) out[0] = (i + 1 >= kMinProbes && spent >= kMinUs) || i + 1 >= kMaxProbes || spent >= kMaxUs;
     MC_TRY(timed(engine, exchanges(peer, kRounds, out.data(), in.data(), 8), tag_seq, &us));
     if (i == 0 || us / kRounds < best_step) best_step = us / kRounds;
     if (decides ? out[0] != 0 : in[0] != 0) break;
   }
-  out[0] = in[0] = 0;
-  double t_medium = 0, t_large = 0;
-  MC_TRY(best_exchange(engine, peer, tag_seq, out, in, medium, kLargeReps, &t_medium));
-  MC_TRY(best_exchange(engine, peer, tag_seq, out, in, large, kLargeReps, &t_large));
   *alpha_us = best_step;
+  return kOk;
+}
+
+// The time until the slowest pair of a class has exchanged `bytes` both ways,
+// every pair starting together after a barrier (ranks without a partner take
+// part in the barriers only): the best of `reps` after one not counted, us.
+// This is how a collective's step uses the links: all pairs at once, on
+// whatever CPUs the host has for them. The best, not the median: on a
+// shared machine the median of five moved threefold between two inits a
+// minute apart, the best much less.
+Status concurrent_exchange(Bootstrap& bs, Engine& engine, int peer, uint64_t* tag_seq, std::vector<char>& out,
+                           std::vector<char>& in, size_t bytes, int reps, double* best_us) {
+  std::vector<double> all(static_cast<size_t>(bs.nranks()), 0), slowest;
+  for (int i = 0; i < 1 + reps; ++i) {
+    MC_TRY(bs.barrier());
+    double us = 0;
+    if (peer >= 0) MC_TRY(timed(engine, exchanges(peer, 1, out.data(), in.data(), bytes), tag_seq, &us));
+    all[static_cast<size_t>(bs.rank())] = us;
+    MC_TRY(bs.allgather(all.data(), sizeof(double)));
+    if (i > 0) slowest.push_back(*std::max_element(all.begin(), all.end()));
+  }
+  *best_us = *std::min_element(slowest.begin(), slowest.end());
+  return kOk;
+}
+
+// Bandwidth (GB/s) of one link of a class, from concurrent_exchange: the
+// slope between a medium and a large exchange (network: 256 KiB and 2 MiB,
+// past the socket buffers and a shaped link's burst), so per-message costs
+// and the barrier's skew do not count. `streams`: the pairs that crossed one
+// link at once (the network: the most pairs on one host, which share its
+// link), so that the figure is the link's, not one pair's share of it.
+Status measure_bandwidth(Bootstrap& bs, Engine& engine, int peer, bool network, int streams, uint64_t* tag_seq,
+                         double* bw_gbs) {
+  constexpr int kReps = 3;
+  const size_t medium = network ? size_t{256} << 10 : size_t{64} << 10;
+  const size_t large = network ? size_t{2} << 20 : size_t{1} << 20;  // above every transport's eager limit
+  std::vector<char> out(large, 0), in(large, 0);
+  double t_medium = 0, t_large = 0;
+  MC_TRY(concurrent_exchange(bs, engine, peer, tag_seq, out, in, medium, kReps, &t_medium));
+  MC_TRY(concurrent_exchange(bs, engine, peer, tag_seq, out, in, large, kReps, &t_large));
   double transfer_us = t_large - t_medium, moved = static_cast<double>(large - medium);
-  if (transfer_us <= 0) transfer_us = t_large - best_step, moved = static_cast<double>(large);
-  *bw_gbs = transfer_us > 0 ? moved / (transfer_us * 1e3) : 0;
+  if (transfer_us <= 0) transfer_us = t_large, moved = static_cast<double>(large);
+  *bw_gbs = transfer_us > 0 ? moved * std::max(streams, 1) / (transfer_us * 1e3) : 0;
   return kOk;
 }
 
@@ -196,24 +214,28 @@ struct Known {
 };
 
 // Measures one link of each class with a partner, all pairs of a class at
-// once; a network pair's bandwidth counts for the pairs sharing its host's link.
-Status measure_all(int rank, Engine& engine, const std::vector<PeerInfo>& peers, const SystemGraph& graph,
+// once: each pair's latency, and the class's bandwidth from all pairs
+// started together (the same figure on every rank). Collective: every rank
+// takes part in every class that has a pair.
+Status measure_all(Bootstrap& bs, Engine& engine, const std::vector<PeerInfo>& peers, const SystemGraph& graph,
                    const std::vector<int>& host, Known* mine) {
-  const int n = static_cast<int>(peers.size());
+  const int n = static_cast<int>(peers.size()), rank = bs.rank();
   uint64_t tag_seq = 0;
-  for (int cls = 0; cls < kClasses; ++cls) {
+  for (int cls = 0; cls < kClasses && n >= 2; ++cls) {
     const std::vector<int> match = matching(peers, graph, static_cast<Cls>(cls));
+    if (std::all_of(match.begin(), match.end(), [](int m) { return m < 0; })) continue;
     const int peer = match[rank];
-    if (n < 2 || peer < 0) continue;
+    const bool network = cls == kClsNet;
     double alpha = 0, bw = 0;
     tag_seq = static_cast<uint64_t>(cls) << 12;  // both ends of a pair count alike
-    MC_TRY(measure_link(engine, rank, peer, cls == kClsNet, &tag_seq, &alpha, &bw));
-    if (cls == kClsNet) bw *= pairs_per_host(match, host);
+    if (peer >= 0) MC_TRY(measure_alpha(engine, rank, peer, &tag_seq, &alpha));
+    MC_TRY(measure_bandwidth(bs, engine, peer, network, network ? pairs_per_host(match, host) : 1, &tag_seq, &bw));
     const int base = kShmAlpha + 2 * cls;
-    for (int f : {base, base + 1}) {
-      const double v = f == base ? alpha : bw;
+    auto keep = [&](int f, double v) {
       if (v > 0 && std::isfinite(v) && mine->source[f] <= kMeasured) mine->value[f] = v, mine->source[f] = kMeasured;
-    }
+    };
+    keep(base, alpha);
+    keep(base + 1, bw);
   }
   return kOk;
 }
@@ -267,7 +289,7 @@ Status tune_init(int rank, Bootstrap& bs, Mesh& mesh, Engine& engine, const std:
   want[rank] = param_int(Param::TuneMeasure) != 0;
   MC_TRY(bs.allgather(want.data(), 1));
   if (std::all_of(want.begin(), want.end(), [](uint8_t w) { return w != 0; })) {
-    MC_TRY(measure_all(rank, engine, peers, graph, host, &mine));
+    MC_TRY(measure_all(bs, engine, peers, graph, host, &mine));
     know(kReduce, measure_reduce(), kMeasured);
   }
   for (int f = 0; f < kFields; ++f) know(f, param_double(kFieldParam[f], 0), kSet);
@@ -295,6 +317,7 @@ Status tune_init(int rank, Bootstrap& bs, Mesh& mesh, Engine& engine, const std:
                     host);
   out->cross_numa = LinkCost{agreed[kXnumaAlpha], agreed[kXnumaBw]};
   out->cross_numa_links = xnuma;
+  if (graph.nranks() == n) out->cpu_share = cpu_share_of(graph);
   if (rank == 0 && log_enabled(LogLevel::Info, kTune)) {
     std::string consts;
     for (int f = 0; f < kFields; ++f) {
@@ -304,8 +327,8 @@ Status tune_init(int rank, Bootstrap& bs, Mesh& mesh, Engine& engine, const std:
                     is_alpha(f) ? "us" : "GB/s", derived ? "from the same-NUMA figure" : kSourceName[source[f]]);
       consts += buf;
     }
-    MC_INFO(kTune, "cost model on %d ranks, %d host(s), %s links: %s", n, out->hosts(),
-            network ? "network" : xnuma ? "cross-NUMA" : "shared-memory", consts.c_str());
+    MC_INFO(kTune, "cost model on %d ranks, %d host(s), %s links: %s; CPU share per rank %.3g (topology)", n,
+            out->hosts(), network ? "network" : xnuma ? "cross-NUMA" : "shared-memory", consts.c_str(), out->cpu_share);
   }
   return kOk;
 }

@@ -187,6 +187,84 @@ TEST(Tuner, RingPaysEveryEdgeThatLeavesAHost) {
   EXPECT_GT(cost_ring_allreduce(BuildCtx::whole(rr, op), op), 1.9 * cost_ring_allreduce(BuildCtx::whole(blocked, op), op) - 1000);
 }
 
+// Host-aware costs: each step at the rates of the links its pairs cross.
+// 2 hosts x 4 ranks, blocked: halving-doubling's first step (partners 4
+// apart) crosses the network with all 4 ranks of a host on its link at once;
+// the other two stay inside the hosts.
+TEST(Tuner, HalvingDoublingCostsEachStepAtItsLinks) {
+  const TuneModel t = across_hosts(8, 2, true);  // shm 1 us 10 GB/s, net 20 us 1.25 GB/s, reduce 10 GB/s
+  const double bytes = 64 << 20;
+  const OpDesc op = op_of(OpKind::AllReduce, 8, 64 << 20);
+  const double net = 20 + bytes / 2 * 4 * 1e-3 / 1.25;          // 4 streams share the host's link
+  const double local = (1 + bytes / 4 * 1e-3 / 10) + (1 + bytes / 8 * 1e-3 / 10);
+  const double gamma = bytes * 7 / 8 * 1e-3 / 10;
+  EXPECT_NEAR(cost_halving_doubling_allreduce(BuildCtx::whole(t, op), op), 2 * (net + local) + gamma, 1e-6 * bytes);
+  // Round-robin placement: the step that crosses is the last, smallest one.
+  const TuneModel rr = across_hosts(8, 2, false);
+  EXPECT_LT(cost_halving_doubling_allreduce(BuildCtx::whole(rr, op), op),
+            0.5 * cost_halving_doubling_allreduce(BuildCtx::whole(t, op), op));
+  // Without a host map the model stays flat: every step at the network's rates.
+  const TuneModel flat = make_tune_model(8, true, {1.0, 10.0}, {20.0, 1.25}, 10.0);
+  EXPECT_NEAR(cost_halving_doubling_allreduce(BuildCtx::whole(flat, op), op),
+              6 * 20 + 2 * 7.0 / 8 * bytes * 1e-3 / 1.25 + gamma, 1e-6 * bytes);
+}
+
+TEST(Tuner, ChainAndTreePayTheNetworkOnlyWhereTheyCrossIt) {
+  const TuneModel t = across_hosts(8, 2, true);
+  OpDesc op = op_of(OpKind::Broadcast, 8, 8);
+  // 0 -> 1 -> ... -> 7: one hop of seven crosses between the hosts.
+  EXPECT_DOUBLE_EQ(detail::chain_cost(BuildCtx::whole(t, op), 0).alpha_us, 6 * 1.0 + 20);
+  EXPECT_DOUBLE_EQ(detail::chain_cost(BuildCtx::whole(t, op), 0).beta, 1e-3 / 1.25);
+  // A tree's latency is that of its longest path, somewhere between all
+  // local and all network hops.
+  const double tree = cost_tree_broadcast(BuildCtx::whole(t, op), op);
+  const int depth = rooted_tree_depth(8);
+  EXPECT_GT(tree, 20.0);
+  EXPECT_LT(tree, depth * 20.0);
+  // A ring over the ranks of one host, in a model with a network: all local.
+  const int host0[] = {0, 1, 2, 3};
+  const BuildCtx sub{t, 0, 4, host0};
+  EXPECT_DOUBLE_EQ(detail::ring_step(sub).alpha_us, 1.0);
+  EXPECT_DOUBLE_EQ(detail::ring_step(sub).beta, 1e-3 / 10);
+}
+
+// The defect host-aware costs fix: on 2 hosts x 4 ranks with one shared
+// link (constants an emulated cluster agreed on), the flat model costed
+// halving-doubling as if its steps all had a link to themselves at network
+// rates and picked it for large AllReduce; every step at its link, with the
+// host's 4 ranks sharing the link in the step that crosses, the
+// hierarchical algorithm (each byte across the network once) wins.
+TEST(Tuner, HierarchicalWinsLargeAllReduceOnSharedLinks) {
+  std::vector<int> host = {0, 0, 0, 0, 1, 1, 1, 1};
+  const TuneModel flat = make_tune_model(8, true, {67.9, 0.582}, {905, 0.539}, 25.2);
+  const TuneModel t = with_hosts(flat, host);
+  for (size_t bytes = size_t{4} << 20; bytes <= size_t{64} << 20; bytes *= 4) {
+    EXPECT_EQ(pick(t, OpKind::AllReduce, 8, bytes), "hier") << bytes;
+    EXPECT_EQ(pick(flat, OpKind::AllReduce, 8, bytes), "halving_doubling") << bytes;
+  }
+}
+
+TEST(Tuner, ReductionsShareTheHostsCpus) {
+  SystemGraph g;
+  g.hosts.resize(2);
+  for (HostTopo& h : g.hosts) {
+    h.numa.resize(1);
+    h.numa[0].cpus.set(0);
+    h.numa[0].cpus.set(1);
+  }
+  for (int r = 0; r < 6; ++r) {
+    RankPlace p;
+    p.host = r < 4 ? 0 : 1;  // 4 ranks on 2 CPUs, 2 on 2
+    g.ranks.push_back(p);
+  }
+  EXPECT_DOUBLE_EQ(cpu_share_of(g), 0.5);
+  const TuneModel t = tune_model_for(g, {1, 10}, {30, 2}, 8);
+  EXPECT_DOUBLE_EQ(t.cpu_share, 0.5);
+  EXPECT_DOUBLE_EQ(t.gamma(), 1e-3 / 4);
+  g.hosts[0].numa.clear();  // CPUs not known: no share assumed for that host
+  EXPECT_DOUBLE_EQ(cpu_share_of(g), 1.0);
+}
+
 TEST(Tuner, PlanWhenOnlyDirectIsAllowed) {
   // direct_shm is not a plan: when it cannot take an operation (no shared
   // region, or too large), the cheapest plan runs it.
