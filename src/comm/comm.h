@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -68,6 +69,9 @@ struct ncclComm {
   std::unique_ptr<meshccl::RunMaker> algorithms;  // the agreed cost model and the direct-or-plan decision
   meshccl::SystemGraph topo;  // hosts, rank placement, link classes; agreed by every rank at init
   meshccl::TuneModel tune;    // the agreed link costs (the algorithms hold their own copy)
+  // A split or shrink child: its parent's agreed link costs, which its
+  // setup takes instead of measuring the links again.
+  std::optional<meshccl::TuneModel> parent_tune;
   std::thread async_thread;  // non-blocking init/split/finalize
 
   // Ordered on every rank the same way, so they name operations identically.

@@ -118,7 +118,8 @@ Status comm_finish_setup(ncclComm* comm) {
   comm->engine = std::make_unique<Engine>(comm->rank, comm->mesh.get(), &comm->abort_flag,
                                           [comm] { return comm->check_peers(); }, comm->wait);
   TuneModel tune;
-  MC_TRY(tune_init(comm->rank, *comm->bootstrap, *comm->mesh, *comm->engine, comm->peers, comm->topo, &tune));
+  MC_TRY(tune_init(comm->rank, *comm->bootstrap, *comm->mesh, *comm->engine, comm->peers, comm->topo,
+                   comm->parent_tune ? &*comm->parent_tune : nullptr, &tune));
   comm->tune = tune;
   comm->algorithms = make_algorithms(comm->rank, tune, comm->node.get(), comm->wait);
   configure_links(comm, tune);
@@ -212,6 +213,7 @@ Status comm_split(ncclComm* parent, int color, int key, ncclComm* child) {
   child->rank = crank;
   child->nranks = cn;
   child->local_ranks = parent->local_ranks;
+  child->parent_tune = parent->tune;
   uint8_t secret[kSecretBytes];
   uint64_t h1 = hash64(parent->bootstrap->secret(), kSecretBytes, 0x5b17 + seq);
   uint64_t h2 = hash64(&color, sizeof(color), h1);

@@ -146,6 +146,7 @@ Status comm_shrink(ncclComm* parent, const std::vector<int>& excluded, bool abor
   child->rank = crank;
   child->nranks = cn;
   child->local_ranks = parent->local_ranks;
+  child->parent_tune = parent->tune;
   uint8_t secret[kSecretBytes];
   uint64_t h1 = hash64(parent->bootstrap->secret(), kSecretBytes, 0x5312 + seq);
   uint64_t h2 = hash64(&me.exclude_hash, sizeof(me.exclude_hash), h1);

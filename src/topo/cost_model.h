@@ -94,8 +94,13 @@ double cpu_share_of(const SystemGraph& graph);
 // fills the model from MESHCCL_TUNE_* parameters, the system graph (hosts,
 // NUMA placement, the cross-NUMA to same-NUMA bandwidth ratio), transport
 // properties and a short measurement (a few milliseconds), agreed across ranks
-// through the bootstrap.
+// through the bootstrap. A split or shrink child passes its parent's model
+// as `inherited`: every member of a child has the same parent and so the same
+// agreed constants, which the child takes (for its own ranks and hosts)
+// without measuring or agreeing again; communicators made by applications
+// that split often (a split per phase, a shrink after every failure) would
+// otherwise pay the measurement each time.
 Status tune_init(int rank, Bootstrap& bootstrap, Mesh& mesh, Engine& engine, const std::vector<PeerInfo>& peers,
-                 const SystemGraph& graph, TuneModel* out);
+                 const SystemGraph& graph, const TuneModel* inherited, TuneModel* out);
 
 }  // namespace meshccl

@@ -261,7 +261,7 @@ void agree(const std::vector<Known>& all, double agreed[kFields], int source[kFi
 }  // namespace
 
 Status tune_init(int rank, Bootstrap& bs, Mesh& mesh, Engine& engine, const std::vector<PeerInfo>& peers,
-                 const SystemGraph& graph, TuneModel* out) {
+                 const SystemGraph& graph, const TuneModel* inherited, TuneModel* out) {
   const int n = static_cast<int>(peers.size());
   bool network = false, xnuma = false;
   for (int i = 0; i < n && !network; ++i)
@@ -271,6 +271,16 @@ Status tune_init(int rank, Bootstrap& bs, Mesh& mesh, Engine& engine, const std:
       xnuma |= c == kClsXnuma;
     }
   std::vector<int> host = graph.nranks() == n ? host_numbers(graph) : std::vector<int>(static_cast<size_t>(n), 0);
+  if (inherited != nullptr) {
+    *out = with_hosts(make_tune_model(n, network, inherited->shm, inherited->net, inherited->reduce_gbs), host);
+    out->cross_numa = inherited->cross_numa;
+    out->cross_numa_links = xnuma;
+    if (graph.nranks() == n) out->cpu_share = cpu_share_of(graph);
+    if (rank == 0)
+      MC_INFO(kTune, "cost model on %d ranks, %d host(s): the parent communicator's link constants (shm %.3g us %.3g GB/s, net %.3g us %.3g GB/s, reduce %.3g GB/s)",
+              n, out->hosts(), out->shm.alpha_us, out->shm.bw_gbs, out->net.alpha_us, out->net.bw_gbs, out->reduce_gbs);
+    return kOk;
+  }
 
   Known mine{};
   auto know = [&](int f, double v, Source s) {
