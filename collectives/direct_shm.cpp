@@ -21,6 +21,13 @@
 // operation signature in the slot header with its own, so mismatched calls
 // (collective, count, datatype, op, root) are found on every rank and reported
 // as ncclInvalidUsage. No thread hand-off, no message, no allocation per call.
+//
+// Rounds run in the operation's lane of the region: one lane in call order
+// (FIFO), or with priority scheduling one per stream priority level, whose
+// slots are one chunk long; there, before each round, an operation first lets
+// the rounds of more urgent lanes that every rank has announced run
+// (yield_to_urgent), and the header's call number catches a call issued at
+// different priorities on different ranks.
 #include <algorithm>
 #include <cstring>
 
