@@ -136,6 +136,9 @@ class DirectRun final : public Run {
       ++round_;
       snapped_ = false;
       state_ = State::Turn;
+      // Priority scheduling: one round (chunk) per poll, so that the engine
+      // polls more urgent runs (plans too) between two chunks.
+      if (node_->lanes() > 1) return kOk;
     }
   }
 

@@ -39,6 +39,7 @@ using perf_util::median;
 
 struct Result {
   double send_idle, send_load, ar_idle, ar_load, bulk_alone_us, bulk_loaded_us;
+  double ar_load_max;  // the slowest loaded AllReduce: with FIFO the one that waited for the bulk
 };
 
 struct Rank {
@@ -116,6 +117,7 @@ struct Rank {
     r.bulk_loaded_us = now_us() - t0;
     r.send_load = median(s);
     r.ar_load = median(a);
+    r.ar_load_max = *std::max_element(a.begin(), a.end());
     return r;
   }
 };
@@ -150,15 +152,15 @@ void print_results(int n, size_t bytes, int iters, bool direct_bulk, const Resul
   std::printf("# priority_perf: %d ranks, %s, bulk AllReduce %zu bytes (%s), %d urgent operations of each kind\n", n,
               transport != nullptr ? transport : "default transport", bytes,
               direct_bulk && limit == nullptr ? "direct allowed" : "direct up to MESHCCL_DIRECT_MAX_BYTES", iters);
-  std::printf("# %-9s %12s %12s %8s %12s %12s %8s %12s %12s %8s\n", "mode", "send64K_idle", "send64K_load", "ratio",
-              "ar1K_idle", "ar1K_load", "ratio", "bulk_GB/s", "bulk_load", "loss");
+  std::printf("# %-9s %12s %12s %8s %12s %12s %8s %12s %12s %12s %8s\n", "mode", "send64K_idle", "send64K_load",
+              "ratio", "ar1K_idle", "ar1K_load", "ratio", "ar1K_max", "bulk_GB/s", "bulk_load", "loss");
   for (int m = 0; m < 2; ++m) {
     const Result& x = res[m];
     const double busbw = 2.0 * (n - 1) / n * bytes / (x.bulk_alone_us * 1e3);
     const double busbw_l = 2.0 * (n - 1) / n * bytes / (x.bulk_loaded_us * 1e3);
-    std::printf("  %-9s %10.1fus %10.1fus %8.2f %10.1fus %10.1fus %8.2f %12.2f %12.2f %7.1f%%\n",
+    std::printf("  %-9s %10.1fus %10.1fus %8.2f %10.1fus %10.1fus %8.2f %10.1fus %12.2f %12.2f %7.1f%%\n",
                 m == 0 ? "priority" : "fifo", x.send_idle, x.send_load, x.send_load / x.send_idle, x.ar_idle,
-                x.ar_load, x.ar_load / x.ar_idle, busbw, busbw_l, 100.0 * (1 - busbw_l / busbw));
+                x.ar_load, x.ar_load / x.ar_idle, x.ar_load_max, busbw, busbw_l, 100.0 * (1 - busbw_l / busbw));
   }
   const Result& p = res[0];
   std::printf("# targets (priority): send loaded/idle %.2f (<= 1.5: %s), allreduce loaded/idle %.2f (<= 1.5: %s), "
