@@ -55,10 +55,8 @@ void print_version_once() {
   });
 }
 
-// Priority scheduling of the engine's links: on or off for the whole
-// communicator (any rank's MESHCCL_PRIORITY=0 makes it FIFO), chunk sizes from
-// the agreed model (so both ends of a link cut transfers alike), credits shared
-// by every communicator of this process on the same link.
+// Priority scheduling, on or off for the whole communicator: any rank's
+// MESHCCL_PRIORITY=0 makes it FIFO.
 bool priority_on(const ncclComm* comm) {
   return std::none_of(comm->peers.begin(), comm->peers.end(),
                       [](const PeerInfo& p) { return (p.flags & kPeerFifo) != 0; });
@@ -79,6 +77,9 @@ size_t chunk_bytes_for(const TuneModel& tune, bool shm) {
   return chunk;
 }
 
+// Priority scheduling of the engine's links: chunk sizes from the agreed model
+// (so both ends of a link cut transfers alike), credits shared by every
+// communicator of this process on the same link.
 void configure_links(ncclComm* comm, const TuneModel& tune) {
   LinkPolicy policy;
   policy.priority = priority_on(comm);
