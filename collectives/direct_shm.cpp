@@ -83,6 +83,12 @@ class DirectRun final : public Run {
   const char* name() const override { return op_kind_name(op_.kind); }
 
   Status poll(Engine* /*eng*/, bool* moved) override {
+    if (!active_) {
+      // From now on this operation is polled until it ends: with priority
+      // scheduling, peers' less urgent operations may wait for its rounds.
+      active_ = true;
+      if (node_->lanes() > 1) node_->activate(lane_, first_, last_);
+    }
     for (;;) {
       switch (state_) {
         case State::Turn: {
@@ -185,9 +191,12 @@ class DirectRun final : public Run {
 
   // Priority scheduling, between two rounds (chunks) of this operation: every
   // round of a more urgent lane that every rank had announced when this round
-  // came up runs first. Only rounds all ranks reserved, so each of them
-  // completes without this one; and only those of the snapshot, so a stream
-  // of later urgent calls cannot hold this operation back forever.
+  // came up runs first. Announced rounds belong to operations every rank is
+  // already driving (NodeRegion::activate), so each of them completes without
+  // this one, whatever waits for this one (an urgent call reserved but queued
+  // behind work that needs this one is not announced yet); and only those of
+  // the snapshot, so a stream of later urgent calls cannot hold this operation
+  // back forever.
   bool yield_to_urgent() {
     const int lanes = node_->lanes();
     if (lane_ + 1 >= lanes) return false;
@@ -458,6 +467,7 @@ class DirectRun final : public Run {
   // (snapped_: taken for this round).
   uint64_t urgent_[NodeRegion::kPriorityLanes] = {};
   bool snapped_ = false;
+  bool active_ = false;  // polled once: its rounds are announced
   size_t round_elems_ = 0;
   bool two_phase_ = false;
   State state_ = State::Turn;

@@ -115,6 +115,25 @@ Status NodeRegion::create(Bootstrap& bs, const std::vector<PeerInfo>& peers, con
   return kOk;
 }
 
+void NodeRegion::activate(int lane, uint64_t first, uint64_t last) {
+  Lane& l = lane_[lane];
+  std::lock_guard<std::mutex> lock(l.active_mu);
+  l.active_later.emplace_back(first, last);
+  // Operations of one lane may start in any order (on different streams);
+  // only a gap-free prefix counts.
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (size_t i = 0; i < l.active_later.size(); ++i) {
+      if (l.active_later[i].first != l.active_upto + 1) continue;
+      l.active_upto = l.active_later[i].second;
+      l.active_later.erase(l.active_later.begin() + static_cast<std::ptrdiff_t>(i));
+      grew = true;
+      break;
+    }
+  }
+  control(rank_, lane).announced.value.store(l.active_upto, std::memory_order_release);
+}
+
 const char* NodeRegion::map_peer_buffer(int lane, int peer, const BufferRef& ref) {
   std::vector<Mapping>& buffers = lane_[lane].buffers;
   for (size_t i = buffers.size(); i-- > 0;) {

@@ -32,6 +32,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 #include "bootstrap/bootstrap.h"
@@ -54,7 +56,7 @@ class NodeRegion {
   struct Control {
     Flag reduced;    // last round whose slot holds this rank's reduced block
     Flag done;       // last round in which this rank read its peers' buffers
-    Flag announced;  // last round reserved by this rank's calls (priority scheduling)
+    Flag announced;  // priority scheduling: every round up to this one is being run here (see activate)
   };
   // Priority scheduling: one lane per stream priority level (0 to -7).
   static constexpr int kPriorityLanes = 8;
@@ -117,15 +119,19 @@ class NodeRegion {
     return bases_[r] + slot_offset(lane, round) + sizeof(SlotHeader);
   }
 
-  // Rounds of a lane handed out at launch, in call order (same on every
-  // rank); with several lanes they are announced to the peers (announced).
+  // Rounds of a lane handed out at launch, in call order (same on every rank).
   uint64_t reserve_rounds(int lane, uint64_t n) {
     Lane& l = lane_[lane];
     const uint64_t first = l.next_round + 1;
     l.next_round += n;
-    if (lanes_ > 1) control(rank_, lane).announced.value.store(l.next_round, std::memory_order_release);
     return first;
   }
+  // Priority scheduling: rounds [first, last] of the lane belong to an
+  // operation that is now being driven here (polled until it ends, whatever
+  // else waits). The lane's `announced` flag rises to the last round up to
+  // which every round is in that state: peers may wait for those rounds
+  // without waiting for anything that could wait for them.
+  void activate(int lane, uint64_t first, uint64_t last);
   // The next direct call's number (every lane), for the header's `call`.
   uint32_t take_call() { return ++calls_; }
   // Last round of the lane this rank finished.
@@ -149,6 +155,9 @@ class NodeRegion {
     uint64_t next_round = 0;
     std::atomic<uint64_t> finished{0};
     std::vector<Mapping> buffers;  // most recent last
+    std::mutex active_mu;          // activate() may run on an engine's thread or a caller's
+    uint64_t active_upto = 0;      // what `announced` says
+    std::vector<std::pair<uint64_t, uint64_t>> active_later;  // driven, past a gap
   };
 
   NodeRegion() = default;

@@ -175,15 +175,29 @@ INSTANTIATE_TEST_SUITE_P(Ranks, DirectOvertake,
                          ::testing::Values(std::make_tuple(2, "1"), std::make_tuple(3, "1"), std::make_tuple(4, "1"),
                                            std::make_tuple(3, "0")));
 
+// Ranks that are threads of this process: every rank's lane of `priority`
+// has announced its rounds up to `round` (read through this rank's mappings
+// of the peers' regions), within 30 s.
+bool all_announced(ncclComm_t comm, int priority, uint64_t round) {
+  meshccl::NodeRegion& node = *comm->node;
+  const int lane = node.lane_for(priority);
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (int p = 0; p < node.nranks(); ++p)
+    while (node.control(p, lane).announced.value.load() < round)
+      if (std::chrono::steady_clock::now() > end) return false;
+  return true;
+}
+
 class DirectOrder : public ::testing::TestWithParam<std::string> {};
 
-// The urgent all-reduce reads the last elements of the bulk all-reduce's
-// output as its input. Both are made together (one group), so every rank has
-// announced the urgent call before it starts the bulk one: with priority the
-// bulk one's second round already waits for it, so the urgent call reads the
-// output before the bulk's last round writes it (it sums the -1s); with FIFO
-// it runs after the whole bulk call (it sums the bulk's results). Not a
-// matter of timing: the rounds' flags order it.
+// The urgent all-reduce reads the bulk all-reduce's output, past the bulk's
+// first round, as its input. Rank 0 holds its bulk call back (behind a
+// receive on its stream) until every rank is running its urgent call, so
+// that no bulk round past the first can start before every rank has
+// announced the urgent one: with priority, the bulk's later rounds wait for
+// all of it, and it reads the -1s the output started with; with FIFO it runs
+// after the whole bulk call and reads the bulk's sums. Not a matter of
+// timing: the rounds' flags order it.
 TEST_P(DirectOrder, UrgentRunsBeforeBulkEnds) {
   const bool prio = GetParam() == "1";
   ScopedEnv env = direct_env(GetParam());
@@ -191,67 +205,68 @@ TEST_P(DirectOrder, UrgentRunsBeforeBulkEnds) {
     run_ranks(n, [n, prio](ncclComm_t comm, int rank) {
       expect_shape(comm, prio);
       Streams s;
-      const size_t count = size_t{1} << 20, tail = 16;  // 32 rounds of 128 KiB with priority, 4 with FIFO
+      // 32 rounds of 128 KiB with priority (4 of 1 MiB with FIFO); the urgent
+      // call reads from the second round's range on: 31 rounds of its own.
+      const size_t count = size_t{1} << 20, skip = (size_t{128} << 10) / sizeof(int), tail = count - skip;
       std::vector<int> bulk(count, rank + 1), bulk_out(count, -1), urgent(tail, 0);
-      for (int rep = 0; rep < 3; ++rep) {
-        std::fill(bulk_out.begin(), bulk_out.end(), -1);
-        ASSERT_EQ(ncclGroupStart(), ncclSuccess);
-        ASSERT_EQ(ncclAllReduce(bulk.data(), bulk_out.data(), count, ncclInt, ncclSum, comm, cu(s.lo)), ncclSuccess);
-        ASSERT_EQ(ncclAllReduce(bulk_out.data() + count - tail, urgent.data(), tail, ncclInt, ncclSum, comm, cu(s.hi)),
-                  ncclSuccess);
-        ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
-        ASSERT_EQ(meshcclStreamSynchronize(s.hi), ncclSuccess) << ncclGetLastError(comm);
-        ASSERT_EQ(meshcclStreamSynchronize(s.lo), ncclSuccess) << ncclGetLastError(comm);
-        const int bulk_sum = n * (n + 1) / 2;
-        for (size_t i = 0; i < tail; ++i)
-          ASSERT_EQ(urgent[i], prio ? -n : n * bulk_sum) << (prio ? "the urgent call waited for the bulk one"
-                                                                  : "FIFO let the urgent call overtake");
-        ASSERT_EQ(bulk_out[0], bulk_sum);
-        ASSERT_EQ(bulk_out[count - 1], bulk_sum);
+      int token = 7;
+      if (rank == 0) ASSERT_EQ(ncclRecv(&token, 1, ncclInt, 1, comm, cu(s.lo)), ncclSuccess);
+      ASSERT_EQ(ncclAllReduce(bulk.data(), bulk_out.data(), count, ncclInt, ncclSum, comm, cu(s.lo)), ncclSuccess);
+      ASSERT_EQ(ncclAllReduce(bulk_out.data() + skip, urgent.data(), tail, ncclInt, ncclSum, comm, cu(s.hi)),
+                ncclSuccess);
+      if (rank == 1) {
+        if (prio) ASSERT_TRUE(all_announced(comm, -7, 1));
+        ASSERT_EQ(ncclSend(&token, 1, ncclInt, 0, comm, nullptr), ncclSuccess);
       }
+      if (prio && rank == 0) {
+        // While both run: once this rank has finished a bulk round past the
+        // first, it has finished every urgent round (read in that order, so
+        // the urgent count is the later one).
+        meshccl::NodeRegion& node = *comm->node;
+        const uint64_t urgent_rounds = (tail + skip - 1) / skip;
+        size_t early = 0;
+        while (meshcclStreamQuery(s.lo) != ncclSuccess || meshcclStreamQuery(s.hi) != ncclSuccess) {
+          const uint64_t bulk_done = node.finished(node.lane_for(0)).load();
+          const uint64_t urgent_done = node.finished(node.lane_for(-7)).load();
+          early += bulk_done >= 2 && urgent_done < urgent_rounds;
+        }
+        EXPECT_EQ(early, 0u) << "bulk rounds ran while announced urgent rounds were left";
+      }
+      ASSERT_EQ(meshcclStreamSynchronize(s.hi), ncclSuccess) << ncclGetLastError(comm);
+      ASSERT_EQ(meshcclStreamSynchronize(s.lo), ncclSuccess) << ncclGetLastError(comm);
+      const int bulk_sum = n * (n + 1) / 2;
+      for (size_t i = 0; i < tail; ++i)
+        ASSERT_EQ(urgent[i], prio ? -n : n * bulk_sum)
+            << i << ": " << (prio ? "the urgent call waited for the bulk one" : "FIFO let the urgent call overtake");
+      ASSERT_EQ(bulk_out[0], bulk_sum);
+      ASSERT_EQ(bulk_out[count - 1], bulk_sum);
     });
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, DirectOrder, ::testing::Values("1", "0"));
 
-// The bulk call waits between its rounds for an urgent call every rank has
-// announced, even one that cannot run yet: rank 1's urgent all-reduce is
-// queued behind a receive on its stream that rank 0 satisfies only later.
-// Until then (every rank has looked) no rank's bulk all-reduce gets past its
-// first round (it has 32).
-// This holds whatever the timing; the pause only gives a bulk call that did
-// not wait the time to run ahead.
-TEST(DirectPriority, BulkWaitsForAnnouncedUrgentCall) {
+// No deadlock: rank 1's urgent all-reduce is queued behind a receive whose
+// send rank 0 queues behind its bulk all-reduce. The urgent call is reserved
+// on every rank but not yet running on rank 1, so it is not announced there
+// and the bulk call does not wait for it (if it did, neither would ever
+// end). Whatever the timing, everything completes, with the right data.
+TEST(DirectPriority, BulkDoesNotWaitForUrgentCallQueuedBehindIt) {
   ScopedEnv env = direct_env("1");
-  std::atomic<int> checked{0};  // ranks that looked (they are threads of this process)
-  run_ranks(3, [&checked](ncclComm_t comm, int rank) {
+  run_ranks(3, [](ncclComm_t comm, int rank) {
     Streams s;
-    const size_t count = size_t{1} << 20, tail = 16;
-    std::vector<int> bulk(count, rank + 1), bulk_out(count, -1), urgent(tail, 0);
+    const size_t count = size_t{1} << 20;
+    std::vector<int> bulk(count, rank + 1), small(1000, rank);
     int token = rank == 0 ? 42 : 0;
     if (rank == 1) ASSERT_EQ(ncclRecv(&token, 1, ncclInt, 0, comm, cu(s.hi)), ncclSuccess);
-    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
-    ASSERT_EQ(ncclAllReduce(bulk.data(), bulk_out.data(), count, ncclInt, ncclSum, comm, cu(s.lo)), ncclSuccess);
-    ASSERT_EQ(ncclAllReduce(bulk_out.data() + count - tail, urgent.data(), tail, ncclInt, ncclSum, comm, cu(s.hi)),
-              ncclSuccess);
-    ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    meshccl::NodeRegion& node = *comm->node;
-    const int bulk_lane = node.lane_for(0), urgent_lane = node.lane_for(-7);
-    EXPECT_LE(node.finished(bulk_lane).load(), 1u) << "the bulk call ran ahead of an announced urgent one, rank " << rank;
-    EXPECT_EQ(node.finished(urgent_lane).load(), 0u);
-    EXPECT_NE(meshcclStreamQuery(s.lo), ncclSuccess);
-    checked.fetch_add(1);
-    if (rank == 0) {
-      while (checked.load() < 3) std::this_thread::yield();
-      ASSERT_EQ(ncclSend(&token, 1, ncclInt, 1, comm, nullptr), ncclSuccess);
-    }
+    ASSERT_EQ(ncclAllReduce(bulk.data(), bulk.data(), count, ncclInt, ncclSum, comm, cu(s.lo)), ncclSuccess);
+    if (rank == 0) ASSERT_EQ(ncclSend(&token, 1, ncclInt, 1, comm, cu(s.lo)), ncclSuccess);
+    ASSERT_EQ(ncclAllReduce(small.data(), small.data(), small.size(), ncclInt, ncclSum, comm, cu(s.hi)), ncclSuccess);
     ASSERT_EQ(meshcclStreamSynchronize(s.hi), ncclSuccess) << ncclGetLastError(comm);
     ASSERT_EQ(meshcclStreamSynchronize(s.lo), ncclSuccess) << ncclGetLastError(comm);
     EXPECT_EQ(token, rank == 2 ? 0 : 42);
-    for (size_t i = 0; i < tail; ++i) ASSERT_EQ(urgent[i], -3);
-    EXPECT_EQ(bulk_out[count - 1], 6);
+    EXPECT_EQ(bulk[count - 1], 6);
+    EXPECT_EQ(small[999], 3);
   });
 }
 
