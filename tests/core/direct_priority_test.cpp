@@ -4,8 +4,10 @@
 // moves in chunk-sized rounds between which the more urgent rounds every rank
 // announced go first. Here: every direct collective is exact while it
 // overtakes a bulk direct all-reduce, the urgent call provably runs before
-// the bulk one ends (and after it with FIFO), the bulk one never starves, a
-// priority that differs across ranks is reported, and FIFO keeps one lane.
+// the bulk one ends (and after it with FIFO), an urgent call queued behind
+// work that needs the bulk one does not deadlock it, the bulk one never
+// starves, a priority that differs across ranks is reported, and FIFO keeps
+// one lane.
 // Ranks are threads of this process; the region is real shared memory.
 #include <gtest/gtest.h>
 
