@@ -21,6 +21,13 @@
 // operation signature in the slot header with its own, so mismatched calls
 // (collective, count, datatype, op, root) are found on every rank and reported
 // as ncclInvalidUsage. No thread hand-off, no message, no allocation per call.
+//
+// Rounds run in the operation's lane of the region: one lane in call order
+// (FIFO), or with priority scheduling one per stream priority level, whose
+// slots are one chunk long; there, before each round, an operation first lets
+// the rounds of more urgent lanes that every rank has announced run
+// (yield_to_urgent), and the header's call number catches a call issued at
+// different priorities on different ranks.
 #include <algorithm>
 #include <cstring>
 
@@ -55,8 +62,15 @@ size_t round_elems(const NodeRegion* node, const OpDesc& op) {
 
 class DirectRun final : public Run {
  public:
-  DirectRun(NodeRegion* node, const OpDesc& op, uint64_t first, uint64_t rounds)
-      : node_(node), op_(op), sig_(op.signature()), first_(first), last_(first + rounds - 1), round_(first) {
+  DirectRun(NodeRegion* node, const OpDesc& op, int lane, uint64_t rounds)
+      : node_(node),
+        op_(op),
+        sig_(op.signature()),
+        lane_(lane),
+        call_(node->take_call()),
+        first_(node->reserve_rounds(lane, rounds)),
+        last_(first_ + rounds - 1),
+        round_(first_) {
     round_elems_ = round_elems(node, op);
     // Inputs that fit the header's first line travel with the arrival itself
     // (single-round operations only: the slot data is not touched at all).
@@ -69,6 +83,12 @@ class DirectRun final : public Run {
   const char* name() const override { return op_kind_name(op_.kind); }
 
   Status poll(Engine* /*eng*/, bool* moved) override {
+    if (!active_) {
+      // From now on this operation is polled until it ends: with priority
+      // scheduling, peers' less urgent operations may wait for its rounds.
+      active_ = true;
+      if (node_->lanes() > 1) node_->activate(lane_, first_, last_);
+    }
     for (;;) {
       switch (state_) {
         case State::Turn: {
@@ -85,11 +105,11 @@ class DirectRun final : public Run {
           MC_TRY(all_arrived(&ready));
           if (!ready) return kOk;
           peers_read_buffers_ = false;
-          for (int p = 0; p < n(); ++p) peers_read_buffers_ |= node_->header(p, round_).input_at == NodeRegion::kInBuffer;
+          for (int p = 0; p < n(); ++p) peers_read_buffers_ |= header(p).input_at == NodeRegion::kInBuffer;
           MC_TRY(read_inputs());
           *moved = true;
           if (!two_phase_) break;
-          node_->control(me()).reduced.value.store(round_, std::memory_order_release);
+          control(me()).reduced.value.store(round_, std::memory_order_release);
           state_ = State::Reduced;
           [[fallthrough]];
         }
@@ -110,17 +130,21 @@ class DirectRun final : public Run {
           return kOk;
       }
       if (state_ == State::Arrive && peers_read_buffers_ && !two_phase_) {
-        node_->control(me()).done.value.store(round_, std::memory_order_release);
+        control(me()).done.value.store(round_, std::memory_order_release);
         state_ = State::Release;
         continue;
       }
-      node_->finished().store(round_, std::memory_order_release);
+      node_->finished(lane_).store(round_, std::memory_order_release);
       if (round_ == last_) {
         state_ = State::Done;
         return kOk;
       }
       ++round_;
+      snapped_ = false;
       state_ = State::Turn;
+      // Priority scheduling: one round (chunk) per poll, so that the engine
+      // polls more urgent runs (plans too) between two chunks.
+      if (node_->lanes() > 1) return kOk;
     }
   }
 
@@ -134,6 +158,8 @@ class DirectRun final : public Run {
   static constexpr size_t kOnePhaseBytes = 16 * 1024;
 
   int me() const { return node_->rank(); }
+  NodeRegion::SlotHeader& header(int p) const { return node_->header(p, lane_, round_); }
+  NodeRegion::Control& control(int p) const { return node_->control(p, lane_); }
   int n() const { return node_->nranks(); }
   size_t es() const { return op_.elem(); }
   // This round's elements of the operation (multi-round kinds).
@@ -150,22 +176,49 @@ class DirectRun final : public Run {
 
   Status my_turn(bool* ready) {
     *ready = false;
-    if (node_->finished().load(std::memory_order_acquire) != round_ - 1) return kOk;
+    if (node_->finished(lane_).load(std::memory_order_acquire) != round_ - 1) return kOk;
     for (int p = 0; p < n(); ++p) {
       if (round_ > 1 && !arrived(p, round_ - 1)) {
         waiting_ = p;
         return peer_failure();
       }
     }
+    waiting_ = -1;
+    if (yield_to_urgent()) return kOk;
     *ready = true;
     return kOk;
+  }
+
+  // Priority scheduling, between two rounds (chunks) of this operation: every
+  // round of a more urgent lane that every rank had announced when this round
+  // came up runs first. Announced rounds belong to operations every rank is
+  // already driving (NodeRegion::activate), so each of them completes without
+  // this one, whatever waits for this one (an urgent call reserved but queued
+  // behind work that needs this one is not announced yet); and only those of
+  // the snapshot, so a stream of later urgent calls cannot hold this operation
+  // back forever.
+  bool yield_to_urgent() {
+    const int lanes = node_->lanes();
+    if (lane_ + 1 >= lanes) return false;
+    if (!snapped_) {
+      for (int u = lane_ + 1; u < lanes; ++u) {
+        uint64_t all = UINT64_MAX;
+        for (int p = 0; p < n(); ++p)
+          all = std::min(all, node_->control(p, u).announced.value.load(std::memory_order_acquire));
+        urgent_[u] = all;
+      }
+      snapped_ = true;
+    }
+    for (int u = lane_ + 1; u < lanes; ++u)
+      if (node_->finished(u).load(std::memory_order_acquire) < urgent_[u]) return true;
+    return false;
   }
 
   // A rank that found a mismatch never arrives at later rounds: waiting for
   // it ends with its finding.
   Status peer_failure() const {
     for (int q = 0; q < n(); ++q) {
-      const uint64_t failed = node_->control(q).failed.value.load(std::memory_order_acquire);
+      const uint64_t failed = node_->failed(q).value.load(std::memory_order_acquire);
       if (q != me() && failed != 0)
         return MC_ERROR(ncclInvalidUsage, "%s: mismatched calls across ranks: rank %d found them on this communicator",
                         op_kind_name(op_.kind), q);
@@ -174,10 +227,10 @@ class DirectRun final : public Run {
   }
 
   void publish() {
-    char* slot = node_->data(me(), round_);
+    char* slot = node_->data(me(), lane_, round_);
     const size_t e = es(), c = op_.count;
     auto in = [&](size_t block) { return at(op_.sendbuff, block * c + lo(), e); };
-    NodeRegion::SlotHeader& hdr = node_->header(me(), round_);
+    NodeRegion::SlotHeader& hdr = header(me());
     MemBlockRef ref;
     if (inline_) {
       copy_input(reinterpret_cast<char*>(hdr.inline_data), in);
@@ -190,12 +243,13 @@ class DirectRun final : public Run {
       hdr.input_at = NodeRegion::kInSlot;
     }
     hdr.signature = sig_;
+    hdr.call = call_;
     hdr.round.store(round_, std::memory_order_release);  // arrival
   }
 
   // Rank p has published round r (or a later one in the same slot).
   bool arrived(int p, uint64_t r) const {
-    return node_->header(p, r).round.load(std::memory_order_acquire) >= r;
+    return node_->header(p, lane_, r).round.load(std::memory_order_acquire) >= r;
   }
 
   template <typename In>
@@ -257,13 +311,20 @@ class DirectRun final : public Run {
       break;
     }
     waiting_ = -1;
+    const bool check_call = node_->lanes() > 1;
     for (int p = 0; p < n(); ++p) {
-      const NodeRegion::SlotHeader& h = node_->header(p, round_);
+      const NodeRegion::SlotHeader& h = header(p);
       const bool same_round = h.round.load(std::memory_order_relaxed) == round_;
-      if (same_round && h.signature == sig_) continue;
-      node_->control(me()).failed.value.store(round_, std::memory_order_release);
-      const std::string diff = same_round ? signature_difference(sig_, me(), h.signature, p)
-                                          : "rank " + std::to_string(p) + " is at another call";
+      if (same_round && h.signature == sig_ && (!check_call || h.call == call_)) continue;
+      node_->failed(me()).value.store(round_, std::memory_order_release);
+      std::string diff = same_round ? signature_difference(sig_, me(), h.signature, p)
+                                    : "rank " + std::to_string(p) + " is at another call";
+      // The same signature at another call: the ranks issued calls at
+      // different stream priorities, which put them in different lanes.
+      if (diff.empty())
+        diff = "rank " + std::to_string(p) + " reached this call at another position (its direct call " +
+               std::to_string(h.call) + ", this rank's " + std::to_string(call_) +
+               "): a collective's stream priority must be the same on every rank";
       return MC_ERROR(ncclInvalidUsage, "%s: mismatched calls across ranks: %s", op_kind_name(op_.kind), diff.c_str());
     }
     *ready = true;
@@ -273,7 +334,7 @@ class DirectRun final : public Run {
   // Every rank's flag has reached this round.
   bool all_at(NodeRegion::Flag NodeRegion::Control::*flag) {
     for (int p = 0; p < n(); ++p) {
-      if ((node_->control(p).*flag).value.load(std::memory_order_acquire) < round_) {
+      if ((control(p).*flag).value.load(std::memory_order_acquire) < round_) {
         waiting_ = p;
         return false;
       }
@@ -285,16 +346,16 @@ class DirectRun final : public Run {
   // Peer p's input for `block` (a per-peer block, else 0) in this round: in
   // its own buffer when it published one, else in its slot.
   const char* input(int p, size_t block) {
-    const NodeRegion::SlotHeader& h = node_->header(p, round_);
+    const NodeRegion::SlotHeader& h = header(p);
     if (h.input_at == NodeRegion::kInline) {
       return reinterpret_cast<const char*>(h.inline_data) + (per_peer_blocks(op_.kind) ? block * len() * es() : 0);
     }
     if (h.input_at == NodeRegion::kInBuffer) {
-      const char* base = p == me() ? static_cast<const char*>(op_.sendbuff) : node_->map_peer_buffer(p, h.input);
+      const char* base = p == me() ? static_cast<const char*>(op_.sendbuff) : node_->map_peer_buffer(lane_, p, h.input);
       if (base == nullptr) return nullptr;
       return base + (block * op_.count + lo()) * es();
     }
-    return node_->data(p, round_) + (per_peer_blocks(op_.kind) ? block * len() * es() : 0);
+    return node_->data(p, lane_, round_) + (per_peer_blocks(op_.kind) ? block * len() * es() : 0);
   }
 
   // Whether peers may read this round's input from the user's buffer.
@@ -329,7 +390,7 @@ class DirectRun final : public Run {
 
   Status unmappable(int p) const {
     return MC_ERROR(ncclSystemError, "%s: cannot map rank %d's buffer (pid %d)", op_kind_name(op_.kind), p,
-                    node_->header(p, round_).input.pid);
+                    header(p).input.pid);
   }
 
   Status read_inputs() {
@@ -354,7 +415,7 @@ class DirectRun final : public Run {
           size_t b, end;
           block(me(), &b, &end);
           const void* from = op_.premul ? nullptr : at(own(0), b, e);
-          if (end > b) return reduce_inputs(node_->data(me(), round_) + b * e, 0, b, end - b, from);
+          if (end > b) return reduce_inputs(node_->data(me(), lane_, round_) + b * e, 0, b, end - b, from);
         } else if (op_.kind == OpKind::AllReduce || me() == op_.root) {
           return reduce_inputs(out(0), 0, 0, l);
         }
@@ -392,14 +453,21 @@ class DirectRun final : public Run {
     for (int p = 0; p < n(); ++p) {
       size_t b, end;
       block(p, &b, &end);
-      if (end > b) std::memcpy(out + b * e, node_->data(p, round_) + b * e, (end - b) * e);
+      if (end > b) std::memcpy(out + b * e, node_->data(p, lane_, round_) + b * e, (end - b) * e);
     }
   }
 
   NodeRegion* node_;
   OpDesc op_;
   OpSignature sig_;
+  int lane_;
+  uint32_t call_;
   uint64_t first_, last_, round_;
+  // Priority scheduling: the more urgent lanes' rounds this round waits for
+  // (snapped_: taken for this round).
+  uint64_t urgent_[NodeRegion::kPriorityLanes] = {};
+  bool snapped_ = false;
+  bool active_ = false;  // polled once: its rounds are announced
   size_t round_elems_ = 0;
   bool two_phase_ = false;
   State state_ = State::Turn;
@@ -425,20 +493,21 @@ uint64_t direct_rounds(NodeRegion* node, const OpDesc& op, size_t max_bytes) {
 std::unique_ptr<Run> make_direct_run(NodeRegion* node, const OpDesc& op, size_t max_bytes) {
   const uint64_t rounds = direct_rounds(node, op, max_bytes);
   if (rounds == 0) return nullptr;
-  return std::make_unique<DirectRun>(node, op, node->reserve_rounds(rounds), rounds);
+  return std::make_unique<DirectRun>(node, op, node->lane_for(op.priority), rounds);
 }
 
 Status run_direct_now(NodeRegion* node, const OpDesc& op, size_t max_bytes, double budget_us, const WaitPolicy& wait,
                       bool* taken, std::unique_ptr<Run>* rest) {
   *taken = false;
   rest->reset();
-  if (!node->idle()) return kOk;
+  const int lane = node->lane_for(op.priority);
+  if (!node->idle(lane)) return kOk;
   const uint64_t rounds = direct_rounds(node, op, max_bytes);
   if (rounds == 0) return kOk;
   *taken = true;
   MC_INFO(kTune, "%s: %zu elements of %s -> algorithm %s, on the calling thread", op_kind_name(op.kind), op.count,
           dtype_name(op.dtype), kDirectShm);
-  DirectRun run(node, op, node->reserve_rounds(rounds), rounds);
+  DirectRun run(node, op, lane, rounds);
   // Poll the flags (yielding to a peer that may share this core); look at
   // the clock only every so often.
   double until = -1;

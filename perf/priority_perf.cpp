@@ -11,8 +11,13 @@
 //   - the bulk AllReduce's bus bandwidth alone and with the urgent traffic.
 // Prints one table and the ratios the targets name (loaded / idle latency <=
 // 1.5, bulk bandwidth loss <= 5%). Usage: priority_perf [-n ranks] [-b bytes]
-// [-i urgent iterations]; or under meshrun (-n is then the launcher's), e.g.
+// [-i urgent iterations] [-d 0|1]; or under meshrun (-n is then the
+// launcher's), e.g.
 // meshrun --cluster NAME -n 2 -x MESHCCL_TRANSPORT=socket priority_perf -b ...
+// On one host the bulk AllReduce goes through a plan (MESHCCL_DIRECT_MAX_BYTES
+// is set to 64 KiB unless the environment sets it); -d 1 leaves the limit
+// alone, so that the bulk takes the direct shared-memory algorithm, whose
+// rounds priority scheduling cuts into chunks too.
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -34,6 +39,7 @@ using perf_util::median;
 
 struct Result {
   double send_idle, send_load, ar_idle, ar_load, bulk_alone_us, bulk_loaded_us;
+  double ar_load_max;  // the slowest loaded AllReduce: with FIFO the one that waited for the bulk
 };
 
 struct Rank {
@@ -111,6 +117,7 @@ struct Rank {
     r.bulk_loaded_us = now_us() - t0;
     r.send_load = median(s);
     r.ar_load = median(a);
+    r.ar_load_max = *std::max_element(a.begin(), a.end());
     return r;
   }
 };
@@ -118,7 +125,7 @@ struct Rank {
 // make(mode, &comm): mode 0 = the priority communicator, 1 = the FIFO one.
 // Returns both results (meaningful on rank 0).
 template <class Make>
-void run_rank(int rank, int n, size_t bytes, int iters, Make make, Result res[2]) {
+void run_rank(int rank, int n, size_t bytes, int iters, bool direct_bulk, Make make, Result res[2]) {
   Rank r{rank, n, nullptr, nullptr, nullptr, std::vector<char>(64 << 10, 1), std::vector<float>(256, 1.f),
          std::vector<float>(bytes / sizeof(float), 1.f)};
   int least = 0, greatest = 0;
@@ -127,9 +134,10 @@ void run_rank(int rank, int n, size_t bytes, int iters, Make make, Result res[2]
   CHECK(meshcclStreamCreateWithPriority(&r.hi, greatest));
   for (int mode = 0; mode < 2; ++mode) {
     setenv("MESHCCL_PRIORITY", mode == 0 ? "1" : "0", 1);
-    // The direct shared-memory algorithms run their rounds in call order and
-    // are not preempted (docs/priority.md): the bulk goes through a plan.
-    if (std::getenv("MESHCCL_DIRECT_MAX_BYTES") == nullptr) setenv("MESHCCL_DIRECT_MAX_BYTES", "65536", 1);
+    // The bulk through a plan (Links' chunks), unless -d 1: then through the
+    // direct algorithm (its lanes' chunk-sized rounds).
+    if (!direct_bulk && std::getenv("MESHCCL_DIRECT_MAX_BYTES") == nullptr)
+      setenv("MESHCCL_DIRECT_MAX_BYTES", "65536", 1);
     make(mode, &r.comm);
     r.measure(2);  // warm-up: connections, scratch
     res[mode] = r.measure(iters);
@@ -138,19 +146,21 @@ void run_rank(int rank, int n, size_t bytes, int iters, Make make, Result res[2]
   meshcclStreamDestroy(r.hi);
 }
 
-void print_results(int n, size_t bytes, int iters, const Result res[2]) {
+void print_results(int n, size_t bytes, int iters, bool direct_bulk, const Result res[2]) {
   const char* transport = std::getenv("MESHCCL_TRANSPORT");
-  std::printf("# priority_perf: %d ranks, %s, bulk AllReduce %zu bytes, %d urgent operations of each kind\n", n,
-              transport != nullptr ? transport : "default transport", bytes, iters);
-  std::printf("# %-9s %12s %12s %8s %12s %12s %8s %12s %12s %8s\n", "mode", "send64K_idle", "send64K_load", "ratio",
-              "ar1K_idle", "ar1K_load", "ratio", "bulk_GB/s", "bulk_load", "loss");
+  const char* limit = std::getenv("MESHCCL_DIRECT_MAX_BYTES");
+  std::printf("# priority_perf: %d ranks, %s, bulk AllReduce %zu bytes (%s), %d urgent operations of each kind\n", n,
+              transport != nullptr ? transport : "default transport", bytes,
+              direct_bulk && limit == nullptr ? "direct allowed" : "direct up to MESHCCL_DIRECT_MAX_BYTES", iters);
+  std::printf("# %-9s %12s %12s %8s %12s %12s %8s %12s %12s %12s %8s\n", "mode", "send64K_idle", "send64K_load",
+              "ratio", "ar1K_idle", "ar1K_load", "ratio", "ar1K_max", "bulk_GB/s", "bulk_load", "loss");
   for (int m = 0; m < 2; ++m) {
     const Result& x = res[m];
     const double busbw = 2.0 * (n - 1) / n * bytes / (x.bulk_alone_us * 1e3);
     const double busbw_l = 2.0 * (n - 1) / n * bytes / (x.bulk_loaded_us * 1e3);
-    std::printf("  %-9s %10.1fus %10.1fus %8.2f %10.1fus %10.1fus %8.2f %12.2f %12.2f %7.1f%%\n",
+    std::printf("  %-9s %10.1fus %10.1fus %8.2f %10.1fus %10.1fus %8.2f %10.1fus %12.2f %12.2f %7.1f%%\n",
                 m == 0 ? "priority" : "fifo", x.send_idle, x.send_load, x.send_load / x.send_idle, x.ar_idle,
-                x.ar_load, x.ar_load / x.ar_idle, busbw, busbw_l, 100.0 * (1 - busbw_l / busbw));
+                x.ar_load, x.ar_load / x.ar_idle, x.ar_load_max, busbw, busbw_l, 100.0 * (1 - busbw_l / busbw));
   }
   const Result& p = res[0];
   std::printf("# targets (priority): send loaded/idle %.2f (<= 1.5: %s), allreduce loaded/idle %.2f (<= 1.5: %s), "
@@ -163,12 +173,12 @@ void print_results(int n, size_t bytes, int iters, const Result res[2]) {
 // Under meshrun (one process per rank, for instance on the hosts of an
 // emulated cluster): the priority communicator from the launcher's
 // environment, the FIFO one split from it.
-int run_launched(size_t bytes, int iters) {
+int run_launched(size_t bytes, int iters, bool direct_bulk) {
   ncclComm_t world = nullptr, fifo = nullptr;
   Result res[2];
   int rank = 0, n = 0;
   run_rank(std::atoi(std::getenv("MESHCCL_RANK")), std::atoi(std::getenv("MESHCCL_NRANKS")), bytes, iters,
-           [&](int mode, ncclComm_t* comm) {
+           direct_bulk, [&](int mode, ncclComm_t* comm) {
              if (mode == 0) {
                CHECK(meshcclCommInitFromEnv(&world, nullptr));
                CHECK(ncclCommUserRank(world, &rank));
@@ -182,7 +192,7 @@ int run_launched(size_t bytes, int iters) {
            res);
   CHECK(ncclCommDestroy(fifo));
   CHECK(ncclCommDestroy(world));
-  if (rank == 0) print_results(n, bytes, iters, res);
+  if (rank == 0) print_results(n, bytes, iters, direct_bulk, res);
   return 0;
 }
 
@@ -190,13 +200,16 @@ int run_launched(size_t bytes, int iters) {
 
 int main(int argc, char** argv) {
   int n = 2, iters = 20;
+  bool direct_bulk = false;
   size_t bytes = size_t{256} << 20;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "-n")) n = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "-b")) bytes = std::strtoull(argv[i + 1], nullptr, 0);
     else if (!std::strcmp(argv[i], "-i")) iters = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "-d")) direct_bulk = std::atoi(argv[i + 1]) != 0;
     else {
-      std::fprintf(stderr, "usage: %s [-n ranks] [-b bulk bytes] [-i urgent iterations]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [-n ranks] [-b bulk bytes] [-i urgent iterations] [-d 0|1: bulk may go direct]\n",
+                   argv[0]);
       return 1;
     }
   }
@@ -206,7 +219,7 @@ int main(int argc, char** argv) {
   }
   if (std::getenv("MESHCCL_COMM_FILE") != nullptr && std::getenv("MESHCCL_RANK") != nullptr &&
       std::getenv("MESHCCL_NRANKS") != nullptr)
-    return run_launched(bytes, iters);
+    return run_launched(bytes, iters, direct_bulk);
   ncclUniqueId id_prio, id_fifo;
   CHECK(ncclGetUniqueId(&id_prio));
   CHECK(ncclGetUniqueId(&id_fifo));
@@ -219,7 +232,7 @@ int main(int argc, char** argv) {
       close(fds[0]);
       Result res[2];
       ncclComm_t comms[2] = {nullptr, nullptr};
-      run_rank(r, n, bytes, iters,
+      run_rank(r, n, bytes, iters, direct_bulk,
                [&](int mode, ncclComm_t* comm) {
                  CHECK(ncclCommInitRank(&comms[mode], n, mode == 0 ? id_prio : id_fifo, r));
                  *comm = comms[mode];
@@ -244,6 +257,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "priority_perf: %d ranks failed\n", failed);
     return 2;
   }
-  print_results(n, bytes, iters, res);
+  print_results(n, bytes, iters, direct_bulk, res);
   return 0;
 }

@@ -31,6 +31,7 @@ Status enqueue(ncclComm* comm, OpDesc& desc, cudaStream_t stream) {
            desc.count, static_cast<int>(desc.dtype), desc.root, desc.peer, static_cast<void*>(comm), comm->nranks,
            static_cast<void*>(stream));
   desc.checks = comm->checks;
+  desc.priority = s != nullptr ? s->priority : kLeastPriority;
 #if MESHCCL_HAVE_CUDA
   // Device buffers or a CUDA stream: the device path (src/cuda). A capturing
   // stream is refused here, before the op takes a sequence number.

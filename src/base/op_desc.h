@@ -30,6 +30,7 @@ struct OpDesc {
   int nranks = 1;
   size_t chunk_bytes = 512 * 1024;
   bool checks = false;  // MESHCCL_CHECKS on this communicator
+  int priority = 0;     // its stream's (0 least urgent, negative more urgent)
   // SparseAllReduce: sendbuff holds nnz rows of row_len elements, whose row
   // numbers are indices[0..nnz); recvbuff the dense rows x row_len result
   // (count = rows * row_len).

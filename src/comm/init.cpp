@@ -55,30 +55,41 @@ void print_version_once() {
   });
 }
 
-// Priority scheduling of the engine's links: on or off for the whole
-// communicator (any rank's MESHCCL_PRIORITY=0 makes it FIFO), chunk sizes from
-// the agreed model (so both ends of a link cut transfers alike), credits shared
-// by every communicator of this process on the same link.
+// Priority scheduling, on or off for the whole communicator: any rank's
+// MESHCCL_PRIORITY=0 makes it FIFO.
+bool priority_on(const ncclComm* comm) {
+  return std::none_of(comm->peers.begin(), comm->peers.end(),
+                      [](const PeerInfo& p) { return (p.flags & kPeerFifo) != 0; });
+}
+
+// Bytes per chunk on a link of the shm or network class: MESHCCL_CHUNK_US of
+// link time at the agreed model's bandwidth, a power of two. A send's
+// completion must mean the peer has the data, or credits bound nothing: on
+// shm, messages up to MESHCCL_SHM_EAGER (64 KiB by default) complete once
+// copied into the ring, so chunks there start above it (a constant, as both
+// ends must cut alike).
+size_t chunk_bytes_for(const TuneModel& tune, bool shm) {
+  const double chunk_us = static_cast<double>(std::max<int64_t>(param_int(Param::ChunkUs), 1));
+  const double bw_gbs = shm ? tune.shm.bw_gbs : tune.net.bw_gbs;
+  size_t chunk = shm ? size_t{128} << 10 : size_t{16} << 10;
+  const double want = chunk_us * 1e3 * (bw_gbs > 0 ? bw_gbs : 1.0);  // bytes
+  while (chunk < (size_t{8} << 20) && static_cast<double>(chunk * 2) <= want) chunk *= 2;
+  return chunk;
+}
+
+// Priority scheduling of the engine's links: chunk sizes from the agreed model
+// (so both ends of a link cut transfers alike), credits shared by every
+// communicator of this process on the same link.
 void configure_links(ncclComm* comm, const TuneModel& tune) {
   LinkPolicy policy;
-  policy.priority = std::none_of(comm->peers.begin(), comm->peers.end(),
-                                 [](const PeerInfo& p) { return (p.flags & kPeerFifo) != 0; });
+  policy.priority = priority_on(comm);
   policy.credit_chunks = static_cast<size_t>(std::max<int64_t>(param_int(Param::LinkCredit), 1));
   policy.window = static_cast<size_t>(std::max<int64_t>(param_int(Param::LinkWindow), 0));
-  const double chunk_us = static_cast<double>(std::max<int64_t>(param_int(Param::ChunkUs), 1));
   const PeerInfo& me = comm->peers[comm->rank];
   for (int p = 0; p < comm->nranks; ++p) {
     if (p == comm->rank) continue;
     const std::string transport = Mesh::transport_for(comm->peers, comm->rank, p);
-    const bool shm = transport == "shm";
-    const double bw_gbs = shm ? tune.shm.bw_gbs : tune.net.bw_gbs;
-    // A send's completion must mean the peer has the data, or credits bound
-    // nothing: on shm, messages up to MESHCCL_SHM_EAGER (64 KiB by default)
-    // complete once copied into the ring, so chunks there start above it
-    // (a constant, as both ends must cut alike).
-    size_t chunk = shm ? size_t{128} << 10 : size_t{16} << 10;
-    const double want = chunk_us * 1e3 * (bw_gbs > 0 ? bw_gbs : 1.0);  // bytes
-    while (chunk < (size_t{8} << 20) && static_cast<double>(chunk * 2) <= want) chunk *= 2;
+    const size_t chunk = chunk_bytes_for(tune, transport == "shm");
     const PeerInfo& peer = comm->peers[p];
     const std::string key = transport + ":" + std::to_string(peer.machine_hash) + ":" + std::to_string(peer.pid) +
                             (me.machine_hash == peer.machine_hash ? "" : std::string(":") + peer.host_id);
@@ -87,6 +98,23 @@ void configure_links(ncclComm* comm, const TuneModel& tune) {
   MC_INFO(kInit, "comm %p rank %d: %s scheduling, chunk %zu bytes to the next rank, credit %zu chunks",
           static_cast<void*>(comm), comm->rank, policy.priority ? "priority" : "FIFO",
           comm->engine->links().chunk_bytes((comm->rank + 1) % comm->nranks), policy.credit_chunks);
+}
+
+// The shared region of a single-host communicator. With priority scheduling
+// it has a lane per stream priority level and its slots are one shm chunk
+// long (at most MESHCCL_DIRECT_SLOT_BYTES): a direct operation then moves in
+// chunk-sized rounds, between which more urgent lanes go first.
+Status create_node_region(ncclComm* comm, const TuneModel& tune) {
+  // With checks every collective is a plan whose signature exchange comes
+  // first: the direct algorithms check too, but a mismatch there fails the
+  // communicator, and a rank whose call went to a plan instead is never seen.
+  size_t slot_bytes = comm->checks ? 0 : static_cast<size_t>(param_int(Param::DirectSlotBytes));
+  int lanes = 1;
+  if (priority_on(comm) && slot_bytes > 0) {
+    lanes = NodeRegion::kPriorityLanes;
+    slot_bytes = std::min(slot_bytes, chunk_bytes_for(tune, true));
+  }
+  return NodeRegion::create(*comm->bootstrap, comm->peers, *comm->mesh, slot_bytes, lanes, &comm->node);
 }
 
 }  // namespace
@@ -110,17 +138,13 @@ Status comm_finish_setup(ncclComm* comm) {
   MC_TRY(Mesh::connect_all(*comm->bootstrap, comm->peers, &comm->abort_flag, &comm->mesh));
   comm->checks = std::any_of(comm->peers.begin(), comm->peers.end(),
                              [](const PeerInfo& p) { return (p.flags & kPeerChecks) != 0; });
-  // With checks every collective is a plan whose signature exchange comes
-  // first: the direct algorithms check too, but a mismatch there fails the
-  // communicator, and a rank whose call went to a plan instead is never seen.
-  const size_t slot_bytes = comm->checks ? 0 : static_cast<size_t>(param_int(Param::DirectSlotBytes));
-  MC_TRY(NodeRegion::create(*comm->bootstrap, comm->peers, *comm->mesh, slot_bytes, &comm->node));
   comm->engine = std::make_unique<Engine>(comm->rank, comm->mesh.get(), &comm->abort_flag,
                                           [comm] { return comm->check_peers(); }, comm->wait);
   TuneModel tune;
   MC_TRY(tune_init(comm->rank, *comm->bootstrap, *comm->mesh, *comm->engine, comm->peers, comm->topo,
                    comm->parent_tune ? &*comm->parent_tune : nullptr, &tune));
   comm->tune = tune;
+  MC_TRY(create_node_region(comm, tune));
   comm->algorithms = make_algorithms(comm->rank, tune, comm->node.get(), comm->wait);
   configure_links(comm, tune);
   comm->sched.engine = comm->engine.get();

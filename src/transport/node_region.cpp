@@ -36,15 +36,16 @@ char* map_file(int fd, size_t bytes) {
 NodeRegion::~NodeRegion() {
   for (char* b : bases_)
     if (b != nullptr) munmap(b, map_bytes_);
-  for (const Mapping& m : buffers_) munmap(m.base, m.ref.file_size);
+  for (int l = 0; lane_ != nullptr && l < lanes_; ++l)
+    for (const Mapping& m : lane_[l].buffers) munmap(m.base, m.ref.file_size);
   if (fd_ >= 0) close(fd_);
 }
 
 Status NodeRegion::create(Bootstrap& bs, const std::vector<PeerInfo>& peers, const Mesh& mesh, size_t slot_bytes,
-                          std::unique_ptr<NodeRegion>* out) {
+                          int lanes, std::unique_ptr<NodeRegion>* out) {
   out->reset();
   const int n = bs.nranks(), me = bs.rank();
-  if (n < 2 || slot_bytes == 0) return kOk;
+  if (n < 2 || slot_bytes == 0 || lanes < 1) return kOk;
   // The topology test gives the same answer on every rank; what depends on
   // this process (transport settings, memory) is agreed below.
   for (const PeerInfo& p : peers)
@@ -52,9 +53,12 @@ Status NodeRegion::create(Bootstrap& bs, const std::vector<PeerInfo>& peers, con
 
   std::unique_ptr<NodeRegion> region(new NodeRegion());
   region->rank_ = me;
+  region->lanes_ = lanes;
+  region->lane_ = std::make_unique<Lane[]>(static_cast<size_t>(lanes));
   region->slot_bytes_ = (slot_bytes + kLine - 1) / kLine * kLine;
   const size_t page = 4096;
-  region->map_bytes_ = (control_bytes() + 2 * region->slot_stride() + page - 1) / page * page;
+  region->map_bytes_ =
+      (region->control_bytes() + 2 * static_cast<size_t>(lanes) * region->slot_stride() + page - 1) / page * page;
   region->bases_.assign(n, nullptr);
 
   Desc mine{};
@@ -105,14 +109,35 @@ Status NodeRegion::create(Bootstrap& bs, const std::vector<PeerInfo>& peers, con
   // Every peer has mapped this region: the descriptor is no longer needed.
   close(region->fd_);
   region->fd_ = -1;
-  MC_INFO(kInit, "rank %d: shared region for direct algorithms, %zu-byte slots, %d ranks", me, region->slot_bytes_, n);
+  MC_INFO(kInit, "rank %d: shared region for direct algorithms, %zu-byte slots, %d lane%s, %d ranks", me,
+          region->slot_bytes_, lanes, lanes == 1 ? "" : "s", n);
   *out = std::move(region);
   return kOk;
 }
 
-const char* NodeRegion::map_peer_buffer(int peer, const BufferRef& ref) {
-  for (size_t i = buffers_.size(); i-- > 0;) {
-    const Mapping& m = buffers_[i];
+void NodeRegion::activate(int lane, uint64_t first, uint64_t last) {
+  Lane& l = lane_[lane];
+  std::lock_guard<std::mutex> lock(l.active_mu);
+  l.active_later.emplace_back(first, last);
+  // Operations of one lane may start in any order (on different streams);
+  // only a gap-free prefix counts.
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (size_t i = 0; i < l.active_later.size(); ++i) {
+      if (l.active_later[i].first != l.active_upto + 1) continue;
+      l.active_upto = l.active_later[i].second;
+      l.active_later.erase(l.active_later.begin() + static_cast<std::ptrdiff_t>(i));
+      grew = true;
+      break;
+    }
+  }
+  control(rank_, lane).announced.value.store(l.active_upto, std::memory_order_release);
+}
+
+const char* NodeRegion::map_peer_buffer(int lane, int peer, const BufferRef& ref) {
+  std::vector<Mapping>& buffers = lane_[lane].buffers;
+  for (size_t i = buffers.size(); i-- > 0;) {
+    const Mapping& m = buffers[i];
     if (m.peer == peer && m.ref.pid == ref.pid && m.ref.fd == ref.fd && m.ref.ino == ref.ino && m.ref.dev == ref.dev &&
         m.ref.file_size == ref.file_size)
       return m.base + ref.offset;
@@ -131,11 +156,11 @@ const char* NodeRegion::map_peer_buffer(int peer, const BufferRef& ref) {
   if (base == nullptr) return nullptr;
   // A bounded cache: buffers freed by a peer stay mapped here until evicted.
   constexpr size_t kMaxMappings = 64;
-  if (buffers_.size() >= kMaxMappings) {
-    munmap(buffers_.front().base, buffers_.front().ref.file_size);
-    buffers_.erase(buffers_.begin());
+  if (buffers.size() >= kMaxMappings) {
+    munmap(buffers.front().base, buffers.front().ref.file_size);
+    buffers.erase(buffers.begin());
   }
-  buffers_.push_back({peer, ref, base});
+  buffers.push_back({peer, ref, base});
   MC_INFO(kReg, "rank %d: mapped rank %d's buffer (pid %d fd %d, %llu bytes) to read it in place", rank_, peer, ref.pid,
           ref.fd, static_cast<unsigned long long>(ref.file_size));
   return base + ref.offset;

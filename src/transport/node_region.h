@@ -7,23 +7,33 @@
 // Layout of one rank's region (an anonymous memfd, mapped by the peers through
 // /proc/<pid>/fd/<fd>, so nothing is ever left in /dev/shm):
 //
-//   Control   flags, each on its own cache line (see below)
-//   Slot 0    header (round number + operation signature), then data
-//   Slot 1    the same; round k uses slot k % 2
+//   Control   flags, each on its own cache line (see below), one set per lane
+//   Lane 0    slot 0 (header: round number + operation signature, then data),
+//             slot 1 the same; round k of the lane uses slot k % 2
+//   Lane 1..  the same (priority scheduling only)
 //
-// Rounds are numbered from 1 in the same order on every rank. A rank runs its
-// rounds one at a time and arrives at round k by writing k into the header of
-// slot k % 2 (so "rank p arrived at round r" reads as header(p, r).round >= r).
-// Before it writes slot k % 2 it waits until every peer has arrived at round
-// k - 1: a peer arrives at k - 1 only after it finished round k - 2, the last
-// reader of that slot.
+// A lane is a sequence of rounds. With FIFO scheduling there is one lane and
+// every direct operation's rounds follow call order. With priority scheduling
+// (MESHCCL_PRIORITY=1) there is one lane per stream priority level, each with
+// its own rounds, slots and flags, so operations of different levels never
+// wait for each other's rounds; within a lane, call order (the same on every
+// rank) still numbers the rounds.
+//
+// Rounds of a lane are numbered from 1 in the same order on every rank. A rank
+// runs a lane's rounds one at a time and arrives at round k by writing k into
+// the header of slot k % 2 (so "rank p arrived at round r" reads as
+// header(p, lane, r).round >= r). Before it writes slot k % 2 it waits until
+// every peer has arrived at round k - 1: a peer arrives at k - 1 only after it
+// finished round k - 2, the last reader of that slot.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
-#include <cstddef>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 #include "bootstrap/bootstrap.h"
@@ -42,11 +52,14 @@ class NodeRegion {
   struct alignas(kLine) Flag {
     std::atomic<uint64_t> value{0};
   };
+  // Flags of one lane.
   struct Control {
-    Flag reduced;  // last round whose slot holds this rank's reduced block
-    Flag done;     // last round in which this rank read its peers' buffers
-    Flag failed;   // round at which this rank found a mismatch (0: none)
+    Flag reduced;    // last round whose slot holds this rank's reduced block
+    Flag done;       // last round in which this rank read its peers' buffers
+    Flag announced;  // priority scheduling: every round up to this one is being run here (see activate)
   };
+  // Priority scheduling: one lane per stream priority level (0 to -7).
+  static constexpr int kPriorityLanes = 8;
   // Where a rank's input lies when peers read it from the rank's own buffer
   // (ncclMemAlloc memory) instead of its slot.
   struct BufferRef {
@@ -70,7 +83,7 @@ class NodeRegion {
     std::atomic<uint64_t> round;  // last round published in this slot
     OpSignature signature;        // what the rank called
     uint32_t input_at;            // InputAt
-    uint32_t pad;
+    uint32_t call;                // the rank's direct call number (low bits), priority scheduling
     alignas(8) unsigned char inline_data[kInlineBytes];
     BufferRef input;  // second line: read only when input_at == kInBuffer
   };
@@ -80,54 +93,88 @@ class NodeRegion {
   // Collective over the communicator. *out stays null (and no error is
   // returned) when the ranks are not all on one host over the shm transport,
   // when slot_bytes is 0, or when any rank cannot map the others' regions: then
-  // no rank uses the region.
+  // no rank uses the region. lanes: 1 (FIFO) or kPriorityLanes, the same on
+  // every rank (agreed by the caller); slot_bytes and lanes that differ
+  // across ranks leave every rank without a region.
   static Status create(Bootstrap& bootstrap, const std::vector<PeerInfo>& peers, const Mesh& mesh,
-                       size_t slot_bytes, std::unique_ptr<NodeRegion>* out);
+                       size_t slot_bytes, int lanes, std::unique_ptr<NodeRegion>* out);
 
   int rank() const { return rank_; }
   int nranks() const { return static_cast<int>(bases_.size()); }
   size_t slot_bytes() const { return slot_bytes_; }
+  int lanes() const { return lanes_; }
+  // The lane of an operation at a stream priority (0 least urgent, negative
+  // more urgent); a higher lane is more urgent.
+  int lane_for(int priority) const { return lanes_ == 1 ? 0 : std::clamp(-priority, 0, lanes_ - 1); }
 
-  Control& control(int r) const { return *reinterpret_cast<Control*>(bases_[r]); }
-  SlotHeader& header(int r, uint64_t round) const {
-    return *reinterpret_cast<SlotHeader*>(bases_[r] + slot_offset(round));
+  // Round at which rank r found a mismatch (0: none), any lane.
+  Flag& failed(int r) const { return *reinterpret_cast<Flag*>(bases_[r]); }
+  Control& control(int r, int lane) const {
+    return *reinterpret_cast<Control*>(bases_[r] + kLine + static_cast<size_t>(lane) * sizeof(Control));
   }
-  char* data(int r, uint64_t round) const { return bases_[r] + slot_offset(round) + sizeof(SlotHeader); }
+  SlotHeader& header(int r, int lane, uint64_t round) const {
+    return *reinterpret_cast<SlotHeader*>(bases_[r] + slot_offset(lane, round));
+  }
+  char* data(int r, int lane, uint64_t round) const {
+    return bases_[r] + slot_offset(lane, round) + sizeof(SlotHeader);
+  }
 
-  // Rounds handed out at launch, in call order (same on every rank).
-  uint64_t reserve_rounds(uint64_t n) {
-    uint64_t first = next_round_ + 1;
-    next_round_ += n;
+  // Rounds of a lane handed out at launch, in call order (same on every rank).
+  uint64_t reserve_rounds(int lane, uint64_t n) {
+    Lane& l = lane_[lane];
+    const uint64_t first = l.next_round + 1;
+    l.next_round += n;
     return first;
   }
-  // Last round this rank finished.
-  std::atomic<uint64_t>& finished() { return finished_; }
-  // Peer's buffer described by ref, mapped here (cached); nullptr when it
-  // cannot be mapped. Called by one thread at a time.
-  const char* map_peer_buffer(int peer, const BufferRef& ref);
+  // Priority scheduling: rounds [first, last] of the lane belong to an
+  // operation that is now being driven here (polled until it ends, whatever
+  // else waits). The lane's `announced` flag rises to the last round up to
+  // which every round is in that state: peers may wait for those rounds
+  // without waiting for anything that could wait for them.
+  void activate(int lane, uint64_t first, uint64_t last);
+  // The next direct call's number (every lane), for the header's `call`.
+  uint32_t take_call() { return ++calls_; }
+  // Last round of the lane this rank finished.
+  std::atomic<uint64_t>& finished(int lane) { return lane_[lane].finished; }
+  // Peer's buffer described by ref, mapped here (cached per lane); nullptr
+  // when it cannot be mapped. Called by one thread at a time per lane.
+  const char* map_peer_buffer(int lane, int peer, const BufferRef& ref);
 
-  // No reserved round is pending: the next reservation can run at once.
-  bool idle() const { return finished_.load(std::memory_order_acquire) == next_round_; }
+  // No reserved round of the lane is pending: its next reservation can run at once.
+  bool idle(int lane) const {
+    return lane_[lane].finished.load(std::memory_order_acquire) == lane_[lane].next_round;
+  }
 
  private:
-  NodeRegion() = default;
-  size_t slot_offset(uint64_t round) const { return control_bytes() + (round & 1) * slot_stride(); }
-  static size_t control_bytes() { return (sizeof(Control) + kLine - 1) / kLine * kLine; }
-  size_t slot_stride() const { return sizeof(SlotHeader) + slot_bytes_; }
-
-  int rank_ = 0;
-  size_t slot_bytes_ = 0;
-  size_t map_bytes_ = 0;
-  int fd_ = -1;                // own region, kept open so peers can attach
-  std::vector<char*> bases_;   // every rank's region as mapped here
-  uint64_t next_round_ = 0;
-  std::atomic<uint64_t> finished_{0};
   struct Mapping {
     int peer;
     BufferRef ref;
     char* base;
   };
-  std::vector<Mapping> buffers_;  // most recent last
+  struct Lane {
+    uint64_t next_round = 0;
+    std::atomic<uint64_t> finished{0};
+    std::vector<Mapping> buffers;  // most recent last
+    std::mutex active_mu;          // activate() may run on an engine's thread or a caller's
+    uint64_t active_upto = 0;      // what `announced` says
+    std::vector<std::pair<uint64_t, uint64_t>> active_later;  // driven, past a gap
+  };
+
+  NodeRegion() = default;
+  size_t control_bytes() const { return kLine + static_cast<size_t>(lanes_) * sizeof(Control); }
+  size_t slot_stride() const { return sizeof(SlotHeader) + slot_bytes_; }
+  size_t slot_offset(int lane, uint64_t round) const {
+    return control_bytes() + (2 * static_cast<size_t>(lane) + (round & 1)) * slot_stride();
+  }
+
+  int rank_ = 0;
+  int lanes_ = 1;
+  size_t slot_bytes_ = 0;
+  size_t map_bytes_ = 0;
+  int fd_ = -1;                // own region, kept open so peers can attach
+  std::vector<char*> bases_;   // every rank's region as mapped here
+  std::unique_ptr<Lane[]> lane_;
+  uint32_t calls_ = 0;
 };
 
 }  // namespace meshccl
