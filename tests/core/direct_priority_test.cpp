@@ -22,27 +22,15 @@
 
 #include "comm/comm.h"
 #include "harness.h"
+#include "priority_streams.h"
 
 namespace {
 
 using meshccl_test::run_ranks;
 using meshccl_test::ScopedEnv;
 
-cudaStream_t cu(meshcclStream_t s) { return meshcclStreamAsCuda(s); }
-
-struct Streams {
-  meshcclStream_t lo = nullptr, hi = nullptr;
-  Streams() {
-    int least = 0, greatest = 0;
-    EXPECT_EQ(meshcclStreamGetPriorityRange(&least, &greatest), ncclSuccess);
-    EXPECT_EQ(meshcclStreamCreateWithPriority(&lo, least), ncclSuccess);
-    EXPECT_EQ(meshcclStreamCreateWithPriority(&hi, greatest), ncclSuccess);
-  }
-  ~Streams() {
-    meshcclStreamDestroy(lo);
-    meshcclStreamDestroy(hi);
-  }
-};
+using meshccl_test::cu;
+using meshccl_test::Streams;
 
 // The smallest chunks (128 KiB on shm): a 4 MiB bulk all-reduce is 32 rounds.
 ScopedEnv direct_env(const std::string& priority) {
@@ -277,22 +265,7 @@ TEST(DirectPriority, BulkDoesNotWaitForUrgentCallQueuedBehindIt) {
 // round waits only for the urgent rounds announced when it came up).
 TEST(DirectPriority, BulkCompletesUnderEndlessUrgentCalls) {
   ScopedEnv env = direct_env("1");
-  run_ranks(3, [](ncclComm_t comm, int rank) {
-    Streams s;
-    std::vector<int> bulk(size_t{1} << 20, rank + 1);
-    ASSERT_EQ(ncclAllReduce(bulk.data(), bulk.data(), bulk.size(), ncclInt, ncclSum, comm, cu(s.lo)), ncclSuccess);
-    int rounds = 0;
-    for (; rounds < 200000; ++rounds) {
-      int flag = meshcclStreamQuery(s.lo) == ncclSuccess ? 1 : 0;
-      ASSERT_EQ(ncclAllReduce(&flag, &flag, 1, ncclInt, ncclMin, comm, cu(s.hi)), ncclSuccess);
-      ASSERT_EQ(meshcclStreamSynchronize(s.hi), ncclSuccess);
-      if (flag == 1) break;
-    }
-    EXPECT_LT(rounds, 200000) << "the bulk all-reduce starved";
-    ASSERT_EQ(meshcclStreamSynchronize(s.lo), ncclSuccess);
-    EXPECT_EQ(bulk[0], 6);
-    EXPECT_EQ(bulk[bulk.size() - 1], 6);
-  });
+  run_ranks(3, meshccl_test::bulk_completes_under_endless_urgent_calls);
 }
 
 // Two same-shaped calls that the ranks issue at swapped priorities land in

@@ -14,6 +14,7 @@
 
 #include "comm/comm.h"
 #include "harness.h"
+#include "priority_streams.h"
 #include "sched/engine.h"
 #include "sched/links.h"
 
@@ -22,21 +23,8 @@ namespace {
 using meshccl_test::run_ranks;
 using meshccl_test::ScopedEnv;
 
-cudaStream_t cu(meshcclStream_t s) { return meshcclStreamAsCuda(s); }
-
-struct Streams {
-  meshcclStream_t lo = nullptr, hi = nullptr;
-  Streams() {
-    int least = 0, greatest = 0;
-    EXPECT_EQ(meshcclStreamGetPriorityRange(&least, &greatest), ncclSuccess);
-    EXPECT_EQ(meshcclStreamCreateWithPriority(&lo, least), ncclSuccess);
-    EXPECT_EQ(meshcclStreamCreateWithPriority(&hi, greatest), ncclSuccess);
-  }
-  ~Streams() {
-    meshcclStreamDestroy(lo);
-    meshcclStreamDestroy(hi);
-  }
-};
+using meshccl_test::cu;
+using meshccl_test::Streams;
 
 // Pumps one rank's links until `done` holds, at most 30 s.
 template <class F>
@@ -136,22 +124,7 @@ INSTANTIATE_TEST_SUITE_P(Transports, LinkOrder, ::testing::Values("shm", "socket
 // issuing urgent all-reduces for as long as it runs.
 TEST(Priority, BulkProgressesUnderEndlessUrgentTraffic) {
   ScopedEnv env({{"MESHCCL_DIRECT_SLOT_BYTES", "0"}, {"MESHCCL_CHUNK_US", "1"}, {"MESHCCL_PRIORITY", "1"}});
-  run_ranks(3, [](ncclComm_t comm, int rank) {
-    Streams s;
-    std::vector<int> bulk(1 << 20, rank + 1);
-    ASSERT_EQ(ncclAllReduce(bulk.data(), bulk.data(), bulk.size(), ncclInt, ncclSum, comm, cu(s.lo)), ncclSuccess);
-    int rounds = 0;
-    for (; rounds < 200000; ++rounds) {
-      int flag = meshcclStreamQuery(s.lo) == ncclSuccess ? 1 : 0;
-      ASSERT_EQ(ncclAllReduce(&flag, &flag, 1, ncclInt, ncclMin, comm, cu(s.hi)), ncclSuccess);
-      ASSERT_EQ(meshcclStreamSynchronize(s.hi), ncclSuccess);
-      if (flag == 1) break;
-    }
-    EXPECT_LT(rounds, 200000) << "the bulk all-reduce starved";
-    ASSERT_EQ(meshcclStreamSynchronize(s.lo), ncclSuccess);
-    EXPECT_EQ(bulk[0], 6);
-    EXPECT_EQ(bulk[bulk.size() - 1], 6);
-  });
+  run_ranks(3, meshccl_test::bulk_completes_under_endless_urgent_calls);
 }
 
 // Credits shared across communicators never deadlock: rank 1 receives the
