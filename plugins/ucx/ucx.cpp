@@ -333,12 +333,15 @@ ucs_status_t check(void* req) {
   return ucp_request_check_status(req);
 }
 
-void drop(ucp_worker_h w, void*& req) {
+bool drop(ucp_worker_h w, void*& req) {
+  bool running = false;
   if (req != nullptr && !UCS_PTR_IS_ERR(req)) {
-    if (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_request_cancel(w, req);
+    running = ucp_request_check_status(req) == UCS_INPROGRESS;
+    if (running) ucp_request_cancel(w, req);
     ucp_request_free(req);
   }
   req = nullptr;
+  return running;
 }
 
 meshccl_tresult_t advance_setup(SendComm* c) {
@@ -377,8 +380,12 @@ namespace {
 // worker's endpoints with it and, after an endpoint failed with requests in
 // flight, can find one still holding requests and abort the process
 // (ucp_ep_destroy_base's assertion); destroying such a worker is not safe.
-// So a worker that saw an endpoint fail, or whose closes did not finish, is
-// kept, with the context's memory its callbacks reach: one per
+// The same holds for a send or flush to another host given up on while UCX
+// still ran it (an abort after MESHCCL_TIMEOUT on a link that is down or a
+// peer that is stopped: UCX itself has not seen a failure yet; the process
+// aborted in ucp_worker_destroy's endpoint cleanup). So a worker that saw an
+// endpoint fail, gave up on a request in flight, or whose closes did not
+// finish, is kept, with the context's memory its callbacks reach: one per
 // communicator that lost a peer, until the process exits.
 bool finalize(Ctx* c) {
   c->connecting.clear();  // connects the host gave up on
@@ -395,9 +402,11 @@ bool finalize(Ctx* c) {
       }
     }
   }
-  if (!c->closing.empty() || c->peer_failed) {
+  if (!c->closing.empty() || c->peer_failed || c->abandoned) {
     MPLUG_INFO(c->host, "ucx: %s; the UCX worker is kept",
-               c->peer_failed ? "an endpoint of this context failed" : "endpoint closes did not finish in time");
+               c->peer_failed ? "an endpoint of this context failed"
+               : c->abandoned ? "a send was given up on while UCX still ran it"
+                              : "endpoint closes did not finish in time");
     return false;
   }
   destroy_worker(c);

@@ -117,6 +117,7 @@ struct Ctx {
   std::vector<void*> closing;  // endpoint close requests still in flight
   std::vector<std::unique_ptr<EpLink>> closed_links;  // of closed endpoints (freed with the worker)
   bool peer_failed = false;  // an endpoint failed: the worker is not destroyed (see finalize)
+  bool abandoned = false;    // a send or flush to another host was given up on in flight: kept as well
 };
 
 struct ListenComm {
@@ -213,7 +214,8 @@ meshccl_tresult_t fail(const meshccl_transport_host_v1_t* host, const char* what
 // = failed, else the request's state.
 ucs_status_t check(void* req);
 // Cancels (if still running) and frees a UCX request; clears the pointer.
-void drop(ucp_worker_h w, void*& req);
+// True when the request was still in flight.
+bool drop(ucp_worker_h w, void*& req);
 // Creates the UCP endpoint once the receiver's address arrived on the
 // control socket; posts the sends that waited for it.
 meshccl_tresult_t advance_setup(SendComm* c);
