@@ -18,6 +18,11 @@
 // is set to 64 KiB unless the environment sets it); -d 1 leaves the limit
 // alone, so that the bulk takes the direct shared-memory algorithm, whose
 // rounds priority scheduling cuts into chunks too.
+// Between two urgent operations each rank pauses: asleep by default (the
+// application computes elsewhere, on an accelerator, and the bulk's stream
+// has the core), or -p spin: busy, as a rank whose CPU computes (on two cores
+// and two ranks that takes half the bulk's CPU). The bulk's loaded time ends
+// when the bulk completes (a thread waits for it), not with the urgent loop.
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -27,6 +32,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "meshccl.h"
@@ -36,6 +42,19 @@ namespace {
 
 using perf_util::now_us;
 using perf_util::median;
+
+bool g_spin_pause = false;  // -p spin
+
+void pause_for(double us) {
+  const double until = now_us() + us;
+  if (!g_spin_pause) {
+    timespec ts{0, static_cast<long>(us * 1000)};
+    nanosleep(&ts, nullptr);
+    return;
+  }
+  while (now_us() < until) {
+  }
+}
 
 struct Result {
   double send_idle, send_load, ar_idle, ar_load, bulk_alone_us, bulk_loaded_us;
@@ -103,18 +122,19 @@ struct Rank {
     a.clear();
     t0 = now_us();
     start_bulk();
+    double bulk_end = 0;
+    std::thread bulk_wait([&] {
+      CHECK(meshcclStreamSynchronize(lo));
+      bulk_end = now_us();
+    });
     for (int i = 0; i < iters; ++i) {
-      double until = now_us() + pause;
-      while (now_us() < until) {
-      }
+      pause_for(pause);
       s.push_back(ping());
-      until = now_us() + pause;
-      while (now_us() < until) {
-      }
+      pause_for(pause);
       a.push_back(small_allreduce());
     }
-    CHECK(meshcclStreamSynchronize(lo));
-    r.bulk_loaded_us = now_us() - t0;
+    bulk_wait.join();
+    r.bulk_loaded_us = bulk_end - t0;
     r.send_load = median(s);
     r.ar_load = median(a);
     r.ar_load_max = *std::max_element(a.begin(), a.end());
@@ -149,9 +169,10 @@ void run_rank(int rank, int n, size_t bytes, int iters, bool direct_bulk, Make m
 void print_results(int n, size_t bytes, int iters, bool direct_bulk, const Result res[2]) {
   const char* transport = std::getenv("MESHCCL_TRANSPORT");
   const char* limit = std::getenv("MESHCCL_DIRECT_MAX_BYTES");
-  std::printf("# priority_perf: %d ranks, %s, bulk AllReduce %zu bytes (%s), %d urgent operations of each kind\n", n,
-              transport != nullptr ? transport : "default transport", bytes,
-              direct_bulk && limit == nullptr ? "direct allowed" : "direct up to MESHCCL_DIRECT_MAX_BYTES", iters);
+  std::printf("# priority_perf: %d ranks, %s, bulk AllReduce %zu bytes (%s), %d urgent operations of each kind, "
+              "%s pauses\n", n, transport != nullptr ? transport : "default transport", bytes,
+              direct_bulk && limit == nullptr ? "direct allowed" : "direct up to MESHCCL_DIRECT_MAX_BYTES", iters,
+              g_spin_pause ? "busy" : "sleeping");
   std::printf("# %-9s %12s %12s %8s %12s %12s %8s %12s %12s %12s %8s\n", "mode", "send64K_idle", "send64K_load",
               "ratio", "ar1K_idle", "ar1K_load", "ratio", "ar1K_max", "bulk_GB/s", "bulk_load", "loss");
   for (int m = 0; m < 2; ++m) {
@@ -207,8 +228,12 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "-b")) bytes = std::strtoull(argv[i + 1], nullptr, 0);
     else if (!std::strcmp(argv[i], "-i")) iters = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "-d")) direct_bulk = std::atoi(argv[i + 1]) != 0;
+    else if (!std::strcmp(argv[i], "-p") && (!std::strcmp(argv[i + 1], "spin") || !std::strcmp(argv[i + 1], "sleep")))
+      g_spin_pause = !std::strcmp(argv[i + 1], "spin");
     else {
-      std::fprintf(stderr, "usage: %s [-n ranks] [-b bulk bytes] [-i urgent iterations] [-d 0|1: bulk may go direct]\n",
+      std::fprintf(stderr,
+                   "usage: %s [-n ranks] [-b bulk bytes] [-i urgent iterations] [-d 0|1: bulk may go direct] "
+                   "[-p sleep|spin: pause between urgent operations]\n",
                    argv[0]);
       return 1;
     }
