@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -46,12 +47,11 @@ using perf_util::median;
 bool g_spin_pause = false;  // -p spin
 
 void pause_for(double us) {
-  const double until = now_us() + us;
   if (!g_spin_pause) {
-    timespec ts{0, static_cast<long>(us * 1000)};
-    nanosleep(&ts, nullptr);
+    std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(us));
     return;
   }
+  const double until = now_us() + us;
   while (now_us() < until) {
   }
 }

@@ -76,11 +76,19 @@ meshccl_tresult_t send_post(SendComm* c, const void* data, size_t size, uint64_t
 
 namespace {
 
-void release_send(SendComm* c, Request* r) {
-  if (r->state == State::kWaiting) c->waiting.remove(r); else c->active.remove(r);
+// Drops a send's UCX requests. To another host (peer error handling), one
+// given up on in flight makes the worker unsafe to destroy (see finalize);
+// on one host UCX destroys such endpoints cleanly. True when one was in flight.
+bool drop_send(SendComm* c, Request* r) {
   bool gave_up = drop(c->ctx->worker, r->hdr_req);
   gave_up |= drop(c->ctx->worker, r->data_req);
   if (gave_up && c->ep != nullptr && c->amsg.host != c->ctx->host_id) c->ctx->abandoned = true;
+  return gave_up;
+}
+
+void release_send(SendComm* c, Request* r) {
+  if (r->state == State::kWaiting) c->waiting.remove(r); else c->active.remove(r);
+  drop_send(c, r);
   r->magic = 0;
   c->reqs.put(r);
 }
@@ -317,15 +325,9 @@ meshccl_tresult_t recv_test(Request* r, int* done, size_t* size) {
 
 void close_send(SendComm* c) {
   Ctx* ctx = c->ctx;
-  // To another host (peer error handling), a request given up on in flight
-  // makes the worker unsafe to destroy (see finalize). On one host UCX
-  // destroys such endpoints cleanly, and the worker goes with the context.
-  const bool remote = c->ep != nullptr && c->amsg.host != ctx->host_id;
-  bool gave_up = false;
   c->waiting.for_each([&](Request* r) { r->magic = 0; });
   c->active.for_each([&](Request* r) {
-    if (drop(ctx->worker, r->hdr_req)) gave_up = true;
-    if (drop(ctx->worker, r->data_req)) gave_up = true;
+    drop_send(c, r);
     r->magic = 0;
   });
   if (c->broken != MESHCCL_T_SUCCESS) ctx->peer_failed = true;
@@ -339,9 +341,9 @@ void close_send(SendComm* c) {
       void* fr = ucp_ep_flush_nbx(c->ep, &fp);
       uint64_t until = now_ns() + 200'000'000;
       while (check(fr) == UCS_INPROGRESS && now_ns() < until) ucp_worker_progress(ctx->worker);
-      if (drop(ctx->worker, fr)) gave_up = true;
+      // A flush still running: the same as a send given up on.
+      if (drop(ctx->worker, fr) && c->amsg.host != ctx->host_id) ctx->abandoned = true;
     }
-    if (gave_up && remote) ctx->abandoned = true;
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     p.flags = UCP_EP_CLOSE_FLAG_FORCE;
