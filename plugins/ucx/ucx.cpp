@@ -385,13 +385,13 @@ namespace {
 // peer that is stopped: UCX itself has not seen a failure yet; the process
 // aborted in ucp_worker_destroy's endpoint cleanup). So a worker that saw an
 // endpoint fail, gave up on a request in flight, or whose closes did not
-// finish, is kept, with the context's memory its callbacks reach: one per
+// finish, is kept; one that gave up on a receive UCX had matched (see
+// close_recv) is not even progressed, so nothing lands in freed memory, with the context's memory its callbacks reach: one per
 // communicator that lost a peer, until the process exits.
 bool finalize(Ctx* c) {
   c->connecting.clear();  // connects the host gave up on
-  c->connecting.clear();
   const uint64_t until = now_ns() + kCloseWaitNs;
-  while (!c->closing.empty() && now_ns() < until) {
+  while (!c->frozen && !c->closing.empty() && now_ns() < until) {
     ucp_worker_progress(c->worker);
     for (size_t k = 0; k < c->closing.size();) {
       if (ucp_request_check_status(c->closing[k]) != UCS_INPROGRESS) {
@@ -402,11 +402,12 @@ bool finalize(Ctx* c) {
       }
     }
   }
-  if (!c->closing.empty() || c->peer_failed || c->abandoned) {
+  if (!c->closing.empty() || c->peer_failed || c->abandoned || c->frozen) {
     MPLUG_INFO(c->host, "ucx: %s; the UCX worker is kept",
-               c->peer_failed ? "an endpoint of this context failed"
-               : c->abandoned ? "a send was given up on while UCX still ran it"
-                              : "endpoint closes did not finish in time");
+               c->frozen        ? "a receive was given up on while UCX still wrote it (the worker is no longer progressed)"
+               : c->peer_failed ? "an endpoint of this context failed"
+               : c->abandoned   ? "a send was given up on while UCX still ran it"
+                                : "endpoint closes did not finish in time");
     return false;
   }
   destroy_worker(c);

@@ -118,6 +118,7 @@ struct Ctx {
   std::vector<std::unique_ptr<EpLink>> closed_links;  // of closed endpoints (freed with the worker)
   bool peer_failed = false;  // an endpoint failed: the worker is not destroyed (see finalize)
   bool abandoned = false;    // a send or flush to another host was given up on in flight: kept as well
+  bool frozen = false;       // a matched receive was given up on: never progressed again, kept
 };
 
 struct ListenComm {

@@ -336,7 +336,7 @@ void close_send(SendComm* c) {
     // close without waiting for the peer: a force close also ends sends
     // that were given up on, which UCX would otherwise keep until the
     // worker goes.
-    if (c->broken == MESHCCL_T_SUCCESS) {
+    if (c->broken == MESHCCL_T_SUCCESS && !ctx->frozen) {
       ucp_request_param_t fp{};
       void* fr = ucp_ep_flush_nbx(c->ep, &fp);
       uint64_t until = now_ns() + 200'000'000;
@@ -370,13 +370,22 @@ void close_send(SendComm* c) {
 void close_recv(RecvComm* c) {
   ucp_worker_h w = c->ctx->worker;
   c->active.for_each([&](Request* r) {
+    // A payload UCX has matched cannot be cancelled: it goes on landing in
+    // the receive's buffer whenever the worker progresses, and the caller
+    // may have freed that buffer already (its operation failed and
+    // returned). Such a worker is never progressed again (see finalize).
+    if (r->data_req != nullptr && !UCS_PTR_IS_ERR(r->data_req) && check(r->data_req) == UCS_INPROGRESS) {
+      ucp_request_cancel(w, r->data_req);
+      if (check(r->data_req) == UCS_INPROGRESS) c->ctx->frozen = true;
+    }
     drop(w, r->data_req);
     r->magic = 0;
   });
   c->posted.for_each([&](Request* r) { r->magic = 0; });
   if (c->hdr_posted) drop(w, c->hdr_req);
-  // Payloads that arrived unexpected stay in UCX's queue: drain them.
-  c->unexpected.for_each([&](Unexpected* u) {
+  // Payloads that arrived unexpected stay in UCX's queue: drain them (not
+  // on a frozen worker: draining progresses it).
+  if (!c->ctx->frozen) c->unexpected.for_each([&](Unexpected* u) {
     if (u->buf.ptr != nullptr) c->bufs.put(u->buf);
     if (u->size <= kInline) return;
     ucp_tag_recv_info_t info;
