@@ -263,7 +263,7 @@ void send_ep_error(void* arg, ucp_ep_h ep, ucs_status_t s) {
 // unreachable receiver. The same host: none, which lets UCX pick its
 // shared-memory transports; the control socket reports a dead receiver.
 meshccl_tresult_t create_ep(SendComm* c) {
-  const bool same_host = c->amsg.host == c->ctx->host_id;
+  const bool same_host = !to_other_host(c);
   ucp_ep_params_t ep{};
   ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
   ep.address = reinterpret_cast<const ucp_address_t*>(c->addr.data());
@@ -385,9 +385,10 @@ namespace {
 // peer that is stopped: UCX itself has not seen a failure yet; the process
 // aborted in ucp_worker_destroy's endpoint cleanup). So a worker that saw an
 // endpoint fail, gave up on a request in flight, or whose closes did not
-// finish, is kept; one that gave up on a receive UCX had matched (see
-// close_recv) is not even progressed, so nothing lands in freed memory, with the context's memory its callbacks reach: one per
-// communicator that lost a peer, until the process exits.
+// finish, is kept, with the context's memory its callbacks reach: one per
+// communicator that lost a peer, until the process exits. One that gave up
+// on a receive UCX had matched (see close_recv) is not even progressed, so
+// nothing more lands in memory the caller may have freed.
 bool finalize(Ctx* c) {
   c->connecting.clear();  // connects the host gave up on
   const uint64_t until = now_ns() + kCloseWaitNs;

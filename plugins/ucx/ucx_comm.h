@@ -217,6 +217,9 @@ ucs_status_t check(void* req);
 // Cancels (if still running) and frees a UCX request; clears the pointer.
 // True when the request was still in flight.
 bool drop(ucp_worker_h w, void*& req);
+// The receiver is on another host (from the address it sent): peer error
+// handling, and requests given up on make the worker unsafe to destroy.
+inline bool to_other_host(const SendComm* c) { return c->amsg.host != c->ctx->host_id; }
 // Creates the UCP endpoint once the receiver's address arrived on the
 // control socket; posts the sends that waited for it.
 meshccl_tresult_t advance_setup(SendComm* c);

@@ -82,7 +82,7 @@ namespace {
 bool drop_send(SendComm* c, Request* r) {
   bool gave_up = drop(c->ctx->worker, r->hdr_req);
   gave_up |= drop(c->ctx->worker, r->data_req);
-  if (gave_up && c->ep != nullptr && c->amsg.host != c->ctx->host_id) c->ctx->abandoned = true;
+  if (gave_up && c->ep != nullptr && to_other_host(c)) c->ctx->abandoned = true;
   return gave_up;
 }
 
@@ -342,7 +342,7 @@ void close_send(SendComm* c) {
       uint64_t until = now_ns() + 200'000'000;
       while (check(fr) == UCS_INPROGRESS && now_ns() < until) ucp_worker_progress(ctx->worker);
       // A flush still running: the same as a send given up on.
-      if (drop(ctx->worker, fr) && c->amsg.host != ctx->host_id) ctx->abandoned = true;
+      if (drop(ctx->worker, fr) && to_other_host(c)) ctx->abandoned = true;
     }
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
