@@ -39,6 +39,11 @@
  * MESHCCL_TRANSPORT_HANDLE_BYTES) that must mean the same in another process.
  * Requests are owned by the plugin and freed when test reports done, or when
  * their comm is closed (closing a comm with requests in flight cancels them).
+ * After an operation failed, the user may free its buffers before the host
+ * closes the comms that still hold its requests: from the first close_* call
+ * on a context on, the plugin must not write into the buffer of any receive
+ * still in flight on any comm of that context (a plugin that cannot stop such
+ * a transfer keeps its resources instead and never progresses it again).
  *
  * Every function returns a meshccl_tresult_t. Meaning of the errors:
  *   MESHCCL_T_SYSTEM_ERROR   an OS or network call failed

@@ -412,6 +412,7 @@ meshccl_tresult_t do_accept(ListenComm* lc, void** out) {
   release(ctx, r);
   lc->hello = nullptr;
   lc->accepted = true;
+  ctx->recvs.push_back(c.get());
   *out = c.release();
   return MESHCCL_T_SUCCESS;
 }
@@ -430,6 +431,10 @@ void close_listen(ListenComm* lc) {
 // a peer fail).
 bool finalize(Ctx* c) {
   stop_helper(c);
+  if (!may_progress(c)) {
+    MPLUG_INFO(c->host, "ofi: a receive was given up on while libfabric may still write it; the context is kept and no longer progressed");
+    return false;
+  }
   drain_notices(c);   // close notices still in flight get a bounded wait
   (void)progress(c);  // reports what finished; the rest goes with the endpoint
   if (close_fabric(c)) return true;

@@ -188,6 +188,8 @@ struct Ctx {
   bool helper_running = false;
   bool stopping = false;
   std::vector<struct SendComm*> connecting;
+  std::vector<struct RecvComm*> recvs;  // open receive comms (see may_progress)
+  bool frozen = false;  // a receive libfabric may still write was given up on: no longer progressed, kept
 };
 
 struct ListenComm {
@@ -242,6 +244,13 @@ meshccl_tresult_t op_fail(Ctx* ctx, const char* what, const Op& op);
 Request* new_request(Ctx* ctx, Kind kind, void* comm);
 void release(Ctx* ctx, Request* r);  // back to the pool, or orphaned while busy
 bool peer_dead(const meshccl_transport_host_v1_t* host, int32_t pid, PeerWatch& watch);
+// Whether a close may progress the context. Once the caller gave up on an
+// operation, it may free the buffers of its receives, and libfabric cannot
+// cancel a receive it has matched: it goes on writing the buffer whenever the
+// context progresses, whichever comm a close is for. So while any open
+// receive comm of the context has a payload receive in libfabric's hands, the
+// context is frozen: no close progresses it again, and finalize keeps it.
+bool may_progress(Ctx* ctx);
 
 // ofi_msg.cpp: messages.
 // Post one operation. The queue may be full: with wait, progress is made and

@@ -433,9 +433,18 @@ void wait_sends_let_go(SendComm* c) {
 
 }  // namespace
 
+bool may_progress(Ctx* ctx) {
+  for (const RecvComm* c : ctx->recvs)
+    for (const Request* r = c->active.front(); r != nullptr && !ctx->frozen; r = r->next)
+      if (busy(r->body)) ctx->frozen = true;
+  if (ctx->frozen) ctx->stopping = true;  // the helper thread progresses no more either
+  return !ctx->frozen;
+}
+
 void close_send(SendComm* c) {
   Ctx* ctx = c->ctx;
-  (void)progress(ctx);
+  const bool live_ctx = may_progress(ctx);
+  if (live_ctx) (void)progress(ctx);
   refresh(c);
   auto& cn = ctx->connecting;
   for (size_t i = 0; i < cn.size(); ++i) {
@@ -458,7 +467,7 @@ void close_send(SendComm* c) {
       send_notice(ctx, bye, c->peer, ftag(kHeader, c->conn, c->seq++, 0));
     }
   }
-  wait_sends_let_go(c);
+  if (live_ctx) wait_sends_let_go(c);
   while (Request* r = c->queue.pop_front()) release(ctx, r);
   drop(ctx, c->hello);
   drop(ctx, c->back);
@@ -466,7 +475,7 @@ void close_send(SendComm* c) {
 
 void close_recv(RecvComm* c) {
   Ctx* ctx = c->ctx;
-  (void)progress(ctx);
+  if (may_progress(ctx)) (void)progress(ctx);  // every open comm of the context, this one included
   if (!c->closed) {  // tell the sender, whose sends would wait forever
     uint64_t below = c->seq;
     for (Request* r = c->active.front(); r != nullptr; r = r->next)
@@ -484,6 +493,7 @@ void close_recv(RecvComm* c) {
   while (Request* r = c->active.pop_front()) drop(ctx, r);
   for (Request*& s : c->slots) drop(ctx, s);
   while (Unexpected* u = c->unexpected.pop_front()) ctx->bufs.put(u->inl);
+  std::erase(ctx->recvs, c);
 }
 
 void advance_notices(Ctx* ctx) {

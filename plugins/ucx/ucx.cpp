@@ -242,6 +242,7 @@ meshccl_tresult_t do_accept(ListenComm* lc, void** out) {
   c->peer = peer;
   c->conn = lc->conn;
   MPLUG_TRACE(host, "ucx: accepted %s (connection %u)", c->peer.c_str(), c->conn);
+  lc->ctx->recvs.push_back(c.get());
   *out = c.release();
   return MESHCCL_T_SUCCESS;
 }
@@ -387,12 +388,12 @@ namespace {
 // endpoint fail, gave up on a request in flight, or whose closes did not
 // finish, is kept, with the context's memory its callbacks reach: one per
 // communicator that lost a peer, until the process exits. One that gave up
-// on a receive UCX had matched (see close_recv) is not even progressed, so
+// on a receive UCX had matched (see may_progress) is not even progressed, so
 // nothing more lands in memory the caller may have freed.
 bool finalize(Ctx* c) {
   c->connecting.clear();  // connects the host gave up on
   const uint64_t until = now_ns() + kCloseWaitNs;
-  while (!c->frozen && !c->closing.empty() && now_ns() < until) {
+  while (!c->closing.empty() && may_progress(c) && now_ns() < until) {
     ucp_worker_progress(c->worker);
     for (size_t k = 0; k < c->closing.size();) {
       if (ucp_request_check_status(c->closing[k]) != UCS_INPROGRESS) {

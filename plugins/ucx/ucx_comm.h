@@ -96,6 +96,7 @@ struct WireHdr {
 using Connecting = Dialing<Handle>;
 
 struct SendComm;
+struct RecvComm;
 // What an endpoint's error handler reaches: the send comm while it is open.
 // UCX may report an endpoint's failure after the comm closed it (a force
 // close still in flight), so the handler gets this and not the comm, and
@@ -116,6 +117,8 @@ struct Ctx {
   std::vector<Connecting> connecting;
   std::vector<void*> closing;  // endpoint close requests still in flight
   std::vector<std::unique_ptr<EpLink>> closed_links;  // of closed endpoints (freed with the worker)
+  std::vector<RecvComm*> recvs;  // open receive comms (see may_progress)
+  std::vector<std::vector<unsigned char>> sinks;  // drain buffers UCX may still write (frozen only)
   bool peer_failed = false;  // an endpoint failed: the worker is not destroyed (see finalize)
   bool abandoned = false;    // a send or flush to another host was given up on in flight: kept as well
   bool frozen = false;       // a matched receive was given up on: never progressed again, kept
@@ -220,6 +223,13 @@ bool drop(ucp_worker_h w, void*& req);
 // The receiver is on another host (from the address it sent): peer error
 // handling, and requests given up on make the worker unsafe to destroy.
 inline bool to_other_host(const SendComm* c) { return c->amsg.host != c->ctx->host_id; }
+// Whether a close may progress the worker. Once the caller gave up on an
+// operation, it may free the buffers of its receives; a payload UCX has
+// matched into one of them cannot be cancelled and lands whenever the worker
+// progresses, on any comm of the context. So while any open receive comm of
+// the context has such a payload running, or one was given up on, the
+// context is frozen: no close progresses it again, and it is kept.
+bool may_progress(Ctx* ctx);
 // Creates the UCP endpoint once the receiver's address arrived on the
 // control socket; posts the sends that waited for it.
 meshccl_tresult_t advance_setup(SendComm* c);

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cinttypes>
 #include <cstring>
+#include <vector>
 
 #include "plugins/ucx/ucx_comm.h"
 
@@ -242,6 +243,11 @@ meshccl_tresult_t pump(RecvComm* c) {
   }
 }
 
+// A receive's payload that UCX may still be writing: posted and not finished.
+bool payload_running(const Request* r) {
+  return r->data_req != nullptr && !UCS_PTR_IS_ERR(r->data_req) && ucp_request_check_status(r->data_req) == UCS_INPROGRESS;
+}
+
 // A receive that cannot finish yet: did the sender go away? After its
 // goodbye, a receive with no message left to come fails at once; otherwise
 // (EOF without goodbye, or messages still owed) after a grace period.
@@ -312,6 +318,12 @@ meshccl_tresult_t recv_test(Request* r, int* done, size_t* size) {
       res = fail(c->ctx->host, ("receiving from " + c->peer).c_str(), s);
     }
   }
+  // Failed with its payload still running: UCX may go on writing a buffer
+  // the caller frees once this returns (see may_progress).
+  if (res != MESHCCL_T_SUCCESS && r->state == State::kActive && payload_running(r)) {
+    ucp_request_cancel(c->ctx->worker, r->data_req);
+    if (payload_running(r)) c->ctx->frozen = true;
+  }
   drop(c->ctx->worker, r->data_req);
   if (r->state == State::kActive) c->active.remove(r); else c->posted.remove(r);
   *done = 1;
@@ -336,7 +348,7 @@ void close_send(SendComm* c) {
     // close without waiting for the peer: a force close also ends sends
     // that were given up on, which UCX would otherwise keep until the
     // worker goes.
-    if (c->broken == MESHCCL_T_SUCCESS && !ctx->frozen) {
+    if (c->broken == MESHCCL_T_SUCCESS && may_progress(ctx)) {
       ucp_request_param_t fp{};
       void* fr = ucp_ep_flush_nbx(c->ep, &fp);
       uint64_t until = now_ns() + 200'000'000;
@@ -367,27 +379,40 @@ void close_send(SendComm* c) {
   }
 }
 
+bool may_progress(Ctx* ctx) {
+  for (RecvComm* c : ctx->recvs) {
+    if (ctx->frozen) break;
+    c->active.for_each([&](Request* r) {
+      if (payload_running(r)) ctx->frozen = true;
+    });
+  }
+  return !ctx->frozen;
+}
+
 void close_recv(RecvComm* c) {
-  ucp_worker_h w = c->ctx->worker;
+  Ctx* ctx = c->ctx;
+  ucp_worker_h w = ctx->worker;
+  // This comm's payloads not matched yet are cancelled; one UCX has matched
+  // goes on landing in the receive's buffer, which the caller may have freed
+  // already (its operation failed and returned): see may_progress.
   c->active.for_each([&](Request* r) {
-    // A payload UCX has matched cannot be cancelled: it goes on landing in
-    // the receive's buffer whenever the worker progresses, and the caller
-    // may have freed that buffer already (its operation failed and
-    // returned). Such a worker is never progressed again (see finalize).
-    if (r->data_req != nullptr && !UCS_PTR_IS_ERR(r->data_req) && check(r->data_req) == UCS_INPROGRESS) {
-      ucp_request_cancel(w, r->data_req);
-      if (check(r->data_req) == UCS_INPROGRESS) c->ctx->frozen = true;
-    }
+    if (payload_running(r)) ucp_request_cancel(w, r->data_req);
+  });
+  const bool progress = may_progress(ctx);  // every open comm of the context, this one included
+  c->active.for_each([&](Request* r) {
     drop(w, r->data_req);
     r->magic = 0;
   });
   c->posted.for_each([&](Request* r) { r->magic = 0; });
   if (c->hdr_posted) drop(w, c->hdr_req);
-  // Payloads that arrived unexpected stay in UCX's queue: drain them (not
-  // on a frozen worker: draining progresses it).
-  if (!c->ctx->frozen) c->unexpected.for_each([&](Unexpected* u) {
+  std::erase(ctx->recvs, c);
+  // Payloads that arrived unexpected stay in UCX's queue: drain them, unless
+  // the worker must not be progressed. A drain that does not finish leaves
+  // UCX writing its buffer: that freezes the context too, and the buffer is
+  // kept.
+  c->unexpected.for_each([&](Unexpected* u) {
     if (u->buf.ptr != nullptr) c->bufs.put(u->buf);
-    if (u->size <= kInline) return;
+    if (u->size <= kInline || !progress || ctx->frozen) return;
     ucp_tag_recv_info_t info;
     ucp_tag_message_h m = ucp_tag_probe_nb(w, utag(c->conn, kPayload, u->seq), kFullMask, 1, &info);
     if (m == nullptr) return;
@@ -395,7 +420,10 @@ void close_recv(RecvComm* c) {
     ucp_request_param_t p{};
     void* rq = ucp_tag_msg_recv_nbx(w, sink.data(), sink.size(), m, &p);
     for (int i = 0; i < 1000 && check(rq) == UCS_INPROGRESS; ++i) ucp_worker_progress(w);
-    drop(w, rq);
+    if (drop(w, rq)) {
+      ctx->frozen = true;
+      ctx->sinks.push_back(std::move(sink));
+    }
   });
   if (c->fd >= 0) close(c->fd);
   c->fd = -1;

@@ -400,6 +400,74 @@ TEST_P(TransportTest, PeerKilledWhileWeReceive) {
   EXPECT_EQ(reap(child), 128 + SIGKILL);
 }
 
+// After an operation failed, its user may free the buffers before the host
+// closes the comms that still hold its requests: from the first close on a
+// context on, nothing more lands in a receive still in flight, whichever of
+// the context's comms is closed first. The sender is stopped in the middle
+// of a large transfer, with data still queued towards this process; another
+// comm of the same context holds a message nobody received.
+TEST_P(TransportTest, ClosingWritesNoReceiveInFlight) {
+  ScopedEnv tls("UCX_TLS", "tcp");  // ucx: data queues in sockets, as between hosts
+  const meshccl_transport_v1_t* t = t_;
+  constexpr size_t kBig = 64 * kMiB;
+  Child child = spawn([&](int fd) -> int {
+    void* ctx = nullptr;
+    CHILD_CHECK(t->init(test_host(), &ctx) == MESHCCL_T_SUCCESS);
+    void* scomm = nullptr;
+    CHILD_CHECK(connect_peer(t, ctx, fd, &scomm) == MESHCCL_T_SUCCESS);
+    std::vector<unsigned char> big(kBig, 1);
+    void* s = nullptr;
+    CHILD_CHECK(t->isend(scomm, big.data(), kBig, 9, nullptr, &s) == MESHCCL_T_SUCCESS);
+    char posted = 'p';
+    CHILD_CHECK(write_all(fd, &posted, 1));
+    wait_request(t, s, nullptr, 60);  // the parent stops, then kills us
+    return 5;
+  });
+  void* tx = nullptr;
+  void* rx = nullptr;
+  ASSERT_EQ(t_->init(test_host(), &tx), MESHCCL_T_SUCCESS);
+  ASSERT_EQ(t_->init(test_host(), &rx), MESHCCL_T_SUCCESS);
+  void* s1 = nullptr;
+  void* r1 = nullptr;
+  ASSERT_EQ(connect_pair(t_, tx, rx, &s1, &r1), MESHCCL_T_SUCCESS);
+  std::vector<unsigned char> stray(256 * 1024, 2), other(16);
+  void *sq = nullptr, *oq = nullptr;
+  ASSERT_EQ(t_->isend(s1, stray.data(), stray.size(), 5, nullptr, &sq), MESHCCL_T_SUCCESS);
+  ASSERT_EQ(t_->irecv(r1, other.data(), other.size(), 6, nullptr, &oq), MESHCCL_T_SUCCESS);
+  void* r2 = nullptr;
+  ASSERT_EQ(accept_peer(t_, rx, child.fd, &r2), MESHCCL_T_SUCCESS);
+  std::vector<unsigned char> dst(kBig, 0);
+  void* q = nullptr;
+  ASSERT_EQ(t_->irecv(r2, dst.data(), kBig, 9, nullptr, &q), MESHCCL_T_SUCCESS);
+  char posted = 0;
+  ASSERT_TRUE(read_all(child.fd, &posted, 1));
+  // Polls until the transfer is under way (its first bytes landed).
+  const auto until = Clock::now() + std::chrono::seconds(20);
+  int done = 0;
+  while (dst[0] == 0 && Clock::now() < until) {
+    ASSERT_EQ(t_->test(q, &done, nullptr), MESHCCL_T_SUCCESS);
+    ASSERT_EQ(done, 0);
+    ASSERT_EQ(t_->test(sq, &done, nullptr), MESHCCL_T_SUCCESS);
+    ASSERT_EQ(t_->test(oq, &done, nullptr), MESHCCL_T_SUCCESS);
+    ASSERT_EQ(done, 0);
+  }
+  ASSERT_NE(dst[0], 0) << "the transfer did not start";
+  kill(child.pid, SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // what it sent last reaches our sockets
+  const std::vector<unsigned char> seen = dst;
+  // The comm with the stray message first: a close that progresses the
+  // context must not move the other comm's transfer on.
+  EXPECT_EQ(t_->close_recv(r1), MESHCCL_T_SUCCESS);
+  EXPECT_TRUE(dst == seen) << "closing another comm wrote into a receive in flight";
+  EXPECT_EQ(t_->close_recv(r2), MESHCCL_T_SUCCESS);
+  EXPECT_EQ(t_->close_send(s1), MESHCCL_T_SUCCESS);
+  EXPECT_EQ(t_->finalize(rx), MESHCCL_T_SUCCESS);
+  EXPECT_EQ(t_->finalize(tx), MESHCCL_T_SUCCESS);
+  EXPECT_TRUE(dst == seen) << "closing the context wrote into a receive in flight";
+  kill(child.pid, SIGKILL);
+  EXPECT_EQ(reap(child), 128 + SIGKILL);
+}
+
 TEST_P(TransportTest, PeerKilledWhileWeSend) {
   const meshccl_transport_v1_t* t = t_;
   constexpr size_t kBig = 64 * kMiB;
