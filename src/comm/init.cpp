@@ -143,6 +143,15 @@ Status comm_finish_setup(ncclComm* comm) {
   if (!from_split) MC_TRY(topo_init(comm->rank, *comm->bootstrap, comm->peers, comm->cuda_dev, &comm->topo));
   MC_TRY(topo_publish(comm->rank, comm->topo, comm->comm_hash, from_split));
   MC_TRY(Mesh::connect_all(*comm->bootstrap, comm->peers, &comm->abort_flag, &comm->mesh));
+  // A rank's connections are made when its own connects and accepts are,
+  // not yet its peers'. A new communicator's link measurement (tune_init)
+  // then syncs the ranks; a split or shrink child inherits its parent's
+  // constants and skips it, so without this barrier a rank could finish
+  // init, run an empty operation and destroy the child while a peer still
+  // waited to accept its connection (over ofi the connection's first message
+  // was then lost, and that peer failed with "connections to peers not
+  // established within MESHCCL_TIMEOUT").
+  if (comm->parent_tune) MC_TRY(comm->bootstrap->barrier());
   comm->checks = std::any_of(comm->peers.begin(), comm->peers.end(),
                              [](const PeerInfo& p) { return (p.flags & kPeerChecks) != 0; });
   comm->engine = std::make_unique<Engine>(comm->rank, comm->mesh.get(), &comm->abort_flag,
