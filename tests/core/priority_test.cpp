@@ -46,8 +46,9 @@ class LinkOrder : public ::testing::TestWithParam<std::string> {};
 // when it has none in flight: the credit goes to the urgent one), and the
 // urgent one finishes first.
 TEST_P(LinkOrder, UrgentOvertakesBulkChunkByChunk) {
+  // The network's bandwidth is pinned: the smallest chunk must not depend on a measurement.
   ScopedEnv env({{"MESHCCL_TRANSPORT", GetParam()}, {"MESHCCL_CHUNK_US", "1"}, {"MESHCCL_LINK_CREDIT", "4"},
-                 {"MESHCCL_PRIORITY", "1"}});
+                 {"MESHCCL_PRIORITY", "1"}, {"MESHCCL_TUNE_NET_BW_GBS", "1"}});
   constexpr uint64_t kBulkTag = (uint64_t{1} << 61) | 1, kUrgentTag = (uint64_t{1} << 61) | 2;
   run_ranks(2, [&](ncclComm_t comm, int rank) {
     meshccl::Links& links = comm->engine->links();
