@@ -363,24 +363,30 @@ TEST_P(TransportTest, ForkedPeerBothDirections) {
   EXPECT_EQ(reap(child), 0);
 }
 
-// The peer is SIGKILLed in the middle of a large transfer: the request on
-// this side fails with REMOTE_ERROR instead of hanging.
-TEST_P(TransportTest, PeerKilledWhileWeReceive) {
-  const meshccl_transport_v1_t* t = t_;
-  constexpr size_t kBig = 64 * kMiB;
-  Child child = spawn([&](int fd) -> int {
+// A forked sender: connects to the listener whose handle the parent writes
+// on the pipe, posts one `bytes`-byte send of ones (tag 9), says so ('p' on
+// the pipe) and keeps the transfer going until the parent kills it.
+Child spawn_big_sender(const meshccl_transport_v1_t* t, size_t bytes) {
+  return spawn([t, bytes](int fd) -> int {
     void* ctx = nullptr;
     CHILD_CHECK(t->init(test_host(), &ctx) == MESHCCL_T_SUCCESS);
     void* scomm = nullptr;
     CHILD_CHECK(connect_peer(t, ctx, fd, &scomm) == MESHCCL_T_SUCCESS);
-    std::vector<unsigned char> big(kBig, 1);
+    std::vector<unsigned char> big(bytes, 1);
     void* s = nullptr;
-    CHILD_CHECK(t->isend(scomm, big.data(), kBig, 9, nullptr, &s) == MESHCCL_T_SUCCESS);
+    CHILD_CHECK(t->isend(scomm, big.data(), bytes, 9, nullptr, &s) == MESHCCL_T_SUCCESS);
     char posted = 'p';
     CHILD_CHECK(write_all(fd, &posted, 1));
-    wait_request(t, s, nullptr, 60);  // keeps the transfer going until the parent kills us
+    wait_request(t, s, nullptr, 60);
     return 5;
   });
+}
+
+// The peer is SIGKILLed in the middle of a large transfer: the request on
+// this side fails with REMOTE_ERROR instead of hanging.
+TEST_P(TransportTest, PeerKilledWhileWeReceive) {
+  constexpr size_t kBig = 64 * kMiB;
+  Child child = spawn_big_sender(t_, kBig);
   ASSERT_EQ(accept_peer(t_, rctx_, child.fd, &rcomm_), MESHCCL_T_SUCCESS);
   std::vector<unsigned char> dst(kBig);
   void* r = nullptr;
@@ -408,21 +414,8 @@ TEST_P(TransportTest, PeerKilledWhileWeReceive) {
 // comm of the same context holds a message nobody received.
 TEST_P(TransportTest, ClosingWritesNoReceiveInFlight) {
   ScopedEnv tls("UCX_TLS", "tcp");  // ucx: data queues in sockets, as between hosts
-  const meshccl_transport_v1_t* t = t_;
   constexpr size_t kBig = 64 * kMiB;
-  Child child = spawn([&](int fd) -> int {
-    void* ctx = nullptr;
-    CHILD_CHECK(t->init(test_host(), &ctx) == MESHCCL_T_SUCCESS);
-    void* scomm = nullptr;
-    CHILD_CHECK(connect_peer(t, ctx, fd, &scomm) == MESHCCL_T_SUCCESS);
-    std::vector<unsigned char> big(kBig, 1);
-    void* s = nullptr;
-    CHILD_CHECK(t->isend(scomm, big.data(), kBig, 9, nullptr, &s) == MESHCCL_T_SUCCESS);
-    char posted = 'p';
-    CHILD_CHECK(write_all(fd, &posted, 1));
-    wait_request(t, s, nullptr, 60);  // the parent stops, then kills us
-    return 5;
-  });
+  Child child = spawn_big_sender(t_, kBig);
   void* tx = nullptr;
   void* rx = nullptr;
   ASSERT_EQ(t_->init(test_host(), &tx), MESHCCL_T_SUCCESS);
