@@ -22,7 +22,7 @@ std::string kind_key(OpKind k) { return lower(op_kind_name(k)); }
 
 // The list that applies to this collective ("" = none); *global: it came
 // from the entry without a collective name.
-Status rule_for(const std::string& spec, OpKind kind, std::string* out, bool* global) {
+Status rule_for(const std::string& spec, OpKind kind, const char* var, std::string* out, bool* global) {
   out->clear();
   *global = false;
   size_t pos = 0;
@@ -35,7 +35,7 @@ Status rule_for(const std::string& spec, OpKind kind, std::string* out, bool* gl
     if (entry.empty()) continue;
     size_t colon = entry.find(':');
     if (colon == std::string::npos) {
-      if (!first) return MC_ERROR(ncclInvalidUsage, "MESHCCL_ALGO=\"%s\": only the first entry may omit the collective name", spec.c_str());
+      if (!first) return MC_ERROR(ncclInvalidArgument, "%s=\"%s\": only the first entry may omit the collective name", var, spec.c_str());
       *out = entry;
       *global = true;
     } else if (entry.substr(0, colon) == kind_key(kind)) {
@@ -50,13 +50,13 @@ Status rule_for(const std::string& spec, OpKind kind, std::string* out, bool* gl
 }  // namespace
 
 Status parse_algo_rule(const std::string& spec, OpKind kind, const std::vector<AlgoName>& table,
-                       std::vector<std::string>* names, bool* exclude) {
+                       std::vector<std::string>* names, bool* exclude, const char* var) {
   names->clear();
   *exclude = false;
   if (spec.empty() || kind == OpKind::Send || kind == OpKind::Recv) return kOk;
   std::string rule;
   bool global = false;
-  MC_TRY(rule_for(spec, kind, &rule, &global));
+  MC_TRY(rule_for(spec, kind, var, &rule, &global));
   *exclude = !rule.empty() && rule[0] == '^';
   size_t pos = *exclude ? 1 : 0;
   while (!rule.empty() && pos <= rule.size()) {
@@ -66,7 +66,7 @@ Status parse_algo_rule(const std::string& spec, OpKind kind, const std::vector<A
     pos = end + 1;
     if (name.empty()) continue;
     bool known = std::any_of(table.begin(), table.end(), [&](const AlgoName& a) { return name == a.name; });
-    if (!known) return MC_ERROR(ncclInvalidUsage, "MESHCCL_ALGO=\"%s\": unknown algorithm \"%s\"", spec.c_str(), name.c_str());
+    if (!known) return MC_ERROR(ncclInvalidArgument, "%s=\"%s\": unknown algorithm \"%s\"", var, spec.c_str(), name.c_str());
     names->push_back(name);
   }
   // A list for every collective says nothing about one with none of its

@@ -19,8 +19,9 @@ struct AlgoName {
 // The algorithm names the setting lists for this collective (empty: no
 // rule); *exclude for a ^list. The first entry may name no collective: it
 // then restricts every collective that has one of the algorithms it lists; a
-// name not in `table` is ncclInvalidUsage with a message.
+// name not in `table` is ncclInvalidArgument with a message that names the
+// setting as `var` (the variable the user set).
 Status parse_algo_rule(const std::string& spec, OpKind kind, const std::vector<AlgoName>& table,
-                       std::vector<std::string>* names, bool* exclude);
+                       std::vector<std::string>* names, bool* exclude, const char* var = "MESHCCL_ALGO");
 
 }  // namespace meshccl

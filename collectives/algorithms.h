@@ -82,6 +82,10 @@ Status make_plan(const TuneModel& tune, const OpDesc& op, std::unique_ptr<Plan>*
 // Rank 0 logs the table of picks (TUNE).
 std::unique_ptr<RunMaker> make_algorithms(int rank, const TuneModel& tune, NodeRegion* node,
                                           const WaitPolicy& wait = WaitPolicy::standalone());
+// MESHCCL_ALGO / NCCL_ALGO as set now: parses for every collective and leaves
+// each an algorithm, else ncclInvalidArgument naming the variable set. Checked
+// when a communicator is made, so a bad value fails there, not in each call.
+Status check_algo_setting();
 // True unless MESHCCL_ALGO / NCCL_ALGO rules `name` out for this collective.
 bool algorithm_allowed(OpKind kind, const char* name);
 // True when MESHCCL_ALGO names `name` for this collective explicitly.

@@ -46,7 +46,7 @@ const Rule& rule_of(OpKind kind) {
       for (const Algorithm& a : algorithm_table()) v.push_back({a.name, a.kind});
       return v;
     }();
-    c.status = parse_algo_rule(spec, kind, known, &c.names, &c.exclude);
+    c.status = parse_algo_rule(spec, kind, known, &c.names, &c.exclude, param_set_name(Param::Algo));
     c.spec = &spec;
   }
   return c;
@@ -80,15 +80,32 @@ std::vector<Candidate> estimate_candidates(const TuneModel& tune, const OpDesc& 
   return out;
 }
 
-Status choose_algorithm(const TuneModel& tune, const OpDesc& op, const Algorithm** out, double* cost_us) {
-  const Rule& rule = rule_of(op.kind);
+namespace {
+
+Status check_rule(OpKind kind) {
+  const Rule& rule = rule_of(kind);
   MC_TRY(rule.status);
   bool any_allowed = false;  // algorithms that are not plans (direct_shm) count
-  for (const Algorithm& a : algorithm_table())
-    any_allowed |= a.kind == op.kind && allowed_by(rule.names, rule.exclude, a.name);
-  if (!any_allowed)
-    return MC_ERROR(ncclInvalidUsage, "MESHCCL_ALGO=\"%s\" leaves no algorithm for %s", param_str(Param::Algo).c_str(),
-                    op_kind_name(op.kind));
+  bool any = false;
+  for (const Algorithm& a : algorithm_table()) {
+    any |= a.kind == kind;
+    any_allowed |= a.kind == kind && allowed_by(rule.names, rule.exclude, a.name);
+  }
+  if (any && !any_allowed)
+    return MC_ERROR(ncclInvalidArgument, "%s=\"%s\" leaves no algorithm for %s", param_set_name(Param::Algo),
+                    param_str(Param::Algo).c_str(), op_kind_name(kind));
+  return kOk;
+}
+
+}  // namespace
+
+Status check_algo_setting() {
+  for (int k = 0; k <= static_cast<int>(OpKind::SparseAllReduce); ++k) MC_TRY(check_rule(static_cast<OpKind>(k)));
+  return kOk;
+}
+
+Status choose_algorithm(const TuneModel& tune, const OpDesc& op, const Algorithm** out, double* cost_us) {
+  MC_TRY(check_rule(op.kind));
   // The cheapest plan the rule allows (ties: the earlier entry); if it allows
   // only algorithms that are not plans (direct_shm, which could not take this
   // op), the cheapest plan.

@@ -8,6 +8,7 @@
 #if MESHCCL_HAVE_CUDA
 #include "cuda/memory.h"
 #endif
+#include "collectives/algorithms.h"
 #include "kernels/reduce.h"
 #include "topo/discover.h"
 #include "topo/topo_file.h"
@@ -38,29 +39,7 @@ int print_topo() {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  const std::string arg = argc > 1 ? argv[1] : "";
-  if (arg == "-h" || arg == "--help") {
-    std::printf(
-        "usage: meshccl_info [--markdown | --topo]\nPrints the meshccl version, build features, transports and settings.\n"
-        "--markdown prints only the settings, as the table of docs/environment.md.\n"
-        "--topo prints this host's topology (MESHCCL_TOPO_FILE's first host when set) and where this process runs.\n");
-    return 0;
-  }
-  if (arg == "--markdown") {
-    std::printf("| variable | NCCL alias | default | meaning |\n| --- | --- | --- | --- |\n");
-    for (const meshccl::ParamInfo& p : meshccl::all_params())
-      std::printf("| `%s` | %s | `%s` | %s |\n", p.name, p.alias ? ("`" + std::string(p.alias) + "`").c_str() : "",
-                  p.default_value, p.help);
-    return 0;
-  }
-  if (arg == "--topo") return print_topo();
-  if (!arg.empty()) {
-    std::fprintf(stderr, "meshccl_info: unknown argument '%s' (try --help)\n", arg.c_str());
-    return 2;
-  }
+void print_header() {
   int v = 0;
   ncclGetVersion(&v);
   std::printf("meshccl %s (NCCL API %d.%d.%d, version code %d)\n\n", MESHCCL_VERSION_STRING, NCCL_MAJOR, NCCL_MINOR,
@@ -80,13 +59,76 @@ int main(int argc, char** argv) {
     if (!t.problem.empty()) std::printf("           %s\n", t.problem.c_str());
   }
   std::printf("  between hosts: the first of ucx, ofi, socket that both ranks load (MESHCCL_TRANSPORT, NCCL_NET to choose)\n");
-  std::printf("\nSettings (environment value, else default)\n");
-  for (const meshccl::ParamInfo& p : meshccl::all_params()) {
-    const char* env = std::getenv(p.name);
-    if (env == nullptr && p.alias) env = std::getenv(p.alias);
-    std::printf("  %s=%s%s\n", p.name, env ? env : p.default_value, env ? "  (set)" : "");
-    if (p.alias) std::printf("      alias %s\n", p.alias);
-    std::printf("      %s\n", p.help);
+}
+
+// Every setting with the value in force; which variable set it, and why a
+// value set was refused.
+void print_settings() {
+  using meshccl::Param;
+  std::printf("\nSettings (value in force: the environment's, else the default)\n");
+  for (size_t i = 0; i < meshccl::all_params().size(); ++i) {
+    const Param p = static_cast<Param>(i);
+    const meshccl::ParamInfo& info = meshccl::param_info(p);
+    std::string problem = meshccl::param_problem(p);
+    if (p == Param::Algo && problem.empty() && !meshccl::check_algo_setting().ok()) problem = meshccl::thread_last_error();
+    const bool set = !problem.empty() || meshccl::param_env(p) != nullptr;
+    std::string note;
+    if (!problem.empty())
+      note = std::string("  (") + meshccl::param_set_name(p) + "=\"" + meshccl::param_raw(p) + "\" refused: " + problem +
+             "; a communicator would not be made)";
+    else if (set)
+      note = std::string("  (set as ") + meshccl::param_set_name(p) + ")";
+    std::printf("  %s=%s%s\n", info.name, meshccl::param_str(p).c_str(), note.c_str());
+    if (info.alias) std::printf("      alias %s\n", info.alias);
+    std::printf("      %s (accepts %s)\n", info.help, meshccl::param_accepts(info).c_str());
   }
+  std::printf("\nNCCL settings accepted without effect\n");
+  for (const meshccl::IgnoredNcclParam& p : meshccl::ignored_nccl_params()) {
+    const char* v = std::getenv(p.name);
+    std::printf("  %s%s%s\n      %s\n", p.name, v ? "=" : "", v ? (std::string(v) + "  (set)").c_str() : "", p.why);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string arg = argc > 1 ? argv[1] : "";
+  if (argc > 2) {
+    std::fprintf(stderr, "meshccl_info: one argument at most (try --help)\n");
+    return 2;
+  }
+  if (arg == "-h" || arg == "--help") {
+    std::printf(
+        "usage: meshccl_info [--brief | --markdown | --topo | --version]\n"
+        "Prints the meshccl version, build features, transports (the file each loads from) and every setting\n"
+        "with the value in force, which variable set it (MESHCCL_X or its NCCL_X alias) and why a value is refused.\n"
+        "  --brief     version, build features and transports only\n"
+        "  --markdown  only the settings, as the table of docs/environment.md\n"
+        "  --topo      this host's topology (MESHCCL_TOPO_FILE's first host when set) and where this process runs\n"
+        "  --version   the version line\n"
+        "Exit status: 0, or 2 for a bad argument. docs/environment.md explains every setting.\n");
+    return 0;
+  }
+  if (arg == "--version" || arg == "-V") {
+    std::printf("meshccl_info (meshccl) %s\n", MESHCCL_VERSION_STRING);
+    return 0;
+  }
+  if (arg == "--markdown") {
+    std::printf("| variable | NCCL alias | default | accepts | meaning |\n| --- | --- | --- | --- | --- |\n");
+    for (const meshccl::ParamInfo& p : meshccl::all_params())
+      std::printf("| `%s` | %s | `%s` | %s | %s |\n", p.name, p.alias ? ("`" + std::string(p.alias) + "`").c_str() : "",
+                  p.default_value, meshccl::param_accepts(p).c_str(), p.help);
+    std::printf("\n| NCCL variable accepted without effect | why |\n| --- | --- |\n");
+    for (const meshccl::IgnoredNcclParam& p : meshccl::ignored_nccl_params())
+      std::printf("| `%s` | %s |\n", p.name, p.why);
+    return 0;
+  }
+  if (arg == "--topo") return print_topo();
+  if (!arg.empty() && arg != "--brief") {
+    std::fprintf(stderr, "meshccl_info: unknown argument '%s' (try --help)\n", arg.c_str());
+    return 2;
+  }
+  print_header();
+  if (arg != "--brief") print_settings();
   return 0;
 }

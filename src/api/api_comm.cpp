@@ -91,6 +91,7 @@ Status init_rank_config(ncclComm** comm, int nranks, const ncclUniqueId& id, int
 MESHCCL_EXPORT ncclResult_t pncclGetUniqueId(ncclUniqueId* id) {
   return api_guard("ncclGetUniqueId", [&]() -> Status {
     if (id == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclGetUniqueId : uniqueId is NULL");
+    MC_TRY(settings_refresh());
     return id_create(id);
   });
 }

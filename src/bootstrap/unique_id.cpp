@@ -203,6 +203,7 @@ Status root_start(const SockAddr& at, const uint8_t secret[kSecretBytes], SockAd
 
 Status id_create(ncclUniqueId* id) {
   param_refresh();
+  MC_TRY(param_check());
   std::memset(id, 0, sizeof(*id));
   IdContents c{};
   c.magic = kIdMagic;

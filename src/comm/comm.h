@@ -105,6 +105,9 @@ bool comm_pin(ncclComm* c, uint64_t serial);
 void comm_unpin(ncclComm* c);
 
 // Init paths (collective). Blocking.
+// Reads the settings again and checks them (MESHCCL_ALGO too): a refused
+// value fails the communicator's creation, naming the variable set.
+Status settings_refresh();
 Status comm_init_rank(ncclComm* comm, int nranks, const ncclUniqueId& id, int rank);
 Status comm_split(ncclComm* parent, int color, int key, ncclComm* child /* may be null: NOCOLOR */);
 // ncclCommShrink on a survivor: child gets every rank of parent not in

@@ -175,8 +175,14 @@ Status comm_finish_setup(ncclComm* comm) {
   return kOk;
 }
 
-Status comm_init_rank(ncclComm* comm, int nranks, const ncclUniqueId& id, int rank) {
+Status settings_refresh() {
   param_refresh();
+  MC_TRY(param_check());
+  return check_algo_setting();
+}
+
+Status comm_init_rank(ncclComm* comm, int nranks, const ncclUniqueId& id, int rank) {
+  MC_TRY(settings_refresh());
   print_version_once();
   IdContents c{};
   SockAddr root;
@@ -210,7 +216,7 @@ Status comm_init_rank(ncclComm* comm, int nranks, const ncclUniqueId& id, int ra
 }
 
 Status comm_split(ncclComm* parent, int color, int key, ncclComm* child) {
-  param_refresh();
+  MC_TRY(settings_refresh());
   struct Entry {
     int32_t color;
     int32_t key;

@@ -310,6 +310,7 @@ void remove_at_exit(const std::string& path) {
 
 Status comm_init_from_env(ncclComm_t* comm, ncclConfig_t* config) {
   param_refresh();
+  MC_TRY(param_check());
   if (comm == nullptr) return MC_ERROR(ncclInvalidArgument, "meshcclCommInitFromEnv: comm is NULL");
   *comm = nullptr;
   LaunchInfo info;

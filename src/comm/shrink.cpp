@@ -77,7 +77,7 @@ Status shrink_exclude_list(const ncclComm* comm, const int* list, int count, std
 }
 
 Status comm_shrink(ncclComm* parent, const std::vector<int>& excluded, bool abort_parent, ncclComm* child) {
-  param_refresh();
+  MC_TRY(settings_refresh());
   const int n = parent->nranks;
   if (abort_parent) {
     // NCCL_SHRINK_ABORT: end what is in flight on the parent; it stays

@@ -206,10 +206,12 @@ Status Transport::open(const meshccl_transport_v1_t* api, int rank, int nranks,
   host->rank = rank;
   host->nranks = nranks;
   void* ctx = nullptr;
+  t_warning.clear();
   int rc = api->init(host, &ctx);
   if (rc != MESHCCL_T_SUCCESS) {
     delete host;
-    return MC_ERROR(static_cast<ncclResult_t>(rc), "transport %s: init failed (code %d)", api->name, rc);
+    return MC_ERROR(static_cast<ncclResult_t>(rc), "transport %s: init failed: %s", api->name,
+                    t_warning.empty() ? "the plugin gave no reason" : t_warning.c_str());
   }
   std::unique_ptr<Transport> t(new Transport(api, ctx));
   t->host_.reset(host);

@@ -44,26 +44,35 @@ thread_local bool t_in_log = false;  // this thread holds the log lock (settings
 std::atomic<int> g_level{-1};  // cached level; -1 = not initialized
 std::atomic<uint32_t> g_subsys{0};
 
-uint32_t parse_subsys(const std::string& spec) {
-  struct Name {
-    const char* name;
-    uint32_t bit;
-  };
-  static const Name names[] = {
-      {"INIT", kInit}, {"COLL", kColl}, {"P2P", kP2P}, {"SHM", kShm}, {"NET", kNet},
-      {"GRAPH", kGraph}, {"TUNE", kTune}, {"TUNING", kTune}, {"ENV", kEnv}, {"ALLOC", kAlloc},
-      {"CALL", kCall}, {"BOOTSTRAP", kBootstrap}, {"REG", kReg}, {"SCHED", kSched}, {"ALL", kAllSubsys},
-  };
+struct SubsysName {
+  const char* name;
+  uint32_t bit;
+};
+constexpr SubsysName kSubsysNames[] = {
+    {"INIT", kInit}, {"COLL", kColl}, {"P2P", kP2P}, {"SHM", kShm}, {"NET", kNet},
+    {"GRAPH", kGraph}, {"TUNE", kTune}, {"TUNING", kTune}, {"ENV", kEnv}, {"ALLOC", kAlloc},
+    {"CALL", kCall}, {"BOOTSTRAP", kBootstrap}, {"REG", kReg}, {"SCHED", kSched}, {"ALL", kAllSubsys},
+};
+
+// The mask a MESHCCL_DEBUG_SUBSYS value selects; *unknown gets the first
+// name that is not a subsystem ("" when every name is one).
+uint32_t parse_subsys(const std::string& spec, std::string* unknown) {
   bool invert = !spec.empty() && spec[0] == '^';
   uint32_t mask = 0;
+  unknown->clear();
   size_t pos = invert ? 1 : 0;
   while (pos <= spec.size()) {
     size_t end = spec.find(',', pos);
     if (end == std::string::npos) end = spec.size();
     std::string tok = spec.substr(pos, end - pos);
     for (auto& c : tok) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-    for (const Name& n : names)
-      if (tok == n.name) mask |= n.bit;
+    bool found = false;
+    for (const SubsysName& n : kSubsysNames) {
+      if (tok != n.name) continue;
+      mask |= n.bit;
+      found = true;
+    }
+    if (!found && !tok.empty() && unknown->empty()) *unknown = spec.substr(pos, end - pos);
     pos = end + 1;
   }
   return invert ? ~mask : mask;
@@ -79,7 +88,8 @@ void init_locked(LogState& s) {
   else if (lvl == "INFO") s.level = LogLevel::Info;
   else if (lvl == "TRACE") s.level = LogLevel::Trace;
   else s.level = LogLevel::None;
-  s.subsys = parse_subsys(param_str(Param::DebugSubsys));
+  std::string unknown;
+  s.subsys = parse_subsys(param_str(Param::DebugSubsys), &unknown);
   if (gethostname(s.host, sizeof(s.host) - 1) != 0) std::strcpy(s.host, "unknown");
   if (char* dot = std::strchr(s.host, '.')) *dot = '\0';
   std::string file = param_str(Param::DebugFile);
@@ -194,6 +204,12 @@ void warn_once(const std::string& key, const char* fmt, ...) {
   }
   std::fprintf(stderr, "meshccl: warning: %s\n", msg);
   if (!t_in_log) log_msg(LogLevel::Warn, kEnv, __FILE__, __LINE__, "%s", msg);
+}
+
+std::string log_subsys_unknown(const std::string& spec) {
+  std::string unknown;
+  (void)parse_subsys(spec, &unknown);
+  return unknown;
 }
 
 std::string last_error() {

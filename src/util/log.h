@@ -38,6 +38,8 @@ void log_reset();
 // A warning about the process's settings: printed on stderr once per key
 // (whatever MESHCCL_DEBUG says) and logged as a WARN.
 void warn_once(const std::string& key, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+// The first name in a MESHCCL_DEBUG_SUBSYS value that is no subsystem ("" if none).
+std::string log_subsys_unknown(const std::string& spec);
 // Text of the last WARN in this process ("" if none).
 std::string last_error();
 void set_last_error(const std::string& msg);

@@ -9,6 +9,7 @@
 
 #include "collectives/algorithms.h"
 #include "topo/topology.h"
+#include "util/log.h"
 #include "util/param.h"
 
 namespace meshccl {
@@ -152,7 +153,9 @@ TEST(Tuner, ForcedByEnvironment) {
   }
 }
 
-TEST(Tuner, BadForcingIsInvalidUsage) {
+// A refused value is a refused setting (ncclInvalidArgument), found when the
+// communicator is made (check_algo_setting) and by any call that still sees it.
+TEST(Tuner, BadForcingIsInvalidArgument) {
   const TuneModel t = fast(4);
   const Algorithm* a = nullptr;
   for (const char* spec : {"allgather:tree", "nosuchalgo", "allreduce:ring;tree", "broadcast:^chain,tree,direct_shm,hier"}) {
@@ -160,8 +163,14 @@ TEST(Tuner, BadForcingIsInvalidUsage) {
     OpKind kind = std::string(spec).rfind("broadcast", 0) == 0 ? OpKind::Broadcast
                   : std::string(spec).rfind("allgather", 0) == 0 ? OpKind::AllGather
                                                                  : OpKind::AllReduce;
-    EXPECT_EQ(choose_algorithm(t, op_of(kind, 4, 64), &a).code(), ncclInvalidUsage) << spec;
+    EXPECT_EQ(choose_algorithm(t, op_of(kind, 4, 64), &a).code(), ncclInvalidArgument) << spec;
+    EXPECT_EQ(check_algo_setting().code(), ncclInvalidArgument) << spec;
+    EXPECT_NE(thread_last_error().find("MESHCCL_ALGO=\"" + std::string(spec) + "\""), std::string::npos)
+        << thread_last_error();
   }
+  ScopedEnv alias("NCCL_ALGO", "nosuchalgo");
+  EXPECT_EQ(check_algo_setting().code(), ncclInvalidArgument);
+  EXPECT_NE(thread_last_error().find("NCCL_ALGO=\"nosuchalgo\""), std::string::npos) << thread_last_error();
 }
 
 TEST(Tuner, HierarchicalAcrossHostsOnly) {

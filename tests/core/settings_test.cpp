@@ -15,8 +15,15 @@
 #include "kernels/reduce.h"
 #include "nccl.h"
 #include "util/file_check.h"
+#include "util/log.h"
+#include "util/param.h"
 
 namespace {
+
+std::string slurp_file(const std::string& p) {
+  std::ifstream in(p);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
 
 void make_comm() {
   ncclUniqueId id;
@@ -39,12 +46,113 @@ TEST(Settings, KernelIsaAppliesAtCommunicatorCreation) {
                      : meshccl::kernels::isa_supported("avx2") ? "avx2"
                                                                : "portable";
   EXPECT_STREQ(meshccl::kernels::isa_name(), best);
-  // An unknown name keeps the current choice (with a warning).
+  // An unknown name is refused: the communicator is not made, the choice stays.
   ASSERT_TRUE(meshccl::kernels::select_isa("portable"));
+  ncclUniqueId id;
+  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
   setenv("MESHCCL_KERNEL_ISA", "sse9", 1);
-  make_comm();
+  ncclComm_t comm = nullptr;
+  EXPECT_EQ(ncclCommInitRank(&comm, 1, id, 0), ncclInvalidArgument);
   EXPECT_STREQ(meshccl::kernels::isa_name(), "portable");
   unsetenv("MESHCCL_KERNEL_ISA");
+}
+
+// Every setting is checked where communicators and ids are made: a value its
+// check refuses fails the call with ncclInvalidArgument, and the message names
+// the variable the user set (the NCCL_ alias when that was the one).
+struct Refused {
+  const char* var;
+  const char* value;
+};
+
+TEST(Settings, RefusedValuesFailCreationNamingTheVariableSet) {
+  const Refused cases[] = {
+      {"NCCL_DEBUG", "foo"},
+      {"MESHCCL_DEBUG_SUBSYS", "XYZ"},
+      {"MESHCCL_KERNEL_ISA", "sse9"},
+      {"MESHCCL_SOCKET_FAMILY", "AF_UNIX"},
+      {"MESHCCL_SPARSE_ALGO", "sparse"},
+      {"MESHCCL_CHUNKSIZE", "-1"},
+      {"MESHCCL_CHUNKSIZE", "-9223372036854775808"},
+      {"MESHCCL_CHUNKSIZE", "64"},
+      {"MESHCCL_DIRECT_SLOT_BYTES", "9223372036854775807"},
+      {"MESHCCL_DIRECT_SLOT_BYTES", "-5"},
+      {"MESHCCL_COMM_BLOCKING", "abc"},
+      {"NCCL_COMM_BLOCKING", "2"},
+      {"MESHCCL_SHM_BUFFSIZE", "abc"},
+      {"NCCL_BUFFSIZE", "1"},
+      {"MESHCCL_SHM_EAGER", "lots"},
+      {"MESHCCL_SHM_CMA", "yes"},
+      {"MESHCCL_OFI_MAX_MSG", "1"},
+      {"MESHCCL_TIMEOUT", "abc"},
+      {"MESHCCL_TIMEOUT", "0"},
+      {"MESHCCL_TUNE_NET_BW_GBS", "fast"},
+      {"NCCL_ALGO", "bogus"},
+      {"NCCL_ALGO", "allreduce:^ring,tree,halving_doubling,hier,direct_shm"},
+  };
+  for (const Refused& c : cases) {
+    SCOPED_TRACE(std::string(c.var) + "=" + c.value);
+    ncclUniqueId id;
+    ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+    setenv(c.var, c.value, 1);
+    ncclComm_t comm = nullptr;
+    EXPECT_EQ(ncclCommInitRank(&comm, 1, id, 0), ncclInvalidArgument) << ncclGetLastError(nullptr);
+    EXPECT_NE(std::string(ncclGetLastError(nullptr)).find(c.var), std::string::npos) << ncclGetLastError(nullptr);
+    ncclUniqueId id2;
+    EXPECT_NE(ncclGetUniqueId(&id2), ncclSuccess);
+    unsetenv(c.var);
+    make_comm();  // the next communicator is made once the value is gone
+  }
+}
+
+TEST(Settings, SizesTakeSuffixesAndRangesHold) {
+  setenv("MESHCCL_CHUNKSIZE", "64K", 1);
+  meshccl::param_refresh();
+  EXPECT_TRUE(meshccl::param_check().ok());
+  EXPECT_EQ(meshccl::param_int(meshccl::Param::ChunkSize), 65536);
+  setenv("MESHCCL_CHUNKSIZE", "1", 1);
+  meshccl::param_refresh();
+  EXPECT_FALSE(meshccl::param_check().ok());
+  EXPECT_EQ(meshccl::param_int(meshccl::Param::ChunkSize), 524288);  // readers get the default meanwhile
+  EXPECT_EQ(meshccl::param_str(meshccl::Param::ChunkSize), "524288");
+  EXPECT_EQ(meshccl::param_raw(meshccl::Param::ChunkSize), "1");
+  EXPECT_EQ(meshccl::param_env(meshccl::Param::ChunkSize), nullptr);
+  unsetenv("MESHCCL_CHUNKSIZE");
+  setenv("NCCL_DEBUG_SUBSYS", "^init,coll", 1);
+  meshccl::param_refresh();
+  EXPECT_TRUE(meshccl::param_check().ok());
+  EXPECT_STREQ(meshccl::param_set_name(meshccl::Param::DebugSubsys), "NCCL_DEBUG_SUBSYS");
+  unsetenv("NCCL_DEBUG_SUBSYS");
+  meshccl::param_refresh();
+}
+
+// NCCL_DEBUG_SUBSYS=ENV echoes every variable as NCCL does, under the name
+// that was set, and says which NCCL settings have no effect here.
+TEST(Settings, EnvSubsystemEchoesEverySettingUnderItsName) {
+  char dir[] = "/tmp/meshccl-settings-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string log = std::string(dir) + "/log";
+  setenv("NCCL_DEBUG", "INFO", 1);
+  setenv("NCCL_DEBUG_SUBSYS", "ENV", 1);
+  setenv("MESHCCL_DEBUG_FILE", log.c_str(), 1);
+  setenv("NCCL_PROTO", "LL128", 1);
+  setenv("NCCL_BUFFSIZE", "4194304", 1);
+  setenv("MESHCCL_SPIN_COUNT", "40", 1);
+  meshccl::param_refresh();
+  meshccl::log_reset();
+  make_comm();
+  for (const char* v : {"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "MESHCCL_DEBUG_FILE", "NCCL_PROTO", "NCCL_BUFFSIZE",
+                        "MESHCCL_SPIN_COUNT"})
+    unsetenv(v);
+  meshccl::param_refresh();
+  meshccl::log_reset();
+  const std::string text = slurp_file(log);
+  EXPECT_NE(text.find("NCCL_DEBUG set by environment to INFO"), std::string::npos) << text;
+  EXPECT_NE(text.find("NCCL_BUFFSIZE set by environment to 4194304"), std::string::npos) << text;
+  EXPECT_NE(text.find("MESHCCL_SPIN_COUNT set by environment to 40"), std::string::npos) << text;
+  EXPECT_NE(text.find("NCCL_PROTO set by environment to LL128: no effect in meshccl"), std::string::npos) << text;
+  std::remove(log.c_str());
+  rmdir(dir);
 }
 
 }  // namespace

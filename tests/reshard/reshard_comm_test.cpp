@@ -130,11 +130,11 @@ const meshcclReshardStrategy_t kStrategies[] = {meshcclReshardSendRecv, meshcclR
 // 7 ranks: source (2,2) on 0..3, destination (3) on 3..5 (rank 3 in both),
 // rank 6 in neither; uneven dims.
 Case mixed_case() {
-  return Case{{2, 2}, {3}, {0, 1, 2, 3}, {5, 4, 3}, spec({{0}, {}, {1}}), spec({{}, {0}, {}}), {7, 5, 3}};
+  return Case{{2, 2}, {3}, {0, 1, 2, 3}, {5, 4, 3}, spec({{0}, {}, {1}}), spec({{}, {0}, {}}), {57, 25, 9}};
 }
 
 TEST(ReshardComm, EveryDtypeEveryStrategyThreads) {
-  ScopedEnv env({{"MESHCCL_CHUNKSIZE", "64"}});  // several chunks per slice
+  ScopedEnv env({{"MESHCCL_CHUNKSIZE", "4096"}});  // the smallest chunk: several per slice
   const Case c = mixed_case();
   run_ranks(7, [&](ncclComm_t comm, int rank) {
     for (ncclDataType_t dt : kTypes)
@@ -225,15 +225,15 @@ TEST(ReshardComm, BadSpecsFailOnEveryRank) {
 // every dtype and strategy on spec section 1.8's shapes, scaled down.
 int child(const ncclUniqueId& id, int n, int rank) {
   setenv("MESHCCL_HOSTID", rank < n / 2 ? "reshard-host-a" : "reshard-host-b", 1);
-  setenv("MESHCCL_CHUNKSIZE", "256", 1);
+  setenv("MESHCCL_CHUNKSIZE", "4096", 1);  // the smallest chunk: several per slice
   ncclComm_t comm = nullptr;
   if (ncclCommInitRank(&comm, n, id, rank) != ncclSuccess) return 10;
   // (2,2) meshes spanning both hosts, and (1,4) host to host.
   const std::vector<Case> cases{
-      {{2, 2}, {2, 2}, {0, 1, 4, 5}, {2, 3, 6, 7}, spec({{0}, {}, {}}), spec({{0}, {}, {}}), {9, 4, 3}},
-      {{2, 2}, {2, 2}, {0, 1, 4, 5}, {2, 3, 6, 7}, spec({{}, {0}, {}}), spec({{}, {}, {0}}), {4, 7, 5}},
-      {{1, 4}, {2, 2}, {0, 1, 2, 3}, {4, 5, 6, 7}, spec({{1}, {}, {}}), spec({{}, {}, {}}), {10, 3, 2}},
-      {{1}, {1, 4}, {0}, {4, 5, 6, 7}, spec({{}, {}, {}}), spec({{}, {}, {}}), {5, 5, 5}},
+      {{2, 2}, {2, 2}, {0, 1, 4, 5}, {2, 3, 6, 7}, spec({{0}, {}, {}}), spec({{0}, {}, {}}), {9, 4, 48}},
+      {{2, 2}, {2, 2}, {0, 1, 4, 5}, {2, 3, 6, 7}, spec({{}, {0}, {}}), spec({{}, {}, {0}}), {4, 7, 80}},
+      {{1, 4}, {2, 2}, {0, 1, 2, 3}, {4, 5, 6, 7}, spec({{1}, {}, {}}), spec({{}, {}, {}}), {10, 3, 32}},
+      {{1}, {1, 4}, {0}, {4, 5, 6, 7}, spec({{}, {}, {}}), spec({{}, {}, {}}), {5, 5, 80}},
   };
   {
     // The hosts are real to the plan: case 2 moves its data between them.
