@@ -23,7 +23,7 @@ for algo in ${CLUSTER_ALGOS:-hier ring default}; do
   spec="allreduce:$algo"
   [ "$algo" = default ] && spec=""
   MESHCCL_ALGO=$spec MESHCCL_DEBUG=INFO MESHCCL_DEBUG_SUBSYS=TUNE timeout "${CLUSTER_TIMEOUT:-600}" \
-    "$build/tools/meshrun/meshrun" --cluster "$cluster" -n "$n" --ranks-per-host "$per" \
+    "$build/tools/meshrun/meshrun" --tag-output --cluster "$cluster" -n "$n" --ranks-per-host "$per" \
     "$build/perf/all_reduce_perf" -b "$lo" -e "$hi" -f 4 -n "$iters" -w 1 -c 0 >"$tmp/out" 2>&1 || {
     echo "run $algo failed"; tail -5 "$tmp/out"; continue; }
   # Predictions: rank 0's log line per plan, by element count.

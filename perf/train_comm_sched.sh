@@ -24,7 +24,7 @@ done
 echo "# $(uptime)"
 for ((r = 0; r < rounds; ++r)); do
   for sched in fifo priority; do
-    timeout 600 "$here/$build/tools/meshrun/meshrun" --cluster "$cluster" -n "$n" \
+    timeout 600 "$here/$build/tools/meshrun/meshrun" --tag-output --cluster "$cluster" -n "$n" \
       "$here/$build/train/meshtrain" "${opts[@]}" --comm-sched "$sched" >"$tmp/out" 2>&1 || {
       echo "run $sched failed"; tail -5 "$tmp/out"; exit 1; }
     ms=$(awk '/summary:/ { for (i = 1; i <= NF; ++i) if ($i == "ms/step,") print $(i - 1) }' "$tmp/out")

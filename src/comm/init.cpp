@@ -1,9 +1,14 @@
 // Communicator life: init (rendezvous, bootstrap, connections), split,
 // finalize and free.
 #include <arpa/inet.h>
+#include <dlfcn.h>
+#include <limits.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <string>
 
 #include "collectives/algorithms.h"
 #include "kernels/reduce.h"
@@ -47,11 +52,25 @@ Status bootstrap_listen_addr(const SockAddr& root, SockAddr* out) {
   return pick_interface(out, &ifname);
 }
 
-void print_version_once() {
+// The file this library was loaded from: which libnccl.so.2 a program runs
+// is the first thing to know when two are installed.
+std::string library_path() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&library_path), &info) == 0 || info.dli_fname == nullptr) return "?";
+  char* real = realpath(info.dli_fname, nullptr);
+  std::string path = real != nullptr ? real : info.dli_fname;
+  std::free(real);
+  return path;
+}
+
+// As NCCL: the version line once per process, from a communicator's rank 0.
+void print_version_once(int rank) {
+  if (rank != 0) return;
   static std::once_flag once;
   std::call_once(once, [] {
     if (log_level() >= LogLevel::Version)
-      log_msg(LogLevel::Version, kInit, __FILE__, __LINE__, "NCCL version 2.28.9+meshccl-%s", MESHCCL_VERSION_STRING);
+      log_msg(LogLevel::Version, kInit, __FILE__, __LINE__, "NCCL version 2.28.9+meshccl-%s (%s)", MESHCCL_VERSION_STRING,
+              library_path().c_str());
   });
 }
 
@@ -183,7 +202,7 @@ Status settings_refresh() {
 
 Status comm_init_rank(ncclComm* comm, int nranks, const ncclUniqueId& id, int rank) {
   MC_TRY(settings_refresh());
-  print_version_once();
+  print_version_once(rank);
   IdContents c{};
   SockAddr root;
   MC_TRY(id_decode(id, &c, &root));

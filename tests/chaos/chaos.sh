@@ -116,7 +116,7 @@ while [ "$(date +%s)" -lt "$t_end" ]; do
     fault=${fault_kinds[$(( RANDOM % ${#fault_kinds[@]} ))]}
   fi
   sat=$(( RANDOM % 3 == 0 ))
-  "$meshrun" --keep-going --cluster "$name" -n "$n" --timeout 900 -x CHAOS_DIR="$dir" "${net_args[@]}" \
+  "$meshrun" --tag-output --keep-going --cluster "$name" -n "$n" --timeout 900 -x CHAOS_DIR="$dir" "${net_args[@]}" \
     "$ranks" "$ops" "$rseed" >"$dir/out" 2>&1 &
   job=$!
   # Wait (bounded) until every rank has written its pid.

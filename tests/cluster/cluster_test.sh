@@ -106,7 +106,7 @@ job() {
   shift 2
   local where=(--cluster "$name")
   [[ "$*" == *"--hosts mcc-"* ]] && where=()
-  CLUSTER_NAME=$name timeout 150 "$meshrun" "${where[@]}" -n "$n" --timeout 120 "$@" "$ranks" >"$out" 2>&1
+  CLUSTER_NAME=$name timeout 150 "$meshrun" --tag-output "${where[@]}" -n "$n" --timeout 120 "$@" "$ranks" >"$out" 2>&1
   local st=$?
   [ $st -eq 0 ] && [ "$(grep -cE '^\[[0-9]+\] rank [0-9]+ host mcc-.* ok [0-9]+ checks$' "$out")" -eq "$n" ]
 }
@@ -190,7 +190,7 @@ if [ -e "$plugins/libmeshccl-transport-ucx.so" ]; then
   # dead_ucx <cluster> <ranks> <victim>: every survivor's call fails within
   # MESHCCL_TIMEOUT=10 (+5 s), saying why.
   dead_ucx() {
-    CLUSTER_NAME=$1 MESHCCL_TIMEOUT=10 timeout 100 "$meshrun" --cluster "$1" -n "$2" --timeout 90 --keep-going \
+    CLUSTER_NAME=$1 MESHCCL_TIMEOUT=10 timeout 100 "$meshrun" --tag-output --cluster "$1" -n "$2" --timeout 90 --keep-going \
       -x MESHCCL_TRANSPORT=ucx "$ranks" --die "$3" >"$out" 2>&1
     [ "$(grep -cE '^\[[0-9]+\] rank [0-9]+ saw the dead peer after ' "$out")" -eq $(($2 - 1)) ] &&
       ! sed -n 's/^\[[0-9]*\] rank [0-9]* saw the dead peer after \([0-9.]*\) s: .*/\1/p' "$out" |
@@ -219,7 +219,7 @@ if [ "$ofi" != none ] && [ -e "$ofi" ]; then
   check "ofi 2x2 round-robin: 2 ranks per host" job "$a" 4
   check "ofi 2+1+1: 4 ranks on 3 shaped hosts" job "$b" 4
   dead() {
-    MESHCCL_TIMEOUT=15 timeout 120 "$meshrun" --keep-going --cluster "$b" -n 3 --timeout 100 "$ranks" --die 1 >"$out" 2>&1
+    MESHCCL_TIMEOUT=15 timeout 120 "$meshrun" --tag-output --keep-going --cluster "$b" -n 3 --timeout 100 "$ranks" --die 1 >"$out" 2>&1
     local s0 s2
     s0=$(sed -n 's/^\[0\] rank 0 saw the dead peer after \([0-9.]*\) s: .*/\1/p' "$out")
     s2=$(sed -n 's/^\[2\] rank 2 saw the dead peer after \([0-9.]*\) s: .*/\1/p' "$out")

@@ -59,7 +59,7 @@ shrink() {
   shift 2
   local nv
   nv=$(echo "$victims" | tr ',' '\n' | grep -c .)
-  MESHCCL_DEBUG=INFO MESHCCL_DEBUG_SUBSYS=INIT CLUSTER_NAME=$name timeout 280 "$meshrun" --keep-going \
+  MESHCCL_DEBUG=INFO MESHCCL_DEBUG_SUBSYS=INIT CLUSTER_NAME=$name timeout 280 "$meshrun" --tag-output --keep-going \
     --cluster "$name" -n "$n" --timeout 260 "$@" "$ranks" --shrink "$victims" >"$out" 2>&1
   [ "$(grep -cE '^\[[0-9]+\] rank [0-9]+ shrink ok: default -> [0-9]+/'"$((n - nv))"' .* abort -> [0-9]+/'"$((n - nv))"' [0-9]+ checks$' "$out")" -eq $((n - nv)) ] &&
     [ "$(grep -cE 'rank [0-9]+ \(pid [0-9]+\) was killed by SIGKILL' "$out")" -eq "$nv" ] &&

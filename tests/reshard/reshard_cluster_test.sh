@@ -20,7 +20,7 @@ trap 'exit 143' TERM
 unset MESHCCL_SOCKET_IFNAME NCCL_SOCKET_IFNAME MESHCCL_HOSTID MESHCCL_TRANSPORT NCCL_NET MESHCCL_COMM_ID NCCL_COMM_ID
 export MESHCCL_TIMEOUT=60
 "$cluster" up --name "$name" --hosts 3 --rate 10gbit || exit 1
-out=$(timeout 150 "$meshrun" --cluster "$name" -n 6 --ranks-per-host 2 --timeout 120 \
+out=$(timeout 150 "$meshrun" --tag-output --cluster "$name" -n 6 --ranks-per-host 2 --timeout 120 \
       "$perf" --per-host 2 --scale 1024 --iters 1 --warmup 0 2>&1)
 status=$?
 echo "$out"

@@ -100,7 +100,7 @@ def test_init_methods(method, tmp_path):
 def test_meshrun_env_init():
     """Under meshrun, importing meshccl_torch fills RANK and WORLD_SIZE for env://."""
     port = free_port()
-    out = subprocess.run([os.environ["MESHRUN"], "-n", "3", "--timeout", "120", "-x", "MASTER_ADDR=127.0.0.1",
+    out = subprocess.run([os.environ["MESHRUN"], "--tag-output", "-n", "3", "--timeout", "120", "-x", "MASTER_ADDR=127.0.0.1",
                           "-x", f"MASTER_PORT={port}", sys.executable, WORKER, "init", "-1", "3", "env://"],
                          env=_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT)
     assert out.returncode == 0, out.stdout + out.stderr

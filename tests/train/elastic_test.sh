@@ -31,7 +31,7 @@ run_case() {
   local label=$1 victim=$2 via=$3
   shift 3
   local dir="$work/$label" log="$work/$label.log"
-  "$meshrun" --keep-going --timeout 240 "$@" -n 4 "$meshtrain" --dp 2 --pp 2 --layers 2 --d-model 32 --heads 2 \
+  "$meshrun" --tag-output --keep-going --timeout 240 "$@" -n 4 "$meshtrain" --dp 2 --pp 2 --layers 2 --d-model 32 --heads 2 \
     --seq 32 --micro-batch 2 --steps "$steps" --lr 1e-3 --ckpt-dir "$dir" --ckpt-every 40 --elastic --log-every 10 \
     >"$log" 2>&1 &
   job=$!

@@ -674,6 +674,10 @@ int main(int argc, char** argv) {
     std::fputs(meshrun::usage().c_str(), stdout);
     return 0;
   }
+  if (opt.version) {
+    std::printf("meshrun (meshccl) %s\n", MESHRUN_VERSION);
+    return 0;
+  }
   double grace = meshrun::kDefaultGraceS;
   if (const char* g = std::getenv("MESHCCL_KILL_GRACE")) {
     if (!meshrun::parse_seconds(g, &grace)) {

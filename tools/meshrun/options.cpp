@@ -108,9 +108,18 @@ std::string parse_options(int argc, const char* const* argv, Options* out) {
       *out = opt;
       return "";
     }
-    if (arg == "--no-prefix") {
+    if (arg == "--no-prefix") {  // the default; kept for older scripts
       opt.prefix = false;
       continue;
+    }
+    if (arg == "--tag-output") {
+      opt.prefix = true;
+      continue;
+    }
+    if (arg == "--version" || arg == "-V") {
+      opt.version = true;
+      *out = opt;
+      return "";
     }
     if (arg == "--keep-going") {
       opt.keep_going = true;
@@ -182,14 +191,17 @@ std::string parse_options(int argc, const char* const* argv, Options* out) {
     } else if (name == "--timeout") {
       if (!parse_seconds(value, &opt.timeout_s) || opt.timeout_s <= 0)
         return "--timeout needs a positive number of seconds, got '" + value + "'";
-    } else {  // -x
+    } else {  // -x NAME=VALUE, or -x NAME: meshrun's own value (as Open MPI's mpirun)
       auto eq = value.find('=');
-      if (eq == std::string::npos)
-        return "-x needs NAME=VALUE, got '" + value +
-               "' (variables already in meshrun's environment reach the ranks without -x)";
       std::string var = value.substr(0, eq);
       if (!is_env_name(var)) return "-x: '" + var + "' is not a valid variable name";
-      opt.env.emplace_back(var, value.substr(eq + 1));
+      if (eq != std::string::npos) {
+        opt.env.emplace_back(var, value.substr(eq + 1));
+      } else if (const char* own = std::getenv(var.c_str())) {
+        opt.env.emplace_back(var, own);
+      } else {
+        return "-x " + var + ": " + var + " is not set in meshrun's environment (use -x " + var + "=VALUE)";
+      }
     }
   }
   for (; i < argc; ++i) opt.command.emplace_back(argv[i]);
@@ -235,8 +247,11 @@ std::string usage() {
          "  --keep-going            a rank that fails does not stop the others (survivors shrink)\n"
          "  --timeout S             kill the job after S seconds (exit status 124)\n"
          "  -x NAME=VALUE           set an environment variable in every rank\n"
-         "  --no-prefix             pass rank output through unchanged instead of\n"
-         "                          prefixing each line with '[rank] '\n"
+         "  -x NAME                 pass meshrun's own NAME to every rank (as mpirun -x)\n"
+         "  --tag-output            prefix each line of a rank's output with '[rank] '\n"
+         "                          (default: output passes through unchanged, so\n"
+         "                          nccl-tests parsers read it; --no-prefix is the default)\n"
+         "  -V, --version           print meshrun's version\n"
          "  -h, --help              print this help\n"
          "\n"
          "If a rank fails (non-zero exit or a signal), the other ranks get SIGTERM,\n"

@@ -25,7 +25,8 @@ struct Options {
   bool report_bindings = false;
   bool keep_going = false;  // --keep-going: a failed rank does not stop the others
   double timeout_s = 0;     // 0: no time limit
-  bool prefix = true;
+  bool prefix = false;  // --tag-output
+  bool version = false;
   bool help = false;
   std::vector<std::pair<std::string, std::string>> env;  // -x NAME=VALUE, in order
   std::vector<std::string> command;                      // prog args...
