@@ -1,9 +1,11 @@
 #include "json.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <ctime>
+#include <string>
 
 extern char** environ;
 
@@ -28,6 +30,23 @@ std::string Num(double v) {
 }
 
 std::string Int(long long v) { return std::to_string(v); }
+
+// The environment is recorded as nccl-tests records it, except the values of
+// variables whose names say they hold a secret (MESHCCL_COMM_SECRET, tokens,
+// passwords, keys): a results file is shared, a secret is not.
+bool secret_name(const std::string& name) {
+  std::string up;
+  for (char c : name) up += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  for (const char* word : {"SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIAL", "COOKIE", "KEY", "AUTH"})
+    if (up.find(word) != std::string::npos) return true;
+  return false;
+}
+
+std::string EnvEntry(const char* entry) {
+  const char* eq = std::strchr(entry, '=');
+  if (eq == nullptr || !secret_name(std::string(entry, static_cast<size_t>(eq - entry)))) return entry;
+  return std::string(entry, static_cast<size_t>(eq - entry + 1)) + "<redacted>";
+}
 
 std::string Mode(double time, double algbw, double busbw, int64_t wrong, bool cputime) {
   return std::string("{\"") + (cputime ? "cpu_time" : "time") + "\":" + Num(time) +
@@ -85,7 +104,7 @@ bool JsonWriter::Open(const std::string& path, int argc, char** argv, int nccl_v
   bool first = true;
   for (char** e = environ; e && *e; e++, first = false) {
     if (!first) doc_ += ',';
-    doc_ += Quote(*e);
+    doc_ += Quote(EnvEntry(*e).c_str());
   }
   doc_ += "],\"nccl_version\":" + Int(nccl_version);
   return true;

@@ -65,11 +65,17 @@ timeout 10 "$dir/all_reduce_perf" -b 1M -e 1K > "$out" 2>&1
 check "-b above -e exits 255" test $? -eq 255
 
 json=$(mktemp -u).json
-timeout 60 "$dir/all_reduce_perf" -t 2 -b 1K -e 4K -f 2 -n 2 -M 1 -J "$json" > "$out" 2>&1
+MESHCCL_COMM_SECRET=hush-1 API_TOKEN=hush-2 timeout 60 "$dir/all_reduce_perf" -t 2 -b 1K -e 4K -f 2 -n 2 -M 1 \
+  -J "$json" > "$out" 2>&1
 check "-J writes a JSON document with one result per row" python3 -c "
 import json, sys
 d = json.load(open('$json'))
 sys.exit(0 if d['version'] == 3 and len(d['results']) == 3 and len(d['config']['devices']) == 2 else 1)"
+check "-J records the environment without secrets' values" python3 -c "
+import json, sys
+env = json.load(open('$json'))['env']
+sys.exit(0 if 'MESHCCL_COMM_SECRET=<redacted>' in env and 'API_TOKEN=<redacted>' in env
+         and not any('hush-' in e for e in env) and any(e.startswith('PATH=') for e in env) else 1)"
 check "-M prints the memory line" grep -q '^# GPU memory usage     : Initialization .* | Total  ' "$out"
 rm -f "$json"
 
