@@ -15,18 +15,26 @@ needs only MASTER_ADDR and MASTER_PORT.
 """
 
 import os
+import sys
 
-import torch
+try:
+    import torch
+except ImportError as _e:  # pragma: no cover - depends on the interpreter
+    raise ImportError(
+        "meshccl_torch needs PyTorch, and %s cannot import torch (%s). On Debian, python3-torch belongs to "
+        "/usr/bin/python3: run that interpreter, or a virtual environment made with "
+        "'/usr/bin/python3 -m venv --system-site-packages'." % (sys.executable, _e)) from _e
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as _c10d
 
 from . import _C
 
-__all__ = ["BACKEND", "NCCL_VERSION_CODE", "MESHCCL_VERSION_CODE", "launch_info"]
+__all__ = ["BACKEND", "NCCL_VERSION_CODE", "MESHCCL_VERSION_CODE", "launch_info", "__version__"]
 
 BACKEND = "meshccl"
 NCCL_VERSION_CODE = _C.NCCL_VERSION_CODE
 MESHCCL_VERSION_CODE = _C.MESHCCL_VERSION_CODE
+__version__ = "%d.%d.%d" % (MESHCCL_VERSION_CODE // 10000, MESHCCL_VERSION_CODE // 100 % 100, MESHCCL_VERSION_CODE % 100)
 
 
 def launch_info():
