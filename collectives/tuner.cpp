@@ -158,7 +158,9 @@ Status make_plan(const TuneModel& tune, const OpDesc& op, std::unique_ptr<Plan>*
     MC_INFO(kTune, "%s: %zu elements of %s -> algorithm %s, estimated %.1f us (%s; %zu steps%s)",
             op_kind_name(op.kind), op.count, dtype_name(op.dtype), pick->name, cost, all.c_str(),
             plan->size(),
-            plan->signatures.empty() ? "" : plan->check_gates_data ? ", checked first" : ", checked alongside");
+            plan->signatures.empty()   ? ""
+            : plan->check_gates_data ? ", call signatures compared before data moves"
+                                     : ", call signatures compared while data moves");
   }
   *out = std::move(plan);
   return kOk;

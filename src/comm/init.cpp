@@ -121,9 +121,16 @@ void configure_links(ncclComm* comm, const TuneModel& tune) {
                             (me.machine_hash == peer.machine_hash ? "" : std::string(":") + peer.host_id);
     comm->engine->links().configure(policy, p, chunk, link_share(key + ":send"), link_share(key + ":recv"));
   }
-  MC_INFO(kInit, "comm %p rank %d: %s scheduling, chunk %zu bytes to the next rank, credit %zu chunks",
-          static_cast<void*>(comm), comm->rank, policy.priority ? "priority" : "FIFO",
-          comm->engine->links().chunk_bytes((comm->rank + 1) % comm->nranks), policy.credit_chunks);
+  if (!policy.priority) {
+    MC_INFO(kInit, "comm %p rank %d: FIFO scheduling, whole transfers in the order posted (priority "
+            "scheduling needs MESHCCL_PRIORITY=1 on every rank)", static_cast<void*>(comm), comm->rank);
+    return;
+  }
+  const int next = (comm->rank + 1) % comm->nranks;
+  MC_INFO(kInit, "comm %p rank %d: priority scheduling: transfers cut into chunks of %zu bytes (to rank %d), "
+          "%zu chunks in flight per link",
+          static_cast<void*>(comm), comm->rank, next == comm->rank ? 0 : comm->engine->links().chunk_bytes(next),
+          next, policy.credit_chunks);
 }
 
 // The shared region of a single-host communicator. With priority scheduling
