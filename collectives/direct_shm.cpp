@@ -82,6 +82,8 @@ class DirectRun final : public Run {
 
   const char* name() const override { return op_kind_name(op_.kind); }
 
+  void start(ScratchPool& /*pool*/) override { op_.read_scalar(); }
+
   Status poll(Engine* /*eng*/, bool* moved) override {
     if (!active_) {
       // From now on this operation is polled until it ends: with priority

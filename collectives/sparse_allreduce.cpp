@@ -175,6 +175,7 @@ class SparseRun final : public Run {
   bool can_end_alone() const override { return agreed_failure_; }
   int waiting_on() const override { return sub_ != nullptr ? sub_->waiting_on() : -1; }
   void start(ScratchPool& pool) override {
+    op_.read_scalar();
     headers_[static_cast<size_t>(op_.rank)] = local_header(op_);
     auto plan = new_plan("sparse_header");
     for (int j = 0; j < op_.nranks; ++j) {

@@ -145,6 +145,7 @@ Status make_plan(const TuneModel& tune, const OpDesc& op, std::unique_ptr<Plan>*
   plan->op = op.op;
   plan->divisor = op.nranks;
   std::copy(std::begin(op.scalar), std::end(op.scalar), std::begin(plan->scalar));
+  plan->scalar_src = op.scalar_src;
   MC_TRY(build_in(BuildCtx::whole(tune, op), pick->build, op, plan.get()));
   MC_TRY(add_signature_check(op, plan.get()));
   if (log_enabled(LogLevel::Info, kTune)) {

@@ -147,7 +147,10 @@ Status resolve_op(const char* fn, ncclComm* comm, int op, ncclDataType_t dt, OpD
 #if MESHCCL_HAVE_CUDA
   else if (cuda::classify(d.ptr) == cuda::MemKind::Device) desc->scalar_ptr = d.ptr;  // staged by the device path
 #endif
-  else std::memcpy(desc->scalar, d.ptr, es);  // read at each use
+  else {
+    std::memcpy(desc->scalar, d.ptr, es);  // its value now, for an operation that runs now
+    desc->scalar_src = d.ptr;              // and when its stream reaches it
+  }
   return kOk;
 }
 

@@ -2,6 +2,8 @@
 // algorithm plans from and every launch path carries.
 #pragma once
 
+#include <cstring>
+
 #include <cstddef>
 #include <cstdint>
 
@@ -24,6 +26,11 @@ struct OpDesc {
   // A device-resident PreMulSum scalar in device memory: the device path
   // (src/cuda) reads it where the stream reaches the op into `scalar`.
   const void* scalar_ptr = nullptr;
+  // A PreMulSum scalar made with ncclScalarDevice in host memory: nccl.h says
+  // it is read when the collective runs, so runs read it again into `scalar`
+  // when their stream reaches them (read_scalar); `scalar` holds its value at
+  // the call, for an operation that runs at once.
+  const void* scalar_src = nullptr;
   int root = 0;
   int peer = -1;
   int rank = 0;
@@ -39,6 +46,9 @@ struct OpDesc {
   size_t rows = 0;
   size_t row_len = 0;
   size_t elem() const { return dtype_size(dtype); }
+  void read_scalar() {
+    if (scalar_src != nullptr) std::memcpy(scalar, scalar_src, elem());
+  }
   OpSignature signature() const;
 };
 

@@ -96,6 +96,7 @@ class Plan {
   ReduceOp op = ReduceOp::Sum;
   int divisor = 1;
   alignas(8) unsigned char scalar[8] = {};  // PreMulSum scalar, one element of dtype
+  const void* scalar_src = nullptr;          // read into scalar when the plan starts (OpDesc::scalar_src)
 
   OpKind kind = OpKind::AllReduce;
   std::string algorithm;  // for logs and traces

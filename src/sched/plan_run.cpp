@@ -16,6 +16,7 @@ class PlanRun final : public Run, public StepSink {
   PlanRun(std::unique_ptr<Plan> plan, uint64_t tag_base) : plan_(std::move(plan)), tag_base_(tag_base) {}
 
   void start(ScratchPool& pool) override {
+    if (plan_->scalar_src != nullptr) std::memcpy(plan_->scalar, plan_->scalar_src, dtype_size(plan_->dtype));
     const size_t n = plan_->size();
     remaining_.assign(n, 0);
     xfers_ = std::vector<Xfer>(n);

@@ -325,6 +325,52 @@ TEST(Streams, AsyncInStreamOrderWithPriorities) {
   });
 }
 
+// nccl.h: a PreMulSum scalar of residence ncclScalarDevice is read when the
+// collective runs, not when it is enqueued. Rank 0's second operation waits on
+// its stream behind one that needs rank 1; the scalar changes meanwhile. Both
+// the direct shared-memory algorithm and a plan (MESHCCL_ALGO=ring).
+TEST(Streams, DeviceResidentScalarIsReadWhenTheOperationRuns) {
+  for (const char* algo : {"", "allreduce:ring"}) {
+    SCOPED_TRACE(algo);
+    if (*algo) setenv("MESHCCL_ALGO", algo, 1);
+    ncclComm_t c[2];
+    ASSERT_EQ(ncclCommInitAll(c, 2, nullptr), ncclSuccess);
+    meshcclStream_t s[2];
+    float scalar[2] = {2.f, 2.f};
+    ncclRedOp_t op[2];
+    std::vector<float> a[2], b[2];
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_EQ(meshcclStreamCreate(&s[r]), ncclSuccess);
+      ASSERT_EQ(ncclRedOpCreatePreMulSum(&op[r], &scalar[r], ncclFloat, ncclScalarDevice, c[r]), ncclSuccess);
+      a[r].assign(1000, 1.f);
+      b[r].assign(1000, float(r + 1));
+    }
+    auto enqueue = [&](int r) {
+      ASSERT_EQ(ncclAllReduce(a[r].data(), a[r].data(), 1000, ncclFloat, ncclSum, c[r], meshcclStreamAsCuda(s[r])),
+                ncclSuccess);
+      ASSERT_EQ(ncclAllReduce(b[r].data(), b[r].data(), 1000, ncclFloat, op[r], c[r], meshcclStreamAsCuda(s[r])),
+                ncclSuccess);
+    };
+    enqueue(0);  // its first operation cannot finish before rank 1 joins
+    scalar[0] = scalar[1] = 3.f;
+    enqueue(1);
+    for (int r = 0; r < 2; ++r) ASSERT_EQ(meshcclStreamSynchronize(s[r]), ncclSuccess);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(a[r][999], 2.f);
+      EXPECT_EQ(b[r][0], 3.f * 1 + 3.f * 2) << "rank " << r;
+      EXPECT_EQ(b[r][999], 9.f) << "rank " << r;
+    }
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(ncclRedOpDestroy(op[r], c[r]), ncclSuccess);
+      EXPECT_EQ(meshcclStreamDestroy(s[r]), ncclSuccess);
+    }
+    ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+    for (ncclComm_t comm : c) EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
+    ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+    unsetenv("MESHCCL_ALGO");
+  }
+}
+
 // A synchronize leaves an idle stream's worker thread asleep: waking it for
 // nothing cost a context switch per call, on the core where a peer rank may
 // be polling (the host-stream slow mode that perf/stream_latency measures).
