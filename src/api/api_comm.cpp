@@ -1,4 +1,5 @@
 // Entry points for communicator life and queries.
+#include <algorithm>
 #include <cstring>
 #include <utility>
 #include <thread>
@@ -263,6 +264,8 @@ MESHCCL_EXPORT ncclResult_t pncclCommFinalize(ncclComm_t comm) {
 }
 
 namespace {
+constexpr double kTeardownWaitS = 10;
+
 Status teardown(const char* fn, ncclComm* comm, bool abort) {
   if (comm == nullptr) return kOk;
   if (!comm_is_live(comm)) return MC_ERROR(ncclInvalidArgument, "%s : comm %p has already been destroyed", fn, static_cast<void*>(comm));
@@ -276,8 +279,18 @@ Status teardown(const char* fn, ncclComm* comm, bool abort) {
   // Implicit finalize (local part): let enqueued work finish.
   if (!abort && !comm_wait_idle(comm, Deadline::from_timeout_param())) comm->abort_flag.store(true);
   comm_unregister(comm);
+  // Callers inside the library notice the abort flag within a poll. Should a
+  // count never drop (a bug; a thread stopped in a debugger), the call still
+  // returns: the communicator's memory is then kept, not freed under a user.
   Backoff backoff;
-  while (comm->sched.users.load() > 0) backoff.idle();  // callers notice the abort flag promptly
+  const Deadline dl = Deadline::after(std::min(timeout_seconds(), kTeardownWaitS));
+  while (comm->sched.users.load() > 0 && !dl.expired()) backoff.idle();
+  if (const int users = comm->sched.users.load(); users > 0) {
+    MC_WARN("%s : comm %p: %d call(s) or operation(s) still inside the library %g s after the %s; the "
+            "communicator's memory is kept", fn, static_cast<void*>(comm), users,
+            std::min(timeout_seconds(), kTeardownWaitS), abort ? "abort" : "destroy");
+    return kOk;
+  }
   MC_INFO(kInit, "comm %p rank %d nranks %d - %s COMPLETE", static_cast<void*>(comm), comm->rank, comm->nranks,
           abort ? "Abort" : "Destroy");
   comm_free(comm);

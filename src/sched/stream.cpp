@@ -1,6 +1,7 @@
 #include "sched/stream.h"
 
 #include <algorithm>
+#include <new>
 
 #include "sched/engine.h"
 #include "util/live_set.h"
@@ -10,10 +11,35 @@
 
 namespace meshccl {
 
-Submitted::Submitted(std::vector<Launch>& launches, int priority) {
-  ops_.reserve(launches.size());
+void abandon_launches(std::vector<Launch>& launches) {
+  const Status why(ncclSystemError);
+  MC_WARN("out of memory while starting an operation: its communicator is failed (abort or destroy it)");
   for (Launch& l : launches) {
-    ops_.push_back({l.comm, l.comm->engine->submit(std::move(l.run), priority)});
+    l.comm->engine->fail_all(why);
+    --l.comm->pending_ops;
+    --l.comm->users;
+  }
+  launches.clear();
+}
+
+Submitted::Submitted(std::vector<Launch>& launches, int priority) {
+  try {
+    ops_.reserve(launches.size());
+    comms_.reserve(launches.size());
+  } catch (const std::bad_alloc&) {
+    abandon_launches(launches);
+    throw;
+  }
+  for (size_t i = 0; i < launches.size(); ++i) {
+    Launch& l = launches[i];
+    try {
+      ops_.push_back({l.comm, l.comm->engine->submit(std::move(l.run), priority)});
+    } catch (const std::bad_alloc&) {
+      // The ones submitted are failed with their engines; none will be waited for.
+      abandon_launches(launches);
+      ops_.clear();
+      throw;
+    }
     if (std::find(comms_.begin(), comms_.end(), l.comm) != comms_.end()) continue;
     const WaitPolicy& w = l.comm->engine->wait_policy();
     if (comms_.empty() || w.yield < wait_.yield) wait_ = w;
@@ -85,7 +111,12 @@ meshcclStream::~meshcclStream() {
 void meshcclStream::enqueue(std::vector<meshccl::Launch> launches) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(std::move(launches));
+    try {
+      queue_.push_back(std::move(launches));  // strong guarantee: `launches` intact when it throws
+    } catch (const std::bad_alloc&) {
+      meshccl::abandon_launches(launches);
+      throw;
+    }
     enqueued_.fetch_add(1);
   }
   // Drive the stream here for a little while: a small operation whose peers
@@ -125,7 +156,18 @@ bool meshcclStream::drive(bool* busy) {
         queue_.pop_front();
         // running_ is set before mu_ is released: the stream never looks idle
         // between the pop and the submit.
-        running_ = std::make_unique<meshccl::Submitted>(item, priority);
+        try {
+          running_ = std::make_unique<meshccl::Submitted>(item, priority);
+        } catch (const std::bad_alloc&) {
+          // The work item is abandoned (its communicators failed) and counts
+          // as completed with the error; this thread, maybe the stream's
+          // worker, goes on.
+          if (!item.empty()) meshccl::abandon_launches(item);
+          if (error_.ok()) error_ = meshccl::Status(ncclSystemError);
+          completed_.fetch_add(1, std::memory_order_release);
+          moved = true;
+          continue;
+        }
         wait_ = running_->wait_policy();
       }
       moved = true;

@@ -26,6 +26,12 @@ struct Launch {
   std::unique_ptr<Run> run;
 };
 
+// Counted launches (users, pending_ops) that will never run: an allocation
+// failed while they were handed on. Their communicators are failed, since this
+// rank may have started an operation its peers cannot finish without it, and
+// the counts are released, so that abort and destroy return.
+void abandon_launches(std::vector<Launch>& launches);
+
 // Launches handed to the engines, waiting to complete.
 class Submitted {
  public:

@@ -9,7 +9,9 @@
 #include <dirent.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <malloc.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -227,6 +229,80 @@ TEST(ProcessFailure, AbortFromAnotherThread) {
   EXPECT_LT(s.seconds, 2.5) << "the abort did not end the wait: " << s.message;
   std::printf("[ abort  ] AllReduce -> %s after %.3f s: %s\n", ncclGetErrorString(ncclResult_t(s.result)), s.seconds,
               s.message);
+}
+
+// ---------------------------------------------------------------------------
+// (c2) A real allocation failure inside a collective between two hosts: the
+// rank that ran out of memory gets ncclSystemError and its communicator is
+// failed, so its ncclCommAbort returns at once and its peer hears of it when
+// the connection goes, instead of waiting for MESHCCL_TIMEOUT. (Both hung
+// before: the failed launch kept a count that the abort waited for.)
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define MESHCCL_TEST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define MESHCCL_TEST_SANITIZED 1
+#endif
+#endif
+
+TEST(ProcessFailure, OutOfMemoryFailsTheCommunicatorAndAbortReturns) {
+#ifdef MESHCCL_TEST_SANITIZED
+  GTEST_SKIP() << "RLIMIT_AS cannot bound a sanitized process (its shadow memory is address space)";
+#endif
+  set_timeout_env();
+  const int n = 2;
+  SharedArray<SharedId> sid(1);
+  SharedSlots slots(2 * n);  // [rank]: the collective, [n + rank]: the abort
+  auto kids = run_procs(n, kChildDeadline, [&](int rank) {
+    setenv("MESHCCL_HOSTID", rank == 0 ? "oom-host-a" : "oom-host-b", 1);
+    setenv("MESHCCL_NET", "socket", 1);
+    setenv("MESHCCL_ALGO", "allreduce:ring", 1);
+    setenv("MESHCCL_CHUNKSIZE", "256M", 1);  // the ring's scratch: far more than the heap holds free
+    ncclUniqueId id;
+    ncclResult_t res = shared_id(sid, rank, &id);
+    if (res != ncclSuccess) return fail(9, rank, "ncclGetUniqueId", res);
+    ncclComm_t comm = nullptr;
+    res = ncclCommInitRank(&comm, n, id, rank);
+    if (res != ncclSuccess) return fail(10, rank, "ncclCommInitRank", res);
+    std::vector<float> buf(16 << 20, 1.0f);  // 64 MiB, allocated before the limit
+    if (rank == 0) {
+      malloc_trim(0);  // what the heap holds free would serve the scratch
+      long pages = 0;
+      if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+        if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
+        std::fclose(f);
+      }
+      if (pages <= 0) return 11;
+      rlimit rl{};
+      getrlimit(RLIMIT_AS, &rl);
+      // Room for the small allocations of error handling, not for the plan.
+      rl.rlim_cur = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) + (512 << 10);
+      if (setrlimit(RLIMIT_AS, &rl) != 0) return 12;
+    }
+    auto t0 = Clock::now();
+    res = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, comm, nullptr);
+    slots[rank].seconds = since(t0);
+    slots[rank].result = res;
+    std::snprintf(slots[rank].message, sizeof(slots[rank].message), "%s", ncclGetLastError(nullptr));
+    t0 = Clock::now();
+    slots[n + rank].result = ncclCommAbort(comm);
+    slots[n + rank].seconds = since(t0);
+    return 0;
+  });
+  ASSERT_EQ(kids.size(), size_t(n));
+  for (auto& k : kids) EXPECT_TRUE(exited_ok(k)) << describe(k);
+  EXPECT_EQ(slots[0].result, ncclSystemError) << slots[0].message;
+  EXPECT_NE(std::string(slots[0].message).find("out of memory"), std::string::npos) << slots[0].message;
+  EXPECT_NE(slots[1].result, ncclSuccess) << slots[1].message;
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(slots[n + r].result, ncclSuccess) << "rank " << r << " abort";
+    EXPECT_GE(slots[n + r].seconds, 0) << "rank " << r << " never returned from ncclCommAbort";
+  }
+  // The peer learns from the closed connection, well before MESHCCL_TIMEOUT (10 s).
+  EXPECT_LT(slots[1].seconds, 8.0) << slots[1].message;
+  std::printf("[ oom    ] rank 0: %s; rank 1 after %.2f s: %s; aborts %.2f s, %.2f s\n", slots[0].message,
+              slots[1].seconds, slots[1].message, slots[n].seconds, slots[n + 1].seconds);
 }
 
 // ---------------------------------------------------------------------------
