@@ -8,6 +8,12 @@
  * newest version symbol it knows first; a later version gets a new struct and a
  * new symbol name, and plugins may export several.
  *
+ * Loading: the host loads a plugin only when a pair of ranks needs it, with
+ * dlopen on a thread of its own whose working directory is "/", and puts back
+ * every signal disposition that loading or init changed: a plugin and its
+ * libraries cannot keep signal handlers, and should read configuration (not
+ * the working directory) at load or in init.
+ *
  * Optionally a plugin also exports
  *   const char* meshccl_transport_v1_describe(void);
  * returning a short, static description of what it runs on (e.g. "UCX

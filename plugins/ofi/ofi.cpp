@@ -2,10 +2,10 @@
 // connection handshake, and the C entry table. Messages: ofi_msg.cpp. Layout
 // of the state and the wire: ofi_comm.h.
 //
-// Settings: MESHCCL_OFI_PROVIDER (else libfabric's FI_PROVIDER) picks the
-// provider, MESHCCL_SOCKET_IFNAME the domain (network interface) of a
-// network provider, MESHCCL_OFI_MAX_MSG caps the size of one libfabric
-// message (longer payloads are split).
+// Settings: MESHCCL_OFI_PROVIDER (else libfabric's FI_PROVIDER, else
+// tcp;ofi_rxm, then shm) picks the provider, MESHCCL_SOCKET_IFNAME the domain
+// (network interface) of a network provider, MESHCCL_OFI_MAX_MSG caps the
+// size of one libfabric message (longer payloads are split).
 #include <fcntl.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_errno.h>
@@ -15,8 +15,11 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <memory>
+#include <vector>
 
 #include "plugins/common/entry.h"
 #include "plugins/ofi/ofi_comm.h"
@@ -78,7 +81,14 @@ bool iface_matches(const char* spec, const char* name) {
   return exclude ? !hit : hit;
 }
 
-fi_info* make_hints(const meshccl_transport_host_v1_t* host) {
+// The provider stacks this plugin is made and tested for, in order of
+// preference. Unless MESHCCL_OFI_PROVIDER or FI_PROVIDER names one, libfabric
+// is asked for these only, one at a time: asked for any provider, it also
+// runs the others' discovery (psm, psm2, verbs, ...), which may open devices
+// and load their libraries.
+constexpr const char* kProviders[] = {"tcp;ofi_rxm", "shm"};
+
+fi_info* make_hints(const char* prov) {
   fi_info* hints = fi_allocinfo();
   if (hints == nullptr) return nullptr;
   hints->ep_attr->type = FI_EP_RDM;
@@ -87,26 +97,45 @@ fi_info* make_hints(const meshccl_transport_host_v1_t* host) {
   // Buffers are not registered: FI_MR_LOCAL stays out.
   hints->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
   hints->domain_attr->threading = FI_THREAD_DOMAIN;
-  const char* prov = param_str(host, "MESHCCL_OFI_PROVIDER");
-  if (prov != nullptr && *prov != 0) hints->fabric_attr->prov_name = strdup(prov);
+  if (prov != nullptr) hints->fabric_attr->prov_name = strdup(prov);
   return hints;
+}
+
+// What to ask libfabric for: MESHCCL_OFI_PROVIDER; else nothing named when
+// FI_PROVIDER is set (libfabric applies it); else this plugin's providers.
+std::vector<const char*> providers_to_ask(const meshccl_transport_host_v1_t* host) {
+  const char* prov = param_str(host, "MESHCCL_OFI_PROVIDER");
+  if (prov != nullptr && *prov != 0) return {prov};
+  const char* env = std::getenv("FI_PROVIDER");
+  if (env != nullptr && *env != 0) return {nullptr};
+  return std::vector<const char*>(std::begin(kProviders), std::end(kProviders));
+}
+
+// The first provider asked for that offers reliable tagged messages: its
+// entries, for every domain; nullptr after a warning when none does.
+fi_info* provider_entries(const meshccl_transport_host_v1_t* host) {
+  const std::vector<const char*> asked = providers_to_ask(host);
+  int rc = -FI_ENODATA;
+  for (const char* prov : asked) {
+    fi_info* hints = make_hints(prov);
+    if (hints == nullptr) return nullptr;
+    fi_info* all = nullptr;
+    rc = fi_getinfo(FI_VERSION(1, 9), nullptr, nullptr, 0, hints, &all);
+    fi_freeinfo(hints);
+    if (rc == 0) return all;
+  }
+  std::string names;
+  for (const char* prov : asked)
+    names += std::string(names.empty() ? "" : " or ") + (prov != nullptr ? prov : std::getenv("FI_PROVIDER"));
+  MPLUG_WARN(host, "ofi: no libfabric provider named %s offers reliable tagged messages (FI_EP_RDM, FI_TAGGED): %s",
+             names.c_str(), fi_strerror(-rc));
+  return nullptr;
 }
 
 // The provider's entries: the first whose domain passes MESHCCL_SOCKET_IFNAME.
 meshccl_tresult_t pick_info(Ctx* ctx) {
-  fi_info* hints = make_hints(ctx->host);
-  if (hints == nullptr) return MESHCCL_T_SYSTEM_ERROR;
-  fi_info* all = nullptr;
-  int rc = fi_getinfo(FI_VERSION(1, 9), nullptr, nullptr, 0, hints, &all);
-  fi_freeinfo(hints);
-  if (rc != 0) {
-    const char* p = param_str(ctx->host, "MESHCCL_OFI_PROVIDER");
-    const char* env = std::getenv("FI_PROVIDER");
-    MPLUG_WARN(ctx->host, "ofi: no libfabric provider%s%s offers reliable tagged messages (FI_EP_RDM, FI_TAGGED): %s",
-               p != nullptr || env != nullptr ? " named " : "", p != nullptr ? p : env != nullptr ? env : "",
-               fi_strerror(-rc));
-    return MESHCCL_T_SYSTEM_ERROR;
-  }
+  fi_info* all = provider_entries(ctx->host);
+  if (all == nullptr) return MESHCCL_T_SYSTEM_ERROR;
   const char* spec = param_str(ctx->host, "MESHCCL_SOCKET_IFNAME");
   fi_info* pick = all;
   for (fi_info* i = all; i != nullptr && spec != nullptr; i = i->next) {

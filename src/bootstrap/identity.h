@@ -17,9 +17,11 @@ struct PeerInfo {
   uint64_t host_hash;     // equal = same (possibly emulated) host: MESHCCL_HOSTID, else machine + network namespace
   uint64_t machine_hash;  // equal = same kernel and pid namespace: pids are comparable
   char host_id[64];       // for logs
-  // Transport selection (transport/select.h): what this rank can load and
-  // what it was asked for.
-  uint32_t nets;             // bit i: kNetOrder[i] loads here; bit 31: the requested one loads
+  // Transport selection (transport/select.h): what this rank has and what it
+  // was asked for. Bit i: kNetOrder[i], bit 31: the requested one; found on
+  // the search path in the exchange, loaded after it when a pair needs a
+  // network transport (agree_on_networks).
+  uint32_t nets;
   uint32_t transport_scope;  // 0 automatic, 1 every pair (MESHCCL_TRANSPORT), 2 between hosts (NCCL_NET, netName)
   char transport[24];        // requested transport, lower case
   sockaddr_storage bootstrap_addr;

@@ -168,6 +168,7 @@ Status comm_finish_setup(ncclComm* comm) {
   const bool from_split = comm->topo.nranks() == comm->nranks;
   if (!from_split) MC_TRY(topo_init(comm->rank, *comm->bootstrap, comm->peers, comm->cuda_dev, &comm->topo));
   MC_TRY(topo_publish(comm->rank, comm->topo, comm->comm_hash, from_split));
+  MC_TRY(agree_on_networks(*comm->bootstrap, &comm->peers));
   MC_TRY(Mesh::connect_all(*comm->bootstrap, comm->peers, &comm->abort_flag, &comm->mesh));
   // A rank's connections are made when its own connects and accepts are,
   // not yet its peers'. A new communicator's link measurement (tune_init)

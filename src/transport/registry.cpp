@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <dlfcn.h>
+#include <link.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include "mem/memalloc.h"
 #include "meshccl_config.h"
 #include "plugins/builtin.h"
+#include "transport/plugin_guard.h"
 #include "util/log.h"
 #include "util/param.h"
 
@@ -61,6 +63,32 @@ std::string unsafe_to_load(const std::string& dir, const std::string& path) {
   return "";
 }
 
+// The directory of the file this code was loaded from (libmeshccl.so,
+// libnccl.so, or a program linked with the archive), absolute and with links
+// resolved, so that plugins are found relative to the library wherever its
+// tree was installed, staged or moved to. The main program's link map has no
+// name (dladdr then reports argv[0], which may be relative or a bare name
+// found on PATH): its file is /proc/self/exe. Taken when the library loads,
+// before the program can change its working directory.
+std::string this_library_dir() {
+  Dl_info info{};
+  link_map* map = nullptr;
+  if (dladdr1(reinterpret_cast<void*>(&host_log), &info, reinterpret_cast<void**>(&map), RTLD_DL_LINKMAP) == 0) return "";
+  const char* file = map != nullptr && map->l_name != nullptr && map->l_name[0] != '\0' ? map->l_name : "/proc/self/exe";
+  char* real = realpath(file, nullptr);
+  if (real == nullptr) return "";
+  std::string dir = real;
+  std::free(real);
+  return dir.substr(0, dir.rfind('/'));
+}
+const std::string g_library_dir = this_library_dir();
+
+// MESHCCL_PLUGIN_PATH, then relative to the library: <libdir>/meshccl (where
+// meson installs them), seen from the libdir or, for an installed program
+// linked with the archive (meshccl_info), from <prefix>/<bindir>; the build
+// tree's plugins/ beside the library or one level up (a program of the
+// build tree, build/tools/meshccl_info); then the prefix the library was
+// configured for.
 std::vector<std::string> plugin_dirs() {
   std::vector<std::string> dirs;
   std::string path = param_str(Param::PluginPath);
@@ -71,32 +99,54 @@ std::vector<std::string> plugin_dirs() {
     if (end > pos) dirs.push_back(path.substr(pos, end - pos));
     pos = end + 1;
   }
-  // Next to this library, then the install location.
-  Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&host_log), &info) != 0 && info.dli_fname != nullptr) {
-    std::string lib = info.dli_fname;
-    size_t slash = lib.rfind('/');
-    if (slash != std::string::npos) {
-      std::string dir = lib.substr(0, slash);
-      dirs.push_back(dir);
-      dirs.push_back(dir + "/plugins");
-      // A program of the build tree (build/tools/meshccl_info) linked
-      // statically finds build/plugins one level up.
-      size_t up = dir.rfind('/');
-      if (up != std::string::npos && up > 0) dirs.push_back(dir.substr(0, up) + "/plugins");
-    }
+  if (!g_library_dir.empty()) {
+    dirs.push_back(g_library_dir + "/meshccl");
+    const std::string bin = "/" MESHCCL_BINDIR;
+    if (g_library_dir.size() > bin.size() && g_library_dir.compare(g_library_dir.size() - bin.size(), bin.size(), bin) == 0)
+      dirs.push_back(g_library_dir.substr(0, g_library_dir.size() - bin.size()) + "/" MESHCCL_LIBDIR "/meshccl");
+    dirs.push_back(g_library_dir + "/plugins");
+    size_t up = g_library_dir.rfind('/');
+    if (up != std::string::npos && up > 0) dirs.push_back(g_library_dir.substr(0, up) + "/plugins");
   }
   dirs.push_back(MESHCCL_PLUGIN_DIR);
   return dirs;
 }
 
-}  // namespace
+// The first file on the search path for the plugin of that name that may be
+// loaded; nothing is loaded.
+bool locate_plugin(const std::string& name, std::string* path, std::string* why) {
+  const std::string file = "libmeshccl-transport-" + name + ".so";
+  std::string tried;
+  for (const std::string& dir : plugin_dirs()) {
+    const std::string p = dir + "/" + file;
+    if (::access(p.c_str(), F_OK) != 0) {
+      tried += " " + p;
+      continue;
+    }
+    const std::string unsafe = unsafe_to_load(dir, p);
+    if (!unsafe.empty()) {
+      tried += " " + p + " (refused: " + unsafe + ")";
+      continue;
+    }
+    char* real = realpath(p.c_str(), nullptr);
+    *path = real != nullptr ? real : p;
+    std::free(real);
+    return true;
+  }
+  *why = "transport \"" + name + "\" is neither built in (shm, socket) nor found as a plugin (tried" + tried + ")";
+  return false;
+}
 
-namespace {
+const meshccl_transport_v1_t* builtin(const std::string& name) {
+  for (const meshccl_transport_v1_t* t : kBuiltin)
+    if (name == t->name) return t;
+  return nullptr;
+}
 
 struct Loaded {
-  const meshccl_transport_v1_t* api;
+  const meshccl_transport_v1_t* api = nullptr;
   std::string path;
+  std::string problem;  // why it did not load ("" when it did)
 };
 
 std::mutex g_mu;
@@ -105,48 +155,60 @@ std::map<std::string, Loaded>& g_loaded() {
   return m;
 }
 
+// dlopen in a private working directory, with the signal dispositions kept
+// (plugin_guard.h). Logs which file the transport came from.
+Loaded open_plugin(const std::string& name, const std::string& path) {
+  Loaded l;
+  l.path = path;
+  SignalKeeper keep;
+  void* h = nullptr;
+  std::string err;
+  if (!run_in_root_dir(
+          [&] {
+            h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+            if (h == nullptr) err = dlerror();
+          },
+          &err)) {
+    l.problem = path + " was not loaded: " + err;
+    return l;
+  }
+  const std::string restored = keep.restore();
+  if (h == nullptr) {
+    l.problem = path + ": " + err;
+    return l;
+  }
+  l.api = static_cast<const meshccl_transport_v1_t*>(dlsym(h, "meshccl_transport_v1"));
+  if (l.api == nullptr || l.api->version != MESHCCL_TRANSPORT_V1) {
+    dlclose(h);
+    l.api = nullptr;
+    l.problem = path + " does not export a meshccl_transport_v1 interface";
+    return l;
+  }
+  MC_INFO(kInit | kNet, "transport %s: loaded %s%s%s", name.c_str(), path.c_str(),
+          restored.empty() ? "" : "; put back the handlers its libraries installed for ", restored.c_str());
+  return l;
+}
+
 }  // namespace
 
+bool transport_exists(const std::string& name, std::string* why) {
+  if (builtin(name) != nullptr) return true;
+  std::string path;
+  return locate_plugin(name, &path, why);
+}
+
 bool load_transport(const std::string& name, const meshccl_transport_v1_t** out, std::string* why) {
-  for (const meshccl_transport_v1_t* t : kBuiltin) {
-    if (name == t->name) {
-      *out = t;
-      return true;
-    }
-  }
+  if ((*out = builtin(name)) != nullptr) return true;
   std::lock_guard<std::mutex> lock(g_mu);
   auto it = g_loaded().find(name);
-  if (it != g_loaded().end()) {
-    *out = it->second.api;
-    return true;
+  if (it == g_loaded().end()) {
+    std::string path;
+    if (!locate_plugin(name, &path, why)) return false;  // may be installed later: not remembered
+    it = g_loaded().emplace(name, open_plugin(name, path)).first;
   }
-  std::string file = "libmeshccl-transport-" + name + ".so";
-  std::string tried;
-  for (const std::string& dir : plugin_dirs()) {
-    std::string path = dir + "/" + file;
-    std::string unsafe = unsafe_to_load(dir, path);
-    if (!unsafe.empty()) {
-      tried += " " + path + " (refused: " + unsafe + ")";
-      continue;
-    }
-    void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (h == nullptr) {
-      if (::access(path.c_str(), F_OK) == 0) tried += " " + path + " (" + dlerror() + ")";
-      else tried += " " + path;
-      continue;
-    }
-    auto* api = static_cast<const meshccl_transport_v1_t*>(dlsym(h, "meshccl_transport_v1"));
-    if (api == nullptr || api->version != MESHCCL_TRANSPORT_V1) {
-      dlclose(h);
-      *why = path + " does not export a meshccl_transport_v1 interface";
-      return false;
-    }
-    g_loaded()[name] = Loaded{api, path};
-    *out = api;
-    return true;
-  }
-  *why = "transport \"" + name + "\" is neither built in (shm, socket) nor found as a plugin (tried" + tried + ")";
-  return false;
+  *out = it->second.api;
+  if (*out == nullptr) *why = it->second.problem;
+  return *out != nullptr;
 }
 
 Status find_transport(const std::string& name, const meshccl_transport_v1_t** out) {
@@ -180,10 +242,6 @@ std::vector<TransportInfo> transport_inventory() {
       } else {
         std::lock_guard<std::mutex> lock(g_mu);
         info.path = g_loaded()[name].path;
-        if (char* real = realpath(info.path.c_str(), nullptr)) {
-          info.path = real;
-          std::free(real);
-        }
         void* h = dlopen(info.path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
         auto* describe = h != nullptr ? reinterpret_cast<const char* (*)()>(dlsym(h, "meshccl_transport_v1_describe")) : nullptr;
         info.version = describe != nullptr ? describe() : "interface v1";
@@ -207,7 +265,11 @@ Status Transport::open(const meshccl_transport_v1_t* api, int rank, int nranks,
   host->nranks = nranks;
   void* ctx = nullptr;
   t_warning.clear();
+  SignalKeeper keep;  // the plugin's libraries may install handlers as they set up (plugin_guard.h)
   int rc = api->init(host, &ctx);
+  const std::string restored = keep.restore();
+  if (!restored.empty())
+    MC_INFO(kInit | kNet, "transport %s: put back the handlers its init installed for %s", api->name, restored.c_str());
   if (rc != MESHCCL_T_SUCCESS) {
     delete host;
     return MC_ERROR(static_cast<ncclResult_t>(rc), "transport %s: init failed: %s", api->name,

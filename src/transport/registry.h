@@ -50,10 +50,18 @@ class Transport {
   std::unique_ptr<meshccl_transport_host_v1_t> host_;
 };
 
-// Finds a transport by name: built-in first, then a loadable module.
+// Finds a transport by name: built-in first, then a loadable module, the
+// first found on the search path (MESHCCL_PLUGIN_PATH, then relative to this
+// library: <libdir>/meshccl, the build tree's plugins/, then the configured
+// prefix). A module is loaded once per process, in a private working
+// directory and with the signal dispositions kept (plugin_guard.h); the log
+// (INIT, NET) names the file.
 Status find_transport(const std::string& name, const meshccl_transport_v1_t** out);
 // The same without logging or recording an error: false with *why set.
 bool load_transport(const std::string& name, const meshccl_transport_v1_t** out, std::string* why);
+// Whether a transport of that name is built in or found on the search path,
+// without loading it: false with *why set.
+bool transport_exists(const std::string& name, std::string* why);
 
 // Every transport found: the built-in ones and each loadable module on the
 // search path (for meshccl_info). version: the plugin's own description when

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cctype>
 #include <cstring>
-#include <mutex>
 
 #include "transport/registry.h"
 #include "util/log.h"
@@ -14,20 +13,31 @@ namespace meshccl {
 namespace {
 
 constexpr int kNets = static_cast<int>(std::size(kNetOrder));
-constexpr uint32_t kRequestLoads = 1u << 31;
+constexpr uint32_t kRequestHere = 1u << 31;
 
-// Which of kNetOrder this process can load (once per process: loading is
-// cached by the registry, and the answer does not change).
-uint32_t loadable_nets() {
-  static std::once_flag once;
-  static uint32_t bits = 0;
-  std::call_once(once, [] {
-    for (int i = 0; i < kNets; ++i) {
-      const meshccl_transport_v1_t* api = nullptr;
-      std::string why;
-      if (load_transport(kNetOrder[i], &api, &why)) bits |= 1u << i;
-    }
-  });
+// Which of kNetOrder this process has: found on the search path before the
+// exchange (nothing is loaded), loaded after it when needed.
+uint32_t found_nets() {
+  uint32_t bits = 0;
+  std::string why;
+  for (int i = 0; i < kNets; ++i)
+    if (transport_exists(kNetOrder[i], &why)) bits |= 1u << i;
+  return bits;
+}
+
+// Loads what this rank may use between hosts: the transport it was asked
+// for, or else every network transport it found. A transport found but not
+// asked for keeps its bit unloaded (it only shows in messages).
+uint32_t loaded_nets(const PeerInfo& me) {
+  const meshccl_transport_v1_t* api = nullptr;
+  std::string why;
+  uint32_t bits = 0;
+  for (int i = 0; i < kNets; ++i) {
+    if ((me.nets & (1u << i)) == 0) continue;
+    const bool use = me.transport_scope == 0 || std::strcmp(me.transport, kNetOrder[i]) == 0;
+    if (!use || load_transport(kNetOrder[i], &api, &why)) bits |= 1u << i;
+  }
+  if (me.transport_scope != 0 && load_transport(me.transport, &api, &why)) bits |= kRequestHere;
   return bits;
 }
 
@@ -47,16 +57,32 @@ bool same_host(const PeerInfo& a, const PeerInfo& b) {
 }  // namespace
 
 void fill_transport_request(const std::string& net_name, PeerInfo* me) {
-  me->nets = loadable_nets();
+  me->nets = found_nets();
   std::string forced = lower(param_str(Param::Transport));
   std::string net = lower(!net_name.empty() ? net_name : param_str(Param::Net));
   me->transport_scope = !forced.empty() ? 1 : !net.empty() ? 2 : 0;
   const std::string& want = !forced.empty() ? forced : net;
   std::memset(me->transport, 0, sizeof(me->transport));
   std::strncpy(me->transport, want.c_str(), sizeof(me->transport) - 1);
-  const meshccl_transport_v1_t* api = nullptr;
   std::string why;
-  if (!want.empty() && want.size() < sizeof(me->transport) && load_transport(want, &api, &why)) me->nets |= kRequestLoads;
+  if (!want.empty() && want.size() < sizeof(me->transport) && transport_exists(want, &why)) me->nets |= kRequestHere;
+}
+
+bool needs_network(const std::vector<PeerInfo>& peers) {
+  if (peers.size() < 2) return false;
+  const PeerInfo& first = peers[0];
+  if (first.transport_scope == 1) return std::strcmp(first.transport, "shm") != 0;
+  if (param_int(Param::ShmDisable) != 0) return true;
+  return std::any_of(peers.begin(), peers.end(), [&](const PeerInfo& p) { return !same_host(p, first); });
+}
+
+Status agree_on_networks(Bootstrap& bs, std::vector<PeerInfo>* peers) {
+  if (!needs_network(*peers)) return kOk;
+  std::vector<uint32_t> nets(peers->size());
+  nets[bs.rank()] = loaded_nets((*peers)[bs.rank()]);
+  MC_TRY(bs.allgather(nets.data(), sizeof(uint32_t)));
+  for (size_t r = 0; r < peers->size(); ++r) (*peers)[r].nets = nets[r];
+  return kOk;
 }
 
 TransportRequest transport_request(const std::string& net_name) {
@@ -101,11 +127,12 @@ Status check_transport_request(const std::vector<PeerInfo>& peers, int me) {
     return kOk;  // built in; Mesh::connect_all refuses pairs on different machines
   }
   for (const PeerInfo& p : peers) {
-    if (p.nets & kRequestLoads) continue;
+    if (p.nets & kRequestHere) continue;
     if (p.rank == me) {
       const meshccl_transport_v1_t* api = nullptr;
       std::string why;
-      load_transport(name, &api, &why);
+      if (!needs_network(peers)) transport_exists(name, &why);
+      else load_transport(name, &api, &why);  // what it said (remembered: nothing is loaded again)
       return MC_ERROR(ncclInvalidUsage, "%s=%s is not available on rank %d (%s): %s; available there: %s", request_source(p),
                       name.c_str(), p.rank, p.host_id, why.c_str(), transports_of(p).c_str());
     }

@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# Installs the build into a scratch prefix, then builds and runs two small
-# programs against it, as another project would: with pkg-config, with CMake
-# (find_package(meshccl)) and with meson (dependency('meshccl'/'nccl')). Also
-# imports the installed meshccl_torch with /usr/bin/python3 when it was built.
+# Stages the build with `meson install --destdir`, moves the staged tree
+# elsewhere, then builds and runs two small programs against it, as another
+# project would: with pkg-config, with CMake (find_package(meshccl)) and with
+# meson (dependency('meshccl'/'nccl')). Runs a job with the tree's meshrun over
+# each of shm, socket, ucx and ofi (the last two between emulated hosts, when
+# built), checking that the transport plugins come from the moved tree, and
+# lists them with the build tree's tools/meshccl_info run from the build
+# folder. Also imports the installed meshccl_torch with /usr/bin/python3 when
+# it was built.
 # Usage: check_install.sh BUILD_DIR
 set -euo pipefail
 build=$(realpath "$1")
@@ -13,8 +18,23 @@ trap 'rm -rf "$work"' EXIT
 unset LD_LIBRARY_PATH
 export MESHCCL_SOCKET_IFNAME=${MESHCCL_SOCKET_IFNAME:-lo}
 
+nets=""
+for t in ucx ofi; do
+  if [ -e "$build/plugins/libmeshccl-transport-$t.so" ]; then nets="$nets $t"; else echo "$t was not built: not checked"; fi
+done
+
+# 0. the build tree's own tools find the build's plugins, also run from the build folder
+# (whole outputs are kept: grep -q would end the pipe early, and pipefail the script)
+listed=$(cd "$build" && tools/meshccl_info)
+for t in $nets; do
+  grep -q "^  $t .*$build/plugins/libmeshccl-transport-$t.so" <<<"$listed" ||
+    { echo "FAIL: (cd $build && tools/meshccl_info) does not list $t from $build/plugins"; exit 1; }
+done
+
+# A staged tree, then moved: nothing may point into where it was staged.
 meson install -C "$build" --no-rebuild --quiet --destdir "$work/stage" >/dev/null
-pc=$(find "$work/stage" -name meshccl.pc -path '*/pkgconfig/*' | head -n 1)
+mv "$work/stage" "$work/moved"
+pc=$(find "$work/moved" -name meshccl.pc -path '*/pkgconfig/*' | head -n 1)
 [ -n "$pc" ] || { echo "FAIL: meson install put no meshccl.pc"; exit 1; }
 [ -f "$(dirname "$pc")/nccl.pc" ] || { echo "FAIL: meson install put no nccl.pc"; exit 1; }
 libdir=$(dirname "$(dirname "$pc")")
@@ -49,7 +69,42 @@ ninja -C "$work/meson" >/dev/null
 LD_LIBRARY_PATH="$libdir" run "meson dependency('meshccl')" "$work/meson/hello_meshccl"
 LD_LIBRARY_PATH="$libdir" run "meson dependency('nccl')" "$work/meson/hello_nccl"
 
-# 4. the torch module, found under the prefix by Debian's /usr/bin/python3
+# 4. a job over every transport with the tree's meshrun; the log names the
+# file each network transport was loaded from
+cc -std=c11 -Wall -Wextra -Werror "$here/consumer/job_meshccl.c" $(pkg-config --cflags --libs meshccl) -o "$work/pc/job_meshccl"
+meshrun=$(find "$prefix" -name meshrun -type f | head -n 1)
+[ -n "$meshrun" ] || { echo "FAIL: no meshrun in the installed tree"; exit 1; }
+plugins="$(realpath "$libdir")/meshccl"
+job() {  # transport, ranks per emulated host (0: one host), settings (VAR=value ...)
+  local t=$1 per_host=$2 out
+  shift 2
+  local opts=()
+  [ "$per_host" = 0 ] || opts=(--hostid-per-rank "$per_host")
+  out=$(env LD_LIBRARY_PATH="$libdir" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET "$@" \
+        "$meshrun" -n 2 "${opts[@]}" "$work/pc/job_meshccl" 2>&1) || { echo "FAIL: job over $t:"; echo "$out"; exit 1; }
+  [ "$(grep -c 'meshccl job ok' <<<"$out")" = 2 ] || { echo "FAIL: job over $t:"; echo "$out"; exit 1; }
+  grep -q "rank 0 <-> rank 1 via $t" <<<"$out" || { echo "FAIL: the job did not run over $t:"; echo "$out"; exit 1; }
+  if [ "$t" = ucx ] || [ "$t" = ofi ]; then
+    grep -q "transport $t: loaded $plugins/libmeshccl-transport-$t.so" <<<"$out" ||
+      { echo "FAIL: $t was not loaded from the moved tree ($plugins):"; echo "$out"; exit 1; }
+  elif grep -q "transport .*: loaded" <<<"$out"; then
+    echo "FAIL: a job over $t loaded a network plugin:"; echo "$out"; exit 1
+  fi
+  echo "job over $t: ok"
+}
+info=$(find "$prefix" -name meshccl_info -type f | head -n 1)
+listed=$([ -z "$info" ] || "$info")
+for t in $nets; do
+  [ -z "$info" ] || grep -q "^  $t .*$plugins/libmeshccl-transport-$t.so" <<<"$listed" ||
+    { echo "FAIL: the tree's meshccl_info does not list $t from $plugins"; exit 1; }
+done
+job shm 0
+job socket 0 MESHCCL_TRANSPORT=socket
+for t in $nets; do
+  job "$t" 1 NCCL_NET="$t" FI_TCP_IFACE=lo UCX_NET_DEVICES=lo
+done
+
+# 5. the torch module, found under the prefix by Debian's /usr/bin/python3
 mod=$(find "$prefix" -type d -name meshccl_torch -path '*/dist-packages/*' | head -n 1)
 if [ -n "$mod" ]; then
   PYTHONPATH=$(dirname "$mod") /usr/bin/python3 - "$work/store" "$prefix" <<'PY'

@@ -7,9 +7,11 @@ module folder), or by hand:
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -131,3 +133,48 @@ def test_group_timeout_raises(tmp_path):
     results = run_job("timeout", 2, f"file://{tmp_path}/store")
     assert_ok(results)
     assert "timeout" in results[0][1]
+
+
+@pytest.mark.parametrize("transport", ["shm", "socket", "ucx", "ofi"])
+@pytest.mark.parametrize("when", ["idle", "collective", "exiting"])
+def test_sigterm_ends_rank(when, transport, tmp_path):
+    """A rank sent SIGTERM, as torchrun and Slurm do, dies of it at once: idle, inside a
+    collective, or inside exit() with libtorch loaded (no handler of a dependency intervenes)."""
+    plugins = os.environ.get("MESHCCL_PLUGIN_PATH", "")
+    if transport in ("ucx", "ofi") and not os.path.exists(f"{plugins}/libmeshccl-transport-{transport}.so"):
+        pytest.skip(f"the {transport} plugin was not built")
+    init = f"file://{tmp_path}/store"
+    procs, logs = [], []
+    try:
+        for rank in range(2):
+            env = _env({"MESHCCL_TEST_SIGTERM_AT": when, "UCX_NET_DEVICES": "lo", "FI_TCP_IFACE": "lo"})
+            if transport == "socket":
+                env["MESHCCL_TRANSPORT"] = "socket"
+            elif transport != "shm":
+                env.update({"NCCL_NET": transport, "MESHCCL_HOSTID": f"host{rank}"})
+            logs.append(open(tmp_path / f"rank{rank}.log", "w+"))
+            procs.append(subprocess.Popen([sys.executable, WORKER, "sigterm", str(rank), "2", init],
+                                          env=env, stdout=logs[-1], stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while "READY" not in (tmp_path / "rank0.log").read_text() and time.monotonic() < deadline:
+            assert procs[0].poll() is None, (tmp_path / "rank0.log").read_text()
+            time.sleep(0.05)
+        time.sleep(1.0)  # inside the collective, or through the interpreter's teardown into exit()
+        start = time.monotonic()
+        procs[0].send_signal(signal.SIGTERM)
+        try:
+            rc = procs[0].wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            rc = None
+        took = time.monotonic() - start
+        (tmp_path / "store.done").touch()
+        procs[1].wait(timeout=JOB_TIMEOUT)
+        assert rc == -signal.SIGTERM, f"rank 0: exit {rc} after {took:.1f} s\n" + (tmp_path / "rank0.log").read_text()
+        assert took < 5, f"rank 0 took {took:.1f} s to die of SIGTERM"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for f in logs:
+            f.close()

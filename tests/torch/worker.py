@@ -9,6 +9,7 @@ is exact in every dtype and results must match bit for bit.
 Exits 0 when every check passed; prints each failure otherwise.
 """
 
+import ctypes
 import os
 import signal
 import sys
@@ -463,6 +464,32 @@ def scenario_timeout():
     expect_error("the next call on the failed group", lambda: dist.all_reduce(torch.ones(4)))
     open(flag, "w").close()
     os._exit(1 if FAILURES else 0)
+
+
+def scenario_sigterm():
+    """Rank 0 waits for SIGTERM (test_backend.test_sigterm_ends_rank): idle, inside a
+    collective rank 1 never joins, or inside exit(). Rank 1 waits for the test's flag."""
+    when = os.environ["MESHCCL_TEST_SIGTERM_AT"]
+    flag = INIT[len("file://"):] + ".done"
+    dist.init_process_group("meshccl", init_method=INIT, rank=RANK, world_size=WORLD)
+    dist.all_reduce(torch.ones(4))
+    if RANK == 1:
+        for _ in range(600):  # bounded: at most 60 s
+            if os.path.exists(flag):
+                break
+            time.sleep(0.1)
+        os._exit(0)
+    print("READY", flush=True)
+    if when == "collective":
+        dist.all_reduce(torch.ones(4))
+    elif when == "exiting":
+        # A C exit handler that waits for a signal: the process is then inside
+        # exit(), past the interpreter's teardown, with libtorch loaded.
+        libc = ctypes.CDLL(None)
+        libc.__cxa_atexit(libc.pause, None, None)
+        sys.exit(0)
+    time.sleep(60)
+    os._exit(3)
 
 
 def scenario_init():
