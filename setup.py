@@ -1,7 +1,7 @@
 """Builds the meshccl_torch wheel: meson builds libmeshccl, its transport
 plugins and the extension; this copies them into the package, where the
 extension finds the library through its $ORIGIN/lib run path and the library
-finds its plugins next to itself.
+finds its plugins in lib/meshccl, as in an installed tree (<libdir>/meshccl).
 
 MESHCCL_BUILD_DIR: an existing meson build directory to package (it must have
 been set up with the torch feature); unset, build/pip is set up and built.
@@ -60,8 +60,10 @@ class BuildWithMeson(build_py):
             shutil.copy2(ext, pkg)
         # Under its soname, the name the extension asks the loader for.
         shutil.copy2(os.path.realpath(os.path.join(build, "libmeshccl.so")), os.path.join(lib, "libmeshccl.so.0"))
+        plugins = os.path.join(lib, "meshccl")
+        os.makedirs(plugins, exist_ok=True)
         for plugin in glob.glob(os.path.join(build, "plugins", "libmeshccl-transport-*.so")):
-            shutil.copy2(plugin, lib)
+            shutil.copy2(plugin, plugins)
 
 
 setup(

@@ -47,7 +47,7 @@ t = torch.full((1000,), float(rank + 1))
 dist.all_reduce(t)
 assert torch.all(t == 3.0), t[:4]
 maps = open("/proc/self/maps").read()
-plugin = os.path.join(os.path.dirname(meshccl_torch.__file__), "lib", "libmeshccl-transport-ucx.so")
+plugin = os.path.join(os.path.dirname(meshccl_torch.__file__), "lib", "meshccl", "libmeshccl-transport-ucx.so")
 assert plugin in maps, "the ucx plugin was not loaded from the package"
 print("rank", rank, "ok")
 '''
