@@ -338,6 +338,26 @@ Result run_as(int n, const std::function<std::vector<std::string>(int)>& vars) {
   return all;
 }
 
+// Output files the library will not write are named on stderr with the
+// reason, whatever MESHCCL_DEBUG says (a refused trace file said nothing).
+TEST_F(Job, RefusedOutputFilesAreNamedWithTheReason) {
+  ScratchDir dir;
+  const std::string target = dir.path() + "/target", link = dir.path() + "/out";
+  ASSERT_EQ(::symlink(target.c_str(), link.c_str()), 0);
+  std::vector<std::string> env(std::begin(kLaunchVars), std::end(kLaunchVars));
+  env.push_back("MESHCCL_TRACE=" + link);
+  Result r = Process(g_env_helper, {"allreduce"}, env).wait();
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("MESHCCL_TRACE " + link + " refused: it is a symbolic link"), std::string::npos) << r.err;
+  env.back() = "MESHCCL_DEBUG_FILE=" + link;
+  env.push_back("MESHCCL_DEBUG=WARN");
+  r = Process(g_env_helper, {"allreduce"}, env).wait();
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("MESHCCL_DEBUG_FILE " + link + " refused: it is a symbolic link"), std::string::npos)
+      << r.err;
+  EXPECT_NE(::access(target.c_str(), F_OK), 0) << "written through the link";
+}
+
 TEST_F(Job, OpenMpiVariables) {
   std::string jobid = "meshccl-test-" + std::to_string(::getpid());
   Result r = run_as(3, [&](int i) {
