@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -20,7 +21,22 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr char kMagic[8] = {'M', 'T', 'C', 'K', 'P', 'T', '1', '\0'};
-constexpr int32_t kVersion = 3;  // 3: the tokenizer's fingerprint
+constexpr int32_t kVersion = 4;  // 3: the tokenizer's fingerprint; 4: steps done, the schedule
+constexpr int32_t kOldVersion = 3;
+
+// Format 3's header: format 4's without the schedule. Its checkpoints are
+// named after the 0-based index of their last step.
+struct HeaderV3 {
+  char magic[8];
+  int32_t version, dp, pp, tp, rank;
+  int32_t vocab, seq, layers, d_model, heads, tied;
+  uint64_t seed;
+  int32_t step, tp_mode;
+  int32_t layer_lo, layer_hi;
+  uint64_t nparams, payload_bytes, tokenizer;
+  uint32_t crc, pad;
+};
+static_assert(offsetof(HeaderV3, crc) == offsetof(ShardHeader, schedule), "format 4 extends format 3");
 
 std::string os_reason(int e) { return std::strerror(e); }
 
@@ -72,9 +88,81 @@ uint32_t crc_of(uint32_t crc, const void* p, size_t n) {
   return crc;
 }
 
-uint32_t header_crc(ShardHeader h) {
+template <typename Header>
+uint32_t header_crc(Header h) {
   h.crc = 0;
   return crc_of(static_cast<uint32_t>(crc32(0, nullptr, 0)), &h, sizeof h);
+}
+
+std::string mode_text(mode_t mode) {
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "%04o", static_cast<unsigned>(mode & 07777));
+  return buf;
+}
+
+// Empty when st is this user's and others cannot write it, else why not.
+std::string ownership_problem(const struct stat& st) {
+  if (st.st_uid != ::geteuid()) {
+    return "belongs to uid " + std::to_string(st.st_uid) + ", not to this user";
+  }
+  if ((st.st_mode & S_IWOTH) != 0) {
+    return "is writable by other users (mode " + mode_text(st.st_mode) + ")";
+  }
+  return "";
+}
+
+// Opens a file resuming reads: never through a symbolic link, never waiting
+// on a FIFO, and only a regular file of this user that others cannot write.
+// what: how the message names it ("checkpoint shard P").
+int open_trusted(const std::string& path, const std::string& what) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    const int e = errno;
+    if (e == ENOENT) return -1;
+    throw CheckpointError(what + " cannot be opened: " +
+                          (e == ELOOP ? std::string("it is a symbolic link (refused)") : os_reason(e)));
+  }
+  struct stat st {};
+  std::string problem;
+  if (::fstat(fd, &st) != 0) problem = os_reason(errno);
+  else if (!S_ISREG(st.st_mode)) problem = "it is not a regular file";
+  else if (const std::string owner = ownership_problem(st); !owner.empty())
+    problem = "it " + owner + "; resuming reads only files of this user that others cannot change";
+  if (problem.empty() && ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) problem = os_reason(errno);
+  if (!problem.empty()) {
+    ::close(fd);
+    throw CheckpointError(what + " refused: " + problem);
+  }
+  return fd;
+}
+
+// Reads a shard's header, format 3 or 4. Returns its size on disk and the
+// CRC-32 of its bytes (crc = 0).
+size_t read_header(int fd, const std::string& path, ShardHeader* h, uint32_t* crc) {
+  HeaderV3 old{};
+  if (!read_all(fd, &old, sizeof old, path) || std::memcmp(old.magic, kMagic, sizeof kMagic) != 0) {
+    throw CheckpointError(path + " is not a meshtrain checkpoint shard");
+  }
+  if (old.version == kOldVersion) {
+    std::memset(h, 0, sizeof *h);
+    std::memcpy(h, &old, offsetof(HeaderV3, crc));
+    h->crc = old.crc;
+    *crc = header_crc(old);
+    return sizeof old;
+  }
+  if (old.version != kVersion) {
+    throw CheckpointError(path + " has checkpoint format " + std::to_string(old.version) +
+                          "; this meshtrain reads formats " + std::to_string(kOldVersion) + " and " +
+                          std::to_string(kVersion));
+  }
+  char bytes[sizeof(ShardHeader)];
+  std::memcpy(bytes, &old, sizeof old);
+  if (!read_all(fd, bytes + sizeof old, sizeof bytes - sizeof old, path)) {
+    throw CheckpointError("checkpoint shard " + path + " is truncated inside its header");
+  }
+  std::memcpy(h, bytes, sizeof *h);
+  *crc = header_crc(*h);
+  return sizeof *h;
 }
 
 // Writes a small text or binary file durably under path.tmp, then renames it.
@@ -104,7 +192,14 @@ void write_durably(const std::string& path, const std::vector<std::pair<const vo
 
 }  // namespace
 
-ShardHeader make_shard_header(const ModelConfig& mc, const Layout& l, int rank, int step,
+std::string schedule_text(const LrSchedule& s) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "--steps %d (warmup %d, lr %g, min-lr-ratio %g)", s.total_steps, s.warmup,
+                static_cast<double>(s.lr), static_cast<double>(s.min_lr_ratio));
+  return buf;
+}
+
+ShardHeader make_shard_header(const ModelConfig& mc, const Layout& l, int rank, int steps_done,
                               uint64_t nparams, int layer_lo, int layer_hi) {
   ShardHeader h{};
   std::memcpy(h.magic, kMagic, sizeof kMagic);
@@ -112,7 +207,7 @@ ShardHeader make_shard_header(const ModelConfig& mc, const Layout& l, int rank, 
   h.dp = l.dp, h.pp = l.pp, h.tp = l.tp, h.rank = rank;
   h.vocab = mc.vocab, h.seq = mc.seq, h.layers = mc.layers, h.d_model = mc.d_model;
   h.heads = mc.heads, h.tied = mc.tied, h.seed = mc.seed;
-  h.step = step;
+  h.step = steps_done;
   h.tp_mode = static_cast<int32_t>(l.tp_mode);
   h.layer_lo = layer_lo, h.layer_hi = layer_hi;
   h.nparams = nparams;
@@ -121,9 +216,9 @@ ShardHeader make_shard_header(const ModelConfig& mc, const Layout& l, int rank, 
   return h;
 }
 
-std::string step_dir_name(int step) {
+std::string step_dir_name(int steps_done) {
   char buf[32];
-  std::snprintf(buf, sizeof buf, "step_%08d", step);
+  std::snprintf(buf, sizeof buf, "step_%08d", steps_done);
   return buf;
 }
 
@@ -147,21 +242,7 @@ void check_dir_usable(const std::string& dir, int rank) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw CheckpointError("--ckpt-dir " + dir + " cannot be created: " + ec.message());
-  if (!fs::is_directory(dir, ec)) throw CheckpointError("--ckpt-dir " + dir + " is not a directory");
-  // Resuming loads what the directory holds: another user able to write there
-  // could plant shards or `latest`.
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) throw CheckpointError("cannot stat --ckpt-dir " + dir + ": " + os_reason(errno));
-  if (st.st_uid != ::geteuid()) {
-    throw CheckpointError("--ckpt-dir " + dir + " belongs to uid " + std::to_string(st.st_uid) +
-                          ", not to this user: checkpoints are kept only in a directory of one's own");
-  }
-  if ((st.st_mode & S_IWOTH) != 0) {
-    char mode[8];
-    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
-    throw CheckpointError("--ckpt-dir " + dir + " is writable by other users (mode " + mode +
-                          "): remove that right (chmod o-w) or choose another directory");
-  }
+  check_dir_trusted(dir);
   const std::string probe = (fs::path(dir) / (".write_test_" + rank_file_name(rank))).string();
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
@@ -169,6 +250,42 @@ void check_dir_usable(const std::string& dir, int rank) {
   }
   ::close(fd);
   ::unlink(probe.c_str());
+}
+
+void check_dir_trusted(const std::string& dir) {
+  // Resuming loads what the directory holds: another user able to write there
+  // could plant shards or `latest`.
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    if (errno == ENOENT) throw CheckpointError("no checkpoint to resume from in " + dir + " (it does not exist)");
+    throw CheckpointError("cannot stat --ckpt-dir " + dir + ": " + os_reason(errno));
+  }
+  if (!S_ISDIR(st.st_mode)) throw CheckpointError("--ckpt-dir " + dir + " is not a directory");
+  const std::string problem = ownership_problem(st);
+  if (!problem.empty()) {
+    throw CheckpointError("--ckpt-dir " + dir + " " + problem +
+                          ((st.st_mode & S_IWOTH) != 0 && st.st_uid == ::geteuid()
+                               ? ": remove that right (chmod o-w) or choose another directory"
+                               : ": checkpoints are kept only in a directory of one's own"));
+  }
+}
+
+void check_step_dir_trusted(const std::string& dir, int steps_done) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    const int e = errno;
+    throw CheckpointError("the checkpoint after step " + std::to_string(steps_done) + " (" + dir +
+                          ") cannot be opened: " +
+                          (e == ELOOP || e == ENOTDIR ? std::string("not a directory (a link or a file: refused)")
+                                                      : os_reason(e)));
+  }
+  struct stat st {};
+  const std::string problem = ::fstat(fd, &st) == 0 ? ownership_problem(st) : os_reason(errno);
+  ::close(fd);
+  if (!problem.empty()) {
+    throw CheckpointError("checkpoint directory " + dir + " refused: it " + problem +
+                          "; resuming reads only files of this user that others cannot change");
+  }
 }
 
 int remove_stale_tmp(const std::string& dir, int rank) {
@@ -197,26 +314,21 @@ void write_shard(const std::string& path, ShardHeader h, const float* params, co
   write_durably(path, {{&h, sizeof h}, {params, bytes}, {m, bytes}, {v, bytes}});
 }
 
-void read_shard(const std::string& path, const ShardHeader& want, std::vector<float>* params,
-                std::vector<float>* m, std::vector<float>* v) {
+int read_shard(const std::string& path, const ShardHeader& want, std::vector<float>* params,
+               std::vector<float>* m, std::vector<float>* v, LrSchedule* schedule) {
   Fd f;
-  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f.fd < 0) throw CheckpointError("checkpoint shard " + path + " cannot be opened: " + os_reason(errno));
+  f.fd = open_trusted(path, "checkpoint shard " + path);
+  if (f.fd < 0) throw CheckpointError("checkpoint shard " + path + " cannot be opened: " + os_reason(ENOENT));
   struct stat st {};
   if (::fstat(f.fd, &st) != 0) throw CheckpointError("cannot stat " + path + ": " + os_reason(errno));
-  ShardHeader h{};
-  if (static_cast<uint64_t>(st.st_size) < sizeof h) {
+  if (static_cast<uint64_t>(st.st_size) < sizeof(HeaderV3)) {
     throw CheckpointError("checkpoint shard " + path + " has " + std::to_string(st.st_size) +
-                          " bytes, fewer than its header's " + std::to_string(sizeof h) +
+                          " bytes, fewer than a header's " + std::to_string(sizeof(HeaderV3)) +
                           " (truncated or damaged)");
   }
-  if (!read_all(f.fd, &h, sizeof h, path) || std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) {
-    throw CheckpointError(path + " is not a meshtrain checkpoint shard");
-  }
-  if (h.version != kVersion) {
-    throw CheckpointError(path + " has checkpoint format " + std::to_string(h.version) +
-                          "; this meshtrain reads format " + std::to_string(kVersion));
-  }
+  ShardHeader h{};
+  uint32_t crc = 0;
+  const size_t header_bytes = read_header(f.fd, path, &h, &crc);
   if (h.dp != want.dp || h.pp != want.pp || h.tp != want.tp || h.rank != want.rank ||
       h.tp_mode != want.tp_mode) {
     throw CheckpointError(path + " was written by rank " + std::to_string(h.rank) + " of a " +
@@ -241,8 +353,14 @@ void read_shard(const std::string& path, const ShardHeader& want, std::vector<fl
                           "); this run's is " + (want.tokenizer == 0 ? "bytes" : "a word vocabulary") +
                           (h.tokenizer != 0 && want.tokenizer != 0 ? " built from another corpus or --vocab" : ""));
   }
-  const uint64_t expect = sizeof h + want.payload_bytes;
-  if (h.payload_bytes != want.payload_bytes || static_cast<uint64_t>(st.st_size) != expect) {
+  if (h.payload_bytes != want.payload_bytes) {
+    throw CheckpointError("checkpoint shard " + path + "'s header promises a payload of " +
+                          std::to_string(h.payload_bytes) + " bytes, but " + std::to_string(want.nparams) +
+                          " parameters with their AdamW moments take " + std::to_string(want.payload_bytes) +
+                          " (damaged header)");
+  }
+  const uint64_t expect = header_bytes + h.payload_bytes;
+  if (static_cast<uint64_t>(st.st_size) != expect) {
     throw CheckpointError("checkpoint shard " + path + " has " + std::to_string(st.st_size) +
                           " bytes where its header promises " + std::to_string(expect) +
                           " (truncated or damaged)");
@@ -254,7 +372,6 @@ void read_shard(const std::string& path, const ShardHeader& want, std::vector<fl
       !read_all(f.fd, vv.data(), bytes, path)) {
     throw CheckpointError("checkpoint shard " + path + " is truncated");
   }
-  uint32_t crc = header_crc(h);
   crc = crc_of(crc, p.data(), bytes);
   crc = crc_of(crc, mm.data(), bytes);
   crc = crc_of(crc, vv.data(), bytes);
@@ -273,23 +390,21 @@ void read_shard(const std::string& path, const ShardHeader& want, std::vector<fl
   *params = std::move(p);
   *m = std::move(mm);
   *v = std::move(vv);
+  if (schedule != nullptr && h.version == kVersion) *schedule = h.schedule;
+  return h.version == kOldVersion ? h.step + 1 : h.step;
 }
 
-void write_latest(const std::string& dir, int step) {
-  const std::string text = step_dir_name(step) + "\n";
+void write_latest(const std::string& dir, int steps_done) {
+  const std::string text = step_dir_name(steps_done) + "\n";
   write_durably((fs::path(dir) / "latest").string(), {{text.data(), text.size()}});
 }
 
 int read_latest(const std::string& dir) {
   const std::string path = (fs::path(dir) / "latest").string();
   Fd f;
-  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  f.fd = open_trusted(path, path);
   if (f.fd < 0) {
-    if (errno == ENOENT) {
-      throw CheckpointError("no checkpoint to resume from in " + dir + " (" + path +
-                            " does not exist)");
-    }
-    throw CheckpointError("cannot open " + path + ": " + os_reason(errno));
+    throw CheckpointError("no checkpoint to resume from in " + dir + " (" + path + " does not exist)");
   }
   char buf[64];
   ssize_t n = 0;

@@ -1,6 +1,9 @@
 #include "engine.h"
 
 #include "checkpoint.h"
+#include "planner.h"
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -8,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <new>
 #include <set>
 #include <stdexcept>
 
@@ -18,6 +22,25 @@ namespace {
 
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+LrSchedule schedule_of(const OptimConfig& o) { return LrSchedule{o.total_steps, o.warmup, o.lr, o.min_lr_ratio}; }
+
+double physical_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
+}
+
+// What a rank that cannot hold its part of the model is told.
+std::string memory_error(const TrainConfig& c, int rank, double need, const std::string& why) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "rank %d needs about %.1f GiB for its part of the model (parameters, gradients, AdamW moments "
+                "and activations of --d-model %d, --layers %d, --seq %d, --micro-batch %d on dp %d x pp %d x tp "
+                "%d): %s; use a smaller model or micro-batch, or more pipeline or tensor-parallel ranks",
+                rank, need / 1073741824.0, c.model.d_model, c.model.layers, c.model.seq, c.micro_batch, c.layout.dp,
+                c.layout.pp, c.layout.tp, why.c_str());
+  return buf;
 }
 
 }  // namespace
@@ -39,12 +62,25 @@ Engine::Engine(const TrainConfig& cfg, int rank, const Comms& comms, const Corpu
   // Forward-only runs (validation) receive micro-batch i+1 while i is still
   // being sent, so a pipelined stage needs two slots even when training needs one.
   if (l.pp > 1) slots_ = std::max(slots_, 2);
-  stage_ = std::make_unique<Stage>(cfg_.model, l.stage_view(me_.pp), me_, cfg_.micro_batch, slots_);
+  // A model no machine of this size can hold is refused before any of it is
+  // allocated; one that fails to allocate says how much it wanted.
+  const double need = memory_bytes(cfg_.model, l.stage_view(me_.pp), cfg_.micro_batch, cfg_.grad_accum);
+  const double have = physical_memory_bytes();
+  if (have > 0 && need > have) {
+    char why[96];
+    std::snprintf(why, sizeof why, "this machine has %.1f GiB in all", have / 1073741824.0);
+    throw std::invalid_argument(memory_error(cfg_, rank, need, why));
+  }
+  try {
+    stage_ = std::make_unique<Stage>(cfg_.model, l.stage_view(me_.pp), me_, cfg_.micro_batch, slots_);
+    opt_ = AdamW(stage_->params.size());
+  } catch (const std::bad_alloc&) {
+    throw std::runtime_error(memory_error(cfg_, rank, need, "allocating it failed"));
+  }
   TpComms tc;
   tc.group = comms_.tp;
   for (int a = 0; a < 3; a++) tc.axis[a] = comms_.cube[a];
   stage_->set_tp_comms(tc);
-  opt_ = AdamW(stage_->params.size());
   const Tokenizer& tk = corpus_.tokenizer();
   if (tk.is_words() != cfg_.model.words || tk.size() > cfg_.model.vocab) {
     throw std::invalid_argument("the corpus was tokenized with " + std::string(tk.is_words() ? "words" : "bytes") + " (" +
@@ -275,15 +311,17 @@ void Engine::prepare_checkpoints() {
 
 void Engine::save_checkpoint(int step) {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::path(cfg_.ckpt_dir) / step_dir_name(step);
+  const int done = step + 1;  // named as the progress lines count: after step `done`
+  const fs::path dir = fs::path(cfg_.ckpt_dir) / step_dir_name(done);
   std::string error;
   try {
     remove_stale_tmp(cfg_.ckpt_dir, rank_);  // a save killed earlier
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) throw CheckpointError("cannot create checkpoint directory " + dir.string() + ": " + ec.message());
-    const ShardHeader h = make_shard_header(cfg_.model, cfg_.layout, rank_, step, stage_->params.size(),
-                                            stage_->layers().lo, stage_->layers().hi);
+    ShardHeader h = make_shard_header(cfg_.model, cfg_.layout, rank_, done, stage_->params.size(),
+                                      stage_->layers().lo, stage_->layers().hi);
+    h.schedule = schedule_of(cfg_.optim);
     write_shard((dir / rank_file_name(rank_)).string(), h, stage_->params.data(), opt_.m.data(),
                 opt_.v.data());
   } catch (const std::exception& e) {
@@ -292,8 +330,8 @@ void Engine::save_checkpoint(int step) {
   agree(error);  // every shard of this step exists before `latest` names it
   if (rank_ == 0) {
     try {
-      write_latest(cfg_.ckpt_dir, step);
-      prune_checkpoints(cfg_.ckpt_dir, step, cfg_.ckpt_keep);
+      write_latest(cfg_.ckpt_dir, done);
+      prune_checkpoints(cfg_.ckpt_dir, done, cfg_.ckpt_keep);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -312,23 +350,47 @@ int Engine::load_checkpoint(const Layout& saved) {
     saved_rank = rank_of(from, saved);
   }
   std::string error;
-  int step = -1;
+  int done = 0;
   std::vector<float> p, m, v;
+  LrSchedule schedule = schedule_of(cfg_.optim);
   try {
-    step = read_latest(cfg_.ckpt_dir);
-    const fs::path path = fs::path(cfg_.ckpt_dir) / step_dir_name(step) / rank_file_name(saved_rank);
-    const ShardHeader want = make_shard_header(cfg_.model, saved, saved_rank, step, stage_->params.size(),
-                                            stage_->layers().lo, stage_->layers().hi);
-    read_shard(path.string(), want, &p, &m, &v);
+    // Everything on the way is checked before anything is read from it.
+    check_dir_trusted(cfg_.ckpt_dir);
+    const int named = read_latest(cfg_.ckpt_dir);
+    const fs::path dir = fs::path(cfg_.ckpt_dir) / step_dir_name(named);
+    check_step_dir_trusted(dir.string(), named);
+    const ShardHeader want = make_shard_header(cfg_.model, saved, saved_rank, named, stage_->params.size(),
+                                               stage_->layers().lo, stage_->layers().hi);
+    done = read_shard((dir / rank_file_name(saved_rank)).string(), want, &p, &m, &v, &schedule);
   } catch (const std::exception& e) {
     error = e.what();
   }
   agree(error);
+  keep_schedule(schedule);
   // Copied, not moved: the stage's tensor pointers point into its arena.
   std::copy(p.begin(), p.end(), stage_->params.begin());
   opt_.m = std::move(m);
   opt_.v = std::move(v);
-  return step + 1;
+  return done;
+}
+
+// The steps still to come run at the rates the saving run would have used:
+// another --steps (or warm-up, rate) would change them all.
+void Engine::keep_schedule(const LrSchedule& saved) {
+  const LrSchedule mine = schedule_of(cfg_.optim);
+  schedule_note_.clear();
+  if (saved == mine) return;
+  cfg_.optim.total_steps = saved.total_steps;
+  cfg_.optim.warmup = saved.warmup;
+  cfg_.optim.lr = saved.lr;
+  cfg_.optim.min_lr_ratio = saved.min_lr_ratio;
+  char tail[160] = "";
+  if (cfg_.steps > saved.total_steps) {
+    std::snprintf(tail, sizeof tail, "; steps after %d run at its final rate %.3g", saved.total_steps,
+                  static_cast<double>(lr_at(cfg_.optim, saved.total_steps)));
+  }
+  schedule_note_ = "resume: the learning-rate schedule of the checkpointed run is kept, " + schedule_text(saved) +
+                   ", not this run's " + schedule_text(mine) + tail;
 }
 
 std::string Engine::sample(const std::string& prompt, int length, float temperature,

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint.h"
 #include "comm.h"
 #include "data.h"
 #include "grid.h"
@@ -69,15 +70,20 @@ class Engine {
   // Checks that every rank can write to the checkpoint directory (creating
   // it) and removes temporary files a killed save left. Collective.
   void prepare_checkpoints();
-  // Writes step's checkpoint: every rank its shard (temporary name, then
+  // Writes the checkpoint after 0-based step `step`, named step_<step + 1>
+  // as the progress lines count: every rank its shard (temporary name, then
   // rename), then rank 0 points `latest` at it once all shards exist and
   // removes checkpoints beyond ckpt_keep. Collective; a failure on any rank
   // throws on every rank.
   void save_checkpoint(int step);
   // Loads the checkpoint `latest` names and returns the number of steps done.
   // Throws (on every rank) when there is none, `latest` is not a checkpoint
-  // name, or a shard does not fit this run, is damaged (size, checksum) or
-  // holds non-finite values; the engine is unchanged then.
+  // name, the directory, the step's directory, `latest` or a shard is not
+  // this user's or open to writes by others (or not a regular file), or a
+  // shard does not fit this run (model, layout), is damaged (size, checksum)
+  // or holds non-finite values; the engine is unchanged then. The saved
+  // learning-rate schedule replaces this run's when they differ
+  // (schedule_note() then says so).
   int load_checkpoint();
   // The same from a checkpoint saved under another layout with the same
   // pipeline and tensor split (meshtrain --elastic after a data-parallel
@@ -92,6 +98,9 @@ class Engine {
   Stage& stage() { return *stage_; }
   const AdamW& optimizer() const { return opt_; }
   const Coords& coords() const { return me_; }
+  // After load_checkpoint: what it changed in this run's learning-rate
+  // schedule to keep the checkpoint's ("" when nothing).
+  const std::string& schedule_note() const { return schedule_note_; }
   int rank() const { return rank_; }
 
  private:
@@ -101,6 +110,7 @@ class Engine {
   void load_micro(bool train, int step, int micro, int m, int32_t* tokens, int32_t* targets);
   // Throws on every rank if `error` is non-empty on any rank.
   void agree(const std::string& error);
+  void keep_schedule(const LrSchedule& saved);
 
   TrainConfig cfg_;
   int rank_;
@@ -116,6 +126,7 @@ class Engine {
   // parallel, first stage, not shared with the head): it lies at the start of
   // the gradient arena, below the dense buckets.
   const ParamSpec* sparse_spec_ = nullptr;
+  std::string schedule_note_;
   size_t dense_lo() const { return sparse_spec_ != nullptr ? sparse_spec_->offset + sparse_spec_->size : 0; }
 };
 

@@ -315,6 +315,13 @@ std::string check_layout(const ModelConfig& m, const Layout& l, int world_size, 
       << " but the job has " << world_size << " rank(s)";
   } else if (m.layers < 1 || m.d_model < 1 || m.heads < 1 || m.seq < 1 || m.vocab < 2) {
     e << "layers, d-model, heads and seq must be positive and the vocabulary at least 2";
+  } else if (m.d_model > kMaxDModel || m.layers > kMaxLayers || m.seq > kMaxSeq) {
+    e << "--d-model " << m.d_model << ", --layers " << m.layers << ", --seq " << m.seq
+      << ": at most " << kMaxDModel << ", " << kMaxLayers << " and " << kMaxSeq
+      << " (each tensor's rows and columns must stay countable)";
+  } else if (static_cast<int64_t>(micro_batch) * m.seq > kMaxTokens) {
+    e << "--micro-batch " << micro_batch << " x --seq " << m.seq << " = "
+      << static_cast<int64_t>(micro_batch) * m.seq << " tokens per micro-batch; at most " << kMaxTokens;
   } else if (m.d_model % m.heads != 0) {
     e << "d-model " << m.d_model << " is not divisible by heads " << m.heads;
   } else if (l.tp_mode == TpMode::OneD && m.heads % l.tp != 0) {

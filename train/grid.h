@@ -139,6 +139,13 @@ LayerRange stage_layers(const Layout& l, int layers, int stage);
 // rows, a multiple of 8 floats; padded entries never take part in the softmax.
 int padded_vocab(int vocab, int tp);
 
+// Bounds on the model's sizes that keep every row and column count (4 x
+// d-model, tokens per micro-batch) an int; memory runs out well before.
+constexpr int kMaxDModel = 1 << 16;
+constexpr int kMaxLayers = 1 << 16;
+constexpr int kMaxSeq = 1 << 20;
+constexpr int64_t kMaxTokens = int64_t{1} << 30;
+
 // Empty when the combination is possible, else a message that says what is wrong.
 std::string check_layout(const ModelConfig& m, const Layout& l, int world_size, int micro_batch,
                          int grad_accum);

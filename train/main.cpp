@@ -149,13 +149,18 @@ int run(const CliOptions& opts) {
   // urgent first; or whole transfers in order) unless the environment sets it.
   setenv("MESHCCL_PRIORITY", cfg.comm_sched == CommSched::Priority ? "1" : "0", 0);
   ncclComm_t world = nullptr;
+  double predicted_s = 0;  // --plan auto, on rank 0: the plan's step time
   if (o.plan_auto) {
     // Rank 0 plans (the others wait in the broadcast), then all take its plan.
     if (world_size > 1) check_nccl(meshcclCommInitFromEnv(&world, nullptr), "meshcclCommInitFromEnv");
     int me = 0;
     if (world) check_nccl(ncclCommUserRank(world, &me), "ncclCommUserRank", world);
     std::vector<float> v(kPlanFloats, 0.0f);
-    if (me == 0) encode_plan(plan_layout(o, world_size), v.data());
+    if (me == 0) {
+      const Candidate plan = plan_layout(o, world_size);
+      predicted_s = plan.step_s;
+      encode_plan(plan, v.data());
+    }
     if (world) {
       check_nccl(ncclAllReduce(v.data(), v.data(), v.size(), ncclFloat32, ncclSum, world, nullptr),
                  "ncclAllReduce", world);
@@ -211,6 +216,7 @@ int run(const CliOptions& opts) {
   if (o.resume) {
     start = engine->load_checkpoint();
     if (talk) std::printf("resumed from %s after step %d\n", cfg.ckpt_dir.c_str(), start);
+    if (talk && !engine->schedule_note().empty()) std::printf("%s\n", engine->schedule_note().c_str());
   }
   if (talk) {
     size_t n = 0;
@@ -290,6 +296,7 @@ int run(const CliOptions& opts) {
       orig = kept;
       const int old_dp = cfg.layout.dp;
       cfg.layout.dp -= plan.lost_replicas;
+      predicted_s = 0;  // the plan's layout is gone
       rc = split_comms(nw, cfg.layout, cfg.model.tied,
                        static_cast<size_t>(cfg.micro_batch) * cfg.model.seq * cfg.model.d_model);
       set_comm_sched(rc, cfg.comm_sched);
@@ -322,6 +329,7 @@ int run(const CliOptions& opts) {
                 share[1] > 0 ? 100.0 * share[0] / share[1] : 0.0, last_loss);
     if (val >= 0) std::printf(", val loss %.4f", val);
     std::printf("\n");
+    if (predicted_s > 0) std::printf("%s\n", plan_check(predicted_s, time_sum / timed).c_str());
   }
   if (o.sample_chars > 0) {
     const std::string text = engine->sample(o.prompt, o.sample_chars, o.temperature, 7);

@@ -73,7 +73,43 @@ namespace {
 // Parameters of one transformer layer, and of the embedding/head tables.
 double layer_params(int C) { return 12.0 * C * C + 13.0 * C; }
 
+// Parameters one rank of stage s holds.
+double stage_params(const ModelConfig& m, const Layout& l, int s) {
+  const double C = m.d_model, Vp = padded_vocab(m.vocab, l.tp);
+  double n = stage_layers(l, m.layers, s).count() * layer_params(m.d_model);
+  if (s == 0) n += (Vp + m.seq) * C;
+  if (s == l.pp - 1) n += 2 * C + ((!m.tied || l.pp > 1) ? Vp * C : 0);
+  return n / l.tp;
+}
+
 }  // namespace
+
+double memory_bytes(const ModelConfig& m, const Layout& l, int micro_batch, int grad_accum) {
+  // Parameters, gradients and AdamW moments, and the activations of the
+  // micro-batches in flight (1F1B: pp - s on stage s).
+  const double N = static_cast<double>(micro_batch) * m.seq, C = m.d_model;
+  const double t = l.tp, M = grad_accum;
+  const bool three = l.tp_mode == TpMode::ThreeD;
+  const int q = three ? l.cube() : 0;
+  const double Vp = padded_vocab(m.vocab, l.tp);
+  const int pp = l.pp;
+  double mem = 0;
+  for (int s = 0; s < pp; s++) {
+    const LayerRange lr = stage_layers(l, m.layers, s);
+    const double slots = std::max(pp > 1 ? 2.0 : 1.0, std::min<double>(pp - s, M));
+    const double heads_l = static_cast<double>(m.heads) / (three ? q : t);
+    const double seqs = micro_batch / (three ? q * q : 1.0);
+    const double width_r = three ? C / q : C;
+    const double Nr = seqs * m.seq;
+    double per_layer = Nr * (5 * width_r + 4) + Nr * (3 * C + C + 8 * C) / (three ? q : t) +
+                       seqs * heads_l * m.seq * m.seq;
+    if (three) per_layer += (N / q) * (C + C + C + 4 * C) / q + 12 * C * C / (q * q);
+    double act = slots * (Nr * width_r + lr.count() * per_layer);
+    if (s == pp - 1) act += slots * Nr * (Vp / (three ? q : t) + width_r + 8);
+    mem = std::max(mem, 4 * (4 * stage_params(m, l, s) + act));
+  }
+  return mem;
+}
 
 void predict(const PlanRequest& r, const Profile& p, const LinkModel& links, Candidate* c) {
   const Layout& l = c->layout;
@@ -122,13 +158,9 @@ void predict(const PlanRequest& r, const Profile& p, const LinkModel& links, Can
     double comp = lr.count() * (mp->layer_fwd + mp->layer_bwd);
     double back = lr.count() * mp->layer_bwd;
     double comm = lr.count() * tp_layer;
-    params[s] = lr.count() * layer_params(m.d_model);
-    if (s == 0) comp += mp->embed_fb, back += mp->embed_fb / 2, comm += tp_embed,
-                params[s] += (Vp + m.seq) * C;
-    if (s == pp - 1) {
-      comp += mp->head_fb, back += mp->head_fb / 2, comm += tp_head;
-      params[s] += 2 * C + ((!m.tied || pp > 1) ? Vp * C : 0);
-    }
+    params[s] = stage_params(m, l, s);
+    if (s == 0) comp += mp->embed_fb, back += mp->embed_fb / 2, comm += tp_embed;
+    if (s == pp - 1) comp += mp->head_fb, back += mp->head_fb / 2, comm += tp_head;
     comp = comp / t;
     back = back / t;
     // Every rank's busy time: its compute, and its communication, which on
@@ -136,7 +168,6 @@ void predict(const PlanRequest& r, const Profile& p, const LinkModel& links, Can
     // measured that way).
     const int msgs_s = (s > 0 ? 2 : 0) + (s < pp - 1 ? 2 : 0);
     work += (comp + comm + msgs_s * p2p) * M * t * l.dp;
-    params[s] /= t;
     T[s] = comp + comm;
     B[s] = back;
     const int msgs = (s > 0 ? 2 : 0) + (s < pp - 1 ? 2 : 0);
@@ -171,24 +202,7 @@ void predict(const PlanRequest& r, const Profile& p, const LinkModel& links, Can
   c->cpu_bound_s = work / std::max(1, p.cores);
   c->step_s = std::max(latency, c->cpu_bound_s) + c->dp_exposed_s + update;
 
-  // Memory of the busiest rank: parameters, gradients and AdamW moments, and
-  // the activations of the micro-batches in flight (1F1B: pp - s on stage s).
-  double mem = 0;
-  for (int s = 0; s < pp; s++) {
-    const LayerRange lr = stage_layers(l, m.layers, s);
-    const double slots = std::max(pp > 1 ? 2.0 : 1.0, std::min<double>(pp - s, M));
-    const double heads_l = static_cast<double>(m.heads) / (three ? q : t);
-    const double seqs = c->micro_batch / (three ? q * q : 1.0);
-    const double width_r = three ? C / q : C;
-    const double Nr = seqs * m.seq;
-    double per_layer = Nr * (5 * width_r + 4) + Nr * (3 * C + C + 8 * C) / (three ? q : t) +
-                       seqs * heads_l * m.seq * m.seq;
-    if (three) per_layer += (N / q) * (C + C + C + 4 * C) / q + 12 * C * C / (q * q);
-    double act = slots * (Nr * width_r + lr.count() * per_layer);
-    if (s == pp - 1) act += slots * Nr * (Vp / (three ? q : t) + width_r + 8);
-    mem = std::max(mem, 4 * (4 * params[s] + act));
-  }
-  c->mem_bytes = mem;
+  c->mem_bytes = memory_bytes(m, l, c->micro_batch, c->grad_accum);
 }
 
 std::vector<Candidate> search(const PlanRequest& r, const Profile& p, const LinkModel& links) {
@@ -223,6 +237,21 @@ std::vector<Candidate> search(const PlanRequest& r, const Profile& p, const Link
   }
   std::stable_sort(out.begin(), out.end(),
                    [](const Candidate& a, const Candidate& b) { return a.step_s < b.step_s; });
+  return out;
+}
+
+std::string plan_check(double predicted_s, double measured_s) {
+  const double off = measured_s / predicted_s - 1;
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "plan: predicted %.1f ms/step, measured %.1f ms/step (%+.0f%%)", predicted_s * 1e3,
+                measured_s * 1e3, 100 * off);
+  std::string out = buf;
+  if (std::fabs(off) > kPlanWarnRatio) {
+    out += "\nwarning: the measured step time is " + std::string(off > 0 ? "above" : "below") +
+           " the plan's prediction by more than " + std::to_string(static_cast<int>(kPlanWarnRatio * 100)) +
+           "%: the plan may not be the fastest layout here (other load on the machine, or a --profile measured "
+           "elsewhere or under other load; `meshtrain plan` lists the alternatives)";
+  }
   return out;
 }
 

@@ -61,6 +61,10 @@ struct PlanRequest {
   bool allow_3d = true;
 };
 
+// Predicted peak memory (bytes) of the busiest rank of a layout: parameters,
+// gradients, AdamW moments and the activations of the micro-batches in flight.
+double memory_bytes(const ModelConfig& m, const Layout& l, int micro_batch, int grad_accum);
+
 // Predicted step time and memory of one candidate (fills its fields).
 void predict(const PlanRequest& r, const Profile& p, const LinkModel& links, Candidate* c);
 
@@ -72,5 +76,12 @@ std::vector<int> best_split(int layers, int pp, double layer, double first_extra
 
 // Every feasible candidate (check_layout passes, memory fits), best first.
 std::vector<Candidate> search(const PlanRequest& r, const Profile& p, const LinkModel& links);
+
+// How far a plan's measured step time is from its prediction before the end
+// of a --plan auto run says so.
+constexpr double kPlanWarnRatio = 0.25;
+// The end-of-run line of --plan auto: predicted against measured ms/step,
+// with a warning when they differ by more than kPlanWarnRatio.
+std::string plan_check(double predicted_s, double measured_s);
 
 }  // namespace meshtrain

@@ -1,5 +1,6 @@
 // Library-wide entry points: version, errors, logging, memory, and the host
 // side of NCCL's device API.
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -38,17 +39,20 @@ MESHCCL_EXPORT const char* pncclGetErrorString(ncclResult_t result) {
 MESHCCL_EXPORT const char* pncclGetLastError(ncclComm_t comm) {
   // A live communicator: the last failed call on it. Otherwise the calling
   // thread's last error, else the process's (an error of a background thread,
-  // such as a non-blocking init). The text stays valid until this thread's
-  // next call.
-  thread_local std::string text;
+  // such as a non-blocking init). The text lands in a fixed buffer of the
+  // calling thread that is only ever overwritten, never freed, so a pointer
+  // returned earlier stays readable (as NCCL's does) until the thread exits.
+  thread_local char text[4096];
+  std::string now;
   if (comm != nullptr && comm_is_live(comm)) {
     std::lock_guard<std::mutex> lock(comm->error_mu);
-    text = comm->last_error;
+    now = comm->last_error;
   } else {
-    text = thread_last_error();
-    if (text.empty()) text = last_error();
+    now = thread_last_error();
+    if (now.empty()) now = last_error();
   }
-  return text.c_str();
+  std::snprintf(text, sizeof text, "%s", now.c_str());
+  return text;
 }
 
 MESHCCL_EXPORT void pncclResetDebugInit(void) { log_reset(); }

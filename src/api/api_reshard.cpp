@@ -40,35 +40,35 @@ std::set<const meshcclReshardPlan*>& live_plans() {
   return s;
 }
 
-Status to_mesh(const char* which, const meshcclMesh_t* in, MeshDesc* out) {
-  if (in == nullptr) return MC_ERROR(ncclInvalidArgument, "meshcclReshardPlanCreate : %s mesh is NULL", which);
+// fn: the entry point whose arguments these are (it opens every message).
+Status to_mesh(const char* fn, const char* which, const meshcclMesh_t* in, MeshDesc* out) {
+  if (in == nullptr) return MC_ERROR(ncclInvalidArgument, "%s : %s mesh is NULL", fn, which);
   if (in->ndims < 1 || in->ndims > MESHCCL_MESH_MAX_DIMS)
-    return MC_ERROR(ncclInvalidArgument, "meshcclReshardPlanCreate : %s mesh has %d axes; a mesh has 1 to %d", which,
-                    in->ndims, MESHCCL_MESH_MAX_DIMS);
+    return MC_ERROR(ncclInvalidArgument, "%s : %s mesh has %d axes; a mesh has 1 to %d", fn, which, in->ndims,
+                    MESHCCL_MESH_MAX_DIMS);
   out->shape.assign(in->shape, in->shape + in->ndims);
   long long n = 1;
   for (int a = 0; a < in->ndims; ++a) {
     if (in->shape[a] < 1 || in->shape[a] > 1 << 20)
-      return MC_ERROR(ncclInvalidArgument, "meshcclReshardPlanCreate : %s mesh axis %d has size %d", which, a,
-                      in->shape[a]);
+      return MC_ERROR(ncclInvalidArgument, "%s : %s mesh axis %d has size %d", fn, which, a, in->shape[a]);
     n *= in->shape[a];
   }
-  if (n > 1 << 20) return MC_ERROR(ncclInvalidArgument, "meshcclReshardPlanCreate : %s mesh is too large", which);
-  if (in->ranks == nullptr) return MC_ERROR(ncclInvalidArgument, "meshcclReshardPlanCreate : %s mesh ranks is NULL", which);
+  if (n > 1 << 20) return MC_ERROR(ncclInvalidArgument, "%s : %s mesh is too large", fn, which);
+  if (in->ranks == nullptr) return MC_ERROR(ncclInvalidArgument, "%s : %s mesh ranks is NULL", fn, which);
   out->ranks.assign(in->ranks, in->ranks + n);
   return kOk;
 }
 
-Status to_spec(const char* which, const meshcclShardSpec_t* in, Spec* out) {
-  if (in == nullptr) return MC_ERROR(ncclInvalidArgument, "meshcclReshardPlanCreate : %s spec is NULL", which);
+Status to_spec(const char* fn, const char* which, const meshcclShardSpec_t* in, Spec* out) {
+  if (in == nullptr) return MC_ERROR(ncclInvalidArgument, "%s : %s spec is NULL", fn, which);
   if (in->ndims < 1 || in->ndims > MESHCCL_TENSOR_MAX_DIMS)
-    return MC_ERROR(ncclInvalidArgument, "meshcclReshardPlanCreate : %s spec has %d dimensions; 1 to %d are supported",
-                    which, in->ndims, MESHCCL_TENSOR_MAX_DIMS);
+    return MC_ERROR(ncclInvalidArgument, "%s : %s spec has %d dimensions; 1 to %d are supported", fn, which,
+                    in->ndims, MESHCCL_TENSOR_MAX_DIMS);
   out->assign(in->ndims, {});
   for (int d = 0; d < in->ndims; ++d) {
     const meshcclShardDim_t& sd = in->dims[d];
     if (sd.naxes < 0 || sd.naxes > MESHCCL_MESH_MAX_DIMS)
-      return MC_ERROR(ncclInvalidArgument, "meshcclReshardPlanCreate : %s spec dim %d has %d axes", which, d, sd.naxes);
+      return MC_ERROR(ncclInvalidArgument, "%s : %s spec dim %d has %d axes", fn, which, d, sd.naxes);
     (*out)[d].assign(sd.axes, sd.axes + sd.naxes);
   }
   return kOk;
@@ -94,10 +94,11 @@ Status check_local(const meshcclMesh_t* srcMesh, const meshcclShardSpec_t* srcSp
                    const meshcclReshardConfig_t* config, MeshDesc* sm, Spec* ss, MeshDesc* dm, Spec* ds, Shape* sh) {
   ncclDataType_t checked;
   MC_TRY(check_dtype("meshcclReshardPlanCreate", enum_bits(dtype), &checked));
-  MC_TRY(to_mesh("source", srcMesh, sm));
-  MC_TRY(to_mesh("destination", dstMesh, dm));
-  MC_TRY(to_spec("source", srcSpec, ss));
-  MC_TRY(to_spec("destination", dstSpec, ds));
+  const char* fn = "meshcclReshardPlanCreate";
+  MC_TRY(to_mesh(fn, "source", srcMesh, sm));
+  MC_TRY(to_mesh(fn, "destination", dstMesh, dm));
+  MC_TRY(to_spec(fn, "source", srcSpec, ss));
+  MC_TRY(to_spec(fn, "destination", dstSpec, ds));
   if (ss->size() != ds->size())
     return MC_ERROR(ncclInvalidArgument,
                     "meshcclReshardPlanCreate : the source spec has %zu dimensions and the destination spec %zu",
@@ -116,6 +117,11 @@ Status check_local(const meshcclMesh_t* srcMesh, const meshcclShardSpec_t* srcSp
   }
   MC_TRY(validate(*sm, *ss, *sh, comm->nranks, "meshcclReshardPlanCreate : source"));
   MC_TRY(validate(*dm, *ds, *sh, comm->nranks, "meshcclReshardPlanCreate : destination"));
+  size_t elems = 1;
+  for (size_t x : *sh) elems *= x;  // cannot wrap: validate bounds the product
+  if (elems > kMaxTensorElems / dtype_size(checked))
+    return MC_ERROR(ncclInvalidArgument, "meshcclReshardPlanCreate : a tensor of shape %s holds more than 2^57 bytes",
+                    shape_str(*sh).c_str());
   return kOk;
 }
 
@@ -271,14 +277,14 @@ MESHCCL_EXPORT ncclResult_t meshcclShardTile(const meshcclMesh_t* mesh, const me
   return api_guard("meshcclShardTile", [&]() -> Status {
     MeshDesc m;
     Spec s;
-    MC_TRY(to_mesh("the", mesh, &m));
-    MC_TRY(to_spec("the", spec, &s));
+    MC_TRY(to_mesh("meshcclShardTile", "the", mesh, &m));
+    MC_TRY(to_spec("meshcclShardTile", "the", spec, &s));
     if (shape == nullptr || offset == nullptr || extent == nullptr)
       return MC_ERROR(ncclInvalidArgument, "meshcclShardTile : shape, offset or extent is NULL");
     const Shape sh(shape, shape + s.size());
     int maxr = 0;
     for (int r : m.ranks) maxr = std::max(maxr, r + 1);
-    MC_TRY(validate(m, s, sh, std::max(maxr, m.size()), "the"));
+    MC_TRY(validate(m, s, sh, std::max(maxr, m.size()), "meshcclShardTile : the"));
     const int pos = m.position(rank);
     if (pos < 0) return MC_ERROR(ncclInvalidArgument, "meshcclShardTile : rank %d is not in the mesh", rank);
     const Box b = Layout(m, s, sh).box_of(pos);

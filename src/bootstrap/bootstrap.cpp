@@ -1,21 +1,35 @@
 #include "bootstrap/bootstrap.h"
 
 #include <poll.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 
 #include <cerrno>
 #include <cstring>
 
 #include "util/log.h"
+#include "util/sha256.h"
 
 namespace meshccl {
 
 namespace {
+// A connection's first bytes: who sends, to whom, and a proof over both and
+// a fresh nonce under the communicator's key (never the key itself). The key
+// is new for every communicator (unique_id.h), so a greeting of another
+// communicator proves nothing here; within one, each peer connects once.
 struct Greeting {
   uint32_t magic;
-  uint8_t secret[kSecretBytes];
   int32_t from;
+  int32_t to;
+  uint8_t nonce[16];
+  uint8_t proof[32];
 };
+
+Digest greeting_proof(const uint8_t* key, const Greeting& g) {
+  static const char label[] = "meshccl bootstrap channel";
+  return hmac_sha256(key, kSecretBytes, {{label, sizeof label}, {&g.from, sizeof g.from}, {&g.to, sizeof g.to},
+                                         {g.nonce, sizeof g.nonce}});
+}
 struct Frame {
   uint32_t tag;
   uint32_t size;
@@ -26,17 +40,31 @@ constexpr double kGreetingSeconds = 2;
 constexpr size_t kMaxPending = 64;
 }  // namespace
 
-int greeting_sender(const void* bytes, size_t size, const uint8_t secret[kSecretBytes], int nranks) {
+int greeting_sender(const void* bytes, size_t size, const uint8_t key[kSecretBytes], int nranks, int me) {
   Greeting g;
   if (size != sizeof g) return -1;
   std::memcpy(&g, bytes, sizeof g);
-  if (g.magic != kIdMagic || std::memcmp(g.secret, secret, kSecretBytes) != 0 || g.from < 0 || g.from >= nranks)
-    return -1;
-  return g.from;
+  if (g.magic != kIdMagic || g.from < 0 || g.from >= nranks || g.to != me) return -1;
+  const Digest want = greeting_proof(key, g);
+  return equal_in_constant_time(g.proof, want.data(), sizeof g.proof) ? g.from : -1;
+}
+
+size_t greeting_size() { return sizeof(Greeting); }
+
+void make_greeting(const uint8_t key[kSecretBytes], int from, int to, void* out) {
+  Greeting g{};
+  g.magic = kIdMagic;
+  g.from = from;
+  g.to = to;
+  if (getrandom(g.nonce, sizeof g.nonce, 0) != static_cast<ssize_t>(sizeof g.nonce))
+    std::memset(g.nonce, 0, sizeof g.nonce);  // the proof still binds key, from and to
+  const Digest proof = greeting_proof(key, g);
+  std::memcpy(g.proof, proof.data(), sizeof g.proof);
+  std::memcpy(out, &g, sizeof g);
 }
 
 Bootstrap::Bootstrap(int rank, int nranks, Socket listener, std::vector<SockAddr> peers,
-                     const uint8_t secret[kSecretBytes], AbortFlag abort)
+                     const uint8_t key[kSecretBytes], AbortFlag abort)
     : rank_(rank),
       nranks_(nranks),
       listener_(std::move(listener)),
@@ -44,7 +72,7 @@ Bootstrap::Bootstrap(int rank, int nranks, Socket listener, std::vector<SockAddr
       abort_(abort),
       send_(nranks),
       recv_(nranks) {
-  std::memcpy(secret_, secret, kSecretBytes);
+  std::memcpy(key_, key, kSecretBytes);
 }
 
 Status Bootstrap::send_conn(int peer, const Socket** out) {
@@ -52,8 +80,8 @@ Status Bootstrap::send_conn(int peer, const Socket** out) {
     Deadline dl = Deadline::from_timeout_param();
     Socket s;
     MC_TRY(socket_connect(peers_[peer], dl, abort_, &s));
-    Greeting g{kIdMagic, {}, rank_};
-    std::memcpy(g.secret, secret_, kSecretBytes);
+    Greeting g;
+    make_greeting(key_, rank_, peer, &g);
     MC_TRY(socket_send_all(s, &g, sizeof(g), dl, abort_));
     send_[peer] = std::move(s);
   }
@@ -82,9 +110,10 @@ Status Bootstrap::recv_conn(int peer, const Socket** out, Deadline dl) {
         if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) continue;  // closed before greeting
         if (n > 0) p.got.insert(p.got.end(), buf, buf + n);
         if (p.got.size() == sizeof(Greeting)) {
-          const int from = greeting_sender(p.got.data(), p.got.size(), secret_, nranks_);
+          const int from = greeting_sender(p.got.data(), p.got.size(), key_, nranks_, rank_);
           if (from < 0 || recv_[from].valid()) {
-            MC_WARN("rank %d: bootstrap: refused a connection without this communicator's secret", rank_);
+            MC_WARN("rank %d: bootstrap: refused a connection that did not prove it holds this communicator's key",
+                    rank_);
           } else {
             recv_[from] = std::move(p.sock);
           }

@@ -17,14 +17,21 @@
 namespace meshccl {
 
 // The rank a connection's greeting (its first bytes) names, or -1 unless it
-// is a whole greeting that presents `secret` and a rank in [0, nranks).
-int greeting_sender(const void* bytes, size_t size, const uint8_t secret[kSecretBytes], int nranks);
+// is a whole greeting from a rank in [0, nranks) to rank `me` whose proof
+// (HMAC-SHA256 under the communicator's key over sender, receiver and a
+// fresh nonce) holds. The key itself is never sent.
+int greeting_sender(const void* bytes, size_t size, const uint8_t key[kSecretBytes], int nranks, int me);
+// The greeting rank `from` sends when it connects to rank `to`
+// (greeting_size() bytes).
+size_t greeting_size();
+void make_greeting(const uint8_t key[kSecretBytes], int from, int to, void* out);
 
 class Bootstrap {
  public:
   // listener: this rank's listening socket (its address is in peers[rank]).
+  // key: this communicator's (root_exchange, derive_key).
   Bootstrap(int rank, int nranks, Socket listener, std::vector<SockAddr> peers,
-            const uint8_t secret[kSecretBytes], AbortFlag abort);
+            const uint8_t key[kSecretBytes], AbortFlag abort);
 
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
@@ -41,7 +48,7 @@ class Bootstrap {
   // A listening socket on the same interface as this bootstrap (for a child
   // communicator of a split).
   Status new_listener(Socket* out, SockAddr* addr) const;
-  const uint8_t* secret() const { return secret_; }
+  const uint8_t* key() const { return key_; }
   // The abort flag its waits poll; ncclCommShrink swaps it while the
   // survivors of an aborted communicator agree (waits stay bounded by
   // MESHCCL_TIMEOUT).
@@ -56,7 +63,7 @@ class Bootstrap {
   int nranks_;
   Socket listener_;
   std::vector<SockAddr> peers_;
-  uint8_t secret_[kSecretBytes];
+  uint8_t key_[kSecretBytes];
   AbortFlag abort_;
   std::vector<Socket> send_;
   std::vector<Socket> recv_;

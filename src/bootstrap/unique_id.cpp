@@ -13,14 +13,36 @@
 
 #include "util/log.h"
 #include "util/param.h"
+#include "util/sha256.h"
 
 namespace meshccl {
 
 namespace {
 
-struct Hello {
+// The rendezvous, on the wire (version 2: version 1 sent the secret itself).
+// A rank opens with a Challenge; the root answers with a proof over the
+// rank's nonce and one of its own; the rank checks it before it sends
+// anything else, then proves itself over both nonces and what it claims
+// (Hello). The root replies (Reply); on success the rank table follows,
+// then a Seal binding it, the nonces and the communicator's random value.
+constexpr uint32_t kProtocol = 2;
+constexpr int kNonceBytes = 16;
+constexpr int kProofBytes = 32;
+
+struct Challenge {
   uint32_t magic;
-  uint8_t secret[kSecretBytes];
+  uint32_t version;
+  uint8_t nonce[kNonceBytes];
+};
+
+struct Answer {
+  uint32_t magic;
+  uint8_t nonce[kNonceBytes];
+  uint8_t proof[kProofBytes];
+};
+
+struct Hello {
+  uint8_t proof[kProofBytes];  // over both nonces and the rest of this struct
   int32_t nranks;
   int32_t rank;
   PeerInfo info;
@@ -30,6 +52,47 @@ struct Reply {
   int32_t status;  // ncclResult_t
   char message[200];
 };
+
+struct Seal {
+  uint8_t session[kSecretBytes];  // drawn by the root for this communicator
+  uint8_t mac[kProofBytes];
+};
+
+// The nonces of one connection: the rank's (from its Challenge), the root's.
+struct Nonces {
+  uint8_t rank[kNonceBytes];
+  uint8_t root[kNonceBytes];
+};
+
+// Each proof has its own label, so none can stand in for another.
+Digest root_proof(const uint8_t* secret, const Nonces& n) {
+  static const char label[] = "meshccl bootstrap root proof";
+  return hmac_sha256(secret, kSecretBytes, {{label, sizeof label}, {n.rank, kNonceBytes}, {n.root, kNonceBytes}});
+}
+
+Digest rank_proof(const uint8_t* secret, const Nonces& n, const Hello& h) {
+  static const char label[] = "meshccl bootstrap rank proof";
+  const auto* claims = reinterpret_cast<const uint8_t*>(&h) + kProofBytes;
+  return hmac_sha256(secret, kSecretBytes, {{label, sizeof label}, {n.root, kNonceBytes}, {n.rank, kNonceBytes},
+                                            {claims, sizeof(Hello) - kProofBytes}});
+}
+
+Digest table_seal(const uint8_t* secret, const Nonces& n, const uint8_t* session, const std::vector<PeerInfo>& table) {
+  static const char label[] = "meshccl bootstrap rank table";
+  Sha256 h;
+  h.update(table.data(), table.size() * sizeof(PeerInfo));
+  const Digest digest = h.finish();
+  return hmac_sha256(secret, kSecretBytes, {{label, sizeof label}, {n.rank, kNonceBytes}, {n.root, kNonceBytes},
+                                            {session, kSecretBytes}, {digest.data(), digest.size()}});
+}
+
+void session_key(const uint8_t* secret, const uint8_t* session, uint8_t key[kSecretBytes]) {
+  static const char label[] = "meshccl communicator key";
+  const Digest d = hmac_sha256(secret, kSecretBytes, {{label, sizeof label}, {session, kSecretBytes}});
+  std::memcpy(key, d.data(), kSecretBytes);
+}
+
+bool random_bytes(uint8_t* out, size_t n) { return getrandom(out, n, 0) == static_cast<ssize_t>(n); }
 
 void addr_to_id(const SockAddr& a, IdContents* c) {
   c->family = a.ss.ss_family;
@@ -53,34 +116,58 @@ void send_reply(const Socket& s, ncclResult_t code, const std::string& msg) {
 
 constexpr size_t kMaxPending = 256;
 constexpr double kRootGoneSeconds = 5;
+// A root answers a challenge at once; a listener that does not is no root.
+constexpr double kAnswerSeconds = 10;
 
-// A connection whose greeting is still arriving.
+// A connection whose challenge or hello is still arriving.
 struct Pending {
   Socket sock;
+  bool answered = false;  // its challenge was answered; its hello is arriving
+  Challenge challenge{};
   Hello hello{};
+  Nonces nonces{};
   size_t got = 0;
   double deadline_us = 0;
 };
 
+// A complete challenge gets its answer; false drops the connection.
+bool answer(Pending& p, const uint8_t* secret) {
+  if (p.challenge.magic != kIdMagic || p.challenge.version != kProtocol) {
+    MC_WARN("bootstrap root: dropped a connection that did not open with a meshccl challenge (version %u)",
+            p.challenge.magic == kIdMagic ? p.challenge.version : 0u);
+    return false;
+  }
+  std::memcpy(p.nonces.rank, p.challenge.nonce, kNonceBytes);
+  if (!random_bytes(p.nonces.root, kNonceBytes)) return false;
+  Answer a{};
+  a.magic = kIdMagic;
+  std::memcpy(a.nonce, p.nonces.root, kNonceBytes);
+  const Digest proof = root_proof(secret, p.nonces);
+  std::memcpy(a.proof, proof.data(), kProofBytes);
+  // A fresh connection's send buffer takes it whole.
+  if (::send(p.sock.fd(), &a, sizeof a, MSG_DONTWAIT | MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof a)) return false;
+  p.answered = true;
+  p.got = 0;
+  return true;
+}
+
 // Serves one rendezvous, then exits. Runs detached: it owns its sockets.
-// Greetings are read from all connections at once, so a stray connection
+// Messages are read from all connections at once, so a stray connection
 // that sends little or nothing never holds up the real ranks.
 void root_main(Socket listener, std::array<uint8_t, kSecretBytes> secret) {
   Deadline dl = Deadline::from_timeout_param();
   std::vector<Socket> conns;
   std::vector<PeerInfo> infos;
+  std::vector<Nonces> nonces;
   std::vector<Pending> pending;
   int nranks = -1;
   int joined = 0;
-  // Admits a complete greeting; false when the rendezvous cannot succeed.
-  auto admit = [&](Socket c, const Hello& h) -> bool {
-    if (h.magic != kIdMagic || std::memcmp(h.secret, secret.data(), kSecretBytes) != 0) {
-      MC_WARN("bootstrap root: refused a connection that did not present this id's secret");
-      // A rank of another job (another MESHCCL_COMM_SECRET) learns why at
-      // once; the reply tells a stranger nothing it did not send.
-      if (h.magic == kIdMagic)
-        send_reply(c, ncclInvalidUsage, "the bootstrap root at this address serves another communicator (wrong "
-                                        "secret: a different ncclUniqueId, or a different MESHCCL_COMM_SECRET)");
+  // Admits a proven hello; false when the rendezvous cannot succeed.
+  auto admit = [&](Pending& p) -> bool {
+    const Hello& h = p.hello;
+    const Digest want = rank_proof(secret.data(), p.nonces, h);
+    if (!equal_in_constant_time(h.proof, want.data(), kProofBytes)) {
+      MC_WARN("bootstrap root: refused a connection that did not prove it holds this id's secret");
       return true;
     }
     std::string err;
@@ -94,18 +181,20 @@ void root_main(Socket listener, std::array<uint8_t, kSecretBytes> secret) {
       nranks = h.nranks;
       conns.resize(nranks);
       infos.resize(nranks);
+      nonces.resize(nranks);
     }
     if (err.empty() && conns[h.rank].valid()) err = "rank " + std::to_string(h.rank) + " joined twice";
     if (!err.empty()) {
       MC_WARN("bootstrap root: %s", err.c_str());
-      send_reply(c, ncclInvalidUsage, err);
+      send_reply(p.sock, ncclInvalidUsage, err);
       for (auto& other : conns)
         if (other.valid()) send_reply(other, ncclInvalidUsage, err);
       return false;
     }
-    conns[h.rank] = std::move(c);
+    conns[h.rank] = std::move(p.sock);
     infos[h.rank] = h.info;
     infos[h.rank].rank = h.rank;
+    nonces[h.rank] = p.nonces;
     ++joined;
     return true;
   };
@@ -125,15 +214,18 @@ void root_main(Socket listener, std::array<uint8_t, kSecretBytes> secret) {
     for (size_t k = 0; k < pending.size(); ++k) {
       Pending& p = pending[k];
       if (fds[k + 1].revents != 0) {
-        ssize_t n = ::recv(p.sock.fd(), reinterpret_cast<char*>(&p.hello) + p.got, sizeof(Hello) - p.got,
-                           MSG_DONTWAIT);
+        auto* into = p.answered ? reinterpret_cast<char*>(&p.hello) : reinterpret_cast<char*>(&p.challenge);
+        const size_t want = p.answered ? sizeof(Hello) : sizeof(Challenge);
+        ssize_t n = ::recv(p.sock.fd(), into + p.got, want - p.got, MSG_DONTWAIT);
         if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
           MC_WARN("bootstrap root: dropped a connection that closed before a full greeting");
           continue;
         }
         if (n > 0) p.got += static_cast<size_t>(n);
-        if (p.got == sizeof(Hello)) {
-          if (!admit(std::move(p.sock), p.hello)) return;
+        if (p.got == want && !p.answered) {
+          if (!answer(p, secret.data())) continue;
+        } else if (p.got == want) {
+          if (!admit(p)) return;
           continue;
         }
       }
@@ -151,15 +243,26 @@ void root_main(Socket listener, std::array<uint8_t, kSecretBytes> secret) {
           MC_WARN("bootstrap root: more than %zu connections without a greeting; dropped the oldest", kMaxPending);
           pending.erase(pending.begin());
         }
-        pending.push_back(Pending{Socket(fd), Hello{}, 0, now + 10e6});
+        Pending p;
+        p.sock = Socket(fd);
+        p.deadline_us = now + 10e6;
+        pending.push_back(std::move(p));
       }
     }
+  }
+  Seal seal{};
+  if (!random_bytes(seal.session, kSecretBytes)) {
+    MC_WARN("bootstrap root: getrandom failed; the ranks see the rendezvous fail");
+    return;
   }
   for (int r = 0; r < nranks; ++r) {
     Reply ok{};
     ok.status = ncclSuccess;
+    const Digest mac = table_seal(secret.data(), nonces[r], seal.session, infos);
+    std::memcpy(seal.mac, mac.data(), kProofBytes);
     if (!socket_send_all(conns[r], &ok, sizeof(ok), Deadline::after(30), nullptr).ok() ||
-        !socket_send_all(conns[r], infos.data(), sizeof(PeerInfo) * nranks, Deadline::after(30), nullptr).ok())
+        !socket_send_all(conns[r], infos.data(), sizeof(PeerInfo) * nranks, Deadline::after(30), nullptr).ok() ||
+        !socket_send_all(conns[r], &seal, sizeof(seal), Deadline::after(30), nullptr).ok())
       MC_WARN("bootstrap root: could not send the rank table to rank %d", r);
   }
   MC_INFO(kBootstrap, "bootstrap root: %d ranks joined", nranks);
@@ -192,9 +295,14 @@ static std::string fixed_secret_material() {
   return "";
 }
 
-Status root_start(const SockAddr& at, const uint8_t secret[kSecretBytes], SockAddr* bound) {
+Status root_start(const SockAddr& at, const uint8_t secret[kSecretBytes], SockAddr* bound, bool fixed_address) {
   Socket listener;
-  MC_TRY(socket_listen(at, &listener, bound));
+  Status st = socket_listen(at, &listener, bound);
+  if (!st.ok() && fixed_address)
+    return MC_ERROR(ncclSystemError, "MESHCCL_COMM_ID=%s: rank 0 cannot host the bootstrap root there: the port is "
+                    "taken (another process listens on it: an earlier job still running, or another user's program); "
+                    "choose another port", at.str().c_str());
+  MC_TRY(st);
   std::array<uint8_t, kSecretBytes> sec;
   std::memcpy(sec.data(), secret, kSecretBytes);
   std::thread(root_main, std::move(listener), sec).detach();
@@ -217,18 +325,18 @@ Status id_create(ncclUniqueId* id) {
     // is derived rather than random: from MESHCCL_COMM_SECRET, else from the
     // launcher's job id, so that another job using the same address is
     // refused (it is no defence against a local attacker: see docs/security.md).
-    std::string material = fixed_secret_material();
-    std::string keyed = fixed + '\0' + material;
-    uint64_t h1 = hash64(keyed.data(), keyed.size(), 1), h2 = hash64(keyed.data(), keyed.size(), 2);
-    std::memcpy(c.secret, &h1, 8);
-    std::memcpy(c.secret + 8, &h2, 8);
+    const std::string keyed = std::string("meshccl fixed id") + '\0' + fixed + '\0' + fixed_secret_material();
+    Sha256 h;
+    h.update(keyed.data(), keyed.size());
+    const Digest d = h.finish();
+    std::memcpy(c.secret, d.data(), kSecretBytes);
   } else {
-    if (getrandom(c.secret, kSecretBytes, 0) != kSecretBytes)
+    if (!random_bytes(c.secret, kSecretBytes))
       return MC_ERROR(ncclSystemError, "ncclGetUniqueId : getrandom failed");
     SockAddr at;
     std::string ifname;
     MC_TRY(pick_interface(&at, &ifname));
-    MC_TRY(root_start(at, c.secret, &addr));
+    MC_TRY(root_start(at, c.secret, &addr, false));
     MC_INFO(kBootstrap, "Bootstrap: root listening on %s:%s", ifname.c_str(), addr.str().c_str());
   }
   addr_to_id(addr, &c);
@@ -257,8 +365,43 @@ Status id_decode(const ncclUniqueId& id, IdContents* out, SockAddr* root) {
   return kOk;
 }
 
+namespace {
+
+// The rank's half of the challenge-response: nothing but a nonce goes out
+// until the root has proved it holds the secret.
+Status prove_root(const Socket& s, const SockAddr& root, const uint8_t* secret, int rank, Deadline dl,
+                  AbortFlag abort, bool fixed_address, Nonces* n) {
+  Challenge ch{};
+  ch.magic = kIdMagic;
+  ch.version = kProtocol;
+  if (!random_bytes(n->rank, kNonceBytes)) return MC_ERROR(ncclSystemError, "rank %d: bootstrap: getrandom failed", rank);
+  std::memcpy(ch.nonce, n->rank, kNonceBytes);
+  MC_TRY(socket_send_all(s, &ch, sizeof ch, dl, abort));
+  const double left = dl.seconds_left();
+  Answer a{};
+  Status st = socket_recv_all(s, &a, sizeof a, Deadline::after(left > 0 && left < kAnswerSeconds ? left : kAnswerSeconds),
+                              abort);
+  if (st.code() == ncclInvalidUsage) return st;  // aborted
+  const char* who = fixed_address ? "MESHCCL_COMM_ID" : "the ncclUniqueId";
+  if (!st.ok())
+    return MC_ERROR(ncclRemoteError, "rank %d: the process at %s (%s) did not answer the bootstrap challenge within "
+                    "%.0f s: it is not a meshccl bootstrap root (another program holds that port?)", rank,
+                    root.str().c_str(), who, kAnswerSeconds);
+  std::memcpy(n->root, a.nonce, kNonceBytes);
+  const Digest want = root_proof(secret, *n);
+  if (a.magic != kIdMagic || !equal_in_constant_time(a.proof, want.data(), kProofBytes))
+    return MC_ERROR(ncclInvalidUsage, "rank %d: the process at %s (%s) did not prove it holds this communicator's "
+                    "secret (wrong secret: it serves another communicator, with a different ncclUniqueId or "
+                    "MESHCCL_COMM_SECRET, or another program holds that port); nothing secret was sent to it", rank,
+                    root.str().c_str(), who);
+  return kOk;
+}
+
+}  // namespace
+
 Status root_exchange(const SockAddr& root, const uint8_t secret[kSecretBytes], int nranks, int rank,
-                     const PeerInfo& mine, std::vector<PeerInfo>* all, AbortFlag abort, bool fixed_address) {
+                     const PeerInfo& mine, std::vector<PeerInfo>* all, uint8_t key[kSecretBytes], AbortFlag abort,
+                     bool fixed_address) {
   Deadline dl = Deadline::from_timeout_param();
   Socket s;
   if (fixed_address) {
@@ -273,12 +416,14 @@ Status root_exchange(const SockAddr& root, const uint8_t secret[kSecretBytes], i
       return MC_ERROR(ncclInvalidArgument, "rank %d: nobody serves this ncclUniqueId at %s: each id serves one communicator (was it used "
                       "already?), and the process that created it must still run", rank, root.str().c_str());
   }
+  Nonces n{};
+  MC_TRY(prove_root(s, root, secret, rank, dl, abort, fixed_address, &n));
   Hello h{};
-  h.magic = kIdMagic;
-  std::memcpy(h.secret, secret, kSecretBytes);
   h.nranks = nranks;
   h.rank = rank;
   h.info = mine;
+  const Digest proof = rank_proof(secret, n, h);
+  std::memcpy(h.proof, proof.data(), kProofBytes);
   MC_TRY(socket_send_all(s, &h, sizeof(h), dl, abort));
   Reply r{};
   Status st = socket_recv_all(s, &r, sizeof(r), dl, abort);
@@ -290,8 +435,29 @@ Status root_exchange(const SockAddr& root, const uint8_t secret[kSecretBytes], i
     return MC_ERROR(static_cast<ncclResult_t>(r.status), "bootstrap: %s", r.message);
   }
   all->resize(nranks);
+  Seal seal{};
   MC_TRY(socket_recv_all(s, all->data(), sizeof(PeerInfo) * nranks, dl, abort));
+  MC_TRY(socket_recv_all(s, &seal, sizeof seal, dl, abort));
+  const Digest mac = table_seal(secret, n, seal.session, *all);
+  if (!equal_in_constant_time(seal.mac, mac.data(), kProofBytes))
+    return MC_ERROR(ncclRemoteError, "rank %d: bootstrap: the rank table from %s fails its seal (altered on the way?)",
+                    rank, root.str().c_str());
+  session_key(secret, seal.session, key);
   return check_peer_table(all, nranks);
+}
+
+void derive_key(const uint8_t parent[kSecretBytes], const char* label, uint64_t a, uint64_t b,
+                uint8_t out[kSecretBytes]) {
+  const Digest d = hmac_sha256(parent, kSecretBytes, {{label, std::strlen(label) + 1}, {&a, sizeof a}, {&b, sizeof b}});
+  std::memcpy(out, d.data(), kSecretBytes);
+}
+
+uint64_t key_id(const uint8_t key[kSecretBytes]) {
+  static const char label[] = "meshccl communicator id";
+  const Digest d = hmac_sha256(key, kSecretBytes, {{label, sizeof label}});
+  uint64_t id;
+  std::memcpy(&id, d.data(), sizeof id);
+  return id;
 }
 
 Status check_peer_table(std::vector<PeerInfo>* all, int nranks) {

@@ -31,14 +31,29 @@ constexpr uint32_t kIdFixedAddress = 1;
 Status id_create(ncclUniqueId* id);
 Status id_decode(const ncclUniqueId& id, IdContents* out, SockAddr* root);
 // Starts the root rendezvous thread listening at `at` (port may be 0); fills
-// the bound address.
-Status root_start(const SockAddr& at, const uint8_t secret[kSecretBytes], SockAddr* bound);
+// the bound address. fixed_address: `at` came from MESHCCL_COMM_ID (a port
+// that is taken is then named as such).
+Status root_start(const SockAddr& at, const uint8_t secret[kSecretBytes], SockAddr* bound, bool fixed_address);
 // The rank table the root sent, checked before any of it is used: entry r
 // is rank r, with an IPv4 or IPv6 bootstrap address; host ids are cut to
 // their field.
 Status check_peer_table(std::vector<PeerInfo>* all, int nranks);
-// Rank side of the rendezvous: sends my info, receives everyone's.
+// Rank side of the rendezvous: the rank and the root each prove they hold the
+// secret (HMAC-SHA256 over fresh nonces of both; the secret itself never
+// crosses the wire), then the rank sends its info and receives everyone's,
+// sealed with the secret, and the communicator's key: derived from the
+// secret and a random value the root draws for this communicator, so that
+// no two communicators share one (see docs/security.md).
 Status root_exchange(const SockAddr& root, const uint8_t secret[kSecretBytes], int nranks, int rank,
-                     const PeerInfo& mine, std::vector<PeerInfo>* all, AbortFlag abort, bool fixed_address);
+                     const PeerInfo& mine, std::vector<PeerInfo>* all, uint8_t key[kSecretBytes], AbortFlag abort,
+                     bool fixed_address);
+
+// A child communicator's key (ncclCommSplit, ncclCommShrink): HMAC-SHA256 of
+// the parent's key over a label and two numbers every member knows.
+void derive_key(const uint8_t parent[kSecretBytes], const char* label, uint64_t a, uint64_t b,
+                uint8_t out[kSecretBytes]);
+// The communicator's id in logs and file names: the same on every rank,
+// telling nothing about the key.
+uint64_t key_id(const uint8_t key[kSecretBytes]);
 
 }  // namespace meshccl

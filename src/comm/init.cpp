@@ -216,11 +216,10 @@ Status comm_init_rank(ncclComm* comm, int nranks, const ncclUniqueId& id, int ra
   MC_TRY(id_decode(id, &c, &root));
   comm->rank = rank;
   comm->nranks = nranks;
-  comm->comm_hash = hash64(c.secret, kSecretBytes);
   MC_INFO(kInit, "ncclCommInitRank comm %p rank %d nranks %d - Init START", static_cast<void*>(comm), rank, nranks);
   if ((c.flags & kIdFixedAddress) && rank == 0) {
     SockAddr bound;
-    MC_TRY(root_start(root, c.secret, &bound));
+    MC_TRY(root_start(root, c.secret, &bound, true));
   }
   SockAddr at, bound;
   MC_TRY(bootstrap_listen_addr(root, &at));
@@ -230,14 +229,16 @@ Status comm_init_rank(ncclComm* comm, int nranks, const ncclUniqueId& id, int ra
   mine.rank = rank;
   fill_transport_request(comm->config.net_name, &mine);
   std::memcpy(&mine.bootstrap_addr, &bound.ss, sizeof(bound.ss));
-  MC_TRY(root_exchange(root, c.secret, nranks, rank, mine, &comm->peers, &comm->abort_flag,
+  uint8_t key[kSecretBytes];
+  MC_TRY(root_exchange(root, c.secret, nranks, rank, mine, &comm->peers, key, &comm->abort_flag,
                        (c.flags & kIdFixedAddress) != 0));
+  comm->comm_hash = key_id(key);
   std::vector<SockAddr> addrs(nranks);
   for (int r = 0; r < nranks; ++r) {
     std::memcpy(&addrs[r].ss, &comm->peers[r].bootstrap_addr, sizeof(sockaddr_storage));
     addrs[r].len = addrs[r].ss.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
   }
-  comm->bootstrap = std::make_unique<Bootstrap>(rank, nranks, std::move(listener), std::move(addrs), c.secret,
+  comm->bootstrap = std::make_unique<Bootstrap>(rank, nranks, std::move(listener), std::move(addrs), key,
                                                 &comm->abort_flag);
   return comm_finish_setup(comm);
 }
@@ -288,11 +289,8 @@ Status comm_split(ncclComm* parent, int color, int key, ncclComm* child) {
   child->local_ranks = parent->local_ranks;
   child->parent_tune = parent->tune;
   uint8_t secret[kSecretBytes];
-  uint64_t h1 = hash64(parent->bootstrap->secret(), kSecretBytes, 0x5b17 + seq);
-  uint64_t h2 = hash64(&color, sizeof(color), h1);
-  std::memcpy(secret, &h1, 8);
-  std::memcpy(secret + 8, &h2, 8);
-  child->comm_hash = hash64(secret, kSecretBytes);
+  derive_key(parent->bootstrap->key(), "meshccl split", seq, static_cast<uint64_t>(color), secret);
+  child->comm_hash = key_id(secret);
   std::vector<SockAddr> addrs(cn);
   child->peers.resize(cn);
   child->topo = parent->topo.subset(members);

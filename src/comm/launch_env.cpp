@@ -4,9 +4,11 @@
 // MPICH/PMI, Slurm, in that order). How rank 0's ncclUniqueId reaches the
 // others: with MESHCCL_COMM_ID every rank builds the same id itself (the
 // address is fixed, rank 0 hosts the root there); otherwise rank 0 publishes
-// the id in a file (MESHCCL_COMM_FILE, or a per-job file under /tmp) that the
-// other ranks poll for. Only the public NCCL API is used to create the
-// communicator, so this file is exactly what a user would write by hand.
+// the id in a file (MESHCCL_COMM_FILE, or a per-job file in a private
+// directory: see default_id_location) that the other ranks poll for. Only the
+// public NCCL API is used to create the communicator, so this file is exactly
+// what a user would write by hand.
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -146,39 +148,94 @@ std::string job_key() {
   return "ppid-" + std::to_string(ppid) + (start.empty() ? "" : "-" + start);
 }
 
-// The directory of default id files: /tmp/meshccl-<uid>, made 0700 by its
-// first user. Another user could otherwise plant an id file there and pull
-// this job's ranks into a communicator of theirs; one who made the directory
-// first (or a link in its place) is refused, not trusted.
-Status private_dir(std::string* out) {
-  const uid_t uid = ::geteuid();
-  std::string dir = "/tmp/meshccl-" + std::to_string(uid);
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
-    return MC_ERROR(ncclSystemError, "meshcclCommInitFromEnv: cannot create %s: %s (set MESHCCL_COMM_FILE to a "
-                    "private path)", dir.c_str(), std::strerror(errno));
+// Where the default id file lives: the same place for every rank of a job
+// on a host, and one that another user cannot have made or changed:
+//  1. $XDG_RUNTIME_DIR, when it is a directory of this user closed to others;
+//  2. else /tmp/meshccl-<uid>, made 0700 by this user's first job;
+//  3. else (another user made that name first, or it is open to others: it
+//     is not trusted, and this user cannot remove it) rank 0 publishes in a
+//     fresh directory /tmp/meshccl-<uid>-XXXXXX (mkdtemp: 0700, ours by
+//     construction), and the other ranks look for the job's file in the
+//     directories of that name that are this user's and closed to others.
+struct IdLocation {
+  std::string path;  // the id file; empty until rank 0 has made the fresh directory (3)
+  std::string name;  // the file's name: <job key>.id
+  std::string fresh; // (3): the fresh directory rank 0 made, removed with the file
+  bool search = false;  // (3)
+};
+
+constexpr const char* kTmpPrefix = "/tmp/meshccl-";
+
+// Empty when dir is a directory of this user that nobody else may enter,
+// else what is wrong with it.
+std::string private_dir_problem(const std::string& dir, bool follow) {
   struct stat st{};
-  if (::lstat(dir.c_str(), &st) != 0)
-    return MC_ERROR(ncclSystemError, "meshcclCommInitFromEnv: cannot inspect %s: %s", dir.c_str(), std::strerror(errno));
-  if (!S_ISDIR(st.st_mode) || st.st_uid != uid || (st.st_mode & 077) != 0)
-    return MC_ERROR(ncclInvalidUsage, "meshcclCommInitFromEnv: refusing %s for id files: it is %s (it must be a "
-                    "directory of uid %u with mode 0700; remove it, or set MESHCCL_COMM_FILE)", dir.c_str(),
-                    !S_ISDIR(st.st_mode) ? "not a directory" : st.st_uid != uid ? "owned by another user"
-                                                                                : "open to other users",
-                    static_cast<unsigned>(uid));
-  *out = dir;
+  if ((follow ? ::stat(dir.c_str(), &st) : ::lstat(dir.c_str(), &st)) != 0) return std::strerror(errno);
+  if (!S_ISDIR(st.st_mode)) return "is not a directory";
+  if (st.st_uid != ::geteuid()) return "belongs to another user (uid " + std::to_string(st.st_uid) + ")";
+  if ((st.st_mode & 077) != 0) return "is open to other users";
+  return "";
+}
+
+std::string shared_tmp_dir() { return kTmpPrefix + std::to_string(::geteuid()); }
+
+void default_id_location(IdLocation* out) {
+  out->name = job_key() + ".id";
+  const char* xdg = std::getenv("XDG_RUNTIME_DIR");
+  if (xdg != nullptr && *xdg == '/' && private_dir_problem(xdg, true).empty()) {
+    out->path = std::string(xdg) + "/meshccl-" + out->name;
+    return;
+  }
+  const std::string dir = shared_tmp_dir();
+  (void)::mkdir(dir.c_str(), 0700);
+  const std::string problem = private_dir_problem(dir, false);
+  if (problem.empty()) {
+    out->path = dir + "/" + out->name;
+    return;
+  }
+  warn_once("meshccl-id-dir", "%s %s: not used for id files; they go to a fresh private directory %s-XXXXXX "
+            "instead (set XDG_RUNTIME_DIR or MESHCCL_COMM_FILE to choose the place)", dir.c_str(), problem.c_str(),
+            dir.c_str());
+  out->search = true;
+}
+
+// Rank 0 in case (3): the fresh directory.
+Status make_fresh_dir(IdLocation* loc) {
+  std::string templ = shared_tmp_dir() + "-XXXXXX";
+  if (::mkdtemp(templ.data()) == nullptr)
+    return MC_ERROR(ncclSystemError, "meshcclCommInitFromEnv: cannot create a private directory %s: %s (set "
+                    "MESHCCL_COMM_FILE to a private path)", templ.c_str(), std::strerror(errno));
+  loc->fresh = templ;
+  loc->path = templ + "/" + loc->name;
   return kOk;
 }
 
-Status comm_file_path(std::string* out) {
+// The other ranks in case (3): the job's files in the fresh directories of
+// this user (a non-blocking init's file stays until exit, so there may be
+// several; the generation inside tells them apart).
+std::vector<std::string> files_in_fresh_dirs(const std::string& name) {
+  const std::string prefix = "meshccl-" + std::to_string(::geteuid()) + "-";
+  std::vector<std::string> found;
+  DIR* tmp = ::opendir("/tmp");
+  if (tmp == nullptr) return found;
+  while (dirent* e = ::readdir(tmp)) {
+    const std::string entry = e->d_name;
+    if (entry.rfind(prefix, 0) != 0) continue;
+    const std::string dir = "/tmp/" + entry;
+    if (!private_dir_problem(dir, false).empty()) continue;
+    if (::access((dir + "/" + name).c_str(), F_OK) == 0) found.push_back(dir + "/" + name);
+  }
+  ::closedir(tmp);
+  return found;
+}
+
+void comm_file_path(IdLocation* out) {
   const char* v = param_env(Param::CommFile);
   if (v != nullptr && *v != '\0') {
-    *out = v;
-    return kOk;
+    out->path = v;
+    return;
   }
-  std::string dir;
-  MC_TRY(private_dir(&dir));
-  *out = dir + "/" + job_key() + ".id";
-  return kOk;
+  default_id_location(out);
 }
 
 int timeout_s() {
@@ -265,7 +322,7 @@ Status read_id(const std::string& path, unsigned long generation, ncclUniqueId* 
   return kOk;
 }
 
-Status wait_for_id(const std::string& path, unsigned long generation, int rank, ncclUniqueId* id) {
+Status wait_for_id(IdLocation* loc, unsigned long generation, int rank, ncclUniqueId* id) {
   using Clock = std::chrono::steady_clock;
   const int limit = timeout_s();
   const auto deadline = Clock::now() + std::chrono::seconds(limit);
@@ -273,18 +330,28 @@ Status wait_for_id(const std::string& path, unsigned long generation, int rank, 
   // for jobs whose ranks start far apart.
   auto pause = std::chrono::milliseconds(1);
   const auto max_pause = std::chrono::milliseconds(50);
-  ReadResult r = ReadResult::kAbsent;
+  bool stale = false;
   for (;;) {
-    MC_TRY(read_id(path, generation, id, &r));
-    if (r == ReadResult::kReady) return kOk;
+    const std::vector<std::string> paths = loc->search ? files_in_fresh_dirs(loc->name) : std::vector{loc->path};
+    for (const std::string& path : paths) {
+      ReadResult r = ReadResult::kAbsent;
+      MC_TRY(read_id(path, generation, id, &r));
+      if (r == ReadResult::kReady) {
+        loc->path = path;
+        return kOk;
+      }
+      stale = stale || r == ReadResult::kStale;
+    }
     if (Clock::now() >= deadline) break;
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, max_pause);
   }
+  const std::string where = loc->search ? shared_tmp_dir() + "-XXXXXX/" + loc->name + " (a fresh private directory)"
+                                         : loc->path;
   return MC_ERROR(ncclSystemError, "meshcclCommInitFromEnv: rank %d waited %d s (MESHCCL_TIMEOUT) for rank 0 to "
                   "publish the id in %s%s; is rank 0 running, and do all ranks see that path? (multi-host jobs: "
-                  "set MESHCCL_COMM_ID or a shared MESHCCL_COMM_FILE)", rank, limit, path.c_str(),
-                  r == ReadResult::kStale ? " (only an earlier communicator's id was there)" : "");
+                  "set MESHCCL_COMM_ID or a shared MESHCCL_COMM_FILE)", rank, limit, where.c_str(),
+                  stale ? " (only an earlier communicator's id was there)" : "");
 }
 
 // Id files of non-blocking inits cannot be removed when the call returns (the
@@ -295,7 +362,7 @@ std::vector<std::string>* g_leftovers = nullptr;
 void remove_leftovers() {
   std::lock_guard<std::mutex> lock(g_leftover_mu);
   if (g_leftovers == nullptr) return;
-  for (const auto& p : *g_leftovers) ::unlink(p.c_str());
+  for (const auto& p : *g_leftovers) std::remove(p.c_str());  // a file, or the fresh directory after it
   g_leftovers->clear();
 }
 
@@ -320,19 +387,23 @@ Status comm_init_from_env(ncclComm_t* comm, ncclConfig_t* config) {
   ncclUniqueId id{};
   const char* comm_id = param_env(Param::CommId);
   bool fixed_address = comm_id != nullptr && *comm_id != '\0';
-  std::string path;
+  IdLocation loc;
   if (fixed_address || info.nranks == 1) {
     // The id encodes the fixed address, so every rank derives the same one.
     MC_TRY(ncclGetUniqueId(&id));
   } else {
-    MC_TRY(comm_file_path(&path));
+    comm_file_path(&loc);
     if (info.rank == 0) {
+      if (loc.search) MC_TRY(make_fresh_dir(&loc));
       MC_TRY(ncclGetUniqueId(&id));
-      MC_TRY(publish_id(path, generation, id));
+      Status st = publish_id(loc.path, generation, id);
+      if (!st.ok() && !loc.fresh.empty()) ::rmdir(loc.fresh.c_str());
+      MC_TRY(st);
     } else {
-      MC_TRY(wait_for_id(path, generation, info.rank, &id));
+      MC_TRY(wait_for_id(&loc, generation, info.rank, &id));
     }
   }
+  const std::string& path = loc.path;
   std::string via = fixed_address  ? std::string("built from MESHCCL_COMM_ID")
                     : path.empty() ? std::string("not shared (one rank)")
                                    : "via file " + path;
@@ -343,10 +414,13 @@ Status comm_init_from_env(ncclComm_t* comm, ncclConfig_t* config) {
   if (info.rank == 0 && !path.empty()) {
     // Once init completes every rank has read the id. A non-blocking init
     // returns before that, so its file goes at exit instead.
-    if (res == ncclInProgress)
+    if (res == ncclInProgress) {
       remove_at_exit(path);
-    else
+      if (!loc.fresh.empty()) remove_at_exit(loc.fresh);
+    } else {
       ::unlink(path.c_str());
+      if (!loc.fresh.empty()) ::rmdir(loc.fresh.c_str());
+    }
   }
   return res;
 }

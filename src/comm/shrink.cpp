@@ -148,11 +148,8 @@ Status comm_shrink(ncclComm* parent, const std::vector<int>& excluded, bool abor
   child->local_ranks = parent->local_ranks;
   child->parent_tune = parent->tune;
   uint8_t secret[kSecretBytes];
-  uint64_t h1 = hash64(parent->bootstrap->secret(), kSecretBytes, 0x5312 + seq);
-  uint64_t h2 = hash64(&me.exclude_hash, sizeof(me.exclude_hash), h1);
-  std::memcpy(secret, &h1, 8);
-  std::memcpy(secret + 8, &h2, 8);
-  child->comm_hash = hash64(secret, kSecretBytes);
+  derive_key(parent->bootstrap->key(), "meshccl shrink", seq, me.exclude_hash, secret);
+  child->comm_hash = key_id(secret);
   std::vector<SockAddr> addrs(cn);
   child->peers.resize(cn);
   child->topo = parent->topo.subset(members);

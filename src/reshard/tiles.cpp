@@ -30,6 +30,12 @@ std::string spec_str(const Spec& spec) {
   return out;
 }
 
+std::string shape_str(const Shape& shape) {
+  std::string out = "[";
+  for (size_t d = 0; d < shape.size(); ++d) out += (d ? "," : "") + std::to_string(shape[d]);
+  return out + "]";
+}
+
 std::string mesh_str(const MeshDesc& mesh) {
   std::string out = "(";
   for (size_t a = 0; a < mesh.shape.size(); ++a) out += (a ? "," : "") + std::to_string(mesh.shape[a]);
@@ -67,8 +73,15 @@ Status validate(const MeshDesc& mesh, const Spec& spec, const Shape& shape, int 
     return MC_ERROR(ncclInvalidArgument, "%s spec has %zu dimensions but the tensor has %zu", which, spec.size(),
                     shape.size());
   if (shape.empty() || shape.size() > static_cast<size_t>(kMaxTensorDims))
-    return MC_ERROR(ncclInvalidArgument, "the tensor has %zu dimensions; 1 to %d are supported", shape.size(),
+    return MC_ERROR(ncclInvalidArgument, "%s tensor has %zu dimensions; 1 to %d are supported", which, shape.size(),
                     kMaxTensorDims);
+  // The element count must exist: a product that wraps would pass for a small
+  // tensor and every offset computed from it would be wrong.
+  size_t elems = 1;
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (__builtin_mul_overflow(elems, shape[d], &elems) || elems > kMaxTensorElems)
+      return MC_ERROR(ncclInvalidArgument, "%s tensor of shape %s has more than 2^57 elements (no buffer can hold "
+                      "it)", which, shape_str(shape).c_str());
   int used_by[kMaxMeshDims] = {-1, -1, -1};
   for (size_t d = 0; d < spec.size(); ++d)
     for (int a : spec[d]) {

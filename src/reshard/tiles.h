@@ -16,6 +16,8 @@ namespace meshccl::reshard {
 
 constexpr int kMaxMeshDims = 3;
 constexpr int kMaxTensorDims = 8;
+// The most elements a tensor may have (no process addresses more bytes).
+constexpr size_t kMaxTensorElems = size_t{1} << 57;
 
 using Shape = std::vector<size_t>;
 
@@ -37,8 +39,10 @@ using Spec = std::vector<DimSpec>;
 // "S0 R S01"-style text, for messages and logs.
 std::string spec_str(const Spec& spec);
 std::string mesh_str(const MeshDesc& mesh);
+std::string shape_str(const Shape& shape);  // "[4,1024]"
 
 // Checks one side; `which` ("source", "destination") names it in the message.
+// Also refuses a shape whose element count overflows or exceeds kMaxTensorElems.
 Status validate(const MeshDesc& mesh, const Spec& spec, const Shape& shape, int comm_nranks, const char* which);
 
 // A box of the global tensor: [lo, lo + ext) per dimension.

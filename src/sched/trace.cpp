@@ -39,7 +39,9 @@ TraceFile& trace_file() {
         why = "fdopen failed";
         close(fd);
       }
-      if (tf->f == nullptr) MC_WARN("MESHCCL_TRACE: cannot write %s: %s; no trace is written", path.c_str(), why.c_str());
+      // On stderr whatever MESHCCL_DEBUG says: the user asked for a trace.
+      if (tf->f == nullptr)
+        warn_once("MESHCCL_TRACE", "MESHCCL_TRACE %s refused: %s; no trace is written", path.c_str(), why.c_str());
       else {
         std::fputs("[\n", tf->f);
         std::atexit(close_trace);

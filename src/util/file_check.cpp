@@ -26,6 +26,20 @@ int checked(int fd, bool input, std::string* why) {
   close(fd);
   return -1;
 }
+
+// Why open() failed, in the check's own terms where the name shows it: the
+// kernel answers EACCES for a symbolic link another user planted in a sticky
+// directory such as /tmp (ELOOP for one of ours) and ENXIO for a FIFO nobody
+// reads.
+std::string refusal_of(const std::string& path, int err) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (S_ISLNK(st.st_mode)) return "it is a symbolic link";
+    if (!S_ISREG(st.st_mode)) return "not a regular file";
+    if (st.st_uid != geteuid()) return "owned by another user";
+  }
+  return std::strerror(err);
+}
 }  // namespace
 
 int open_trusted_input(const std::string& path, std::string* why) {
@@ -41,8 +55,7 @@ int open_private_output(const std::string& path, std::string* why) {
   // No O_TRUNC here: a file of another user is refused before it is touched.
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0644);
   if (fd < 0) {
-    // ENXIO: a FIFO nobody reads, or a device without its hardware.
-    *why = errno == ELOOP ? "it is a symbolic link" : errno == ENXIO ? "not a regular file" : std::strerror(errno);
+    *why = refusal_of(path, errno);
     return -1;
   }
   return checked(fd, false, why);

@@ -1,28 +1,27 @@
-// The bootstrap channel under attack: connections that never greet, and
-// greetings forged without the communicator's secret, must neither stall nor
-// join a communicator.
+// The bootstrap under attack: connections that never greet, greetings forged
+// without the communicator's key, a squatter on the MESHCCL_COMM_ID port and
+// a replayed rendezvous must neither stall nor join a communicator, and the
+// secret never crosses the wire.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "bootstrap/bootstrap.h"
+#include "nccl.h"
 #include "util/param.h"
 
 namespace meshccl {
 namespace {
-
-// The greeting's layout on the wire (bootstrap.cpp).
-struct WireGreeting {
-  uint32_t magic;
-  uint8_t secret[kSecretBytes];
-  int32_t from;
-};
 
 SockAddr loopback(int port) {
   SockAddr a;
@@ -99,31 +98,29 @@ TEST_F(BootstrapAttack, IdleConnectionsDoNotStallTheRealPeers) {
   EXPECT_TRUE(allgather_ok());
 }
 
-// Greetings that claim to be a real rank but lack the secret are refused;
-// the real rank's connection is still taken.
+// Greetings that claim to be a real rank but were made without the key, or
+// for another receiver, are refused; the real rank's connection is still taken.
 TEST_F(BootstrapAttack, ForgedGreetingsAreRefused) {
+  std::vector<char> g(greeting_size());
+  uint8_t wrong[kSecretBytes];
+  std::memcpy(wrong, secret_, kSecretBytes);
+  wrong[3] ^= 1;  // one bit wrong
+  auto send_greeting = [&](int to) {
+    int fd = raw_connect(addrs_[to]);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::send(fd, g.data(), g.size(), 0), static_cast<ssize_t>(g.size()));
+    strangers_.push_back(fd);
+  };
   for (int r = 0; r < kRanks; ++r) {
     for (int from = 0; from < kRanks; ++from) {
-      WireGreeting g{};
-      g.magic = kIdMagic;
-      std::memcpy(g.secret, secret_, kSecretBytes);
-      g.secret[from % kSecretBytes] ^= 1;  // one bit wrong
-      g.from = from;
-      int fd = raw_connect(addrs_[r]);
-      ASSERT_GE(fd, 0);
-      ASSERT_EQ(::send(fd, &g, sizeof g, 0), static_cast<ssize_t>(sizeof g));
-      strangers_.push_back(fd);
+      make_greeting(wrong, from, r, g.data());
+      send_greeting(r);
+      make_greeting(secret_, from, (r + 1) % kRanks, g.data());  // another rank's: replayed here
+      send_greeting(r);
     }
-    // Out-of-range ranks with the right secret, and garbage.
-    for (int from : {-1, kRanks, 1 << 30}) {
-      WireGreeting g{};
-      g.magic = kIdMagic;
-      std::memcpy(g.secret, secret_, kSecretBytes);
-      g.from = from;
-      int fd = raw_connect(addrs_[r]);
-      ASSERT_GE(fd, 0);
-      ASSERT_EQ(::send(fd, &g, sizeof g, 0), static_cast<ssize_t>(sizeof g));
-      strangers_.push_back(fd);
+    for (int from : {-1, kRanks, 1 << 30}) {  // out of range, with the right key
+      make_greeting(secret_, from, r, g.data());
+      send_greeting(r);
     }
     int fd = raw_connect(addrs_[r]);
     ASSERT_GE(fd, 0);
@@ -131,6 +128,25 @@ TEST_F(BootstrapAttack, ForgedGreetingsAreRefused) {
     strangers_.push_back(fd);
   }
   EXPECT_TRUE(allgather_ok());
+}
+
+// A greeting proves the key without holding it, and is checked whole.
+TEST(Greeting, ProvesTheKeyWithoutCarryingIt) {
+  uint8_t key[kSecretBytes];
+  for (int i = 0; i < kSecretBytes; ++i) key[i] = static_cast<uint8_t>(0xa0 + i);
+  std::vector<char> g(greeting_size()), h(greeting_size());
+  make_greeting(key, 2, 1, g.data());
+  make_greeting(key, 2, 1, h.data());
+  EXPECT_EQ(greeting_sender(g.data(), g.size(), key, 4, 1), 2);
+  EXPECT_NE(g, h) << "two greetings must differ (fresh nonces)";
+  EXPECT_EQ(std::string(g.begin(), g.end()).find(std::string(key, key + kSecretBytes)), std::string::npos);
+  EXPECT_EQ(greeting_sender(g.data(), g.size(), key, 4, 0), -1);   // sent to rank 1, not 0
+  EXPECT_EQ(greeting_sender(g.data(), g.size() - 1, key, 4, 1), -1);
+  for (size_t i = 0; i < g.size(); ++i) {
+    std::vector<char> bad = g;
+    bad[i] ^= 0x10;
+    EXPECT_EQ(greeting_sender(bad.data(), bad.size(), key, 4, 1), -1) << "byte " << i;
+  }
 }
 
 // More strangers than the cap: the oldest are dropped, the peers still get in.
@@ -141,6 +157,145 @@ TEST_F(BootstrapAttack, ManyStrangersAreCapped) {
     strangers_.push_back(fd);
   }
   EXPECT_TRUE(allgather_ok());
+}
+
+// --- the root rendezvous ----------------------------------------------------
+
+// Everything readable from fd until it closes or `seconds` pass.
+std::string drain(int fd, double seconds) {
+  std::string out;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < end) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 50) <= 0) continue;
+    char buf[4096];
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+struct FixedId {
+  ncclUniqueId id;
+  IdContents c;
+  FixedId(const std::string& addr, const std::string& phrase) {
+    setenv("MESHCCL_COMM_ID", addr.c_str(), 1);
+    setenv("MESHCCL_COMM_SECRET", phrase.c_str(), 1);
+    EXPECT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+    unsetenv("MESHCCL_COMM_ID");
+    unsetenv("MESHCCL_COMM_SECRET");
+    std::memcpy(&c, id.internal, sizeof c);
+  }
+  std::string secret() const { return std::string(c.secret, c.secret + kSecretBytes); }
+};
+
+// A stranger who binds the MESHCCL_COMM_ID port first and answers like a
+// root: the rank used to send it the secret in its first message (the
+// stranger then joined the job's next run with it). Now the rank sends only
+// a nonce, sees that the answer proves nothing, and says so.
+TEST(RootRendezvous, SquatterOnTheFixedPortLearnsNoSecret) {
+  param_refresh();
+  Socket squatter;
+  SockAddr bound;
+  ASSERT_TRUE(socket_listen(loopback(0), &squatter, &bound).ok());
+  const std::string phrase = "squatted-7c1e9a0b5d3f4e28";
+  FixedId f("127.0.0.1:" + std::to_string(bound.port()), phrase);
+  ncclResult_t res = ncclInternalError;
+  std::string why;
+  std::thread rank1([&] {
+    ncclComm_t comm = nullptr;
+    res = ncclCommInitRank(&comm, 2, f.id, 1);
+    why = ncclGetLastError(nullptr);
+    if (comm != nullptr) ncclCommDestroy(comm);
+  });
+  Socket conn;
+  ASSERT_TRUE(socket_accept(squatter, Deadline::after(10), nullptr, &conn).ok());
+  std::string got = drain(conn.fd(), 1.0);
+  // What a root sends back (magic, nonce, proof), with a proof it cannot make.
+  std::vector<char> answer(4 + 16 + 32, 0);
+  const uint32_t magic = kIdMagic;
+  std::memcpy(answer.data(), &magic, sizeof magic);
+  (void)::send(conn.fd(), answer.data(), answer.size(), MSG_NOSIGNAL);
+  got += drain(conn.fd(), 8.0);
+  rank1.join();
+  EXPECT_EQ(got.find(f.secret()), std::string::npos) << "the rank sent the secret to a squatter";
+  EXPECT_EQ(got.find(phrase), std::string::npos);
+  EXPECT_LE(got.size(), 24u) << "the rank sent more than its challenge to a root that proved nothing";
+  EXPECT_EQ(res, ncclInvalidUsage);
+  EXPECT_NE(why.find("did not prove it holds this communicator's secret"), std::string::npos) << why;
+}
+
+// Rank 0 cannot host the root on a port someone else listens on: it says so.
+TEST(RootRendezvous, TakenPortIsNamed) {
+  param_refresh();
+  Socket squatter;
+  SockAddr bound;
+  ASSERT_TRUE(socket_listen(loopback(0), &squatter, &bound).ok());
+  FixedId f("127.0.0.1:" + std::to_string(bound.port()), "taken-port-0d9c8b7a6f5e4d3c");
+  ncclComm_t comm = nullptr;
+  EXPECT_EQ(ncclCommInitRank(&comm, 2, f.id, 0), ncclSystemError);
+  const std::string why = ncclGetLastError(nullptr);
+  EXPECT_NE(why.find("the port is taken"), std::string::npos) << why;
+  EXPECT_NE(why.find(std::to_string(bound.port())), std::string::npos) << why;
+}
+
+// Forwards one connection from `front` to `back` both ways; records what the
+// connecting side sent. Ends when either side closes (at most 10 s).
+std::string relay(const Socket& front, const SockAddr& back) {
+  Socket in, out;
+  if (!socket_accept(front, Deadline::after(10), nullptr, &in).ok()) return "";
+  if (!socket_connect(back, Deadline::after(10), nullptr, &out).ok()) return "";
+  std::string sent;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < end) {
+    pollfd p[2] = {{in.fd(), POLLIN, 0}, {out.fd(), POLLIN, 0}};
+    if (::poll(p, 2, 50) <= 0) continue;
+    char buf[4096];
+    for (int k = 0; k < 2; ++k) {
+      if (p[k].revents == 0) continue;
+      const ssize_t n = ::recv(p[k].fd, buf, sizeof buf, 0);
+      if (n <= 0) return sent;
+      if (k == 0) sent.append(buf, static_cast<size_t>(n));
+      (void)::send(p[1 - k].fd, buf, static_cast<size_t>(n), MSG_NOSIGNAL);
+    }
+  }
+  return sent;
+}
+
+// The attack the fixed secret allowed: record a rank's rendezvous (as a relay
+// on its path would), then replay it to the next root of the same id. The
+// root's fresh nonce makes the recorded proof worthless: the replay is
+// refused, and the real rank still joins.
+TEST(RootRendezvous, RecordedRendezvousCannotBeReplayed) {
+  param_refresh();
+  uint8_t secret[kSecretBytes];
+  for (int i = 0; i < kSecretBytes; ++i) secret[i] = static_cast<uint8_t>(0x31 * i + 7);
+  Socket front;
+  SockAddr front_addr, root_addr;
+  ASSERT_TRUE(socket_listen(loopback(0), &front, &front_addr).ok());
+  ASSERT_TRUE(root_start(loopback(0), secret, &root_addr, false).ok());
+  std::string recorded;
+  std::thread mitm([&] { recorded = relay(front, root_addr); });
+  PeerInfo mine{};
+  mine.bootstrap_addr = loopback(4242).ss;
+  std::vector<PeerInfo> all;
+  uint8_t key1[kSecretBytes], key2[kSecretBytes];
+  ASSERT_TRUE(root_exchange(front_addr, secret, 1, 0, mine, &all, key1, nullptr, false).ok());
+  mitm.join();
+  ASSERT_GT(recorded.size(), 24u);
+  EXPECT_EQ(recorded.find(std::string(secret, secret + kSecretBytes)), std::string::npos);
+
+  // The next run: a new root with the same secret. The replay comes first.
+  ASSERT_TRUE(root_start(loopback(0), secret, &root_addr, false).ok());
+  const int fd = raw_connect(root_addr);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::send(fd, recorded.data(), recorded.size(), MSG_NOSIGNAL), static_cast<ssize_t>(recorded.size()));
+  const std::string heard = drain(fd, 3.0);
+  ::close(fd);
+  EXPECT_EQ(heard.size(), 4u + 16 + 32) << "the replay got more than the root's challenge answer";
+  ASSERT_TRUE(root_exchange(root_addr, secret, 1, 0, mine, &all, key2, nullptr, false).ok());
+  EXPECT_NE(std::memcmp(key1, key2, kSecretBytes), 0) << "two communicators of one secret share a key";
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -296,6 +297,24 @@ TEST(Errors, LastErrorBelongsToItsCommunicatorAndThread) {
   ASSERT_EQ(ncclGroupStart(), ncclSuccess);
   for (ncclComm_t comm : c) EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
   ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+}
+
+// The text ncclGetLastError returns stays readable after the next call, as
+// NCCL's does: it was a string the next call reallocated, so a pointer kept
+// from before read freed memory (valgrind: invalid read).
+TEST(Errors, LastErrorTextOutlivesTheNextCall) {
+  EXPECT_EQ(ncclCommCount(nullptr, nullptr), ncclInvalidArgument);
+  const char* first = ncclGetLastError(nullptr);
+  const size_t first_len = std::strlen(first);
+  ncclUniqueId junk{};
+  ncclComm_t comm = nullptr;
+  EXPECT_EQ(ncclCommInitRank(&comm, 2, junk, 0), ncclInvalidArgument);  // a longer message
+  const char* second = ncclGetLastError(nullptr);
+  ASSERT_GT(std::strlen(second), first_len) << second;
+  EXPECT_EQ(first, second) << "the text moved: the pointer returned first now points at freed memory";
+  EXPECT_STREQ(first, second);
+  Solo solo;
+  EXPECT_EQ(ncclGetLastError(solo.comm), first) << "one buffer per thread, whichever communicator is asked";
 }
 
 // Each ncclUniqueId serves one communicator: using it again says so at once

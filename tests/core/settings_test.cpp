@@ -221,3 +221,22 @@ TEST(FileCheck, TrustedInputsMustBeTheUsersOwnRegularFiles) {
   unlink(fifo.c_str());
   rmdir(dir);
 }
+
+// A link another user planted in a sticky directory (/tmp): the kernel
+// refuses it with EACCES even under O_NOFOLLOW, which read "Permission
+// denied"; the refusal now says what the name is.
+TEST(FileCheck, AnotherUsersLinkInAStickyDirectoryIsNamedALink) {
+  if (geteuid() != 0) GTEST_SKIP() << "giving a link to another user needs root";
+  char dir[] = "/tmp/meshccl_sticky_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  ASSERT_EQ(chmod(dir, 01777), 0);
+  const std::string d(dir), link = d + "/debug.log", target = d + "/target";
+  ASSERT_EQ(symlink(target.c_str(), link.c_str()), 0);
+  ASSERT_EQ(lchown(link.c_str(), 65534, 65534), 0);
+  std::string why;
+  EXPECT_EQ(meshccl::open_private_output(link, &why), -1);
+  EXPECT_EQ(why, "it is a symbolic link");
+  EXPECT_NE(access(target.c_str(), F_OK), 0);
+  unlink(link.c_str());
+  rmdir(dir);
+}

@@ -5,11 +5,13 @@
 
 #include <cstdlib>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "util/live_set.h"
 #include "util/param.h"
+#include "util/sha256.h"
 
 namespace meshccl {
 namespace {
@@ -82,6 +84,66 @@ TEST(Params, GenerationChangesExactlyWhenTheValuesDo) {
   unsetenv("MESHCCL_CHUNKSIZE");
   param_refresh();
   EXPECT_NE(param_generation(), g1);
+}
+
+std::string hex(const Digest& d) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (uint8_t b : d) out += {digits[b >> 4], digits[b & 15]};
+  return out;
+}
+
+std::string sha256_hex(const std::string& text) {
+  Sha256 h;
+  h.update(text.data(), text.size());
+  return hex(h.finish());
+}
+
+// FIPS 180-4's examples (and NIST's one-million-'a' message), also fed in
+// pieces that straddle the 64-byte blocks.
+TEST(Sha256, FipsTestVectors) {
+  EXPECT_EQ(sha256_hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  EXPECT_EQ(sha256_hex("abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmnopjklmnopqklmnopqrlmnopqrs"
+                       "mnopqrstnopqrstu"),
+            "cf5b16a778af8380036ce59e7b0492370b249b11e8f07a51afac45037afee9d1");
+  const std::string million(1000000, 'a');
+  EXPECT_EQ(sha256_hex(million), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  for (size_t piece : {1, 7, 63, 64, 65, 1000}) {
+    Sha256 h;
+    for (size_t at = 0; at < million.size(); at += piece) h.update(million.data() + at, std::min(piece, million.size() - at));
+    EXPECT_EQ(hex(h.finish()), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0") << piece;
+  }
+}
+
+std::string hmac_hex(const std::string& key, const std::string& data) {
+  // Split in two parts: the result is that of the concatenation.
+  const size_t half = data.size() / 2;
+  return hex(hmac_sha256(key.data(), key.size(), {{data.data(), half}, {data.data() + half, data.size() - half}}));
+}
+
+// RFC 4231, test cases 1-4, 6 and 7 (5 truncates the output).
+TEST(Sha256, HmacRfc4231TestVectors) {
+  EXPECT_EQ(hmac_hex(std::string(20, '\x0b'), "Hi There"),
+            "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+  EXPECT_EQ(hmac_hex("Jefe", "what do ya want for nothing?"),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  EXPECT_EQ(hmac_hex(std::string(20, '\xaa'), std::string(50, '\xdd')),
+            "773ea91e36800e46854db8ebd09181a72959098b3ef8c122d9635514ced565fe");
+  std::string key4;
+  for (int i = 1; i <= 25; ++i) key4.push_back(static_cast<char>(i));
+  EXPECT_EQ(hmac_hex(key4, std::string(50, '\xcd')), "82558a389a443c0ea4cc819899f2083a85f0faa3e578f8077a2e3ff46729665b");
+  EXPECT_EQ(hmac_hex(std::string(131, '\xaa'), "Test Using Larger Than Block-Size Key - Hash Key First"),
+            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+  EXPECT_EQ(hmac_hex(std::string(131, '\xaa'),
+                     "This is a test using a larger than block-size key and a larger than block-size data. The key "
+                     "needs to be hashed before being used by the HMAC algorithm."),
+            "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2");
+  const uint8_t a[4] = {1, 2, 3, 4}, b[4] = {1, 2, 3, 5};
+  EXPECT_TRUE(equal_in_constant_time(a, a, 4));
+  EXPECT_FALSE(equal_in_constant_time(a, b, 4));
 }
 
 }  // namespace

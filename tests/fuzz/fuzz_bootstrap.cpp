@@ -13,7 +13,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const uint8_t secret[kSecretBytes] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
   if (size < 1) return 0;
   const int nranks = 1 + data[0] % 8;
-  const int from = greeting_sender(data + 1, size - 1, secret, nranks);
+  const int me = (data[0] >> 3) % nranks;
+  const int from = greeting_sender(data + 1, size - 1, secret, nranks, me);
   if (from >= nranks) __builtin_trap();
   std::vector<PeerInfo> table(nranks);
   std::memset(table.data(), 0, sizeof(PeerInfo) * nranks);

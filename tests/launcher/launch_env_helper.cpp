@@ -7,8 +7,14 @@
 //   allreduce [K]        create K (default 1) world communicators one after the
 //                        other, allreduce on each, check, destroy
 //   nonblocking          the same with config.blocking = 0
+//
+// With LAUNCH_ENV_HELPER_UID=N (started as root) it first becomes user N, to
+// play another user than the test's (exit 77 when it cannot).
+#include <grp.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -65,9 +71,25 @@ int check_world(ncclComm_t comm, int rank, int nranks, bool nonblocking) {
   return 0;
 }
 
+// Becomes the user LAUNCH_ENV_HELPER_UID names, if any; false when it cannot.
+bool become_user() {
+  const char* v = std::getenv("LAUNCH_ENV_HELPER_UID");
+  if (v == nullptr) return true;
+  const uid_t uid = static_cast<uid_t>(std::strtoul(v, nullptr, 10));
+  if (::setgroups(0, nullptr) != 0 || ::setgid(uid) != 0 || ::setuid(uid) != 0) {
+    std::fprintf(stderr, "cannot become uid %u: %s\n", static_cast<unsigned>(uid), std::strerror(errno));
+    return false;
+  }
+  // Still readable through /proc by the job's other ranks (same user), as a
+  // process started by that user would be.
+  ::prctl(PR_SET_DUMPABLE, 1);
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (!become_user()) return 77;
   std::string mode = argc > 1 ? argv[1] : "";
   int rank = -1, nranks = -1, local = -1;
   ncclResult_t r = meshcclGetLaunchInfo(&rank, &nranks, &local);

@@ -2,11 +2,15 @@
 // read, their errors, and real jobs started by meshrun and by an emulation of
 // what mpirun, mpiexec (hydra) and srun set.
 #include <arpa/inet.h>
+#include <ftw.h>
 #include <glob.h>
+#include <grp.h>
 #include <gtest/gtest.h>
+#include <pwd.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -34,7 +38,7 @@ const char* const kLaunchVars[] = {
     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_MCA_ess_base_jobid",
     "PMIX_NAMESPACE", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID",
     "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_ID", "SLURM_STEP_ID",
-    "MESHCCL_COMM_FILE", "MESHCCL_COMM_ID", "NCCL_COMM_ID", "MESHCCL_TIMEOUT",
+    "MESHCCL_COMM_FILE", "MESHCCL_COMM_ID", "NCCL_COMM_ID", "MESHCCL_TIMEOUT", "XDG_RUNTIME_DIR",
 };
 
 class LaunchEnv : public ::testing::Test {
@@ -221,8 +225,9 @@ TEST_F(IdFile, PlantedOrLinkedFilesAreRefused) {
   EXPECT_NE(last_error().find("symbolic link"), std::string::npos) << last_error();
 }
 
-// Without MESHCCL_COMM_FILE the id goes through /tmp/meshccl-<uid>, a 0700
-// directory of this user; one open to others is refused.
+// Without MESHCCL_COMM_FILE (and no private XDG_RUNTIME_DIR) the id goes
+// through /tmp/meshccl-<uid>, a 0700 directory of this user; one open to
+// others is not used: the ranks turn to a fresh private directory instead.
 TEST_F(IdFile, DefaultDirectoryIsPrivate) {
   ::unsetenv("MESHCCL_COMM_FILE");
   const std::string dir = "/tmp/meshccl-" + std::to_string(::geteuid());
@@ -234,9 +239,22 @@ TEST_F(IdFile, DefaultDirectoryIsPrivate) {
   EXPECT_EQ(st.st_mode & 0777, 0700u);
   EXPECT_EQ(st.st_uid, ::geteuid());
   ASSERT_EQ(::chmod(dir.c_str(), 0777), 0);
-  EXPECT_EQ(init(), ncclInvalidUsage);
-  EXPECT_NE(last_error().find("open to other users"), std::string::npos) << last_error();
+  EXPECT_EQ(init(), ncclSystemError);
   ASSERT_EQ(::chmod(dir.c_str(), 0700), 0);
+  EXPECT_NE(last_error().find(dir + "-XXXXXX/"), std::string::npos) << last_error();
+}
+
+// $XDG_RUNTIME_DIR is used when it is a private directory of this user.
+TEST_F(IdFile, PrivateRuntimeDirectoryComesFirst) {
+  ::unsetenv("MESHCCL_COMM_FILE");
+  ScratchDir xdg;
+  set("XDG_RUNTIME_DIR", xdg.path().c_str());
+  ASSERT_EQ(::chmod(xdg.path().c_str(), 0700), 0);
+  EXPECT_EQ(init(), ncclSystemError);
+  EXPECT_NE(last_error().find(xdg.path() + "/meshccl-"), std::string::npos) << last_error();
+  ASSERT_EQ(::chmod(xdg.path().c_str(), 0755), 0);  // open to others: not used
+  EXPECT_EQ(init(), ncclSystemError);
+  EXPECT_EQ(last_error().find(xdg.path()), std::string::npos) << last_error();
 }
 
 // --- real jobs -----------------------------------------------------------
@@ -336,6 +354,109 @@ Result run_as(int n, const std::function<std::vector<std::string>(int)>& vars) {
     all.err += r.err;
   }
   return all;
+}
+
+// Two users no account uses (a job's owner and a stranger), and cleanup of
+// what they leave in /tmp.
+struct TwoStrangers {
+  uid_t owner = 0, stranger = 0;
+  TwoStrangers() {
+    uid_t base = 61000 + static_cast<uid_t>(::getpid() % 1000) * 2;
+    for (int i = 0; i < 1000 && (::getpwuid(base) != nullptr || ::getpwuid(base + 1) != nullptr); ++i) base += 2;
+    owner = base;
+    stranger = base + 1;
+  }
+  ~TwoStrangers() {
+    std::vector<std::string> dirs = glob_files(shared_dir() + "-*");
+    dirs.push_back(shared_dir());
+    for (const std::string& d : dirs)
+      ::nftw(d.c_str(), [](const char* p, const struct stat*, int, FTW*) { return ::remove(p); }, 16,
+             FTW_DEPTH | FTW_PHYS);
+  }
+  std::string shared_dir() const { return "/tmp/meshccl-" + std::to_string(owner); }
+  // Runs fn as the stranger in a child process; false when it cannot be him.
+  bool as_stranger(const std::function<bool()>& fn) const {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      const bool ok = ::setgroups(0, nullptr) == 0 && ::setgid(stranger) == 0 && ::setuid(stranger) == 0 && fn();
+      ::_exit(ok ? 0 : 1);
+    }
+    int ws = 0;
+    return pid > 0 && ::waitpid(pid, &ws, 0) == pid && WIFEXITED(ws) && WEXITSTATUS(ws) == 0;
+  }
+  // A two-rank job of the owner, its ranks started as a launcher would.
+  Result job(const std::vector<std::string>& extra, const std::vector<std::string>& args = {"allreduce"}) const {
+    std::vector<std::unique_ptr<Process>> procs;
+    for (int i = 0; i < 2; ++i) {
+      std::vector<std::string> env(std::begin(kLaunchVars), std::end(kLaunchVars));
+      env.insert(env.end(), {"LAUNCH_ENV_HELPER_UID=" + std::to_string(owner), "MESHCCL_RANK=" + std::to_string(i),
+                             "MESHCCL_NRANKS=2", "MESHCCL_TIMEOUT=30"});
+      env.insert(env.end(), extra.begin(), extra.end());
+      procs.push_back(std::make_unique<Process>(g_env_helper, args, env));
+    }
+    Result all;
+    all.status = 0;
+    for (auto& p : procs) {
+      Result r = p->wait();
+      if (r.status != 0) all.status = r.status;
+      all.out += r.out;
+      all.err += r.err;
+    }
+    return all;
+  }
+};
+
+// Another user who makes /tmp/meshccl-<uid> first used to block every
+// meshcclCommInitFromEnv of this user for good (the directory was refused,
+// and its owner cannot remove it). Now the job goes to a fresh private
+// directory, says why, and leaves nothing behind; a private XDG_RUNTIME_DIR
+// is not affected at all.
+TEST_F(Job, AnotherUsersDirectoryCannotBlockInit) {
+  if (::geteuid() != 0) GTEST_SKIP() << "playing two other users needs root (setuid)";
+  TwoStrangers users;
+  const std::string squat = users.shared_dir();
+  if (!users.as_stranger([&] { return ::mkdir(squat.c_str(), 0755) == 0; }))
+    GTEST_SKIP() << "cannot run a process as uid " << users.stranger << " here";
+  Result r = users.job({}, {"allreduce", "3"});  // three communicators in a row
+  if (r.status == 77) GTEST_SKIP() << "the ranks cannot become uid " << users.owner << ": " << r.err;
+  expect_ok(r, 2, "a job whose /tmp/meshccl-<uid> another user made");
+  EXPECT_NE(r.err.find(squat + " belongs to another user (uid " + std::to_string(users.stranger) + ")"),
+            std::string::npos) << r.err;
+  EXPECT_EQ(glob_files(squat + "-*").size(), 0u) << "a fresh directory was left behind";
+  r = users.job({}, {"nonblocking"});
+  expect_ok(r, 2, "a non-blocking init, the same");
+  EXPECT_EQ(glob_files(squat + "-*").size(), 0u) << "a fresh directory was left behind at exit";
+  struct stat st{};
+  ASSERT_EQ(::lstat(squat.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, users.stranger);
+
+  ScratchDir xdg;
+  ASSERT_EQ(::chown(xdg.path().c_str(), users.owner, users.owner), 0);
+  ASSERT_EQ(::chmod(xdg.path().c_str(), 0700), 0);
+  r = users.job({"XDG_RUNTIME_DIR=" + xdg.path()});
+  expect_ok(r, 2, "a job with a private XDG_RUNTIME_DIR");
+  EXPECT_EQ(r.err.find("belongs to another user"), std::string::npos) << r.err;
+  EXPECT_TRUE(xdg.files().empty());
+}
+
+// Output files the library will not write are named on stderr with the
+// reason, whatever MESHCCL_DEBUG says (a refused trace file said nothing).
+TEST_F(Job, RefusedOutputFilesAreNamedWithTheReason) {
+  ScratchDir dir;
+  const std::string target = dir.path() + "/target", link = dir.path() + "/out";
+  ASSERT_EQ(::symlink(target.c_str(), link.c_str()), 0);
+  std::vector<std::string> env(std::begin(kLaunchVars), std::end(kLaunchVars));
+  env.push_back("MESHCCL_TRACE=" + link);
+  Result r = Process(g_env_helper, {"allreduce"}, env).wait();
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("MESHCCL_TRACE " + link + " refused: it is a symbolic link"), std::string::npos) << r.err;
+  env.back() = "MESHCCL_DEBUG_FILE=" + link;
+  env.push_back("MESHCCL_DEBUG=WARN");
+  r = Process(g_env_helper, {"allreduce"}, env).wait();
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("MESHCCL_DEBUG_FILE " + link + " refused: it is a symbolic link"), std::string::npos)
+      << r.err;
+  EXPECT_NE(::access(target.c_str(), F_OK), 0) << "written through the link";
 }
 
 TEST_F(Job, OpenMpiVariables) {

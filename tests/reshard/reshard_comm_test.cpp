@@ -221,6 +221,40 @@ TEST(ReshardComm, BadSpecsFailOnEveryRank) {
   });
 }
 
+// A shape whose element count does not fit 64 bits (or holds more than 2^57
+// bytes) is refused on every rank; it was taken with a wrapped count and
+// crashed later. meshcclShardTile names itself in its errors.
+TEST(ReshardComm, ShapesBeyondTheAddressSpaceAreRefused) {
+  const std::vector<int> r2{0, 1};
+  const meshcclMesh_t m = as_mesh({2}, r2);
+  const meshcclShardSpec_t s = spec({{0}, {}});
+  const size_t big = size_t{1} << 32;
+  run_ranks(2, [&](ncclComm_t comm, int rank) {
+    for (const std::vector<size_t>& shape : {std::vector<size_t>{big, big}, std::vector<size_t>{big * 8, big / 2},
+                                             std::vector<size_t>{size_t{1} << 40, size_t{1} << 18}}) {
+      meshcclReshardPlan_t plan = nullptr;
+      EXPECT_EQ(meshcclReshardPlanCreate(&m, &s, &m, &s, shape.data(), ncclFloat32, comm, nullptr, &plan),
+                ncclInvalidArgument);
+      EXPECT_NE(std::string(ncclGetLastError(comm)).find("more than 2^57"), std::string::npos)
+          << ncclGetLastError(comm);
+      EXPECT_EQ(plan, nullptr);
+      size_t off[2], ext[2];
+      EXPECT_EQ(meshcclShardTile(&m, &s, shape.data(), rank, off, ext), ncclInvalidArgument);
+      EXPECT_EQ(std::string(ncclGetLastError(nullptr)).rfind("meshcclShardTile : ", 0), 0u) << ncclGetLastError(nullptr);
+      int one = 1;
+      ASSERT_EQ(ncclAllReduce(&one, &one, 1, ncclInt32, ncclSum, comm, nullptr), ncclSuccess);
+    }
+    // 2^55 float64 elements: countable, but more than 2^57 bytes.
+    const std::vector<size_t> wide{size_t{1} << 45, size_t{1} << 10};
+    meshcclReshardPlan_t plan = nullptr;
+    EXPECT_EQ(meshcclReshardPlanCreate(&m, &s, &m, &s, wide.data(), ncclFloat64, comm, nullptr, &plan),
+              ncclInvalidArgument);
+    EXPECT_EQ(meshcclShardTile(nullptr, &s, wide.data(), rank, nullptr, nullptr), ncclInvalidArgument);
+    EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("meshcclShardTile : the mesh is NULL"), std::string::npos)
+        << ncclGetLastError(nullptr);
+  });
+}
+
 // Ranks as processes on two emulated hosts (socket links between them):
 // every dtype and strategy on spec section 1.8's shapes, scaled down.
 int child(const ncclUniqueId& id, int n, int rank) {

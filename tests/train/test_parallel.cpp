@@ -299,7 +299,7 @@ TEST(ParallelResume, SameLossesAsAnUninterruptedRun) {
   for (int r = 0; r < 8; r++) {
     char name[32];
     std::snprintf(name, sizeof name, "rank_%05d.bin", r);
-    EXPECT_TRUE(fs::exists(dir / "step_00000003" / name)) << name;
+    EXPECT_TRUE(fs::exists(dir / "step_00000004" / name)) << name;  // after step 4, as the log counts
   }
   int loaded = -1;
   std::mutex mu;
@@ -385,8 +385,8 @@ TEST(Meshrun, CheckpointAndNumberErrorsStopAtStart) {
   EXPECT_EQ(out.find("step "), std::string::npos) << out;
   out.clear();
   EXPECT_EQ(run_cmd(base + " --ckpt-every 1 --ckpt-keep 1 --ckpt-dir " + dir.string(), &out), 0) << out;
-  EXPECT_TRUE(fs::exists(dir / "step_00000001"));
-  EXPECT_FALSE(fs::exists(dir / "step_00000000"));
+  EXPECT_TRUE(fs::exists(dir / "step_00000002"));  // named as the log counts: "step 2/2"
+  EXPECT_FALSE(fs::exists(dir / "step_00000001"));
   fs::remove_all(dir);
 }
 
@@ -401,7 +401,7 @@ TEST(ParallelResume, OneDamagedShardStopsEveryRank) {
   const RunResult first = run_threads(c, corpus(), meshccl_comms(c), 0, 1, {},
                                       [](Engine& e, int s) { e.save_checkpoint(s); });
   ASSERT_EQ(first.error, "");
-  fs::resize_file(dir / "step_00000000" / "rank_00001.bin", 100);
+  fs::resize_file(dir / "step_00000001" / "rank_00001.bin", 100);
   std::mutex mu;
   std::vector<std::string> errors;
   run_threads(c, corpus(), meshccl_comms(c), 1, 2, [&](Engine& e) {
@@ -526,6 +526,8 @@ TEST(Meshrun, PlannerChoosesAndTrains) {
   EXPECT_NE(out.find("] * dp "), std::string::npos) << out;
   EXPECT_NE(out.find("meshtrain: 4 rank(s)"), std::string::npos) << out;
   EXPECT_NE(out.find("step     2/2"), std::string::npos) << out;
+  EXPECT_NE(out.find("plan: predicted "), std::string::npos) << out;  // and what was measured
+  EXPECT_NE(out.find(" ms/step, measured "), std::string::npos) << out;
   out.clear();
   EXPECT_NE(run_cmd(std::string(MESHTRAIN_BIN) + " plan --ranks 4 --mem-limit 1 --layers 4 --d-model 128"
                     " --heads 4 --seq 32 --global-batch 8 --data " + MESHTRAIN_TEST_CORPUS, &out), 0);

@@ -228,3 +228,33 @@ TEST(Planner, ComputeProfileOfThisMachine) {
   EXPECT_GT(p.micro[1].layer_fwd + p.micro[1].layer_bwd, p.micro[0].layer_fwd + p.micro[0].layer_bwd);
   EXPECT_GT(p.update_per_param, 0);
 }
+
+// --plan auto ends with the prediction next to the measured step time, and a
+// warning when they differ by more than a quarter (110 ms predicted and 339 ms
+// measured once passed without a word).
+TEST(Planner, PredictionIsComparedWithTheMeasuredStep) {
+  const std::string far = plan_check(0.110, 0.339);
+  EXPECT_NE(far.find("plan: predicted 110.0 ms/step, measured 339.0 ms/step (+208%)"), std::string::npos) << far;
+  EXPECT_NE(far.find("warning: the measured step time is above the plan's prediction by more than 25%"),
+            std::string::npos) << far;
+  EXPECT_NE(plan_check(0.2, 0.1).find("below the plan's prediction"), std::string::npos);
+  const std::string near = plan_check(0.100, 0.120);
+  EXPECT_NE(near.find("(+20%)"), std::string::npos) << near;
+  EXPECT_EQ(near.find("warning"), std::string::npos) << near;
+}
+
+// The memory the planner predicts is what meshtrain names when a model does
+// not fit: it grows with the model and shrinks with tensor parallelism.
+TEST(Planner, MemoryOfALayout) {
+  ModelConfig m;
+  m.d_model = 256;
+  m.layers = 4;
+  m.heads = 4;
+  Layout one, two;
+  two.tp = 2;
+  const double base = memory_bytes(m, one, 4, 2);
+  EXPECT_GT(base, 16.0 * 4 * 12 * 256 * 256);  // at least parameters, gradients and both moments
+  EXPECT_LT(memory_bytes(m, two, 4, 2), base);
+  m.d_model = 512;
+  EXPECT_GT(memory_bytes(m, one, 4, 2), 3 * base);
+}

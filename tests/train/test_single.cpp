@@ -1,11 +1,18 @@
 // Single-rank engine: whole-model gradient check, learning, checkpoints and
 // resume, command-line errors. Nothing here links meshccl.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstring>
+#include <future>
 #include <functional>
 #include <filesystem>
 #include <fstream>
@@ -146,7 +153,7 @@ TEST(Engine, ResumeGivesTheSameLosses) {
     e.save_checkpoint(3);
   }
   EXPECT_TRUE(fs::exists(dir / "latest"));
-  EXPECT_TRUE(fs::exists(dir / "step_00000003" / "rank_00000.bin"));
+  EXPECT_TRUE(fs::exists(dir / "step_00000004" / "rank_00000.bin"));  // after step 4, as the log counts
   for (const auto& f : fs::recursive_directory_iterator(dir)) {
     EXPECT_EQ(f.path().extension(), f.is_directory() ? "" : (f.path().filename() == "latest" ? "" : ".bin"))
         << f.path();
@@ -222,7 +229,7 @@ TEST(Engine, CheckpointErrorsAreClear) {
     }
   }
   // A shard cut short (a crash mid-write never renames, but a damaged disk might).
-  const fs::path shard = dir / "step_00000000" / "rank_00000.bin";
+  const fs::path shard = dir / "step_00000001" / "rank_00000.bin";
   fs::resize_file(shard, fs::file_size(shard) / 2);
   {
     Engine e(c, 0, Comms{}, corpus);
@@ -496,7 +503,7 @@ TEST(Checkpoint, DamagedShardsAreRefusedByName) {
     e.train_step(0);
     e.save_checkpoint(0);
   }
-  const fs::path shard = dir / "step_00000000" / "rank_00000.bin";
+  const fs::path shard = dir / "step_00000001" / "rank_00000.bin";
   const auto size = fs::file_size(shard);
   std::vector<char> good(size);
   {
@@ -532,6 +539,17 @@ TEST(Checkpoint, DamagedShardsAreRefusedByName) {
   put(bad);
   err = error_of([&] { e.load_checkpoint(); });
   EXPECT_NE(err.find("bytes where its header promises"), std::string::npos) << err;
+  // A header that promises another payload size than the parameters take (the
+  // file's size agrees with the parameters): both numbers, not one twice.
+  bad = good;
+  bad[offsetof(ShardHeader, payload_bytes)] ^= 0x04;
+  put(bad);
+  err = error_of([&] { e.load_checkpoint(); });
+  ShardHeader h{};
+  std::memcpy(&h, good.data(), sizeof h);
+  EXPECT_NE(err.find("promises a payload of " + std::to_string(h.payload_bytes ^ 0x04) + " bytes"), std::string::npos)
+      << err;
+  EXPECT_NE(err.find("take " + std::to_string(h.payload_bytes)), std::string::npos) << err;
   EXPECT_EQ(e.stage().params, before) << "a refused shard changed the parameters";
   put(good);
   EXPECT_EQ(e.load_checkpoint(), 1);
@@ -543,7 +561,7 @@ TEST(Checkpoint, DamagedShardsAreRefusedByName) {
   }
   err = error_of([&] { e.load_checkpoint(); });
   EXPECT_NE(err.find("non-finite"), std::string::npos) << err;
-  EXPECT_NE(err.find("step_00000001"), std::string::npos) << err;
+  EXPECT_NE(err.find("step_00000002"), std::string::npos) << err;
   fs::remove_all(dir);
 }
 
@@ -556,13 +574,13 @@ TEST(Checkpoint, LatestPointerIsValidated) {
   Engine e(c, 0, Comms{}, corpus);
   e.prepare_checkpoints();
   e.save_checkpoint(2);
-  for (const char* bad : {"../step_00000002", "step_00000002/../../x", "/etc", "step_2",
-                          "step_0000000x", "", "step_00000002 extra"}) {
+  for (const char* bad : {"../step_00000003", "step_00000003/../../x", "/etc", "step_3",
+                          "step_0000000x", "", "step_00000003 extra"}) {
     write_text(dir / "latest", std::string(bad) + "\n");
     const std::string err = error_of([&] { e.load_checkpoint(); });
     EXPECT_NE(err.find("not a checkpoint name"), std::string::npos) << bad << ": " << err;
   }
-  write_text(dir / "latest", "step_00000002\n");
+  write_text(dir / "latest", "step_00000003\n");
   EXPECT_EQ(e.load_checkpoint(), 3);
   EXPECT_EQ(parse_step_dir("step_00000002"), 2);
   EXPECT_EQ(parse_step_dir(".."), -1);
@@ -604,8 +622,8 @@ TEST(Checkpoint, DirectoryTemporaryFilesAndRetention) {
   }
   std::sort(left.begin(), left.end());
   // Step 7 (ahead of the run, from an earlier one) is not this run's to prune.
-  EXPECT_EQ(left, (std::vector<std::string>{"latest", "step_00000003", "step_00000003/rank_00000.bin",
-                                            "step_00000004", "step_00000004/rank_00000.bin",
+  EXPECT_EQ(left, (std::vector<std::string>{"latest", "step_00000004", "step_00000004/rank_00000.bin",
+                                            "step_00000005", "step_00000005/rank_00000.bin",
                                             "step_00000007"}));
   EXPECT_EQ(e.load_checkpoint(), 5);
   fs::remove_all(dir);
@@ -728,4 +746,234 @@ TEST(Checkpoint, DirectoryOthersCanWriteIsRefused) {
     EXPECT_THROW(check_dir_usable(dir.string(), 0), CheckpointError);
   }
   fs::remove_all(dir);
+}
+
+// Resuming used to check nothing (the owner and mode checks ran only when
+// saving): weights planted in a directory others could write were loaded, and
+// a FIFO as `latest` or as a shard hung the run. Now the checkpoint
+// directory, the step's directory, `latest` and the shard must each be this
+// user's and closed to writes by others, and the files regular (opened
+// without following a link or waiting on a FIFO).
+TEST(Checkpoint, ResumeReadsOnlyTheUsersOwnFiles) {
+  TrainConfig c = tiny_config();
+  const Corpus corpus = test_corpus(c.model.seq);
+  const fs::path dir = fresh_dir("ckpt_trust");
+  c.ckpt_dir = dir.string();
+  {
+    Engine e(c, 0, Comms{}, corpus);
+    e.prepare_checkpoints();
+    e.train_step(0);
+    e.save_checkpoint(0);
+  }
+  Engine e(c, 0, Comms{}, corpus);
+  ASSERT_EQ(e.load_checkpoint(), 1);
+  const std::vector<float> before = e.stage().params;
+  const fs::path step = dir / "step_00000001", shard = step / "rank_00000.bin", latest = dir / "latest";
+  auto refused = [&](const std::string& what, const std::string& words) {
+    const std::string err = error_of([&] { e.load_checkpoint(); });
+    EXPECT_NE(err.find(words), std::string::npos) << what << ": " << err;
+  };
+  for (const fs::path& d : {dir, step}) {
+    ASSERT_EQ(::chmod(d.c_str(), 0777), 0);
+    refused(d.string(), "writable by other users (mode 0777)");
+    ASSERT_EQ(::chmod(d.c_str(), 0755), 0);
+  }
+  for (const fs::path& f : {latest, shard}) {
+    ASSERT_EQ(::chmod(f.c_str(), 0666), 0);
+    refused(f.string(), "writable by other users (mode 0666)");
+    ASSERT_EQ(::chmod(f.c_str(), 0644), 0);
+  }
+  // Symbolic links in place of `latest`, the step's directory, the shard.
+  for (const fs::path& p : {latest, step, shard}) {
+    const fs::path real = p.parent_path() / ("real_" + p.filename().string());
+    fs::rename(p, real);
+    fs::create_symlink(real, p);
+    refused(p.string(), p == step ? "not a directory (a link" : "symbolic link");
+    fs::remove(p);
+    fs::rename(real, p);
+  }
+  // FIFOs in place of `latest` and the shard: refused at once.
+  for (const fs::path& f : {latest, shard}) {
+    const fs::path saved = f.string() + ".saved";
+    fs::rename(f, saved);
+    ASSERT_EQ(::mkfifo(f.c_str(), 0600), 0);
+    auto load = std::async(std::launch::async, [&] { return error_of([&] { e.load_checkpoint(); }); });
+    if (load.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+      ADD_FAILURE() << "resume waits on the FIFO " << f;
+      const int w = ::open(f.c_str(), O_WRONLY | O_NONBLOCK);  // lets the reader go
+      if (w >= 0) ::close(w);
+    }
+    const std::string err = load.get();
+    EXPECT_NE(err.find("not a regular file"), std::string::npos) << f << ": " << err;
+    fs::remove(f);
+    fs::rename(saved, f);
+  }
+  if (::geteuid() == 0) {  // only root can give files away
+    for (const fs::path& p : {dir, step, latest, shard}) {
+      ASSERT_EQ(::chown(p.c_str(), 65534, 65534), 0);
+      refused(p.string(), "belongs to uid 65534");
+      ASSERT_EQ(::chown(p.c_str(), 0, 0), 0);
+    }
+  }
+  EXPECT_EQ(e.stage().params, before) << "a refused checkpoint changed the parameters";
+  EXPECT_EQ(e.load_checkpoint(), 1);
+  fs::remove_all(dir);
+}
+
+// Checkpoints are named after the steps done, as the progress lines count
+// ("step 2/4" is saved as step_00000002; it was step_00000001). A checkpoint
+// of format 3, named after the 0-based index of its last step, still resumes
+// where it should.
+TEST(Checkpoint, NamesCountStepsAsTheLogAndOldNamesStillResume) {
+  TrainConfig c = tiny_config();
+  c.steps = 4;
+  c.optim.total_steps = 4;
+  const Corpus corpus = test_corpus(c.model.seq);
+  const fs::path dir = fresh_dir("ckpt_names");
+  c.ckpt_dir = dir.string();
+  std::vector<float> straight;
+  {
+    Engine e(c, 0, Comms{}, corpus);
+    e.prepare_checkpoints();
+    for (int s = 0; s < 4; s++) {
+      straight.push_back(e.train_step(s).loss);
+      if (s == 1) e.save_checkpoint(s);
+    }
+  }
+  EXPECT_TRUE(fs::exists(dir / "step_00000002" / "rank_00000.bin"));
+  EXPECT_FALSE(fs::exists(dir / "step_00000001"));
+  EXPECT_EQ(read_latest(dir.string()), 2);
+  {
+    Engine e(c, 0, Comms{}, corpus);
+    ASSERT_EQ(e.load_checkpoint(), 2);
+    EXPECT_EQ(e.train_step(2).loss, straight[2]);
+  }
+  // The same state as format 3 wrote it: no schedule in the header, named
+  // after step index 1.
+  std::vector<char> v4;
+  {
+    std::ifstream f(dir / "step_00000002" / "rank_00000.bin", std::ios::binary);
+    v4.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  const size_t head3 = offsetof(ShardHeader, schedule) + 8;  // ... tokenizer, crc, pad
+  std::vector<char> v3(v4.begin(), v4.begin() + static_cast<std::ptrdiff_t>(offsetof(ShardHeader, schedule)));
+  v3.resize(head3, 0);
+  v3.insert(v3.end(), v4.begin() + sizeof(ShardHeader), v4.end());
+  const int32_t three = 3, index = 1;
+  std::memcpy(v3.data() + offsetof(ShardHeader, version), &three, 4);
+  std::memcpy(v3.data() + offsetof(ShardHeader, step), &index, 4);
+  uLong crc = crc32(0, nullptr, 0);
+  crc = crc32(crc, reinterpret_cast<const Bytef*>(v3.data()), static_cast<uInt>(v3.size()));
+  const uint32_t crc32v = static_cast<uint32_t>(crc);
+  std::memcpy(v3.data() + offsetof(ShardHeader, schedule), &crc32v, 4);
+  fs::remove_all(dir);
+  fs::create_directories(dir / "step_00000001");
+  {
+    std::ofstream f(dir / "step_00000001" / "rank_00000.bin", std::ios::binary);
+    f.write(v3.data(), static_cast<std::streamsize>(v3.size()));
+  }
+  write_text(dir / "latest", "step_00000001\n");
+  {
+    Engine e(c, 0, Comms{}, corpus);
+    ASSERT_EQ(e.load_checkpoint(), 2) << "a format-3 step_00000001 holds the state after 2 steps";
+    EXPECT_EQ(e.train_step(2).loss, straight[2]);
+  }
+  fs::remove_all(dir);
+}
+
+// Resuming with another --steps (or warm-up, rate) silently changed the
+// learning rate of every step to come. The checkpoint's schedule is kept, and
+// the run says so: a resumed run with a longer --steps reproduces the
+// checkpointed run's losses, then goes on at its final rate.
+TEST(Checkpoint, ResumeKeepsTheSavedSchedule) {
+  TrainConfig c = tiny_config();
+  c.steps = 6;
+  c.optim.total_steps = 6;
+  const Corpus corpus = test_corpus(c.model.seq);
+  const fs::path dir = fresh_dir("ckpt_sched");
+  c.ckpt_dir = dir.string();
+  std::vector<float> straight;
+  {
+    Engine e(c, 0, Comms{}, corpus);
+    for (int s = 0; s < c.steps; s++) {
+      straight.push_back(e.train_step(s).loss);
+      if (s == 1) e.save_checkpoint(s);
+    }
+  }
+  TrainConfig longer = c;
+  longer.steps = 12;
+  longer.optim.total_steps = 12;
+  longer.optim.warmup = 1;
+  Engine e(longer, 0, Comms{}, corpus);
+  ASSERT_EQ(e.load_checkpoint(), 2);
+  const std::string note = e.schedule_note();
+  EXPECT_NE(note.find("kept, --steps 6 (warmup 3, lr 0.003"), std::string::npos) << note;
+  EXPECT_NE(note.find("not this run's --steps 12 (warmup 1"), std::string::npos) << note;
+  EXPECT_NE(note.find("steps after 6 run at its final rate"), std::string::npos) << note;
+  for (int s = 2; s < c.steps; s++) EXPECT_EQ(e.train_step(s).loss, straight[s]) << "step " << s;
+  const StepStats after = e.train_step(c.steps);
+  EXPECT_FLOAT_EQ(after.lr, c.optim.lr * c.optim.min_lr_ratio);
+  Engine same(c, 0, Comms{}, corpus);
+  EXPECT_EQ(same.load_checkpoint(), 2);
+  EXPECT_EQ(same.schedule_note(), "");
+  fs::remove_all(dir);
+}
+
+// Sizes beyond what the tensors can count are refused by name, a model this
+// machine cannot hold is refused before anything is allocated, and one whose
+// allocation fails says how much it needed (--d-model 1000000 died with a
+// bare std::bad_alloc).
+TEST(Engine, OversizedModelsSayWhatTheyNeed) {
+  ModelConfig m;
+  m.d_model = 1000000;
+  EXPECT_NE(check_layout(m, Layout{}, 1, 4, 1).find("--d-model 1000000"), std::string::npos);
+  m.d_model = 256;
+  m.seq = 1 << 21;
+  EXPECT_NE(check_layout(m, Layout{}, 1, 4, 1).find("--seq 2097152"), std::string::npos);
+  m.seq = 1 << 20;
+  EXPECT_NE(check_layout(m, Layout{}, 1, 2048, 1).find("tokens per micro-batch"), std::string::npos);
+
+  const Corpus corpus = test_corpus(16);
+  TrainConfig huge = tiny_config();
+  huge.model.d_model = 1 << 16;
+  huge.model.layers = 1024;
+  try {
+    Engine e(huge, 0, Comms{}, corpus);
+    ADD_FAILURE() << "a model of petabytes was accepted";
+  } catch (const std::invalid_argument& err) {
+    const std::string w = err.what();
+    EXPECT_NE(w.find("rank 0 needs about "), std::string::npos) << w;
+    EXPECT_NE(w.find(" GiB for its part of the model"), std::string::npos) << w;
+    EXPECT_NE(w.find("this machine has"), std::string::npos) << w;
+  }
+
+  // Within this machine, but the allocation fails: a child process whose
+  // address space is capped near what it already uses.
+  TrainConfig big = tiny_config();
+  big.model.d_model = 2048;
+  big.model.heads = 8;
+  big.model.layers = 4;
+  int out[2];
+  ASSERT_EQ(::pipe(out), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(out[0]);
+    long pages = 0;
+    std::ifstream("/proc/self/statm") >> pages;
+    const rlim_t cap = static_cast<rlim_t>(pages) * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE)) + (rlim_t{256} << 20);
+    const rlimit lim{cap, cap};
+    std::string what = "setrlimit failed";
+    if (::setrlimit(RLIMIT_AS, &lim) == 0) what = error_of([&] { Engine e(big, 0, Comms{}, corpus); });
+    (void)!::write(out[1], what.data(), what.size());
+    ::_exit(0);
+  }
+  ::close(out[1]);
+  std::string what;
+  char buf[1024];
+  for (ssize_t n; (n = ::read(out[0], buf, sizeof buf)) > 0;) what.append(buf, static_cast<size_t>(n));
+  ::close(out[0]);
+  int ws = 0;
+  ASSERT_EQ(::waitpid(pid, &ws, 0), pid);
+  EXPECT_NE(what.find("rank 0 needs about "), std::string::npos) << what;
+  EXPECT_NE(what.find("allocating it failed"), std::string::npos) << what;
 }
