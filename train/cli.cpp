@@ -38,7 +38,11 @@ plan:     meshtrain plan [--ranks N] [options]   print the planner's choice and 
           --plan auto                   plan the layout, stage split and micro-batch, then train
           --global-batch N --mem-limit MiB --profile PATH --plan-top K
 other:    --bucket-kb N (data-parallel bucket) --blas-threads N --log-every N
-          --sample N --prompt TEXT --temperature X --help
+          --sample N --prompt TEXT --temperature X --help --version
+
+Inputs: --data and --profile must be regular files (a device or FIFO is refused); a --profile
+that does not exist yet is measured and written there. Exit status: 0, 1 on an error while
+running, 2 for bad options. docs/training.md explains every option.
 )";
 }
 
@@ -60,7 +64,8 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
     *out = x;
     return true;
   };
-  int bucket_kb = -1, seed = -1, data_seed = -1;
+  // INT_MIN: not given (any value given is checked, -1 included).
+  int bucket_kb = INT_MIN, seed = INT_MIN, data_seed = INT_MIN;
   std::string schedule, tp_mode, stages, plan, comm_sched, tokenizer;
   std::map<std::string, int*> ints = {
       {"--dp", &t.layout.dp}, {"--pp", &t.layout.pp}, {"--tp", &t.layout.tp},
@@ -95,6 +100,10 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
       o->help = true;
+      continue;
+    }
+    if (a == "--version" || a == "-V") {
+      o->version = true;
       continue;
     }
     if (a == "--resume") {
@@ -171,11 +180,13 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
   if (o->plan_ranks < 0 || o->global_batch < 0 || o->mem_limit_mib < 0 || o->plan_top < 1) {
     return "--ranks, --global-batch and --mem-limit must not be negative, --plan-top at least 1";
   }
-  if (bucket_kb == 0 || bucket_kb < -1) return "--bucket-kb must be positive";
-  if (bucket_kb > 0) t.bucket_elems = static_cast<size_t>(bucket_kb) * 1024 / sizeof(float);
-  if (seed < -1 || data_seed < -1) return "--seed and --data-seed must not be negative";
-  if (seed >= 0) t.model.seed = static_cast<uint64_t>(seed);
-  if (data_seed >= 0) t.data_seed = static_cast<uint64_t>(data_seed);
+  if (bucket_kb != INT_MIN && (bucket_kb < 1 || bucket_kb > (1 << 20)))
+    return "--bucket-kb must be 1..1048576 (KiB), got " + std::to_string(bucket_kb);
+  if (bucket_kb != INT_MIN) t.bucket_elems = static_cast<size_t>(bucket_kb) * 1024 / sizeof(float);
+  if ((seed != INT_MIN && seed < 0) || (data_seed != INT_MIN && data_seed < 0))
+    return "--seed and --data-seed must not be negative";
+  if (seed != INT_MIN) t.model.seed = static_cast<uint64_t>(seed);
+  if (data_seed != INT_MIN) t.data_seed = static_cast<uint64_t>(data_seed);
   if (t.steps < 1) return "--steps must be at least 1";
   if (!tokenizer.empty() && tokenizer != "bytes" && tokenizer != "word") {
     return "--tokenizer must be bytes or word, got '" + tokenizer + "'";

@@ -18,6 +18,7 @@ struct CliOptions {
   float temperature = 0.8f;
   int log_every = 1;
   bool help = false;
+  bool version = false;
   // Planner: `meshtrain plan ...` only prints; --plan auto plans, then trains.
   bool plan_only = false, plan_auto = false;
   int plan_ranks = 0;     // ranks to plan for (plan only; default: the launcher's)

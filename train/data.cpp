@@ -1,7 +1,11 @@
 #include "data.h"
 
-#include <fstream>
-#include <iterator>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <stdexcept>
 
 namespace meshtrain {
@@ -22,14 +26,38 @@ void window(const std::vector<int32_t>& b, size_t start, int T, int32_t* tokens,
 }
 }  // namespace
 
-Corpus Corpus::load(const std::string& path, int seq, int word_vocab) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) {
-    throw std::runtime_error("cannot open corpus '" + path +
-                             "' (scripts/get_corpus.sh writes the KJV text there)");
+std::vector<uint8_t> read_input_file(const std::string& path, size_t max_bytes, const std::string& what) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error("cannot open " + what + " '" + path + "': " + std::strerror(errno));
+  struct stat st {};
+  std::string problem;
+  if (::fstat(fd, &st) != 0) problem = std::strerror(errno);
+  else if (!S_ISREG(st.st_mode)) problem = "not a regular file (a device, FIFO or directory has no end to read to)";
+  else if (static_cast<uint64_t>(st.st_size) > max_bytes)
+    problem = "it is " + std::to_string(st.st_size) + " bytes, more than the " + std::to_string(max_bytes) +
+              " this input may have";
+  std::vector<uint8_t> bytes;
+  if (problem.empty()) {
+    bytes.resize(static_cast<size_t>(st.st_size));
+    size_t got = 0;
+    while (got < bytes.size()) {
+      const ssize_t n = ::read(fd, bytes.data() + got, bytes.size() - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        problem = n < 0 ? std::strerror(errno) : "it shrank while being read";
+        break;
+      }
+      got += static_cast<size_t>(n);
+    }
   }
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  return from_bytes(std::move(bytes), seq, word_vocab);
+  ::close(fd);
+  if (!problem.empty()) throw std::runtime_error(what + " '" + path + "' refused: " + problem);
+  return bytes;
+}
+
+Corpus Corpus::load(const std::string& path, int seq, int word_vocab) {
+  // A corpus beyond 4 GiB would not fit the token index either.
+  return from_bytes(read_input_file(path, size_t{4} << 30, "corpus"), seq, word_vocab);
 }
 
 Corpus Corpus::from_bytes(std::vector<uint8_t> bytes, int seq, int word_vocab) {

@@ -13,6 +13,11 @@
 
 namespace meshtrain {
 
+// The bytes of an input file (the corpus, a planner profile): a regular file
+// (a link to one is fine), opened without waiting on a FIFO, at most
+// max_bytes long; anything else is refused with a message naming `what`.
+std::vector<uint8_t> read_input_file(const std::string& path, size_t max_bytes, const std::string& what);
+
 class Corpus {
  public:
   // Throws std::runtime_error with a readable message when the file is missing

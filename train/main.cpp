@@ -1,6 +1,10 @@
 // meshtrain: trains a byte-level GPT with data x pipeline x tensor parallelism
 // over meshccl. A single-rank run never initialises meshccl.
 #include <cblas.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <algorithm>
 #include <cstdio>
@@ -80,10 +84,16 @@ Candidate plan_layout(const CliOptions& o, int world) {
   LinkModel links;
   bool loaded = false;
   if (!o.profile.empty()) {
-    if (FILE* f = std::fopen(o.profile.c_str(), "r")) {
-      std::fclose(f);
+    // An existing profile is read (refused when it is not a regular file); a
+    // missing one is measured and written there.
+    struct stat st {};
+    if (::stat(o.profile.c_str(), &st) == 0) {
       load_profile(o.profile, &prof, &links);
       loaded = true;
+    } else if (errno != ENOENT) {
+      throw std::runtime_error("--profile " + o.profile + ": " + std::strerror(errno));
+    } else {
+      std::printf("plan: no profile at %s yet: measuring this machine and writing it there\n", o.profile.c_str());
     }
   }
   if (!loaded) {
@@ -346,6 +356,10 @@ int main(int argc, char** argv) {
   const std::string err = parse_cli(argc, argv, &o);
   if (o.help) {
     std::fputs(cli_usage(), stdout);
+    return 0;
+  }
+  if (o.version) {
+    std::printf("meshtrain (meshccl) %s\n", MESHTRAIN_VERSION);
     return 0;
   }
   if (!err.empty()) {

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "data.h"
 #include "model.h"
 #include "optim.h"
 
@@ -94,8 +95,8 @@ void save_profile(const std::string& path, const Profile& p, const LinkModel& li
 }
 
 void load_profile(const std::string& path, Profile* p, LinkModel* links) {
-  std::ifstream f(path);
-  if (!f) throw std::runtime_error("cannot read the profile " + path);
+  const std::vector<uint8_t> bytes = read_input_file(path, size_t{1} << 20, "profile");
+  std::istringstream f(std::string(bytes.begin(), bytes.end()));
   *p = Profile();
   *links = LinkModel();
   std::string line;

@@ -22,7 +22,9 @@
 
 #include "checkpoint.h"
 #include "cli.h"
+#include "data.h"
 #include "engine.h"
+#include "plan_profile.h"
 
 using namespace meshtrain;
 namespace fs = std::filesystem;
@@ -677,7 +679,39 @@ TEST(Cli, RejectsInvalidNumbers) {
   EXPECT_NE(parse({"--ckpt-keep", "-1"}), "");
   EXPECT_NE(parse({"--val-seqs", "0"}), "");
   EXPECT_NE(parse({"--seed", "-5"}), "");
+  // -1 was the "not given" value: given, it is refused like any negative.
+  EXPECT_NE(parse({"--seed", "-1"}), "");
+  EXPECT_NE(parse({"--data-seed", "-1"}), "");
+  EXPECT_NE(parse({"--bucket-kb", "-1"}), "");
+  EXPECT_NE(parse({"--bucket-kb", "0"}), "");
+  EXPECT_EQ(parse({"--bucket-kb", "64", "--seed", "0"}), "");
   EXPECT_EQ(parse({"--ckpt-dir", "/tmp/x", "--ckpt-keep", "3", "--clip", "0"}), "");
+}
+
+// Inputs are regular files of bounded size: a device or a FIFO given as the
+// corpus or a planner profile would be read forever.
+TEST(Inputs, DevicesAndFifosAreRefused) {
+  for (const char* dev : {"/dev/zero", "/dev/null"}) {
+    EXPECT_THROW(Corpus::load(dev, 16), std::runtime_error) << dev;
+    Profile p;
+    LinkModel l;
+    EXPECT_THROW(load_profile(dev, &p, &l), std::runtime_error) << dev;
+  }
+  char dir[] = "/tmp/meshtrain-inputs-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string fifo = std::string(dir) + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  try {
+    Corpus::load(fifo, 16);
+    ADD_FAILURE() << "a FIFO was read as a corpus";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+  }
+  std::vector<uint8_t> small = read_input_file(MESHTRAIN_TEST_CORPUS, size_t{4} << 30, "corpus");
+  EXPECT_GT(small.size(), 1000u);
+  EXPECT_THROW(read_input_file(MESHTRAIN_TEST_CORPUS, 10, "corpus"), std::runtime_error);
+  unlink(fifo.c_str());
+  rmdir(dir);
 }
 
 // 3D: every linear is 3 collectives forward (gather X, gather W, reduce-scatter
