@@ -54,8 +54,14 @@ export PKG_CONFIG_PATH="$libdir/pkgconfig"
 mkdir "$work/pc"
 cc -std=c11 -Wall -Wextra -Werror "$here/consumer/hello_meshccl.c" $(pkg-config --cflags --libs meshccl) -o "$work/pc/hello_meshccl"
 cc -std=c11 -Wall -Wextra -Werror "$here/consumer/hello_nccl.c" $(pkg-config --cflags --libs nccl) -o "$work/pc/hello_nccl"
-LD_LIBRARY_PATH="$libdir" run "pkg-config meshccl" "$work/pc/hello_meshccl"
-LD_LIBRARY_PATH="$libdir" run "pkg-config nccl" "$work/pc/hello_nccl"
+# The .pc files carry an rpath: no LD_LIBRARY_PATH, and the tree's libnccl.so.2
+# is the one loaded (not another on the loader's path, e.g. the CUDA toolkit's).
+run "pkg-config meshccl" "$work/pc/hello_meshccl"
+run "pkg-config nccl" "$work/pc/hello_nccl"
+loaded=$(ldd "$work/pc/hello_nccl" | awk '/libnccl.so.2/ {print $3}')
+[ "$(realpath "$loaded")" = "$(realpath "$libdir")/$(basename "$(realpath "$loaded")")" ] ||
+  { echo "FAIL: a pkg-config build loads $loaded, not the tree's libnccl.so.2 in $libdir"; exit 1; }
+echo "pkg-config nccl loads $loaded"
 
 # 2. CMake (imported targets carry the library's path: no LD_LIBRARY_PATH)
 cmake -S "$here/consumer" -B "$work/cmake" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
@@ -104,7 +110,47 @@ for t in $nets; do
   job "$t" 1 NCCL_NET="$t" FI_TCP_IFACE=lo UCX_NET_DEVICES=lo
 done
 
-# 5. the torch module, found under the prefix by Debian's /usr/bin/python3
+# 5. installed programs run from the moved tree without LD_LIBRARY_PATH; the
+# nccl-tests-named tools are under <libexecdir>/meshccl, never on PATH's bin
+if [ -n "$(find "$prefix" -path '*/bin/*_perf*' | head -n 1)" ]; then
+  echo "FAIL: perf tools installed into bin, where they would shadow nccl-tests:"; find "$prefix" -path '*/bin/*_perf*'; exit 1
+fi
+perf=$(find "$prefix" -path '*/libexec/meshccl/all_reduce_perf' -type f | head -n 1)
+if [ -n "$perf" ]; then
+  out=$("$perf" -t 2 -b 8 -e 8 -n 1 -w 0 2>&1) || { echo "FAIL: $perf:"; echo "$out"; exit 1; }
+  grep -q "Out of bounds values : 0 OK" <<<"$out" || { echo "FAIL: $perf:"; echo "$out"; exit 1; }
+  echo "installed all_reduce_perf: ok ($perf)"
+fi
+train=$(find "$prefix" -path '*/bin/meshtrain' -type f | head -n 1)
+if [ -n "$train" ]; then
+  "$train" --version | grep -q "^meshtrain (meshccl) " || { echo "FAIL: $train --version"; exit 1; }
+  echo "installed meshtrain: ok"
+fi
+for tool in meshrun meshccl_info; do
+  exe=$(find "$prefix" -path "*/bin/$tool" -type f | head -n 1)
+  "$exe" --version | grep -q "^$tool (meshccl) " || { echo "FAIL: $exe --version"; exit 1; }
+done
+
+# 6. install tags: runtime alone runs programs and the torch module; devel
+# alone is what a build needs (headers, .pc files, the CMake package)
+meson install -C "$build" --no-rebuild --quiet --tags runtime --destdir "$work/runtime" >/dev/null
+meson install -C "$build" --no-rebuild --quiet --tags devel --destdir "$work/devel" >/dev/null
+for want in libmeshccl.so.0 libnccl.so.2 meshrun; do
+  [ -n "$(find "$work/runtime" -name "$want" | head -n 1)" ] || { echo "FAIL: --tags runtime installs no $want"; exit 1; }
+done
+[ -z "$(find "$work/runtime" -name nccl.h | head -n 1)" ] || { echo "FAIL: --tags runtime installs headers"; exit 1; }
+for want in nccl.h meshccl.h nccl.pc meshccl.pc meshcclConfig.cmake meshcclConfigVersion.cmake; do
+  [ -n "$(find "$work/devel" -name "$want" | head -n 1)" ] || { echo "FAIL: --tags devel installs no $want"; exit 1; }
+done
+if [ -n "$(find "$build/torch" -name '_C*.so' 2>/dev/null | head -n 1)" ]; then
+  for want in __init__.py '_C*.so'; do
+    [ -n "$(find "$work/runtime" -path '*meshccl_torch*' -name "$want" | head -n 1)" ] ||
+      { echo "FAIL: --tags runtime installs no meshccl_torch/$want"; exit 1; }
+  done
+fi
+echo "install tags: runtime and devel complete"
+
+# 7. the torch module, found under the prefix by Debian's /usr/bin/python3
 mod=$(find "$prefix" -type d -name meshccl_torch -path '*/dist-packages/*' | head -n 1)
 if [ -n "$mod" ]; then
   PYTHONPATH=$(dirname "$mod") /usr/bin/python3 - "$work/store" "$prefix" <<'PY'
