@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "base/op.h"
+#include "kernels/elements.h"
 #include "nccl.h"
 
 namespace meshccl::kernels {

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "base/op.h"
 #include "kernels/reduce.h"
 #include "kernels/table.h"
 

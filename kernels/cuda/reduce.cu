@@ -6,7 +6,7 @@
 // One translation unit, compiled by nvcc into a fat binary (sm_80, sm_90 and
 // compute_90 PTX) that the runtime loads with the driver API (src/cuda): the
 // kernels have C names, meshccl_<what>_<datatype>[_<op>], the datatype and op
-// given by their numeric values in nccl.h and base/op.h.
+// given by their numeric values in nccl.h and kernels/elements.h.
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -66,7 +66,7 @@ struct E5m2 {
   __device__ static S store(C v) { return f2e5m2(v); }
 };
 
-// Op numbers as base/op.h's ReduceOp: Sum 0, Prod 1, Max 2, Min 3.
+// Op numbers as kernels/elements.h's ReduceOp: Sum 0, Prod 1, Max 2, Min 3.
 template <class Tr, int kOp>
 __device__ inline typename Tr::C combine(typename Tr::C a, typename Tr::C b) {
   using C = typename Tr::C;

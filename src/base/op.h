@@ -1,12 +1,13 @@
 // The vocabulary every layer shares: what kind of operation a call is, its
-// datatypes and its reduction operators. Pure and header-only, so the
-// kernels, the transports and the scheduler can all use it without linking
-// anything above them.
+// datatypes and its reduction operators (the last two from the kernels' leaf
+// header, kernels/elements.h). Pure and header-only, so the transports and the
+// scheduler can all use it without linking anything above them.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/elements.h"
 #include "nccl.h"
 
 namespace meshccl {
@@ -38,35 +39,6 @@ constexpr bool is_rooted(OpKind k) {
 }
 constexpr bool is_reduction(OpKind k) {
   return k == OpKind::AllReduce || k == OpKind::Reduce || k == OpKind::ReduceScatter || k == OpKind::SparseAllReduce;
-}
-
-// The elementwise operator of a reduction. Avg reduces as Sum; the caller
-// divides once at the end. PreMulSum reduces as Sum after each rank scaled
-// its own input.
-enum class ReduceOp : uint8_t { Sum = 0, Prod = 1, Max = 2, Min = 3 };
-
-// Size in bytes of one element; 0 for an invalid datatype.
-constexpr size_t dtype_size(ncclDataType_t dt) {
-  switch (dt) {
-    case ncclInt8:
-    case ncclUint8:
-    case ncclFloat8e4m3:
-    case ncclFloat8e5m2:
-      return 1;
-    case ncclFloat16:
-    case ncclBfloat16:
-      return 2;
-    case ncclInt32:
-    case ncclUint32:
-    case ncclFloat32:
-      return 4;
-    case ncclInt64:
-    case ncclUint64:
-    case ncclFloat64:
-      return 8;
-    default:
-      return 0;
-  }
 }
 
 // "float", "bfloat16", ... as nccl-tests names them; "invalid" otherwise.

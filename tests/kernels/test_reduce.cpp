@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "base/op.h"
 #include "kernels/reduce.h"
 #include "kernels/table.h"
 #include "tests/kernels/reference.h"
