@@ -159,7 +159,7 @@ unset MESHCCL_DEBUG MESHCCL_DEBUG_SUBSYS
 check "  hier among the AllReduce candidates" has "AllReduce: .* -> algorithm [a-z_]+, estimated .*\(ring [0-9.]+, tree [0-9.]+, halving_doubling [0-9.]+, hier [0-9.]+"
 check "  the cost model knows the 2 hosts" has "cost model on 4 ranks, 2 host\(s\), network links"
 
-check "ranks see their namespace's devices in /sys" run "$meshrun" --cluster "$a" -n 2 sh -c 'echo net: $(ls /sys/class/net)'
+check "ranks see their namespace's devices in /sys" run "$meshrun" --tag-output --cluster "$a" -n 2 sh -c 'echo net: $(ls /sys/class/net)'
 check "  eth0 and lo only" eval 'has "^\[0\] net: eth0 lo$" && has "^\[1\] net: eth0 lo$"'
 check "--bind core with --cluster" job "$a" 2 --bind core --report-bindings
 check "  reports host and core" has "^meshrun: rank 1 on mcc-$a-h1 bound to (core|cpu) [0-9]+ \\(cpus "

@@ -332,7 +332,7 @@ int run_cmd(const std::string& cmd, std::string* out) {
 
 TEST(Meshrun, FourProcessJobTrains) {
   std::string out;
-  const std::string cmd = std::string(MESHTRAIN_MESHRUN) + " -n 4 " + MESHTRAIN_BIN +
+  const std::string cmd = std::string(MESHTRAIN_MESHRUN) + " --tag-output -n 4 " + MESHTRAIN_BIN +
                           " --dp 2 --pp 2 --tp 1 --layers 2 --d-model 32 --heads 4 --seq 16"
                           " --micro-batch 2 --grad-accum 2 --steps 6 --val-every 3 --sample 16 --data " +
                           MESHTRAIN_TEST_CORPUS;
@@ -495,7 +495,7 @@ TEST(Meshrun, EightProcessCubeTrains) {
   EXPECT_NE(out.find("step     4/4"), std::string::npos) << out;
   EXPECT_NE(out.find("sample: And God said"), std::string::npos) << out;
   out.clear();
-  EXPECT_NE(run_cmd(std::string(MESHTRAIN_MESHRUN) + " -n 4 " + MESHTRAIN_BIN +
+  EXPECT_NE(run_cmd(std::string(MESHTRAIN_MESHRUN) + " --tag-output -n 4 " + MESHTRAIN_BIN +
                         " --tp-mode 3d --tp 4 --data " + MESHTRAIN_TEST_CORPUS, &out), 0);
   EXPECT_NE(out.find("tp to be a cube"), std::string::npos) << out;
 }
@@ -521,7 +521,7 @@ TEST(Meshrun, PlannerChoosesAndTrains) {
   EXPECT_NE(out.find("plan: 4 rank(s), global batch 8"), std::string::npos) << out;
   EXPECT_NE(out.find("\n* dp "), std::string::npos) << out;
   out.clear();
-  ASSERT_EQ(run_cmd(std::string(MESHTRAIN_MESHRUN) + " -n 4 " + MESHTRAIN_BIN + " --plan auto --steps 2" + model, &out), 0)
+  ASSERT_EQ(run_cmd(std::string(MESHTRAIN_MESHRUN) + " --tag-output -n 4 " + MESHTRAIN_BIN + " --plan auto --steps 2" + model, &out), 0)
       << out;
   EXPECT_NE(out.find("] * dp "), std::string::npos) << out;
   EXPECT_NE(out.find("meshtrain: 4 rank(s)"), std::string::npos) << out;
