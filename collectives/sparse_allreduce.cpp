@@ -34,7 +34,10 @@ namespace meshccl {
 namespace {
 
 constexpr uint32_t kTagHeader = 0, kTagIndices = 1, kTagValues = 2, kTagScatter = 3, kTagGather = 4;
-constexpr int kPieceBits = 20;  // a message's piece number under its tag
+// A message's piece number under its tag: step tags here are tag << kPieceBits | piece
+// (five tags of 2^20 pieces, below the plan's control tags).
+constexpr int kPieceBits = 20;
+static_assert((kTagGather + 1) << kPieceBits <= kControlTag, "pieces of every tag stay below the control tags");
 
 // A message in pieces of at most op.chunk_bytes (tag << kPieceBits | piece),
 // as the other plans cut theirs: transfers of a few MiB in one step are

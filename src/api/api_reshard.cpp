@@ -8,6 +8,7 @@
 #include <set>
 #include <string>
 
+#include "base/tag.h"
 #include "api/export.h"
 #include "api/group.h"
 #include "api/validate.h"
@@ -30,9 +31,6 @@ struct meshcclReshardPlan {
 };
 
 namespace {
-
-constexpr uint64_t kP2PBit = uint64_t{1} << 63;
-constexpr uint64_t kSeqMask = (uint64_t{1} << 39) - 1;
 
 std::mutex plans_mu;
 std::set<const meshcclReshardPlan*>& live_plans() {
@@ -240,11 +238,11 @@ MESHCCL_EXPORT ncclResult_t meshcclReshard(meshcclReshardPlan_t plan, const void
     p->send_tag_base.assign(comm->nranks, 0);
     p->recv_tag_base.assign(comm->nranks, 0);
     for (int peer : prog.send_peers)
-      p->send_tag_base[peer] = kP2PBit | ((comm->send_seq[peer]++ & kSeqMask) << kStepTagBits);
+      p->send_tag_base[peer] = tag::p2p(comm->send_seq[peer]++);
     for (int peer : prog.recv_peers)
-      p->recv_tag_base[peer] = kP2PBit | ((comm->recv_seq[peer]++ & kSeqMask) << kStepTagBits);
+      p->recv_tag_base[peer] = tag::p2p(comm->recv_seq[peer]++);
     instantiate(prog, sendbuf, recvbuf, p.get());
-    return launch_run(&comm->sched, s, make_plan_run(std::move(p), kP2PBit));
+    return launch_run(&comm->sched, s, make_plan_run(std::move(p), tag::kP2PBit));
   });
   if (r != ncclSuccess && comm_of != nullptr && comm_is_live(comm_of)) note_comm_error(comm_of, r);
   return r;

@@ -1,6 +1,7 @@
 #include "api/enqueue.h"
 
 #include "api/group.h"
+#include "base/tag.h"
 #include "meshccl_config.h"
 #if MESHCCL_HAVE_CUDA
 #include "cuda/device_ops.h"
@@ -11,12 +12,6 @@
 #include "util/param.h"
 
 namespace meshccl {
-
-namespace {
-constexpr uint64_t kP2PBit = uint64_t{1} << 63;
-constexpr int kStepBits = kStepTagBits;
-constexpr uint64_t kSeqMask = (uint64_t{1} << 39) - 1;
-}  // namespace
 
 Status enqueue(ncclComm* comm, OpDesc& desc, cudaStream_t stream) {
   meshcclStream* s = nullptr;
@@ -45,9 +40,9 @@ Status enqueue(ncclComm* comm, OpDesc& desc, cudaStream_t stream) {
   // A sparse all-reduce of an empty tensor has nothing to check either.
   if (desc.count == 0 && (desc.kind == OpKind::SparseAllReduce || !(desc.checks && !is_p2p(desc.kind)))) return kOk;
   uint64_t tag;
-  if (desc.kind == OpKind::Send) tag = kP2PBit | ((comm->send_seq[desc.peer]++ & kSeqMask) << kStepBits);
-  else if (desc.kind == OpKind::Recv) tag = kP2PBit | ((comm->recv_seq[desc.peer]++ & kSeqMask) << kStepBits);
-  else tag = (comm->coll_seq++ & kSeqMask) << kStepBits;
+  if (desc.kind == OpKind::Send) tag = tag::p2p(comm->send_seq[desc.peer]++);
+  else if (desc.kind == OpKind::Recv) tag = tag::p2p(comm->recv_seq[desc.peer]++);
+  else tag = tag::collective(comm->coll_seq++);
   PendingOp op{&comm->sched, desc, s, tag};
 #if MESHCCL_HAVE_CUDA
   // Staged and ordered on the stream by the communicator's proxy. A host op on

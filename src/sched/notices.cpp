@@ -3,16 +3,11 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "base/tag.h"
 #include "util/log.h"
 #include "util/wait.h"
 
 namespace meshccl {
-
-namespace {
-// No operation uses this tag: collectives leave bit 63 clear and
-// point-to-point operations use step tag 0 only (api/enqueue).
-constexpr uint64_t kNoticeTag = ~uint64_t{0};
-}  // namespace
 
 void Notices::send(Status s) {
   const int n = mesh_ != nullptr ? mesh_->size() : 0;
@@ -31,7 +26,7 @@ void Notices::send(Status s) {
   for (int left = n - 1; left > 0 && !dl.expired();) {
     for (int p = 0; p < n; ++p) {
       if (state[p] == 0) {
-        if (!mesh_->isend(p, &out_, sizeof(out_), kNoticeTag, &reqs[p]).ok()) state[p] = 2, --left;
+        if (!mesh_->isend(p, &out_, sizeof(out_), tag::kNotice, &reqs[p]).ok()) state[p] = 2, --left;
         else if (reqs[p].handle != nullptr) state[p] = 1;
       }
       if (state[p] != 1) continue;
@@ -56,7 +51,7 @@ Status Notices::poll() {
     LastErrorScope keep;  // a peer that is gone is reported by liveness, not here
     for (int p = 0; p < n && from < 0; ++p) {
       if (state_[p] == 0) {
-        if (!mesh_->irecv(p, &in_[p], sizeof(Notice), kNoticeTag, &reqs_[p]).ok()) state_[p] = 2;
+        if (!mesh_->irecv(p, &in_[p], sizeof(Notice), tag::kNotice, &reqs_[p]).ok()) state_[p] = 2;
         else if (reqs_[p].handle != nullptr) state_[p] = 1;
       }
       if (state_[p] != 1) continue;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/op.h"
+#include "base/tag.h"
 #include "base/signature.h"
 #include "nccl.h"
 
@@ -25,13 +26,11 @@ enum class StepKind : uint8_t {
   Check,       // compare Plan::signatures; a difference fails the operation
 };
 
-// Step tags are kStepTagBits wide (api/enqueue packs them under the
-// operation's sequence number). Algorithms use [0, kControlTag)
-// (detail::chunk_elems keeps them there); tags from kControlTag up carry the
-// signature exchange, so it can never match a data message, whatever the
-// ranks called.
-constexpr int kStepTagBits = 24;
-constexpr uint32_t kControlTag = 1u << (kStepTagBits - 1);
+// Step tags are tag::kStepBits wide (base/tag.h: under the operation's
+// sequence number). Algorithms use [0, kControlTag) (detail::chunk_elems keeps
+// them there); tags from kControlTag up carry the signature exchange, so it
+// can never match a data message, whatever the ranks called.
+constexpr uint32_t kControlTag = tag::kControlStep;
 
 struct Step {
   StepKind kind;

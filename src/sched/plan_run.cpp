@@ -281,7 +281,7 @@ class PlanRun final : public Run, public StepSink {
   }
 
   // The operation's number in its communicator's collective sequence.
-  uint64_t seq() const { return (tag_base_ & ~(uint64_t{1} << 63)) >> kStepTagBits; }
+  uint64_t seq() const { return tag::sequence(tag_base_); }
 
   std::unique_ptr<Plan> plan_;
   uint64_t tag_base_;

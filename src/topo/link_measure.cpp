@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "base/tag.h"
 #include "bootstrap/bootstrap.h"
 #include "kernels/reduce.h"
 #include "sched/engine.h"
@@ -40,11 +41,6 @@ const Param kFieldParam[kFields] = {Param::TuneShmAlphaUs, Param::TuneShmBwGbs, 
 const double kFallback[kFields] = {kBuiltinShm.alpha_us, kBuiltinShm.bw_gbs, 0, 0, kBuiltinNet.alpha_us,
                                    kBuiltinNet.bw_gbs, kBuiltinReduceGbs};
 bool is_alpha(int f) { return f == kShmAlpha || f == kXnumaAlpha || f == kNetAlpha; }
-
-// Tag bases of the measuring plans: bit 62 set, bit 63 clear — a
-// collective's tag base would need 2^38 earlier collectives to reach it (see
-// api/enqueue: seq << 24).
-constexpr uint64_t kPingTag = uint64_t{1} << 62;
 
 bool is_shm(const std::string& transport) { return transport == "shm"; }
 
@@ -93,7 +89,7 @@ double median(std::vector<double> v) {
 // Runs a plan through the engine, as collectives run, and times it.
 Status timed(Engine& engine, std::unique_ptr<Plan> plan, uint64_t* tag_seq, double* us) {
   const double t0 = now_us();
-  std::shared_ptr<OpHandle> h = engine.submit(make_plan_run(std::move(plan), kPingTag | ((*tag_seq)++ << 24)), 0);
+  std::shared_ptr<OpHandle> h = engine.submit(make_plan_run(std::move(plan), tag::measurement((*tag_seq)++)), 0);
   MC_TRY(engine.wait(*h));
   *us = now_us() - t0;
   return kOk;

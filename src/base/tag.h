@@ -1,0 +1,47 @@
+// The 64-bit tag every message of the library carries: one layout, drawn here,
+// with one function per kind of user. Two messages between a pair of ranks
+// match only when their tags are equal, so the fields keep every kind of
+// traffic apart:
+//
+//   63    62 ............................ 24 23 .................... 0
+//  [p2p][          sequence (39 bits)       ][    step (24 bits)     ]
+//
+//  collective   p2p 0, its communicator's collective sequence number
+//  send/recv    p2p 1, the per-peer send (= the peer's receive) sequence number;
+//               a reshard takes its pairs' numbers the same way
+//  measurement  p2p 0, bit 62 set (a collective reaches it after 2^38
+//               earlier ones), the init probe's own sequence
+//  notice       all ones: a failure notice (never a sequence plus step: p2p
+//               operations use step 0 only)
+//
+// Within one operation the plan numbers its messages with step tags below
+// kControlStep; from kControlStep up they carry the call-signature check, which
+// so can never match data, whatever the ranks called.
+#pragma once
+
+#include <cstdint>
+
+namespace meshccl::tag {
+
+constexpr int kStepBits = 24;
+constexpr int kSeqBits = 39;
+constexpr uint64_t kP2PBit = uint64_t{1} << 63;
+constexpr uint64_t kMeasureBit = uint64_t{1} << 62;
+constexpr uint64_t kSeqMask = (uint64_t{1} << kSeqBits) - 1;
+constexpr uint32_t kControlStep = 1u << (kStepBits - 1);
+constexpr uint64_t kNotice = ~uint64_t{0};
+
+// The tag base of the collective numbered seq on its communicator.
+constexpr uint64_t collective(uint64_t seq) { return (seq & kSeqMask) << kStepBits; }
+// The tag base of the seq-th point-to-point message a rank sends to a peer
+// (which that peer receives as its seq-th from the rank).
+constexpr uint64_t p2p(uint64_t seq) { return kP2PBit | collective(seq); }
+// The tag base of the seq-th timed exchange of the init probe.
+constexpr uint64_t measurement(uint64_t seq) { return kMeasureBit | ((seq & (kSeqMask >> 1)) << kStepBits); }
+// The sequence number a tag base carries.
+constexpr uint64_t sequence(uint64_t base) { return (base & ~kP2PBit) >> kStepBits; }
+
+static_assert(kStepBits + kSeqBits + 1 == 64, "the fields fill the tag");
+static_assert((p2p(kSeqMask) | kControlStep) != kNotice, "no operation's message has a notice's tag");
+
+}  // namespace meshccl::tag
