@@ -51,8 +51,8 @@ c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(const c10::intrusive
         g_pending = PendingSplit{};
       }
     }
-    if (comm != nullptr) return c10::make_intrusive<ProcessGroupMeshccl>(comm, rank, size, timeout);
-    return c10::make_intrusive<ProcessGroupMeshccl>(store, rank, size, timeout);
+    if (comm != nullptr) return track(c10::make_intrusive<ProcessGroupMeshccl>(comm, rank, size, timeout));
+    return track(c10::make_intrusive<ProcessGroupMeshccl>(store, rank, size, timeout));
   });
 }
 
@@ -94,6 +94,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("key"), py::call_guard<py::gil_scoped_release>(),
         "ncclCommSplit of a meshccl group for the next new group; every rank of the parent calls it.");
   m.def("clear_pending_split", &meshccl_torch::clear_pending_split, py::call_guard<py::gil_scoped_release>());
+  m.def("shutdown_all", &meshccl_torch::shutdown_all, py::call_guard<py::gil_scoped_release>(),
+        "Settles the work of every live meshccl group (at interpreter exit, before tensors are freed).");
   m.def("launch_info", &meshccl_torch::launch_info,
         "(rank, size, local_rank) as meshrun, mpirun, mpiexec or srun set them; None without a launcher.");
   m.attr("NCCL_VERSION_CODE") = NCCL_VERSION_CODE;

@@ -96,6 +96,10 @@ class GroupGuard {
   bool open_;
 };
 
+// Every group made, for shutdown_all (weak: a group lives as long as torch holds it).
+std::mutex g_groups_mu;
+std::vector<c10::weak_intrusive_ptr<ProcessGroupMeshccl>> g_groups;
+
 std::mutex g_timeout_mu;
 long g_timeout_set = 0;  // MESHCCL_TIMEOUT this module set (seconds), 0: none
 
@@ -153,6 +157,31 @@ class Completer {
 Completer& completer() {
   static Completer* c = new Completer();  // never destroyed: its thread outlives static destructors
   return *c;
+}
+
+// ------------------------------------------------------------- LocalWork
+
+void LocalWork::deliver(const at::Tensor& src) {
+  std::exception_ptr error;
+  try {
+    at::Tensor& dst = outputs_.at(0);
+    TORCH_CHECK(src.numel() == dst.numel() && src.scalar_type() == dst.scalar_type(), "meshccl: a send to this rank "
+                "itself of ", src.numel(), " ", src.scalar_type(), " elements met a receive of ", dst.numel(), " ",
+                dst.scalar_type(), " elements");
+    dst.copy_(src.reshape(dst.sizes()));
+  } catch (...) {
+    error = std::current_exception();
+  }
+  done(error);
+}
+
+bool LocalWork::wait(std::chrono::milliseconds timeout) {
+  const auto limit = timeout == kNoTimeout ? timeout_ : timeout;
+  std::unique_lock<std::mutex> lock(mutex_);
+  TORCH_CHECK(cv_.wait_for(lock, limit, [&] { return completed_; }), "meshccl: timed out: rank ", rank_,
+              ": a receive from this rank itself found no matching send within ", limit.count(), " ms");
+  if (exception_) std::rethrow_exception(exception_);
+  return true;
 }
 
 void WorkMeshccl::complete_in_background() {
@@ -306,6 +335,40 @@ void ProcessGroupMeshccl::start() {
   watchdog_ = std::thread([this] { watchdog_loop(); });
 }
 
+c10::intrusive_ptr<ProcessGroupMeshccl> track(c10::intrusive_ptr<ProcessGroupMeshccl> group) {
+  std::lock_guard<std::mutex> lock(g_groups_mu);
+  g_groups.erase(std::remove_if(g_groups.begin(), g_groups.end(), [](const auto& w) { return w.expired(); }),
+                 g_groups.end());
+  g_groups.emplace_back(group);
+  return group;
+}
+
+void ProcessGroupMeshccl::shutdown() {
+  constexpr auto kExitWait = std::chrono::seconds(5);
+  uint64_t last;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last = queued_;
+  }
+  try {
+    wait_for(last, Clock::now() + std::min<Clock::duration>(timeout_, kExitWait));
+  } catch (...) {
+    // Failed or revoked: what ran is over either way.
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!error_) error_ = std::make_exception_ptr(std::runtime_error("meshccl: the process group was shut down at exit"));
+}
+
+void shutdown_all() {
+  std::vector<c10::intrusive_ptr<ProcessGroupMeshccl>> groups;
+  {
+    std::lock_guard<std::mutex> lock(g_groups_mu);
+    for (auto& w : g_groups)
+      if (auto g = w.lock()) groups.push_back(std::move(g));
+  }
+  for (auto& g : groups) g->shutdown();
+}
+
 ProcessGroupMeshccl::~ProcessGroupMeshccl() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -350,6 +413,20 @@ c10::intrusive_ptr<WorkMeshccl> ProcessGroupMeshccl::make_work(c10d::OpType type
   {
     std::lock_guard<std::mutex> lock(mu_);
     seq = ++queued_;
+    std::vector<at::Tensor> held = outputs;
+    held.insert(held.end(), keep.begin(), keep.end());
+    held_.emplace_back(seq, std::move(held));
+  }
+  // Earlier work that finished meanwhile lets go of its tensors (not while
+  // coalescing: the group's calls are recorded, not yet on the stream).
+  bool coalescing;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    coalescing = coalescing_;
+  }
+  if (!coalescing && meshcclStreamQuery(stream_) == ncclSuccess) {
+    std::lock_guard<std::mutex> lock(mu_);
+    advance_locked(seq);
   }
   auto work = c10::make_intrusive<WorkMeshccl>(c10::intrusive_ptr<ProcessGroupMeshccl>::reclaim_copy(this), type,
                                                seq, std::move(outputs), std::move(finish));
@@ -380,6 +457,11 @@ void ProcessGroupMeshccl::return_stage(at::Tensor buffer, const c10::intrusive_p
   }
 }
 
+void ProcessGroupMeshccl::advance_locked(uint64_t last) {
+  completed_ = std::max(completed_, last);
+  while (!held_.empty() && held_.front().first <= completed_) held_.pop_front();
+}
+
 bool ProcessGroupMeshccl::done_through(uint64_t seq) {
   uint64_t last;
   {
@@ -393,15 +475,10 @@ bool ProcessGroupMeshccl::done_through(uint64_t seq) {
   if (r == ncclInProgress) return false;
   std::lock_guard<std::mutex> lock(mu_);
   if (r != ncclSuccess) {
-    if (!error_) {
-      const char* msg = ncclGetLastError(comm_);
-      error_ = std::make_exception_ptr(std::runtime_error(std::string("meshccl: operation failed: ") +
-                                                          ncclGetErrorString(r) + (msg && *msg ? ": " : "") +
-                                                          (msg ? msg : "")));
-    }
+    if (!error_) error_ = stream_error(r);
     std::rethrow_exception(error_);
   }
-  completed_ = std::max(completed_, last);
+  advance_locked(last);
   return completed_ >= seq;
 }
 
@@ -419,22 +496,30 @@ void ProcessGroupMeshccl::wait_for(uint64_t seq, Clock::time_point deadline) {
   deadlines_.erase(std::find(deadlines_.begin(), deadlines_.end(), deadline));
   cv_.notify_all();
   if (r == ncclSuccess) {
-    completed_ = std::max(completed_, last);
+    advance_locked(last);
     return;
   }
   if (!error_) {
-    std::string msg;
-    if (revoked_) {
-      msg = "meshccl: an operation did not complete within the process group's timeout (" +
-            std::to_string(timeout_.count()) + " ms); the communicator was aborted";
-    } else {
-      const char* last_error = ncclGetLastError(comm_);
-      msg = std::string("meshccl: operation failed: ") + ncclGetErrorString(r) +
-            (last_error && *last_error ? ": " : "") + (last_error ? last_error : "");
-    }
-    error_ = std::make_exception_ptr(std::runtime_error(msg));
+    error_ = revoked_ ? std::make_exception_ptr(std::runtime_error(
+                            "meshccl: an operation did not complete within the process group's timeout (" +
+                            std::to_string(timeout_.count()) + " ms); the communicator was aborted"))
+                      : stream_error(r);
   }
   std::rethrow_exception(error_);
+}
+
+std::exception_ptr ProcessGroupMeshccl::stream_error(ncclResult_t r) {
+  // The communicator's last error; a failure found on the stream's own thread
+  // is the process's (the calling thread's, else the last background one's).
+  const char* last = ncclGetLastError(comm_);
+  if (last == nullptr || *last == '\0') last = ncclGetLastError(nullptr);
+  const std::string detail = last != nullptr ? last : "";
+  // The library names a wait that ran out of MESHCCL_TIMEOUT "timed out: rank
+  // R: <operation> made no progress for N s"; its result code is the one for
+  // a lost peer, whose text would mislead.
+  if (detail.rfind("timed out: ", 0) == 0) return std::make_exception_ptr(std::runtime_error("meshccl: operation " + detail));
+  return std::make_exception_ptr(std::runtime_error(std::string("meshccl: operation failed: ") + ncclGetErrorString(r) +
+                                                    (detail.empty() ? "" : ": ") + detail));
 }
 
 // Revokes the communicator when a wait outlives its deadline: the waiting
@@ -530,11 +615,60 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::allreduce(std::vector<at::Te
                                                               const c10d::AllreduceOptions& opts) {
   check_usable();
   at::Tensor& t = single(tensors, "allreduce");
+  if (t.defined() && t.layout() == at::kSparse) return sparse_allreduce(t, opts);
   check_tensor(t, "allreduce tensor", true);
   ncclDataType_t dt = reduce_type(t);
   ncclRedOp_t op = red_op(opts.reduceOp, t);
   check("ncclAllReduce", ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), dt, op, comm_, as_cuda(stream_)));
   return make_work(c10d::OpType::ALLREDUCE, {t});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::sparse_allreduce(at::Tensor& t,
+                                                                     const c10d::AllreduceOptions& opts) {
+  TORCH_CHECK(opts.reduceOp == c10d::ReduceOp::SUM, "meshccl: a sparse all_reduce sums (ReduceOp.SUM), as Gloo's does");
+  TORCH_CHECK(t.device().is_cpu(), "meshccl: allreduce tensor must be a CPU tensor (got ", t.device(), ")");
+  const at::Tensor in = t.coalesce();
+  const int64_t nnz = in._nnz();
+  at::Tensor counts = at::empty({size_}, at::kLong);
+  at::Tensor mine = at::full({1}, nnz, at::kLong);
+  check("ncclAllGather", ncclAllGather(mine.data_ptr(), counts.data_ptr(), sizeof(int64_t), ncclUint8, comm_,
+                                       as_cuda(stream_)));
+  make_work(c10d::OpType::ALLGATHER, {counts}, {mine})->wait();
+  const int64_t most = counts.max().item<int64_t>();
+  // Every rank's indices (sparse_dim x nnz) and values (nnz x dense dims),
+  // padded to the largest nnz so that one all-gather moves each.
+  at::Tensor idx = at::zeros({in.sparse_dim(), most}, at::kLong);
+  std::vector<int64_t> val_shape = in._values().sizes().vec();
+  val_shape[0] = most;
+  at::Tensor val = at::zeros(val_shape, in._values().options());
+  idx.narrow(1, 0, nnz).copy_(in._indices());
+  val.narrow(0, 0, nnz).copy_(in._values());
+  std::vector<int64_t> all_shape{size_};
+  all_shape.insert(all_shape.end(), val_shape.begin(), val_shape.end());
+  at::Tensor idx_all = at::empty({size_, in.sparse_dim(), most}, at::kLong);
+  at::Tensor val_all = at::empty(all_shape, val.options());
+  if (most > 0) {
+    {
+      GroupGuard group;
+      check("ncclAllGather", ncclAllGather(idx.data_ptr(), idx_all.data_ptr(), bytes(idx), ncclUint8, comm_,
+                                           as_cuda(stream_)));
+      check("ncclAllGather", ncclAllGather(val.data_ptr(), val_all.data_ptr(), bytes(val), ncclUint8, comm_,
+                                           as_cuda(stream_)));
+      check("ncclGroupEnd", group.end());
+    }
+    make_work(c10d::OpType::ALLGATHER, {idx_all, val_all}, {idx, val})->wait();
+  }
+  std::vector<at::Tensor> idx_parts, val_parts;
+  for (int r = 0; r < size_; ++r) {
+    const int64_t n = counts[r].item<int64_t>();
+    idx_parts.push_back(idx_all[r].narrow(1, 0, n));
+    val_parts.push_back(val_all[r].narrow(0, 0, n));
+  }
+  at::Tensor sum = at::sparse_coo_tensor(at::cat(idx_parts, 1), at::cat(val_parts, 0), in.sizes(), in.options());
+  t.copy_(sum.coalesce());
+  auto work = c10::make_intrusive<LocalWork>(rank_, c10d::OpType::ALLREDUCE, std::vector<at::Tensor>{t}, timeout_);
+  work->done();
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::allreduce_coalesced(
@@ -617,6 +751,50 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::allgather(std::vector<std::v
   const int64_t n = in.numel();
   auto work = make_work(c10d::OpType::ALLGATHER, outs, {in, buffer}, [outs, flat, n]() {
     for (size_t i = 0; i < outs.size(); ++i) outs[i].copy_(flat.narrow(0, i * n, n).view(outs[i].sizes()));
+  });
+  return_stage(buffer, work);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& /*opts*/) {
+  check_usable();
+  TORCH_CHECK(static_cast<int>(outputs.size()) == size_, "meshccl: allgather_coalesced needs world size (", size_,
+              ") output lists, got ", outputs.size());
+  size_t total = 0;  // bytes of this rank's inputs, packed
+  for (auto& in : inputs) {
+    check_tensor(in, "allgather_coalesced input", false);
+    total += bytes(in);
+  }
+  for (auto& list : outputs) {
+    TORCH_CHECK(list.size() == inputs.size(), "meshccl: allgather_coalesced: an output list has ", list.size(),
+                " tensors for ", inputs.size(), " inputs");
+    for (size_t k = 0; k < list.size(); ++k) {
+      check_tensor(list[k], "allgather_coalesced output", true);
+      check_same(inputs[k], list[k], "allgather_coalesced output");
+    }
+  }
+  // One staging buffer: this rank's inputs packed, then every rank's packs.
+  at::Tensor buffer;
+  at::Tensor flat = take_stage(static_cast<int64_t>((size_ + 1) * total), at::empty({0}, at::kByte), &buffer);
+  char* base = ptr(flat);
+  size_t off = 0;
+  for (auto& in : inputs) {
+    if (bytes(in) > 0) std::memcpy(base + off, in.data_ptr(), bytes(in));
+    off += bytes(in);
+  }
+  check("ncclAllGather", ncclAllGather(base, base + total, total, ncclUint8, comm_, as_cuda(stream_)));
+  std::vector<at::Tensor> outs;
+  for (auto& list : outputs) outs.insert(outs.end(), list.begin(), list.end());
+  auto work = make_work(c10d::OpType::ALLGATHER_COALESCED, outs, {buffer}, [outs, base, total]() {
+    size_t at = total;
+    for (const at::Tensor& o : outs) {
+      at::Tensor dst = o.is_contiguous() ? o : at::empty(o.sizes(), o.options());
+      if (bytes(o) > 0) std::memcpy(dst.data_ptr(), base + at, bytes(o));
+      if (!o.is_contiguous()) const_cast<at::Tensor&>(o).copy_(dst);
+      at += bytes(o);
+    }
   });
   return_stage(buffer, work);
   return work;
@@ -815,20 +993,57 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::alltoall(std::vector<at::Ten
   return make_work(c10d::OpType::ALLTOALL, outputs, inputs);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::send(std::vector<at::Tensor>& tensors, int dst, int /*tag*/) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
   check_usable();
   at::Tensor& t = single(tensors, "send");
   check_tensor(t, "send tensor", true);
+  if (dst == rank_) return self_send(t, tag);
   check("ncclSend", ncclSend(t.data_ptr(), bytes(t), ncclUint8, dst, comm_, as_cuda(stream_)));
   return make_work(c10d::OpType::SEND, {}, {t});
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::recv(std::vector<at::Tensor>& tensors, int src, int /*tag*/) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
   check_usable();
   at::Tensor& t = single(tensors, "recv");
   check_tensor(t, "recv tensor", true);
+  if (src == rank_) return self_recv(t, tag);
   check("ncclRecv", ncclRecv(t.data_ptr(), bytes(t), ncclUint8, src, comm_, as_cuda(stream_)));
   return make_work(c10d::OpType::RECV, {t});
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::self_send(const at::Tensor& t, int tag) {
+  c10::intrusive_ptr<LocalWork> waiting;
+  {
+    std::lock_guard<std::mutex> lock(self_mu_);
+    auto it = self_waiting_.find(tag);
+    if (it != self_waiting_.end() && !it->second.empty()) {
+      waiting = std::move(it->second.front());
+      it->second.pop_front();
+    } else {
+      self_sent_[tag].push_back(t.clone());  // read now: the caller may reuse t once the send is complete
+    }
+  }
+  if (waiting) waiting->deliver(t);
+  auto work = c10::make_intrusive<LocalWork>(rank_, c10d::OpType::SEND, std::vector<at::Tensor>{}, timeout_);
+  work->done();
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::self_recv(at::Tensor& t, int tag) {
+  auto work = c10::make_intrusive<LocalWork>(rank_, c10d::OpType::RECV, std::vector<at::Tensor>{t}, timeout_);
+  at::Tensor sent;
+  {
+    std::lock_guard<std::mutex> lock(self_mu_);
+    auto it = self_sent_.find(tag);
+    if (it != self_sent_.end() && !it->second.empty()) {
+      sent = std::move(it->second.front());
+      it->second.pop_front();
+    } else {
+      self_waiting_[tag].push_back(work);
+    }
+  }
+  if (sent.defined()) work->deliver(sent);
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::barrier(const c10d::BarrierOptions& /*opts*/) {

@@ -11,7 +11,9 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -62,6 +64,26 @@ class WorkMeshccl : public c10d::Work {
   std::shared_ptr<std::atomic<bool>> settled_ = std::make_shared<std::atomic<bool>>(false);
 };
 
+// Work that completes outside the stream: already done (a synchronous sparse
+// all_reduce, a send to this rank itself), or a receive from this rank itself
+// that completes when the matching send arrives. wait() is bounded by the
+// group's timeout.
+class LocalWork : public c10d::Work {
+ public:
+  LocalWork(int rank, c10d::OpType type, std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout)
+      : c10d::Work(rank, type), outputs_(std::move(outputs)), timeout_(timeout) {}
+  // Marks it complete (with an error, when given).
+  void done(std::exception_ptr error = nullptr) { finish(std::move(error)); }
+  // A receive: copies src into its tensor and completes.
+  void deliver(const at::Tensor& src);
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  std::vector<at::Tensor> result() override { return outputs_; }
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  const std::chrono::milliseconds timeout_;
+};
+
 class ProcessGroupMeshccl : public c10d::ProcessGroup {
  public:
   // Creates a communicator of `size` ranks: rank 0 makes the unique id and sets
@@ -79,6 +101,11 @@ class ProcessGroupMeshccl : public c10d::ProcessGroup {
   // call it (color < 0: not a member, returns nullptr).
   ncclComm_t split(int color, int key);
 
+  // At interpreter exit: waits a short while for the work queued on this
+  // group, then revokes the communicator, so that no thread of the library
+  // reads or writes a tensor once Python frees it. Later calls raise.
+  void shutdown();
+
   void startCoalescing() override;
   void endCoalescing(std::vector<c10::intrusive_ptr<c10d::Work>>& reqs) override;
 
@@ -93,6 +120,9 @@ class ProcessGroupMeshccl : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs,
                                            const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -120,6 +150,17 @@ class ProcessGroupMeshccl : public c10d::ProcessGroup {
   friend class WorkMeshccl;
 
   void start();
+  // all_reduce of a sparse COO tensor, as Gloo does it: every rank's indices
+  // and values all-gathered (padded to the largest nnz), summed here.
+  c10::intrusive_ptr<c10d::Work> sparse_allreduce(at::Tensor& t, const c10d::AllreduceOptions& opts);
+  // Point-to-point with this rank itself, matched by tag in a local mailbox
+  // (nothing goes through the stream, so a send never waits for a receive
+  // queued behind it).
+  c10::intrusive_ptr<c10d::Work> self_send(const at::Tensor& t, int tag);
+  c10::intrusive_ptr<c10d::Work> self_recv(at::Tensor& t, int tag);
+  // The error for a failed stream: a timeout named as one, otherwise the
+  // library's result and message.
+  std::exception_ptr stream_error(ncclResult_t r);
   // Throws (a RuntimeError in Python) with the call, the result and the
   // communicator's last error.
   [[noreturn]] void fail(const char* call, ncclResult_t r);
@@ -142,6 +183,8 @@ class ProcessGroupMeshccl : public c10d::ProcessGroup {
   // `deadline` (then the communicator is revoked). Throws on error.
   void wait_for(uint64_t seq, std::chrono::steady_clock::time_point deadline);
   bool done_through(uint64_t seq);
+  // The stream has run everything up to work `last`: its tensors are let go.
+  void advance_locked(uint64_t last);
   void watchdog_loop();
   // The reduction op for `t`'s dtype (bool sums are ORs, as in torch's NCCL
   // group); a PreMulSum op is created here and released once the stream is idle.
@@ -162,12 +205,24 @@ class ProcessGroupMeshccl : public c10d::ProcessGroup {
   std::condition_variable cv_;
   uint64_t queued_ = 0;     // works handed to the stream
   uint64_t completed_ = 0;  // works known complete
+  // The tensors of works not known complete, by work: the stream reads and
+  // writes them whether or not Python still holds the work or the tensors.
+  std::deque<std::pair<uint64_t, std::vector<at::Tensor>>> held_;
   std::exception_ptr error_;  // the stream's failure; every later call throws it
   bool revoked_ = false;      // the watchdog revoked the communicator
   bool stop_ = false;
   std::vector<std::chrono::steady_clock::time_point> deadlines_;  // waits in progress
   std::thread watchdog_;
+
+  std::mutex self_mu_;  // guards the mailbox of sends to this rank
+  std::map<int, std::deque<at::Tensor>> self_sent_;                    // by tag, oldest first
+  std::map<int, std::deque<c10::intrusive_ptr<LocalWork>>> self_waiting_;  // receives posted first
 };
+
+// Registers a new group for shutdown_all; returns it.
+c10::intrusive_ptr<ProcessGroupMeshccl> track(c10::intrusive_ptr<ProcessGroupMeshccl> group);
+// shutdown() of every live meshccl group.
+void shutdown_all();
 
 // Sets MESHCCL_TIMEOUT to at least `timeout` unless the user set it, so the
 // library's own no-progress limit never ends a wait before the group's.

@@ -311,13 +311,20 @@ Status comm_split(ncclComm* parent, int color, int key, ncclComm* child) {
   return comm_finish_setup(child);
 }
 
+// Enqueued operations and eager sends still in the background (their data
+// must reach receivers that wait for it) finish first; an aborted
+// communicator drops the background ones.
 bool comm_wait_idle(ncclComm* comm, Deadline dl) {
   Backoff backoff(comm->wait);
-  while (comm->sched.pending_ops.load() > 0 && !dl.expired()) {
+  auto busy = [comm] {
+    return comm->sched.pending_ops.load() > 0 ||
+           (comm->engine && comm->engine->busy() && !comm->abort_flag.load(std::memory_order_relaxed));
+  };
+  while (busy() && !dl.expired()) {
     if (comm->engine && comm->engine->progress()) backoff.progress();
     else backoff.idle();
   }
-  return comm->sched.pending_ops.load() == 0;
+  return !busy();
 }
 
 Status comm_finalize(ncclComm* comm) {
@@ -335,6 +342,7 @@ void comm_free(ncclComm* comm) {
 #if MESHCCL_HAVE_CUDA
   cuda::release(&comm->sched);  // the device proxy: drained (bounded) before the transports close
 #endif
+  if (comm->engine) comm->engine->stop_background();  // before the transports it drives close
   comm->mesh.reset();  // closes transports first: nothing can touch our buffers after this
   comm->engine.reset();
   comm->bootstrap.reset();

@@ -50,6 +50,12 @@ class Run {
   virtual bool can_end_alone() const { return false; }
   // A peer this operation waits for (for timeout messages), or -1.
   virtual int waiting_on() const { return -1; }
+  // True once the operation's caller may go on although the run has not
+  // finished: it reads and writes none of the caller's buffers any more (an
+  // eager send whose data was copied aside). The engine then completes the
+  // operation's handle and runs the rest in the background; a failure after
+  // that fails the communicator, and the next call reports it.
+  virtual bool let_go() const { return false; }
   // Called once finished or failed and no longer referenced by transports.
   virtual void release(ScratchPool& /*pool*/) {}
 
@@ -67,6 +73,7 @@ class Run {
   double submitted_us_ = 0;  // for the trace
   std::shared_ptr<OpHandle> handle_;  // made at submission
   Status error_;                      // set when it failed by itself
+  bool let_go_ = false;               // its handle completed before it finished
 };
 
 // A run of `plan`, whose messages carry tag_base (unique per operation and
@@ -93,6 +100,16 @@ class Engine {
   void check_stalled(OpHandle& op);
   // Marks the communicator failed: every active and later operation ends with `s`.
   void fail_all(Status s);
+  // Runs that let their callers go and have not finished (see Run::let_go).
+  bool has_background() const { return background_.load(std::memory_order_acquire) > 0; }
+  // Runs submitted and not finished, background runs included.
+  bool busy() const { return nactive_.load(std::memory_order_acquire) > 0; }
+  // One pass for the thread that finishes background runs: true only when
+  // it held the engine and something moved.
+  bool background_progress();
+  // The background thread lets go of this engine (before its transports
+  // close); background runs then move only when a caller drives the engine.
+  void stop_background();
   Status fatal() const { return Status(static_cast<ncclResult_t>(fatal_.load())); }
   ScratchPool& scratch() { return scratch_; }
   Links& links() { return links_; }  // only by the thread driving progress
@@ -103,7 +120,10 @@ class Engine {
 
  private:
   void progress_locked(bool* moved);
-  void complete_run(Run* run, Status s);
+  // Completes run's handle with s (once).
+  void settle(Run* run, Status s);
+  // The run leaves the active set: its handle completes if it has not.
+  void retire(Run* run, Status s);
   int rank_;
   Mesh* mesh_;
   std::atomic<bool>* abort_;
@@ -118,6 +138,7 @@ class Engine {
   std::vector<std::unique_ptr<Run>> incoming_;
   std::vector<std::unique_ptr<Run>> active_;  // sorted by priority, then submission
   std::atomic<size_t> nactive_{0};
+  std::atomic<size_t> background_{0};
   std::atomic<int> fatal_{ncclSuccess};
   std::vector<std::unique_ptr<Run>> graveyard_;
   std::atomic<double> last_progress_us_{0};

@@ -111,6 +111,10 @@ class Plan {
   // (a reshard): the tag base of the messages sent to / received from each
   // communicator rank, used instead of the run's; empty: the run's for all.
   std::vector<uint64_t> send_tag_base, recv_tag_base;
+  // Once this step has completed, the caller's buffers are no longer used
+  // and the operation counts as complete for its caller; the rest of the
+  // plan runs in the background (Run::let_go). kNoStep: at the end.
+  StepId let_go_after = kNoStep;
 
   const std::vector<Step>& steps() const { return steps_; }
   std::vector<Step>& steps() { return steps_; }

@@ -53,6 +53,7 @@ class PlanRun final : public Run, public StepSink {
 
   void complete_step(uint32_t i) override {
     ++completed_;
+    if (i == plan_->let_go_after) let_go_ = true;
     for (uint32_t k = dep_offsets_[i]; k < dep_offsets_[i + 1]; ++k) {
       uint32_t j = dependents_[k];
       if (--remaining_[j] == 0) ready_.push_back(j);
@@ -108,6 +109,7 @@ class PlanRun final : public Run, public StepSink {
   bool finished() const override { return completed_ == plan_->size(); }
   const char* name() const override { return op_kind_name(plan_->kind); }
   bool can_end_alone() const override { return check_failed_ && plan_->check_gates_data && inflight_.empty(); }
+  bool let_go() const override { return let_go_; }
   int waiting_on() const override {
     for (uint32_t i : inflight_) return plan_->steps()[i].peer;
     return -1;
@@ -300,6 +302,7 @@ class PlanRun final : public Run, public StepSink {
   size_t completed_ = 0;
   std::vector<unsigned char>* scratch_ = nullptr;
   bool check_failed_ = false;
+  bool let_go_ = false;
 };
 
 std::unique_ptr<Run> make_plan_run(std::unique_ptr<Plan> plan, uint64_t tag_base) {

@@ -178,3 +178,31 @@ def test_sigterm_ends_rank(when, transport, tmp_path):
                 p.wait()
         for f in logs:
             f.close()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_p2p_eager_and_self(world, tmp_path):
+    """Crossing isend/irecv up to 4 MiB, and sends to this rank itself (tags honoured), complete."""
+    assert_ok(run_job("p2p", world, f"file://{tmp_path}/store"))
+
+
+def test_all_gather_coalesced_and_sparse_all_reduce(tmp_path):
+    assert_ok(run_job("coalesced_sparse", 2, f"file://{tmp_path}/store"))
+
+
+@pytest.mark.parametrize("uncaught", [False, True])
+def test_exit_with_async_work_pending(uncaught, tmp_path):
+    """No crash at interpreter exit with work in flight (it crashed in 4 of 6 runs)."""
+    for run in range(3):
+        results = run_job("exit_pending", 2, f"file://{tmp_path}/store{run}",
+                          extra_env={"RAISE": "1" if uncaught else "0"})
+        for rank, (rc, out) in enumerate(results):
+            assert rc == (1 if uncaught else 0), f"run {run} rank {rank} exit {rc}\n{out}"
+            assert "signal" not in out, out
+
+
+def test_library_timeout_is_named(tmp_path):
+    """A wait that ran out of MESHCCL_TIMEOUT raises a timeout, not a lost peer."""
+    results = run_job("lib_timeout", 2, f"file://{tmp_path}/store", extra_env={"MESHCCL_TIMEOUT": "2"})
+    assert_ok(results)
+    assert "timed out" in results[0][1]

@@ -332,7 +332,8 @@ def scenario_collectives():
     expect_error("int16 all_reduce", lambda: dist.all_reduce(torch.ones(3, dtype=torch.int16)), "cannot reduce")
     expect_error("BOR all_reduce", lambda: dist.all_reduce(torch.ones(3, dtype=torch.int32), op=R.BOR),
                  "not supported")
-    expect_error("sparse all_reduce", lambda: dist.all_reduce(torch.eye(3).to_sparse()))
+    expect_error("sparse all_reduce other than SUM", lambda: dist.all_reduce(torch.eye(3).to_sparse(), op=R.MAX),
+                 "sums")
     expect_error("all_gather_into_tensor of the wrong size",
                  lambda: dist.all_gather_into_tensor(torch.empty(WORLD * 12 + 1), x), "elements")
     # Byte-moving operations take any dtype (int16, complex64), as Gloo does.
@@ -416,6 +417,97 @@ def scenario_ddp():
     # Gloo group has already left torch.distributed deadlocks (the group's
     # destructor joins a worker thread that waits for the GIL).
     KEEP.append(models)
+
+
+# -------------------------------------------- point to point, coalesced, sparse
+
+def scenario_p2p():
+    """Crossing isend/irecv (NCCL's eager sizes), a ring, sends to this rank itself with tags."""
+    dist.init_process_group("meshccl", init_method=INIT, rank=RANK, world_size=WORLD)
+    nxt, prv = (RANK + 1) % WORLD, (RANK - 1) % WORLD
+    for nbytes in (8, 64 << 10, 128 << 10, 1 << 20, 4 << 20):
+        n = nbytes // 4
+        out = torch.arange(n, dtype=torch.int32) + RANK * 1000
+        got = torch.full((n,), -1, dtype=torch.int32)
+        reqs = [dist.isend(out, nxt), dist.irecv(got, prv)]
+        for q in reqs:
+            q.wait()
+        check(f"crossing isend/irecv of {nbytes} bytes", got, torch.arange(n, dtype=torch.int32) + prv * 1000)
+    # To this rank itself, above the eager size, blocking calls in a row.
+    big = torch.arange(6 << 20, dtype=torch.int32)
+    back = torch.empty_like(big)
+    dist.send(big, RANK)
+    dist.recv(back, RANK)
+    check("send to self then recv from self (24 MiB)", back, big)
+    # Tags to this rank itself: matched by tag, not by order.
+    a, b = torch.zeros(4), torch.zeros(4)
+    wa, wb = dist.irecv(a, RANK, tag=7), dist.irecv(b, RANK, tag=3)
+    dist.send(torch.full((4,), 3.0), RANK, tag=3)
+    dist.send(torch.full((4,), 7.0), RANK, tag=7)
+    wa.wait()
+    wb.wait()
+    check("self receive tag 7", a, torch.full((4,), 7.0))
+    check("self receive tag 3", b, torch.full((4,), 3.0))
+    dist.barrier()
+
+
+def scenario_coalesced_sparse():
+    """all_gather_coalesced and sparse COO all_reduce, against Gloo's results."""
+    dist.init_process_group("meshccl", init_method=INIT, rank=RANK, world_size=WORLD)
+    gloo = dist.new_group(backend="gloo")
+    for dtype in (torch.float32, torch.int64, torch.complex64):
+        ins = [torch.full((3,), RANK + 1, dtype=dtype), torch.full((2, 2), 2 * RANK, dtype=dtype),
+               torch.empty(0, dtype=dtype)]
+        want = [[torch.empty_like(t) for t in ins] for _ in range(WORLD)]
+        got = [[torch.empty_like(t) for t in ins] for _ in range(WORLD)]
+        dist.all_gather_coalesced(want, ins, group=gloo)
+        dist.all_gather_coalesced(got, ins)
+        for r in range(WORLD):
+            for k in range(len(ins)):
+                check(f"all_gather_coalesced {dtype} rank {r} tensor {k}", got[r][k], want[r][k])
+    for shape, dense in (((6,), ()), ((5, 3), (2,))):
+        idx = torch.tensor([[RANK % shape[0], (RANK + 2) % shape[0], 1]])
+        if len(shape) == 2:
+            idx = torch.cat([idx, torch.tensor([[RANK % 3, 0, 2]])])
+        vals = torch.arange(3 * (dense[0] if dense else 1), dtype=torch.float32).reshape((3,) + dense) + RANK
+        full = shape + dense if len(shape) == 1 else shape
+        x = torch.sparse_coo_tensor(idx, vals if len(shape) == 1 else vals[:, 0], full)
+        y = x.clone()
+        dist.all_reduce(x)
+        dist.all_reduce(y, group=gloo)
+        check(f"sparse all_reduce {tuple(full)}", x.to_dense(), y.to_dense())
+
+
+def scenario_exit_pending():
+    """Exits (normally, or by an uncaught exception) with async work pending."""
+    dist.init_process_group("meshccl", init_method=INIT, rank=RANK, world_size=WORLD)
+    t = torch.ones(1 << 22)
+    works = [dist.all_reduce(t, async_op=True) for _ in range(4)]  # noqa: F841
+    if os.environ.get("RAISE") == "1":
+        raise RuntimeError("uncaught on purpose")
+    sys.exit(0)  # through interpreter teardown, unlike the other scenarios
+
+
+def scenario_lib_timeout():
+    """MESHCCL_TIMEOUT ends a receive whose peer lives: the error names a timeout."""
+    dist.init_process_group("meshccl", init_method=INIT, rank=RANK, world_size=WORLD,
+                            timeout=timedelta(seconds=60))
+    flag = INIT[len("file://"):] + ".done"
+    if RANK == 1:
+        for _ in range(300):  # bounded: at most 30 s
+            if os.path.exists(flag):
+                break
+            time.sleep(0.1)
+        os._exit(0)
+    msg = expect_error("recv from a live peer that never sends", lambda: dist.recv(torch.zeros(4), 1))
+    print("error:", msg.splitlines()[0] if msg else "")
+    for part in ("meshccl: operation timed out: rank 0: Recv made no progress for 2 s", "waiting for rank 1"):
+        if part not in (msg or ""):
+            FAILURES.append(f"the error does not say {part!r}: {msg!r}")
+    if "exited" in (msg or ""):
+        FAILURES.append(f"a timeout is reported as a lost peer: {msg!r}")
+    open(flag, "w").close()
+    os._exit(1 if FAILURES else 0)
 
 
 # ------------------------------------------------------------- failure cases

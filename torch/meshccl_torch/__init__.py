@@ -14,6 +14,7 @@ variables where they are unset, so that init_method="env://" (the default)
 needs only MASTER_ADDR and MASTER_PORT.
 """
 
+import atexit
 import os
 import sys
 
@@ -84,6 +85,9 @@ def _wrap_new_group(original):
 
 
 _fill_launch_env()
+# Work still queued at exit (or after an uncaught exception) is settled before
+# the interpreter frees the tensors it reads and writes.
+atexit.register(_C.shutdown_all)
 
 if BACKEND.upper() not in dist.Backend._plugins:
     dist.Backend.register_backend(BACKEND, _create_process_group)
