@@ -143,7 +143,7 @@ void Engine::progress_locked(bool* moved) {
         run->let_go_ = true;
         background_.fetch_add(1, std::memory_order_acq_rel);
         settle(run, kOk);
-        background().add(this);
+        wants_background_ = true;  // handed to the background thread once mu_ is released
         *moved = true;
       }
       continue;
@@ -191,6 +191,10 @@ bool Engine::progress() {
   bool moved = false;
   progress_locked(&moved);
   if (moved) last_progress_us_.store(now_us(), std::memory_order_relaxed);
+  const bool hand_over = wants_background_;
+  wants_background_ = false;
+  lock.unlock();
+  if (hand_over) background().add(this);
   return moved;
 }
 
@@ -200,6 +204,7 @@ bool Engine::background_progress() {
   bool moved = false;
   progress_locked(&moved);
   if (moved) last_progress_us_.store(now_us(), std::memory_order_relaxed);
+  wants_background_ = false;  // the background thread, which calls this, drives the engine already
   return moved;
 }
 

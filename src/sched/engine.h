@@ -139,6 +139,7 @@ class Engine {
   std::vector<std::unique_ptr<Run>> active_;  // sorted by priority, then submission
   std::atomic<size_t> nactive_{0};
   std::atomic<size_t> background_{0};
+  bool wants_background_ = false;  // with mu_ held: a run was let go in this pass
   std::atomic<int> fatal_{ncclSuccess};
   std::vector<std::unique_ptr<Run>> graveyard_;
   std::atomic<double> last_progress_us_{0};

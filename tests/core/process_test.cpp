@@ -322,6 +322,7 @@ TEST(ProcessFailure, FailedShmTransferFailsTheCommunicator) {
   SharedArray<int> sync(3);  // [0] rank 0's pid, [1] 1 = CMA works, 2 = refused, [2] buffer unmapped
   auto kids = run_procs(n, kChildDeadline, [&](int rank) {
     setenv("MESHCCL_DIRECT_SLOT_BYTES", "0", 1);  // through the transport, not the shared region
+    setenv("MESHCCL_P2P_EAGER", "0", 1);          // the send reads the user's buffer, not a copy
     ncclUniqueId id;
     ncclResult_t res = shared_id(sid, rank, &id);
     if (res != ncclSuccess) return fail(9, rank, "ncclGetUniqueId", res);
