@@ -126,7 +126,7 @@ if [ -n "$train" ]; then
   "$train" --version | grep -q "^meshtrain (meshccl) " || { echo "FAIL: $train --version"; exit 1; }
   echo "installed meshtrain: ok"
 fi
-for tool in meshrun meshccl_info; do
+for tool in meshrun meshccl_info meshccl_sim; do
   exe=$(find "$prefix" -path "*/bin/$tool" -type f | head -n 1)
   "$exe" --version | grep -q "^$tool (meshccl) " || { echo "FAIL: $exe --version"; exit 1; }
 done

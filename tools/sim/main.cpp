@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "meshccl_config.h"
 #include "sim.h"
 #include "util/param.h"
 
@@ -43,6 +44,7 @@ const char* kUsage =
     "  --csv FILE             every row as CSV\n"
     "  --png FILE             a plot of the CSV (python3 and matplotlib; scripts/sim_plot.py)\n"
     "  --quiet                no tables on standard output\n"
+    "  -V, --version          print meshccl_sim's version\n"
     "MESHCCL_ALGO restricts the candidates as it does in the library.\n";
 
 constexpr double kMaxBytes = double(uint64_t{1} << 40);
@@ -119,6 +121,10 @@ int parse(int argc, char** argv, Options* o) {
     const std::string a = argv[i];
     if (a == "-h" || a == "--help") {
       std::printf(kUsage, preset_names().c_str());
+      return 0;
+    }
+    if (a == "-V" || a == "--version") {
+      std::printf("meshccl_sim (meshccl) %s\n", MESHCCL_VERSION_STRING);
       return 0;
     }
     if (a == "--quiet") {
