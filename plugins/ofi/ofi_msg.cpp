@@ -16,6 +16,7 @@ namespace meshccl::plugin::ofi {
 namespace {
 
 constexpr uint64_t kFlushNs = 500'000'000;  // how long a close waits to hand over its notice
+constexpr uint64_t kLetGoNs = 1'000'000'000;  // how long a close waits for its sends to be taken
 
 template <class Post>
 meshccl_tresult_t post_retry(Ctx* ctx, const char* what, Op* op, bool wait, Post&& post) {
@@ -399,17 +400,21 @@ size_t held_sends(const SendComm* c) {
 // The caller may free a send's buffer as soon as close returns, but
 // libfabric reads it until the send completes (a rendezvous payload is read
 // when the receiver takes it), and a send cannot be cancelled. So close
-// waits for every send libfabric holds to complete or fail: the receiver
-// takes what was wholly handed over, a dead or closed peer fails it. Bounded
-// by MESHCCL_TIMEOUT; past it, says so (the buffers must then stay valid).
+// waits, briefly, for every send libfabric holds to complete or fail: the
+// receiver takes what was wholly handed over, a dead or closed peer fails
+// it. A peer that takes nothing (stopped, or its host unreachable) must not
+// hold an abort for MESHCCL_TIMEOUT: past kLetGoNs (or the timeout, when
+// shorter) the context is frozen like one with a receive in flight (never
+// progressed again, kept at finalize), so libfabric reads those buffers no
+// more.
 void wait_sends_let_go(SendComm* c) {
   Ctx* ctx = c->ctx;
   size_t held = held_sends(c);
   if (held == 0) return;
   for (Request* r = c->queue.front(); r != nullptr; r = r->next)
     if (busy(r->body)) fi_cancel(&ctx->ep->fid, &r->body);
-  const uint64_t deadline = now_ns() + timeout_ns(ctx->host);
-  const char* why = "after MESHCCL_TIMEOUT";
+  const uint64_t deadline = now_ns() + std::min(timeout_ns(ctx->host), kLetGoNs);
+  const char* why = "to a peer that took nothing for 1 s (stopped or unreachable?)";
   while ((held = held_sends(c)) != 0) {
     if (progress(ctx) != MESHCCL_T_SUCCESS || now_ns() > deadline) break;
     refresh(c);
@@ -424,11 +429,13 @@ void wait_sends_let_go(SendComm* c) {
     }
     sched_yield();
   }
-  if (held != 0)
-    MPLUG_WARN(ctx->host,
-               "ofi: closing connection %u while libfabric still holds %zu send(s) %s; their buffers must stay "
-               "valid until the transport is finalized",
-               c->conn, held, why);
+  if (held == 0) return;
+  ctx->frozen = true;
+  ctx->stopping = true;  // the helper thread progresses no more either
+  MPLUG_INFO(ctx->host,
+             "ofi: closing connection %u while libfabric still holds %zu send(s) %s; the context is kept and no "
+             "longer progressed",
+             c->conn, held, why);
 }
 
 }  // namespace
