@@ -404,18 +404,18 @@ size_t held_sends(const SendComm* c) {
 // receiver takes what was wholly handed over, a dead or closed peer fails
 // it. A peer that takes nothing (stopped, or its host unreachable) must not
 // hold an abort for MESHCCL_TIMEOUT: past kLetGoNs (or the timeout, when
-// shorter) the context is frozen like one with a receive in flight (never
-// progressed again, kept at finalize), so libfabric reads those buffers no
-// more.
-void wait_sends_let_go(SendComm* c) {
+// shorter) the context is no longer progressed by anyone (closes, the helper
+// thread, finalize), so libfabric reads those buffers no more; finalize
+// closes its endpoint without progressing it.
+void wait_sends_let_go(SendComm* c, bool peer_stopped) {
   Ctx* ctx = c->ctx;
   size_t held = held_sends(c);
   if (held == 0) return;
   for (Request* r = c->queue.front(); r != nullptr; r = r->next)
     if (busy(r->body)) fi_cancel(&ctx->ep->fid, &r->body);
   const uint64_t deadline = now_ns() + std::min(timeout_ns(ctx->host), kLetGoNs);
-  const char* why = "to a peer that took nothing for 1 s (stopped or unreachable?)";
-  while ((held = held_sends(c)) != 0) {
+  const char* why = peer_stopped ? "to a stopped peer process" : "to a peer that took nothing for 1 s (stopped or unreachable?)";
+  while (!peer_stopped && (held = held_sends(c)) != 0) {
     if (progress(ctx) != MESHCCL_T_SUCCESS || now_ns() > deadline) break;
     refresh(c);
     if (peer_dead(ctx->host, c->peer_pid, c->watch)) {
@@ -430,11 +430,11 @@ void wait_sends_let_go(SendComm* c) {
     sched_yield();
   }
   if (held == 0) return;
-  ctx->frozen = true;
+  ctx->sends_abandoned = true;
   ctx->stopping = true;  // the helper thread progresses no more either
   MPLUG_INFO(ctx->host,
-             "ofi: closing connection %u while libfabric still holds %zu send(s) %s; the context is kept and no "
-             "longer progressed",
+             "ofi: closing connection %u while libfabric still holds %zu send(s) %s; the context is no longer "
+             "progressed",
              c->conn, held, why);
 }
 
@@ -445,7 +445,7 @@ bool may_progress(Ctx* ctx) {
     for (const Request* r = c->active.front(); r != nullptr && !ctx->frozen; r = r->next)
       if (busy(r->body)) ctx->frozen = true;
   if (ctx->frozen) ctx->stopping = true;  // the helper thread progresses no more either
-  return !ctx->frozen;
+  return !ctx->frozen && !ctx->sends_abandoned;
 }
 
 void close_send(SendComm* c) {
@@ -460,8 +460,12 @@ void close_send(SendComm* c) {
       break;
     }
   }
+  // A stopped peer on this host may hold a lock of the provider (libfabric's
+  // shm spins on it in fi_tsend until the peer runs again): no bye to it, and
+  // what it has not taken is abandoned at once.
+  const bool stopped = pid_stopped(c->peer_pid);
   bool live = c->broken == MESHCCL_T_SUCCESS && c->back != nullptr && c->back->hdr.posted > 0 &&
-              (c->hello == nullptr || c->hello->state == State::kPosted);
+              (c->hello == nullptr || c->hello->state == State::kPosted) && !stopped;
   if (live) {
     // Messages from the first one not wholly handed over never complete.
     uint64_t below = c->seq;
@@ -474,7 +478,7 @@ void close_send(SendComm* c) {
       send_notice(ctx, bye, c->peer, ftag(kHeader, c->conn, c->seq++, 0));
     }
   }
-  if (live_ctx) wait_sends_let_go(c);
+  if (live_ctx) wait_sends_let_go(c, stopped);
   while (Request* r = c->queue.pop_front()) release(ctx, r);
   drop(ctx, c->hello);
   drop(ctx, c->back);
@@ -483,7 +487,7 @@ void close_send(SendComm* c) {
 void close_recv(RecvComm* c) {
   Ctx* ctx = c->ctx;
   if (may_progress(ctx)) (void)progress(ctx);  // every open comm of the context, this one included
-  if (!c->closed) {  // tell the sender, whose sends would wait forever
+  if (!c->closed && !pid_stopped(c->peer_pid)) {  // tell the sender, whose sends would wait forever (see close_send)
     uint64_t below = c->seq;
     for (Request* r = c->active.front(); r != nullptr; r = r->next)
       if (r->state == State::kActive && (r->chunks_posted < r->nchunks || busy(r->body))) below = std::min(below, r->seq);
