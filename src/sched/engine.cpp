@@ -10,7 +10,7 @@ namespace meshccl {
 
 // ---------------------------------------------------------------- engine
 
-Engine::Engine(int rank, Mesh* mesh, std::atomic<bool>* abort, std::function<Status()> liveness, WaitPolicy wait)
+Engine::Engine(int rank, Mesh* mesh, std::atomic<bool>* abort, std::function<Status(int*)> liveness, WaitPolicy wait)
     : rank_(rank),
       mesh_(mesh),
       abort_(abort),
@@ -74,18 +74,15 @@ void Engine::progress_locked(bool* moved) {
       continue;
     }
     // A peer that failed and closed its connections: its notice, if it
-    // sent one, says why.
+    // sent one, says why and who failed first.
+    int first = s.code() == ncclRemoteError ? run->failed_peer() : rank_;
     if (s.code() == ncclRemoteError) {
-      Status notice = notices_.poll();
-      if (!notice.ok()) {
-        fail_all(notice);
-        return;
-      }
+      int by_notice = -1;
+      bool known = false;
+      Status notice = notices_.poll(&by_notice, &known);
+      if (!notice.ok()) s = notice, first = by_notice == rank_ ? first : by_notice;
     }
-    fail_all(s);
-    // Peers see a lost peer for themselves; an error found here they would
-    // otherwise only meet at MESHCCL_TIMEOUT.
-    if (s.code() != ncclRemoteError) notices_.send(s);
+    fail_and_notify(s, first);
     return;
   }
   size_t keep = 0;
@@ -114,9 +111,14 @@ bool Engine::progress() {
   return moved;
 }
 
-void Engine::fail_all(Status s) {
+void Engine::fail_all(Status s, int first) {
   int expected = ncclSuccess;
-  fatal_.compare_exchange_strong(expected, s.code());
+  if (fatal_.compare_exchange_strong(expected, s.code())) {
+    const std::string named = " failed first";
+    if (first >= 0 && first != rank_ && s.code() == ncclRemoteError &&
+        thread_last_error().find(named) == std::string::npos)
+      amend_last_error(thread_last_error() + "; rank " + std::to_string(first) + named);
+  }
   std::lock_guard<std::mutex> lock(incoming_mu_);
   for (auto& r : incoming_) active_.push_back(std::move(r));
   incoming_.clear();
@@ -125,6 +127,13 @@ void Engine::fail_all(Status s) {
     graveyard_.push_back(std::move(r));  // transports may still reference its buffers
   }
   active_.clear();
+}
+
+void Engine::fail_and_notify(Status s, int first, bool suspect) {
+  fail_all(s, first);
+  // Peers that wait on this rank would otherwise meet a closed connection (and
+  // blame this rank) or MESHCCL_TIMEOUT.
+  notices_.send(s, first >= 0 ? first : rank_, suspect);
 }
 
 Status Engine::wait(OpHandle& op) {
@@ -151,16 +160,54 @@ void Engine::check_stalled(OpHandle& op) {
   const double timeout_us = timeout_seconds() * 1e6;
   std::lock_guard<std::mutex> lock(mu_);
   if (op.done.load()) return;
-  // A peer's notice first: it says why the peer stopped (it may have exited since).
-  Status bad = notices_.poll();
-  if (bad.ok() && liveness_) bad = liveness_();
-  if (!bad.ok()) {
-    fail_all(bad);
-  } else if (timeout_us > 0 && idle > timeout_us) {
-    int peer = active_.empty() ? -1 : active_.front()->waiting_on();
-    fail_all(MC_ERROR(ncclRemoteError, "rank %d: no progress for %.0f s (MESHCCL_TIMEOUT)%s%s", rank_, idle / 1e6,
-                      peer >= 0 ? ", waiting for rank " : "", peer >= 0 ? std::to_string(peer).c_str() : ""));
+  // A peer's notice first: it says why the peer stopped (it may have exited
+  // since) and who failed first, or whom it suspects.
+  int first = -1;
+  bool known = false;
+  Status bad = notices_.poll(&first, &known);
+  if (!bad.ok() && !known) {
+    fail_suspecting(bad);
+    return;
   }
+  if (bad.ok() && liveness_) bad = liveness_(&first);
+  if (!bad.ok()) {
+    fail_and_notify(bad, first);
+  } else if (timeout_us > 0 && idle > timeout_us) {
+    const int peer = active_.empty() ? -1 : active_.front()->waiting_on();
+    fail_suspecting(MC_ERROR(ncclRemoteError, "rank %d: no progress for %.0f s (MESHCCL_TIMEOUT)%s%s", rank_,
+                             idle / 1e6, peer >= 0 ? ", waiting for rank " : "",
+                             peer >= 0 ? std::to_string(peer).c_str() : ""));
+  }
+}
+
+// Nothing moved for MESHCCL_TIMEOUT here, or a peer timed out. The peer
+// this rank waits for may itself wait for a stopped one: say whom this rank
+// suspects, then listen for a moment (kSuspectGraceS) to the peers that timed
+// out too; following their suspects leads every rank to the one that answers
+// nobody, or to a rank that says who failed.
+void Engine::fail_suspecting(Status s) {
+  constexpr double kSuspectGraceS = 1.0;
+  const int peer = active_.empty() ? -1 : active_.front()->waiting_on();
+  if (peer < 0) {
+    fail_and_notify(s, -1);
+    return;
+  }
+  const std::string mine = thread_last_error();
+  notices_.send(s, peer, true);
+  const Deadline grace = Deadline::after(std::min(kSuspectGraceS, timeout_seconds()));
+  Backoff backoff(wait_);
+  int ignored = -1;
+  bool known = false;
+  while (!grace.expired() && !(abort_ != nullptr && abort_->load(std::memory_order_relaxed))) {
+    LastErrorScope keep;
+    (void)notices_.poll(&ignored, &known);
+    backoff.idle();
+  }
+  int first = notices_.resolve(peer, &known);
+  if (first < 0 || first == rank_) first = peer;
+  amend_last_error(mine + "; rank " + std::to_string(first) + " failed first" +
+                   (known ? "" : " (it stopped answering)"));
+  fail_all(Status(s.code()), first);
 }
 
 }  // namespace meshccl

@@ -50,6 +50,8 @@ class Run {
   virtual bool can_end_alone() const { return false; }
   // A peer this operation waits for (for timeout messages), or -1.
   virtual int waiting_on() const { return -1; }
+  // After a failed poll: the peer whose transfer failed, or -1.
+  virtual int failed_peer() const { return -1; }
   // Called once finished or failed and no longer referenced by transports.
   virtual void release(ScratchPool& /*pool*/) {}
 
@@ -76,8 +78,8 @@ std::unique_ptr<Run> make_plan_run(std::unique_ptr<Plan> plan, uint64_t tag_base
 class Engine {
  public:
   // liveness: called when an operation makes no progress for a while; returns
-  // an error when a peer is known dead.
-  Engine(int rank, Mesh* mesh, std::atomic<bool>* abort, std::function<Status()> liveness,
+  // an error (and sets its argument to the rank) when a peer is known dead.
+  Engine(int rank, Mesh* mesh, std::atomic<bool>* abort, std::function<Status(int*)> liveness,
          WaitPolicy wait = WaitPolicy::standalone());
   ~Engine();
 
@@ -91,8 +93,10 @@ class Engine {
   // aborted, a peer is known dead, or nothing moved for MESHCCL_TIMEOUT.
   // Cheap unless nothing has moved for 100 ms.
   void check_stalled(OpHandle& op);
-  // Marks the communicator failed: every active and later operation ends with `s`.
-  void fail_all(Status s);
+  // Marks the communicator failed: every active and later operation ends with
+  // `s`. first: the rank whose failure came first (-1: this one); a peer's
+  // failure is named in the message ("rank F failed first").
+  void fail_all(Status s, int first = -1);
   Status fatal() const { return Status(static_cast<ncclResult_t>(fatal_.load())); }
   ScratchPool& scratch() { return scratch_; }
   Links& links() { return links_; }  // only by the thread driving progress
@@ -104,10 +108,13 @@ class Engine {
  private:
   void progress_locked(bool* moved);
   void complete_run(Run* run, Status s);
+  // Fails the communicator and tells the peers (with mu_ held).
+  void fail_and_notify(Status s, int first, bool suspect = false);
+  void fail_suspecting(Status s);
   int rank_;
   Mesh* mesh_;
   std::atomic<bool>* abort_;
-  std::function<Status()> liveness_;
+  std::function<Status(int*)> liveness_;
   WaitPolicy wait_;
   Executor* exec_;
   ScratchPool scratch_;

@@ -85,7 +85,10 @@ class PlanRun final : public Run, public StepSink {
           inflight_[keep++] = i;
           continue;
         }
-        if (!x.error.ok()) return explain_transfer_error(x.error, x.reason, s);
+        if (!x.error.ok()) {
+          failed_peer_ = s.peer;
+          return explain_transfer_error(x.error, x.reason, s);
+        }
         const size_t got = x.got;
         if (s.kind != StepKind::Send && got != s.bytes)
           return MC_ERROR(ncclInvalidUsage,
@@ -112,6 +115,7 @@ class PlanRun final : public Run, public StepSink {
     for (uint32_t i : inflight_) return plan_->steps()[i].peer;
     return -1;
   }
+  int failed_peer() const override { return failed_peer_; }
   void release(ScratchPool& pool) override {
     pool.release(scratch_);
     scratch_ = nullptr;
@@ -300,6 +304,7 @@ class PlanRun final : public Run, public StepSink {
   size_t completed_ = 0;
   std::vector<unsigned char>* scratch_ = nullptr;
   bool check_failed_ = false;
+  int failed_peer_ = -1;
 };
 
 std::unique_ptr<Run> make_plan_run(std::unique_ptr<Plan> plan, uint64_t tag_base) {
