@@ -18,7 +18,8 @@ Engine::Engine(int rank, Mesh* mesh, std::atomic<bool>* abort, std::function<Sta
       wait_(wait),
       exec_(&host_executor()),
       links_(rank, mesh, exec_),
-      notices_(rank, mesh) {}
+      notices_(rank, mesh),
+      probes_(rank, mesh) {}
 
 // The failed runs (graveyard_) own transfers that links_ still lists: the
 // links let go of them first.
@@ -172,12 +173,34 @@ void Engine::check_stalled(OpHandle& op) {
   if (bad.ok() && liveness_) bad = liveness_(&first);
   if (!bad.ok()) {
     fail_and_notify(bad, first);
+  } else if (Status mismatch = compare_with_peers(); !mismatch.ok()) {
+    fail_and_notify(mismatch, rank_);
   } else if (timeout_us > 0 && idle > timeout_us) {
     const int peer = active_.empty() ? -1 : active_.front()->waiting_on();
     fail_suspecting(MC_ERROR(ncclRemoteError, "rank %d: no progress for %.0f s (MESHCCL_TIMEOUT)%s%s", rank_,
                              idle / 1e6, peer >= 0 ? ", waiting for rank " : "",
                              peer >= 0 ? std::to_string(peer).c_str() : ""));
   }
+}
+
+// Stalled collectives tell every peer what they are (Probes); a peer stalled
+// in the same collective of the sequence under another signature is a
+// mismatch that moved no data this rank could compare, e.g. an empty call
+// (which exchanges signatures) against one that carries them with its data.
+Status Engine::compare_with_peers() {
+  OpSignature sig;
+  uint64_t seq = 0;
+  for (const auto& run : active_) {
+    if (!run->call(&sig, &seq)) continue;
+    probes_.announce(seq, sig);
+    int peer = -1;
+    OpSignature theirs;
+    if (!probes_.differs(seq, sig, &peer, &theirs)) continue;
+    return MC_ERROR(ncclInvalidUsage, "%s: mismatched calls across ranks (collective #%llu of this communicator): %s",
+                    run->name(), static_cast<unsigned long long>(seq),
+                    signature_difference(sig, rank_, theirs, peer).c_str());
+  }
+  return kOk;
 }
 
 // Nothing moved for MESHCCL_TIMEOUT here, or a peer timed out. The peer

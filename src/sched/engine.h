@@ -52,6 +52,9 @@ class Run {
   virtual int waiting_on() const { return -1; }
   // After a failed poll: the peer whose transfer failed, or -1.
   virtual int failed_peer() const { return -1; }
+  // A collective plan: its signature and its number in the communicator's
+  // sequence of collectives.
+  virtual bool call(OpSignature* /*sig*/, uint64_t* /*seq*/) const { return false; }
   // Called once finished or failed and no longer referenced by transports.
   virtual void release(ScratchPool& /*pool*/) {}
 
@@ -111,6 +114,7 @@ class Engine {
   // Fails the communicator and tells the peers (with mu_ held).
   void fail_and_notify(Status s, int first, bool suspect = false);
   void fail_suspecting(Status s);
+  Status compare_with_peers();
   int rank_;
   Mesh* mesh_;
   std::atomic<bool>* abort_;
@@ -120,6 +124,7 @@ class Engine {
   ScratchPool scratch_;
   Links links_;      // with mu_ held
   Notices notices_;  // with mu_ held
+  Probes probes_;    // with mu_ held
   std::mutex mu_;  // held by the thread driving progress
   std::mutex incoming_mu_;
   std::vector<std::unique_ptr<Run>> incoming_;

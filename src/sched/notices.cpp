@@ -12,6 +12,7 @@ namespace {
 // No operation uses this tag: collectives leave bit 63 clear and
 // point-to-point operations use step tag 0 only (api/enqueue).
 constexpr uint64_t kNoticeTag = ~uint64_t{0};
+constexpr uint64_t kProbeTag = ~uint64_t{1};  // a point-to-point tag with a nonzero step tag: also never used
 }  // namespace
 
 void Notices::send(Status s, int first, bool suspect) {
@@ -106,6 +107,57 @@ int Notices::resolve(int start, bool* known) const {
   for (int p = 0; p < n; ++p)
     if (p != rank_ && state_[p] != 3) return p;
   return start;
+}
+
+void Probes::poll() {
+  const int n = mesh_ != nullptr ? mesh_->size() : 0;
+  if (peers_.empty()) peers_.resize(static_cast<size_t>(n));
+  LastErrorScope keep;  // a peer that is gone is reported by liveness, not here
+  for (int p = 0; p < n; ++p) {
+    Peer& q = peers_[static_cast<size_t>(p)];
+    if (p == rank_ || q.broken) continue;
+    bool done = false;
+    size_t got = 0;
+    if (q.send_busy && (!Mesh::test(q.send, &done, nullptr).ok() || done)) q.send_busy = false;
+    if (!q.recv_posted) {
+      if (!mesh_->irecv(p, &q.in, sizeof(Probe), kProbeTag, &q.recv).ok()) q.broken = true;
+      else q.recv_posted = q.recv.handle != nullptr;
+      continue;
+    }
+    done = false;
+    if (!Mesh::test(q.recv, &done, &got).ok()) {
+      q.broken = true;
+    } else if (done) {
+      q.recv_posted = false;
+      if (got == sizeof(Probe)) q.last = q.in, q.heard = true;
+    }
+  }
+}
+
+void Probes::announce(uint64_t seq, const OpSignature& sig) {
+  poll();
+  if (seq == announced_) return;
+  announced_ = seq;
+  LastErrorScope keep;
+  for (int p = 0; p < static_cast<int>(peers_.size()); ++p) {
+    Peer& q = peers_[static_cast<size_t>(p)];
+    if (p == rank_ || q.broken || q.send_busy) continue;
+    q.out = Probe{seq, sig};
+    if (!mesh_->isend(p, &q.out, sizeof(Probe), kProbeTag, &q.send).ok()) q.broken = true;
+    else q.send_busy = q.send.handle != nullptr;
+  }
+}
+
+bool Probes::differs(uint64_t seq, const OpSignature& sig, int* peer, OpSignature* theirs) {
+  poll();
+  for (int p = 0; p < static_cast<int>(peers_.size()); ++p) {
+    const Peer& q = peers_[static_cast<size_t>(p)];
+    if (!q.heard || q.last.seq != seq || q.last.sig == sig) continue;
+    *peer = p;
+    *theirs = q.last.sig;
+    return true;
+  }
+  return false;
 }
 
 }  // namespace meshccl

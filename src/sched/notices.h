@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "base/signature.h"
 #include "transport/mesh.h"
 #include "util/status.h"
 
@@ -46,6 +47,37 @@ class Notices {
   std::vector<Notice> in_;  // per peer
   std::vector<Request> reqs_;
   std::vector<char> state_;  // 0 to post, 1 posted, 2 done or unusable, 3 received
+};
+
+// What a stalled collective is, told to every peer: its number in the
+// communicator's sequence of collectives and its signature. Sent once per
+// collective that stalls (100 ms without progress), compared by peers that
+// stall too; costs nothing while operations move.
+class Probes {
+ public:
+  Probes(int rank, Mesh* mesh) : rank_(rank), mesh_(mesh) {}
+  // Tells the peers (once per seq) that this rank waits in collective seq.
+  void announce(uint64_t seq, const OpSignature& sig);
+  // Whether a peer announced collective seq under another signature.
+  bool differs(uint64_t seq, const OpSignature& sig, int* peer, OpSignature* theirs);
+
+ private:
+  struct Probe {
+    uint64_t seq;
+    OpSignature sig;
+  };
+  struct Peer {
+    Probe in{}, out{};
+    Probe last{};  // the last one received
+    bool heard = false;
+    Request recv, send;
+    bool recv_posted = false, send_busy = false, broken = false;
+  };
+  void poll();
+  int rank_;
+  Mesh* mesh_;
+  std::vector<Peer> peers_;
+  uint64_t announced_ = ~uint64_t{0};
 };
 
 }  // namespace meshccl

@@ -116,6 +116,12 @@ class PlanRun final : public Run, public StepSink {
     return -1;
   }
   int failed_peer() const override { return failed_peer_; }
+  bool call(OpSignature* sig, uint64_t* seq) const override {
+    if (plan_->call.version == 0) return false;
+    *sig = plan_->call;
+    *seq = this->seq();
+    return true;
+  }
   void release(ScratchPool& pool) override {
     pool.release(scratch_);
     scratch_ = nullptr;

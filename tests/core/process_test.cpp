@@ -847,6 +847,74 @@ TEST(Mismatch, LargeCallsAreCheckedWithoutChecks) {
     }
 }
 
+// Without MESHCCL_CHECKS, every mismatched call fails on every rank with a
+// message naming the difference, also small ones that move the same bytes
+// (datatype of the same width, reduction op, root, AlltoAll against
+// AllGather) and an empty call against a non-empty one, on every path: the
+// direct algorithms (one host), plans on one host, and plans between two
+// hosts. Before, only the direct algorithms caught these; plans returned
+// success with wrong data (or, for the empty call, gave its rank the data of
+// the next call). A mismatch fails the communicator, so each case runs on its
+// own communicator split from the first.
+const MismatchCase kSameBytesCases[] = {
+    {"collective",
+     [](ncclComm_t c, bool odd, std::vector<float>& in, std::vector<float>& out) {
+       return odd ? ncclAlltoAll(in.data(), out.data(), 4, ncclFloat, c, nullptr)
+                  : ncclAllGather(in.data(), out.data(), 4, ncclFloat, c, nullptr);
+     }},
+};
+
+void default_mismatch(const char* transport, bool two_hosts, bool plans) {
+  set_timeout_env();
+  const int n = 3, odd = 2;
+  std::vector<const MismatchCase*> cases;
+  for (const MismatchCase& c : kMismatchCases) cases.push_back(&c);
+  for (const MismatchCase& c : kSameBytesCases) cases.push_back(&c);
+  const int ncases = int(cases.size());
+  SharedArray<SharedId> sid(1);
+  SharedArray<MismatchSlot> slots(n * ncases);
+  auto kids = run_procs(n, 2 * kChildDeadline, [&](int rank) {
+    use_transport(transport, two_hosts, rank);
+    if (plans) setenv("MESHCCL_DIRECT_SLOT_BYTES", "0", 1);
+    ncclUniqueId id;
+    ncclResult_t res = shared_id(sid, rank, &id);
+    if (res != ncclSuccess) return fail(9, rank, "ncclGetUniqueId", res);
+    ncclComm_t world = nullptr;
+    if ((res = ncclCommInitRank(&world, n, id, rank)) != ncclSuccess) return fail(10, rank, "ncclCommInitRank", res);
+    std::vector<float> in(16, float(rank)), out(16 * n);
+    for (int c = 0; c < ncases; ++c) {
+      ncclComm_t comm = nullptr;
+      if ((res = ncclCommSplit(world, 0, rank, &comm, nullptr)) != ncclSuccess) return fail(11, rank, "split", res);
+      MismatchSlot& s = slots[c * n + rank];
+      s.result = cases[c]->call(comm, rank == odd, in, out);
+      // A rank whose call moved no data it waits for (a root, the empty
+      // call) learns at its next call.
+      if (s.result == ncclSuccess) s.result = allreduce_after(comm, rank, n);
+      std::snprintf(s.message, sizeof(s.message), "%s", ncclGetLastError(nullptr));
+      ncclCommAbort(comm);
+    }
+    res = ncclCommDestroy(world);
+    if (res != ncclSuccess) return fail(12, rank, "ncclCommDestroy", res);
+    return 0;
+  });
+  ASSERT_EQ(kids.size(), size_t(n));
+  for (auto& k : kids) EXPECT_TRUE(exited_ok(k)) << describe(k);
+  for (int c = 0; c < ncases; ++c)
+    for (int r = 0; r < n; ++r) {
+      const MismatchSlot& s = slots[c * n + r];
+      const char* field = cases[c]->field;
+      EXPECT_EQ(s.result, ncclInvalidUsage) << "case " << field << ", rank " << r << ": " << s.message;
+      EXPECT_TRUE(mentions(s.message, "mismatched")) << "case " << field << ", rank " << r << ": " << s.message;
+      if (r == 0)
+        std::printf("[mismatch] default, %s%s, %s: rank 0: %s\n", transport ? transport : "shm",
+                    two_hosts ? ", two hosts" : plans ? ", plans" : "", field, s.message);
+    }
+}
+
+TEST(Mismatch, DefaultCatchesEveryMismatchDirect) { default_mismatch(nullptr, false, false); }
+TEST(Mismatch, DefaultCatchesEveryMismatchShmPlans) { default_mismatch(nullptr, false, true); }
+TEST(Mismatch, DefaultCatchesEveryMismatchTwoHosts) { default_mismatch("socket", true, false); }
+
 // ---------------------------------------------------------------------------
 // (e) Stray connections to the bootstrap root.
 
