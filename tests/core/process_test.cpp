@@ -456,6 +456,10 @@ void late_rank_after_peers_died(const char* transport, bool two_hosts) {
 TEST(ProcessFailure, LateRankIsToldItsPeersAreGoneShm) { late_rank_after_peers_died(nullptr, false); }
 TEST(ProcessFailure, LateRankIsToldItsPeersAreGoneSocket) { late_rank_after_peers_died("socket", true); }
 TEST(ProcessFailure, LateRankIsToldItsPeersAreGoneUcx) { late_rank_after_peers_died("ucx", true); }
+// Open: over ofi (tcp;ofi_rxm, libfabric 1.17) the late rank dies of SIGSEGV
+// inside libfabric's fi_trecv, posting a payload receive from a peer that
+// died (Links::post_chunks -> ofi recv_post -> post_chunks), 3 runs in 3.
+TEST(ProcessFailure, DISABLED_LateRankIsToldItsPeersAreGoneOfi) { late_rank_after_peers_died("ofi", true); }
 TEST(ProcessFailure, LateRankIsToldItsPeersAreGoneShmPlans) {
   setenv("MESHCCL_DIRECT_SLOT_BYTES", "0", 1);
   late_rank_after_peers_died(nullptr, false);
