@@ -141,6 +141,7 @@ Status make_plan(const TuneModel& tune, const OpDesc& op, std::unique_ptr<Plan>*
   MC_TRY(choose_algorithm(tune, op, &pick, &cost));
   auto plan = std::make_unique<Plan>();
   plan->kind = op.kind;
+  if (!is_p2p(op.kind)) plan->call = op.signature();
   plan->dtype = op.dtype;
   plan->op = op.op;
   plan->divisor = op.nranks;

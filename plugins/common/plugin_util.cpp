@@ -88,23 +88,37 @@ uint64_t random_u64() {
   return v != 0 ? v : 1;
 }
 
-bool pid_alive(int32_t pid) {
-  if (pid <= 0) return false;
-  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
+namespace {
+// The state letter of /proc/<pid>/stat, '?' when it cannot be read (e.g.
+// hidepid), 0 when the process is gone.
+char pid_state(int32_t pid) {
   char path[64];
   std::snprintf(path, sizeof(path), "/proc/%d/stat", pid);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno != ENOENT;  // cannot tell (e.g. hidepid): trust kill()
+  if (fd < 0) return errno != ENOENT ? '?' : 0;
   char buf[512];
   ssize_t n = read(fd, buf, sizeof(buf) - 1);
   close(fd);
-  if (n <= 0) return false;  // the process vanished while we read
+  if (n <= 0) return 0;  // the process vanished while we read
   buf[n] = '\0';
   // "pid (comm) S ...": comm may contain ')' so take the last one.
   const char* rp = std::strrchr(buf, ')');
-  if (rp == nullptr || rp[1] != ' ') return true;
-  char state = rp[2];
-  return state != 'Z' && state != 'X' && state != 'x';
+  if (rp == nullptr || rp[1] != ' ') return '?';
+  return rp[2];
+}
+}  // namespace
+
+bool pid_alive(int32_t pid) {
+  if (pid <= 0) return false;
+  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
+  const char state = pid_state(pid);  // '?': cannot tell, trust kill()
+  return state != 0 && state != 'Z' && state != 'X' && state != 'x';
+}
+
+bool pid_stopped(int32_t pid) {
+  if (pid <= 0) return false;
+  const char state = pid_state(pid);
+  return state == 'T' || state == 't';
 }
 
 meshccl_tresult_t sys_fail(const meshccl_transport_host_v1_t* host, const char* plugin, const char* what) {

@@ -53,6 +53,8 @@ uint64_t random_u64();
 // enough: an exited child that its parent has not reaped yet is a zombie that
 // still answers kill, so /proc/<pid>/stat is read as well.
 bool pid_alive(int32_t pid);
+// Whether a process of this kernel is stopped (SIGSTOP, a debugger).
+bool pid_stopped(int32_t pid);
 
 // Rate limiter for liveness checks: a stalled request checks its peer at most
 // once per interval, because the check costs syscalls.

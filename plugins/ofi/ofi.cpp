@@ -460,12 +460,15 @@ void close_listen(ListenComm* lc) {
 // a peer fail).
 bool finalize(Ctx* c) {
   stop_helper(c);
-  if (!may_progress(c)) {
+  const bool live = may_progress(c);
+  if (c->frozen) {
     MPLUG_INFO(c->host, "ofi: a receive was given up on while libfabric may still write it; the context is kept and no longer progressed");
     return false;
   }
-  drain_notices(c);   // close notices still in flight get a bounded wait
-  (void)progress(c);  // reports what finished; the rest goes with the endpoint
+  if (live) {
+    drain_notices(c);   // close notices still in flight get a bounded wait
+    (void)progress(c);  // reports what finished; the rest goes with the endpoint
+  }
   if (close_fabric(c)) return true;
   MPLUG_INFO(c->host, "ofi: libfabric still holds resources of this context; its memory is kept");
   return false;

@@ -190,6 +190,7 @@ struct Ctx {
   std::vector<struct SendComm*> connecting;
   std::vector<struct RecvComm*> recvs;  // open receive comms (see may_progress)
   bool frozen = false;  // a receive libfabric may still write was given up on: no longer progressed, kept
+  bool sends_abandoned = false;  // a send libfabric may still read was given up on: no longer progressed
 };
 
 struct ListenComm {

@@ -16,6 +16,7 @@ namespace meshccl::plugin::ofi {
 namespace {
 
 constexpr uint64_t kFlushNs = 500'000'000;  // how long a close waits to hand over its notice
+constexpr uint64_t kLetGoNs = 1'000'000'000;  // how long a close waits for its sends to be taken
 
 template <class Post>
 meshccl_tresult_t post_retry(Ctx* ctx, const char* what, Op* op, bool wait, Post&& post) {
@@ -399,18 +400,22 @@ size_t held_sends(const SendComm* c) {
 // The caller may free a send's buffer as soon as close returns, but
 // libfabric reads it until the send completes (a rendezvous payload is read
 // when the receiver takes it), and a send cannot be cancelled. So close
-// waits for every send libfabric holds to complete or fail: the receiver
-// takes what was wholly handed over, a dead or closed peer fails it. Bounded
-// by MESHCCL_TIMEOUT; past it, says so (the buffers must then stay valid).
-void wait_sends_let_go(SendComm* c) {
+// waits, briefly, for every send libfabric holds to complete or fail: the
+// receiver takes what was wholly handed over, a dead or closed peer fails
+// it. A peer that takes nothing (stopped, or its host unreachable) must not
+// hold an abort for MESHCCL_TIMEOUT: past kLetGoNs (or the timeout, when
+// shorter) the context is no longer progressed by anyone (closes, the helper
+// thread, finalize), so libfabric reads those buffers no more; finalize
+// closes its endpoint without progressing it.
+void wait_sends_let_go(SendComm* c, bool peer_stopped) {
   Ctx* ctx = c->ctx;
   size_t held = held_sends(c);
   if (held == 0) return;
   for (Request* r = c->queue.front(); r != nullptr; r = r->next)
     if (busy(r->body)) fi_cancel(&ctx->ep->fid, &r->body);
-  const uint64_t deadline = now_ns() + timeout_ns(ctx->host);
-  const char* why = "after MESHCCL_TIMEOUT";
-  while ((held = held_sends(c)) != 0) {
+  const uint64_t deadline = now_ns() + std::min(timeout_ns(ctx->host), kLetGoNs);
+  const char* why = peer_stopped ? "to a stopped peer process" : "to a peer that took nothing for 1 s (stopped or unreachable?)";
+  while (!peer_stopped && (held = held_sends(c)) != 0) {
     if (progress(ctx) != MESHCCL_T_SUCCESS || now_ns() > deadline) break;
     refresh(c);
     if (peer_dead(ctx->host, c->peer_pid, c->watch)) {
@@ -424,11 +429,13 @@ void wait_sends_let_go(SendComm* c) {
     }
     sched_yield();
   }
-  if (held != 0)
-    MPLUG_WARN(ctx->host,
-               "ofi: closing connection %u while libfabric still holds %zu send(s) %s; their buffers must stay "
-               "valid until the transport is finalized",
-               c->conn, held, why);
+  if (held == 0) return;
+  ctx->sends_abandoned = true;
+  ctx->stopping = true;  // the helper thread progresses no more either
+  MPLUG_INFO(ctx->host,
+             "ofi: closing connection %u while libfabric still holds %zu send(s) %s; the context is no longer "
+             "progressed",
+             c->conn, held, why);
 }
 
 }  // namespace
@@ -438,7 +445,7 @@ bool may_progress(Ctx* ctx) {
     for (const Request* r = c->active.front(); r != nullptr && !ctx->frozen; r = r->next)
       if (busy(r->body)) ctx->frozen = true;
   if (ctx->frozen) ctx->stopping = true;  // the helper thread progresses no more either
-  return !ctx->frozen;
+  return !ctx->frozen && !ctx->sends_abandoned;
 }
 
 void close_send(SendComm* c) {
@@ -453,8 +460,12 @@ void close_send(SendComm* c) {
       break;
     }
   }
+  // A stopped peer on this host may hold a lock of the provider (libfabric's
+  // shm spins on it in fi_tsend until the peer runs again): no bye to it, and
+  // what it has not taken is abandoned at once.
+  const bool stopped = pid_stopped(c->peer_pid);
   bool live = c->broken == MESHCCL_T_SUCCESS && c->back != nullptr && c->back->hdr.posted > 0 &&
-              (c->hello == nullptr || c->hello->state == State::kPosted);
+              (c->hello == nullptr || c->hello->state == State::kPosted) && !stopped;
   if (live) {
     // Messages from the first one not wholly handed over never complete.
     uint64_t below = c->seq;
@@ -467,7 +478,7 @@ void close_send(SendComm* c) {
       send_notice(ctx, bye, c->peer, ftag(kHeader, c->conn, c->seq++, 0));
     }
   }
-  if (live_ctx) wait_sends_let_go(c);
+  if (live_ctx) wait_sends_let_go(c, stopped);
   while (Request* r = c->queue.pop_front()) release(ctx, r);
   drop(ctx, c->hello);
   drop(ctx, c->back);
@@ -476,7 +487,7 @@ void close_send(SendComm* c) {
 void close_recv(RecvComm* c) {
   Ctx* ctx = c->ctx;
   if (may_progress(ctx)) (void)progress(ctx);  // every open comm of the context, this one included
-  if (!c->closed) {  // tell the sender, whose sends would wait forever
+  if (!c->closed && !pid_stopped(c->peer_pid)) {  // tell the sender, whose sends would wait forever (see close_send)
     uint64_t below = c->seq;
     for (Request* r = c->active.front(); r != nullptr; r = r->next)
       if (r->state == State::kActive && (r->chunks_posted < r->nchunks || busy(r->body))) below = std::min(below, r->seq);

@@ -155,7 +155,10 @@ void start_rdv(RecvComm* c, Request* r, uint64_t size, uint32_t slot, const RdvD
 // Copies one chunk of a kCopy rendezvous. The slot says kSlotReading while
 // the sender's memory is read: a sender that closes waits for the chunk to
 // end, then withdraws the payload (kSlotCancelled), so nothing is read from
-// a buffer its owner may already have freed.
+// a buffer its owner may already have freed. A sender that stops waiting
+// (this process was stopped mid-chunk) withdraws it under the reader, which
+// then fails the message: the read goes through the kernel or this process's
+// own mapping, so it cannot harm either process, only be stale.
 void copy_chunk(RecvComm* c, Request* r) {
   std::atomic<uint32_t>& slot = c->seg->slots[r->slot].v;
   uint32_t expect = kSlotPosted;
@@ -193,9 +196,21 @@ void copy_chunk(RecvComm* c, Request* r) {
   } else {
     std::memcpy(r->data + r->offset, r->src + r->offset, n);
   }
+  // A sender that gave up waiting for this chunk (this process was stopped
+  // while it copied) withdrew the payload meanwhile: what was read may be
+  // stale, so the message fails.
+  uint32_t reading = kSlotReading;
+  seg_release(c->seg);
+  if (!slot.compare_exchange_strong(reading, kSlotPosted, std::memory_order_acq_rel)) {
+    seg_acquire(c->seg);
+    MPLUG_WARN(c->ctx->host, "shm: pid %d withdrew a %" PRIu64 "-byte message (tag %" PRIu64 ") while it was read",
+               c->peer_pid, r->nbytes, r->tag);
+    end_rdv(c, r, MESHCCL_T_REMOTE_ERROR);
+    return;
+  }
+  seg_acquire(c->seg);
   r->offset += n;
   if (r->offset == r->nbytes) end_rdv(c, r, MESHCCL_T_SUCCESS);
-  else set_slot(c, r->slot, kSlotPosted);  // the sender may withdraw between chunks
 }
 
 void deliver(RecvComm* c, Request* r, const void* payload, uint64_t size) {

@@ -247,9 +247,12 @@ void send_close(SendComm* c) {
   // Our rendezvous buffers may be freed as soon as this returns: withdraw
   // each one the receiver has not finished, waiting out a chunk it is
   // copying right now (bounded: a chunk is short, a dead receiver is noticed).
+  // A receiver stopped mid-chunk (SIGSTOP) must not hold an abort: after 1 s
+  // the payload is withdrawn under it, and it fails the message when it
+  // resumes (shm_recv.cpp, copy_chunk).
   c->active.for_each([&](Request* r) {
     std::atomic<uint32_t>& slot = c->seg->slots[r->slot].v;
-    const uint64_t give_up = now_ns() + 10'000'000'000ull;
+    const uint64_t give_up = now_ns() + 1'000'000'000ull;
     for (uint64_t spins = 1;; ++spins) {
       uint32_t st = kSlotPosted;
       seg_release(c->seg);
@@ -257,7 +260,10 @@ void send_close(SendComm* c) {
       seg_acquire(c->seg);
       if (st != kSlotReading) break;  // done, failed, or streamed: our memory is not read
       if (spins % 1024 == 0 && (!pid_alive(c->peer_pid) || now_ns() > give_up)) {
-        MPLUG_WARN(c->ctx->host, "shm: closing while pid %d still reads a message from us", c->peer_pid);
+        seg_release(c->seg);
+        if (slot.compare_exchange_strong(st, kSlotCancelled, std::memory_order_acq_rel))
+          MPLUG_WARN(c->ctx->host, "shm: pid %d was reading a message from us for 1 s (stopped?); withdrawn",
+                     c->peer_pid);
         break;
       }
       sched_yield();

@@ -35,10 +35,12 @@ Status enqueue(ncclComm* comm, OpDesc& desc, cudaStream_t stream) {
   if (desc.kind == OpKind::SparseAllReduce && (device || cuda_stream))
     return MC_ERROR(ncclInvalidArgument, "meshcclSparseAllReduce : host memory and host or NULL streams only");
 #endif
-  // Empty operations are dropped after the checks, on every rank alike; with
-  // MESHCCL_CHECKS an empty collective still exchanges its signature.
-  // A sparse all-reduce of an empty tensor has nothing to check either.
-  if (desc.count == 0 && (desc.kind == OpKind::SparseAllReduce || !(desc.checks && !is_p2p(desc.kind)))) return kOk;
+  // Empty point-to-point operations are dropped after the checks. An empty
+  // collective takes its place in the sequence like any other, so that its
+  // peers compare its signature (a count of 0 on one rank only is a
+  // mismatch, not a call the others' next one pairs with). A sparse
+  // all-reduce of an empty tensor has nothing to check.
+  if (desc.count == 0 && (desc.kind == OpKind::SparseAllReduce || is_p2p(desc.kind))) return kOk;
   uint64_t tag;
   if (desc.kind == OpKind::Send) tag = tag::p2p(comm->send_seq[desc.peer]++);
   else if (desc.kind == OpKind::Recv) tag = tag::p2p(comm->recv_seq[desc.peer]++);

@@ -11,7 +11,8 @@
 //               a reshard takes its pairs' numbers the same way
 //  measurement  p2p 0, bit 62 set (a collective reaches it after 2^38
 //               earlier ones), the init probe's own sequence
-//  notice       all ones: a failure notice (never a sequence plus step: p2p
+//  notice       all ones: a failure notice; all ones but bit 0: a stalled
+//               collective's probe (neither is a sequence plus step: p2p
 //               operations use step 0 only)
 //
 // Within one operation the plan numbers its messages with step tags below
@@ -30,6 +31,7 @@ constexpr uint64_t kMeasureBit = uint64_t{1} << 62;
 constexpr uint64_t kSeqMask = (uint64_t{1} << kSeqBits) - 1;
 constexpr uint32_t kControlStep = 1u << (kStepBits - 1);
 constexpr uint64_t kNotice = ~uint64_t{0};
+constexpr uint64_t kProbe = ~uint64_t{1};
 
 // The tag base of the collective numbered seq on its communicator.
 constexpr uint64_t collective(uint64_t seq) { return (seq & kSeqMask) << kStepBits; }
@@ -42,6 +44,7 @@ constexpr uint64_t measurement(uint64_t seq) { return kMeasureBit | ((seq & (kSe
 constexpr uint64_t sequence(uint64_t base) { return (base & ~kP2PBit) >> kStepBits; }
 
 static_assert(kStepBits + kSeqBits + 1 == 64, "the fields fill the tag");
-static_assert((p2p(kSeqMask) | kControlStep) != kNotice, "no operation's message has a notice's tag");
+static_assert((p2p(kSeqMask) | kControlStep) != kNotice && (p2p(kSeqMask) | kControlStep) != kProbe,
+              "no operation's message has a notice's or a probe's tag");
 
 }  // namespace meshccl::tag

@@ -9,10 +9,11 @@
 
 using meshccl::Status;
 
-Status ncclComm::check_peers() {
+Status ncclComm::check_peers(int* dead) {
   for (int p = 0; p < nranks; ++p) {
     if (p == rank) continue;
     const meshccl::PeerInfo& info = peers[p];
+    *dead = p;
     if (info.machine_hash == peers[rank].machine_hash) {
       if (!meshccl::plugin::pid_alive(info.pid))
         return MC_ERROR(ncclRemoteError, "rank %d: peer rank %d (pid %d) has exited", rank, p, info.pid);
@@ -20,6 +21,7 @@ Status ncclComm::check_peers() {
       return MC_ERROR(ncclRemoteError, "rank %d: lost the connection to rank %d on %s", rank, p, info.host_id);
     }
   }
+  *dead = -1;
   return meshccl::kOk;
 }
 

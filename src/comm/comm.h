@@ -89,7 +89,7 @@ struct ncclComm {
   std::string last_error;
 
   // Known-dead peers, checked while operations wait.
-  meshccl::Status check_peers();
+  meshccl::Status check_peers(int* dead);
 };
 
 namespace meshccl {

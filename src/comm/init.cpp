@@ -182,7 +182,7 @@ Status comm_finish_setup(ncclComm* comm) {
   comm->checks = std::any_of(comm->peers.begin(), comm->peers.end(),
                              [](const PeerInfo& p) { return (p.flags & kPeerChecks) != 0; });
   comm->engine = std::make_unique<Engine>(comm->rank, comm->mesh.get(), &comm->abort_flag,
-                                          [comm] { return comm->check_peers(); }, comm->wait);
+                                          [comm](int* dead) { return comm->check_peers(dead); }, comm->wait);
   TuneModel tune;
   MC_TRY(tune_init(comm->rank, *comm->bootstrap, *comm->mesh, *comm->engine, comm->peers, comm->topo,
                    comm->parent_tune ? &*comm->parent_tune : nullptr, &tune));

@@ -74,7 +74,7 @@ Background& background() {
 
 // ---------------------------------------------------------------- engine
 
-Engine::Engine(int rank, Mesh* mesh, std::atomic<bool>* abort, std::function<Status()> liveness, WaitPolicy wait)
+Engine::Engine(int rank, Mesh* mesh, std::atomic<bool>* abort, std::function<Status(int*)> liveness, WaitPolicy wait)
     : rank_(rank),
       mesh_(mesh),
       abort_(abort),
@@ -82,7 +82,8 @@ Engine::Engine(int rank, Mesh* mesh, std::atomic<bool>* abort, std::function<Sta
       wait_(wait),
       exec_(&host_executor()),
       links_(rank, mesh, exec_),
-      notices_(rank, mesh) {}
+      notices_(rank, mesh),
+      probes_(rank, mesh) {}
 
 // The failed runs (graveyard_) own transfers that links_ still lists: the
 // links let go of them first.
@@ -154,18 +155,15 @@ void Engine::progress_locked(bool* moved) {
       continue;
     }
     // A peer that failed and closed its connections: its notice, if it
-    // sent one, says why.
+    // sent one, says why and who failed first.
+    int first = s.code() == ncclRemoteError ? run->failed_peer() : rank_;
     if (s.code() == ncclRemoteError) {
-      Status notice = notices_.poll();
-      if (!notice.ok()) {
-        fail_all(notice);
-        return;
-      }
+      int by_notice = -1;
+      bool known = false;
+      Status notice = notices_.poll(&by_notice, &known);
+      if (!notice.ok()) s = notice, first = by_notice == rank_ ? first : by_notice;
     }
-    fail_all(s);
-    // Peers see a lost peer for themselves; an error found here they would
-    // otherwise only meet at MESHCCL_TIMEOUT.
-    if (s.code() != ncclRemoteError) notices_.send(s);
+    fail_and_notify(s, first);
     return;
   }
   size_t keep = 0;
@@ -210,9 +208,14 @@ bool Engine::background_progress() {
 
 void Engine::stop_background() { background().remove(this); }
 
-void Engine::fail_all(Status s) {
+void Engine::fail_all(Status s, int first) {
   int expected = ncclSuccess;
-  fatal_.compare_exchange_strong(expected, s.code());
+  if (fatal_.compare_exchange_strong(expected, s.code())) {
+    const std::string named = " failed first";
+    if (first >= 0 && first != rank_ && s.code() == ncclRemoteError &&
+        thread_last_error().find(named) == std::string::npos)
+      amend_last_error(thread_last_error() + "; rank " + std::to_string(first) + named);
+  }
   std::lock_guard<std::mutex> lock(incoming_mu_);
   for (auto& r : incoming_) active_.push_back(std::move(r));
   incoming_.clear();
@@ -221,6 +224,13 @@ void Engine::fail_all(Status s) {
     graveyard_.push_back(std::move(r));  // transports may still reference its buffers
   }
   active_.clear();
+}
+
+void Engine::fail_and_notify(Status s, int first, bool suspect) {
+  fail_all(s, first);
+  // Peers that wait on this rank would otherwise meet a closed connection (and
+  // blame this rank) or MESHCCL_TIMEOUT.
+  notices_.send(s, first >= 0 ? first : rank_, suspect);
 }
 
 Status Engine::wait(OpHandle& op) {
@@ -247,21 +257,82 @@ void Engine::check_stalled(OpHandle& op) {
   const double timeout_us = timeout_seconds() * 1e6;
   std::lock_guard<std::mutex> lock(mu_);
   if (op.done.load()) return;
-  // A peer's notice first: it says why the peer stopped (it may have exited since).
-  Status bad = notices_.poll();
-  if (bad.ok() && liveness_) bad = liveness_();
+  // A peer's notice first: it says why the peer stopped (it may have exited
+  // since) and who failed first, or whom it suspects.
+  int first = -1;
+  bool known = false;
+  Status bad = notices_.poll(&first, &known);
+  if (!bad.ok() && !known) {
+    fail_suspecting(bad);
+    return;
+  }
+  if (bad.ok() && liveness_) bad = liveness_(&first);
   if (!bad.ok()) {
-    fail_all(bad);
+    fail_and_notify(bad, first);
+  } else if (Status mismatch = compare_with_peers(); !mismatch.ok()) {
+    fail_and_notify(mismatch, rank_);
   } else if (timeout_us > 0 && idle > timeout_us) {
-    // Named as a timeout, not as a lost peer: every peer still lives.
+    // Named as a timeout, not as a lost peer: every peer still lives (as far
+    // as this rank knows; the peers are asked whom they wait for).
     const Run* waited = active_.empty() ? nullptr : active_.front().get();
     for (const auto& r : active_)
       if (r->handle().get() == &op) waited = r.get();
     const int peer = waited != nullptr ? waited->waiting_on() : -1;
-    fail_all(MC_ERROR(ncclRemoteError, "timed out: rank %d: %s made no progress for %.0f s (MESHCCL_TIMEOUT=%.0f)%s%s",
-                      rank_, waited != nullptr ? waited->name() : "operation", idle / 1e6, timeout_us / 1e6,
-                      peer >= 0 ? ", waiting for rank " : "", peer >= 0 ? std::to_string(peer).c_str() : ""));
+    fail_suspecting(MC_ERROR(ncclRemoteError,
+                             "timed out: rank %d: %s made no progress for %.0f s (MESHCCL_TIMEOUT=%.0f)%s%s", rank_,
+                             waited != nullptr ? waited->name() : "operation", idle / 1e6, timeout_us / 1e6,
+                             peer >= 0 ? ", waiting for rank " : "", peer >= 0 ? std::to_string(peer).c_str() : ""));
   }
+}
+
+// Stalled collectives tell every peer what they are (Probes); a peer stalled
+// in the same collective of the sequence under another signature is a
+// mismatch that moved no data this rank could compare, e.g. an empty call
+// (which exchanges signatures) against one that carries them with its data.
+Status Engine::compare_with_peers() {
+  OpSignature sig;
+  uint64_t seq = 0;
+  for (const auto& run : active_) {
+    if (!run->call(&sig, &seq)) continue;
+    probes_.announce(seq, sig);
+    int peer = -1;
+    OpSignature theirs;
+    if (!probes_.differs(seq, sig, &peer, &theirs)) continue;
+    return MC_ERROR(ncclInvalidUsage, "%s: mismatched calls across ranks (collective #%llu of this communicator): %s",
+                    run->name(), static_cast<unsigned long long>(seq),
+                    signature_difference(sig, rank_, theirs, peer).c_str());
+  }
+  return kOk;
+}
+
+// Nothing moved for MESHCCL_TIMEOUT here, or a peer timed out. The peer
+// this rank waits for may itself wait for a stopped one: say whom this rank
+// suspects, then listen for a moment (kSuspectGraceS) to the peers that timed
+// out too; following their suspects leads every rank to the one that answers
+// nobody, or to a rank that says who failed.
+void Engine::fail_suspecting(Status s) {
+  constexpr double kSuspectGraceS = 1.0;
+  const int peer = active_.empty() ? -1 : active_.front()->waiting_on();
+  if (peer < 0) {
+    fail_and_notify(s, -1);
+    return;
+  }
+  const std::string mine = thread_last_error();
+  notices_.send(s, peer, true);
+  const Deadline grace = Deadline::after(std::min(kSuspectGraceS, timeout_seconds()));
+  Backoff backoff(wait_);
+  int ignored = -1;
+  bool known = false;
+  while (!grace.expired() && !(abort_ != nullptr && abort_->load(std::memory_order_relaxed))) {
+    LastErrorScope keep;
+    (void)notices_.poll(&ignored, &known);
+    backoff.idle();
+  }
+  int first = notices_.resolve(peer, &known);
+  if (first < 0 || first == rank_) first = peer;
+  amend_last_error(mine + "; rank " + std::to_string(first) + " failed first" +
+                   (known ? "" : " (it stopped answering)"));
+  fail_all(Status(s.code()), first);
 }
 
 }  // namespace meshccl

@@ -56,6 +56,11 @@ class Run {
   // operation's handle and runs the rest in the background; a failure after
   // that fails the communicator, and the next call reports it.
   virtual bool let_go() const { return false; }
+  // After a failed poll: the peer whose transfer failed, or -1.
+  virtual int failed_peer() const { return -1; }
+  // A collective plan: its signature and its number in the communicator's
+  // sequence of collectives.
+  virtual bool call(OpSignature* /*sig*/, uint64_t* /*seq*/) const { return false; }
   // Called once finished or failed and no longer referenced by transports.
   virtual void release(ScratchPool& /*pool*/) {}
 
@@ -83,8 +88,8 @@ std::unique_ptr<Run> make_plan_run(std::unique_ptr<Plan> plan, uint64_t tag_base
 class Engine {
  public:
   // liveness: called when an operation makes no progress for a while; returns
-  // an error when a peer is known dead.
-  Engine(int rank, Mesh* mesh, std::atomic<bool>* abort, std::function<Status()> liveness,
+  // an error (and sets its argument to the rank) when a peer is known dead.
+  Engine(int rank, Mesh* mesh, std::atomic<bool>* abort, std::function<Status(int*)> liveness,
          WaitPolicy wait = WaitPolicy::standalone());
   ~Engine();
 
@@ -98,8 +103,10 @@ class Engine {
   // aborted, a peer is known dead, or nothing moved for MESHCCL_TIMEOUT.
   // Cheap unless nothing has moved for 100 ms.
   void check_stalled(OpHandle& op);
-  // Marks the communicator failed: every active and later operation ends with `s`.
-  void fail_all(Status s);
+  // Marks the communicator failed: every active and later operation ends with
+  // `s`. first: the rank whose failure came first (-1: this one); a peer's
+  // failure is named in the message ("rank F failed first").
+  void fail_all(Status s, int first = -1);
   // Runs that let their callers go and have not finished (see Run::let_go).
   bool has_background() const { return background_.load(std::memory_order_acquire) > 0; }
   // Runs submitted and not finished, background runs included.
@@ -124,15 +131,20 @@ class Engine {
   void settle(Run* run, Status s);
   // The run leaves the active set: its handle completes if it has not.
   void retire(Run* run, Status s);
+  // Fails the communicator and tells the peers (with mu_ held).
+  void fail_and_notify(Status s, int first, bool suspect = false);
+  void fail_suspecting(Status s);
+  Status compare_with_peers();
   int rank_;
   Mesh* mesh_;
   std::atomic<bool>* abort_;
-  std::function<Status()> liveness_;
+  std::function<Status(int*)> liveness_;
   WaitPolicy wait_;
   Executor* exec_;
   ScratchPool scratch_;
   Links links_;      // with mu_ held
   Notices notices_;  // with mu_ held
+  Probes probes_;    // with mu_ held
   std::mutex mu_;  // held by the thread driving progress
   std::mutex incoming_mu_;
   std::vector<std::unique_ptr<Run>> incoming_;

@@ -9,13 +9,17 @@
 
 namespace meshccl {
 
-void Notices::send(Status s) {
+void Notices::send(Status s, int first, bool suspect) {
   const int n = mesh_ != nullptr ? mesh_->size() : 0;
   if (sent_ || n <= 1) return;
   sent_ = true;
   LastErrorScope keep;  // a notice that cannot be delivered is not the error
   out_.code = s.code();
-  std::snprintf(out_.text, sizeof(out_.text), "%s", thread_last_error().c_str());
+  out_.first = first;
+  out_.suspect = suspect ? 1 : 0;
+  // A failure relayed from a peer's notice passes on that notice's text, so
+  // messages do not nest once per hop.
+  std::snprintf(out_.text, sizeof(out_.text), "%s", relay_.empty() ? thread_last_error().c_str() : relay_.c_str());
   // Best effort, briefly: a small message normally leaves at once; a peer
   // that does not drain its connection falls back on MESHCCL_TIMEOUT.
   std::vector<Request> reqs(n);
@@ -37,38 +41,117 @@ void Notices::send(Status s) {
   }
 }
 
-Status Notices::poll() {
+Status Notices::poll(int* first, bool* known) {
   const int n = mesh_ != nullptr ? mesh_->size() : 0;
   if (n <= 1) return kOk;
+  post_receives();
+  int from = -1;
+  for (int p = 0; p < n && from < 0; ++p)
+    if (state_[p] == 3) from = p;
+  if (from < 0) return kOk;
+  const Notice& m = in_[from];
+  *first = resolve(from, known);
+  relay_ = m.text;
+  // A mismatch is the caller's error on every rank; anything else is a
+  // failure elsewhere.
+  return MC_ERROR(m.code == ncclInvalidUsage ? ncclInvalidUsage : ncclRemoteError,
+                  "rank %d: rank %d failed an operation of this communicator: %s", rank_, from, m.text);
+}
+
+void Notices::post_receives() {
+  const int n = mesh_->size();
   if (in_.empty()) {
     in_.resize(n);
     reqs_.resize(n);
     state_.assign(n, 0);
     state_[rank_] = 2;
   }
-  int from = -1;
-  {
-    LastErrorScope keep;  // a peer that is gone is reported by liveness, not here
-    for (int p = 0; p < n && from < 0; ++p) {
-      if (state_[p] == 0) {
-        if (!mesh_->irecv(p, &in_[p], sizeof(Notice), tag::kNotice, &reqs_[p]).ok()) state_[p] = 2;
-        else if (reqs_[p].handle != nullptr) state_[p] = 1;
-      }
-      if (state_[p] != 1) continue;
-      bool done = false;
-      size_t got = 0;
-      const bool ok = Mesh::test(reqs_[p], &done, &got).ok();
-      if (!ok || done) state_[p] = 2;
-      if (ok && done && got == sizeof(Notice)) from = p;
+  LastErrorScope keep;  // a peer that is gone is reported by liveness, not here
+  for (int p = 0; p < n; ++p) {
+    if (state_[p] == 0) {
+      if (!mesh_->irecv(p, &in_[p], sizeof(Notice), tag::kNotice, &reqs_[p]).ok()) state_[p] = 2;
+      else if (reqs_[p].handle != nullptr) state_[p] = 1;
+    }
+    if (state_[p] != 1) continue;
+    bool done = false;
+    size_t got = 0;
+    const bool ok = Mesh::test(reqs_[p], &done, &got).ok();
+    if (!ok || done) state_[p] = ok && got == sizeof(Notice) ? 3 : 2;
+    if (state_[p] == 3) in_[p].text[sizeof(in_[p].text) - 1] = '\0';
+  }
+}
+
+int Notices::resolve(int start, bool* known) const {
+  const int n = static_cast<int>(state_.size());
+  *known = false;
+  std::vector<char> seen(static_cast<size_t>(n), 0);
+  for (int f = start, hops = 0; hops < n && f >= 0 && f < n && f != rank_ && seen[f] == 0; ++hops) {
+    if (state_[f] != 3) return f;  // silent: stopped, dead or unreachable
+    const Notice& m = in_[f];
+    if (m.first < 0 || m.first >= n) break;
+    if (m.suspect == 0) {
+      *known = true;
+      return m.first;
+    }
+    seen[f] = 1;
+    f = m.first;
+  }
+  // The suspicions went round in a circle (live ranks waiting for each
+  // other): the rank that failed is one that said nothing.
+  for (int p = 0; p < n; ++p)
+    if (p != rank_ && state_[p] != 3) return p;
+  return start;
+}
+
+void Probes::poll() {
+  const int n = mesh_ != nullptr ? mesh_->size() : 0;
+  if (peers_.empty()) peers_.resize(static_cast<size_t>(n));
+  LastErrorScope keep;  // a peer that is gone is reported by liveness, not here
+  for (int p = 0; p < n; ++p) {
+    Peer& q = peers_[static_cast<size_t>(p)];
+    if (p == rank_ || q.broken) continue;
+    bool done = false;
+    size_t got = 0;
+    if (q.send_busy && (!Mesh::test(q.send, &done, nullptr).ok() || done)) q.send_busy = false;
+    if (!q.recv_posted) {
+      if (!mesh_->irecv(p, &q.in, sizeof(Probe), tag::kProbe, &q.recv).ok()) q.broken = true;
+      else q.recv_posted = q.recv.handle != nullptr;
+      continue;
+    }
+    done = false;
+    if (!Mesh::test(q.recv, &done, &got).ok()) {
+      q.broken = true;
+    } else if (done) {
+      q.recv_posted = false;
+      if (got == sizeof(Probe)) q.last = q.in, q.heard = true;
     }
   }
-  if (from < 0) return kOk;
-  Notice& m = in_[from];
-  m.text[sizeof(m.text) - 1] = '\0';
-  // A mismatch is the caller's error on every rank; anything else is a
-  // failure elsewhere.
-  return MC_ERROR(m.code == ncclInvalidUsage ? ncclInvalidUsage : ncclRemoteError,
-                  "rank %d: rank %d failed an operation of this communicator: %s", rank_, from, m.text);
+}
+
+void Probes::announce(uint64_t seq, const OpSignature& sig) {
+  poll();
+  if (seq == announced_) return;
+  announced_ = seq;
+  LastErrorScope keep;
+  for (int p = 0; p < static_cast<int>(peers_.size()); ++p) {
+    Peer& q = peers_[static_cast<size_t>(p)];
+    if (p == rank_ || q.broken || q.send_busy) continue;
+    q.out = Probe{seq, sig};
+    if (!mesh_->isend(p, &q.out, sizeof(Probe), tag::kProbe, &q.send).ok()) q.broken = true;
+    else q.send_busy = q.send.handle != nullptr;
+  }
+}
+
+bool Probes::differs(uint64_t seq, const OpSignature& sig, int* peer, OpSignature* theirs) {
+  poll();
+  for (int p = 0; p < static_cast<int>(peers_.size()); ++p) {
+    const Peer& q = peers_[static_cast<size_t>(p)];
+    if (!q.heard || q.last.seq != seq || q.last.sig == sig) continue;
+    *peer = p;
+    *theirs = q.last.sig;
+    return true;
+  }
+  return false;
 }
 
 }  // namespace meshccl

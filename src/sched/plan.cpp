@@ -87,4 +87,11 @@ void Plan::add_dep(StepId step, StepId dep) {
   if (dep != kNoStep) late_deps_.emplace_back(step, dep);
 }
 
+void Plan::redirect_dependents(StepId from, StepId to) {
+  for (uint32_t& d : deps_)
+    if (d == from) d = to;
+  for (auto& [step, dep] : late_deps_)
+    if (dep == from) dep = to;
+}
+
 }  // namespace meshccl

@@ -81,6 +81,16 @@ class Plan {
   // Add a dependency after the fact (the step must not have started);
   // dep == kNoStep adds nothing.
   void add_dep(StepId step, StepId dep);
+  // Every step that depends on `from` depends on `to` instead.
+  void redirect_dependents(StepId from, StepId to);
+  // Calls fn(dep) for each dependency of `step`.
+  template <typename Fn>
+  void each_dep(StepId step, Fn&& fn) const {
+    const Step& s = steps_[step];
+    for (uint32_t k = 0; k < s.dep_count; ++k) fn(deps_[s.dep_begin + k]);
+    for (const auto& [st, dep] : late_deps_)
+      if (st == step) fn(dep);
+  }
 
   // Reserves scratch memory (from the communicator's pool, bound when the plan
   // starts). Returns a placeholder pointer usable in any step field; offsets
@@ -106,6 +116,9 @@ class Plan {
   // any data moves and nothing else of it is in flight.
   std::vector<OpSignature> signatures;
   bool check_gates_data = false;
+  // The collective as this rank called it (version 0: not a collective), for
+  // the comparison a stalled operation makes with its peers' (Probes).
+  OpSignature call{.version = 0};
 
   // A plan of point-to-point messages that follow each pair's own sequence
   // (a reshard): the tag base of the messages sent to / received from each

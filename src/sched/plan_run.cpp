@@ -86,7 +86,10 @@ class PlanRun final : public Run, public StepSink {
           inflight_[keep++] = i;
           continue;
         }
-        if (!x.error.ok()) return explain_transfer_error(x.error, x.reason, s);
+        if (!x.error.ok()) {
+          failed_peer_ = s.peer;
+          return explain_transfer_error(x.error, x.reason, s);
+        }
         const size_t got = x.got;
         if (s.kind != StepKind::Send && got != s.bytes)
           return MC_ERROR(ncclInvalidUsage,
@@ -113,6 +116,13 @@ class PlanRun final : public Run, public StepSink {
   int waiting_on() const override {
     for (uint32_t i : inflight_) return plan_->steps()[i].peer;
     return -1;
+  }
+  int failed_peer() const override { return failed_peer_; }
+  bool call(OpSignature* sig, uint64_t* seq) const override {
+    if (plan_->call.version == 0) return false;
+    *sig = plan_->call;
+    *seq = this->seq();
+    return true;
   }
   void release(ScratchPool& pool) override {
     pool.release(scratch_);
@@ -303,6 +313,7 @@ class PlanRun final : public Run, public StepSink {
   std::vector<unsigned char>* scratch_ = nullptr;
   bool check_failed_ = false;
   bool let_go_ = false;
+  int failed_peer_ = -1;
 };
 
 std::unique_ptr<Run> make_plan_run(std::unique_ptr<Plan> plan, uint64_t tag_base) {

@@ -226,6 +226,11 @@ LastErrorScope::~LastErrorScope() {
   set_last_error(saved_);
 }
 
+void amend_last_error(const std::string& msg) {
+  t_last_error = msg;
+  set_last_error(msg);
+}
+
 void set_last_error(const std::string& msg) {
   LogState& s = state();
   std::lock_guard<std::mutex> lock(s.mu);

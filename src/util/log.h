@@ -43,6 +43,8 @@ std::string log_subsys_unknown(const std::string& spec);
 // Text of the last WARN in this process ("" if none).
 std::string last_error();
 void set_last_error(const std::string& msg);
+// Replaces the calling thread's last error (and the process's) with msg.
+void amend_last_error(const std::string& msg);
 // Text of the last WARN logged by the calling thread ("" if none): the message
 // of a Status this thread just created, untouched by other threads' errors.
 std::string thread_last_error();

@@ -596,6 +596,47 @@ TEST_P(TransportTest, CloseWithLargeSendInFlightThenFree) {
   sctx_ = nullptr;
 }
 
+// A receiver that stops (SIGSTOP) in the middle of a large transfer takes
+// nothing more: closing the send comm must not wait for it up to
+// MESHCCL_TIMEOUT (an ncclCommAbort closes every link), and finalize returns
+// too. (ofi waited the whole timeout before.)
+TEST_P(TransportTest, CloseSendReturnsSoonWithAStoppedReceiver) {
+  ScopedEnv timeout("MESHCCL_TIMEOUT", "30");
+  ScopedEnv tls("UCX_TLS", "tcp");  // ucx: data queues in sockets, as between hosts
+  const meshccl_transport_v1_t* t = t_;
+  constexpr size_t kBig = 64 * kMiB;
+  Child child = spawn([&](int fd) -> int {
+    void* ctx = nullptr;
+    CHILD_CHECK(t->init(test_host(), &ctx) == MESHCCL_T_SUCCESS);
+    void* rcomm = nullptr;
+    CHILD_CHECK(accept_peer(t, ctx, fd, &rcomm) == MESHCCL_T_SUCCESS);
+    std::vector<unsigned char> dst(kBig, 0);
+    void* r = nullptr;
+    CHILD_CHECK(t->irecv(rcomm, dst.data(), kBig, 1, nullptr, &r) == MESHCCL_T_SUCCESS);
+    char ready = 'r';
+    CHILD_CHECK(write_all(fd, &ready, 1));
+    wait_request(t, r, nullptr, 60);
+    return 5;
+  });
+  ASSERT_EQ(connect_peer(t_, sctx_, child.fd, &scomm_), MESHCCL_T_SUCCESS);
+  char ready = 0;
+  ASSERT_TRUE(read_all(child.fd, &ready, 1));
+  std::vector<unsigned char> src(kBig, 7);  // kept to the end: a frozen context may keep it
+  void* s = nullptr;
+  ASSERT_EQ(t_->isend(scomm_, src.data(), kBig, 1, nullptr, &s), MESHCCL_T_SUCCESS);
+  int done = 0;
+  ASSERT_EQ(t_->test(s, &done, nullptr), MESHCCL_T_SUCCESS);
+  kill(child.pid, SIGSTOP);
+  const auto start = Clock::now();
+  EXPECT_EQ(t_->close_send(scomm_), MESHCCL_T_SUCCESS);
+  scomm_ = nullptr;
+  EXPECT_EQ(t_->finalize(sctx_), MESHCCL_T_SUCCESS);
+  sctx_ = nullptr;
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+  kill(child.pid, SIGKILL);
+  EXPECT_EQ(reap(child), 128 + SIGKILL);
+}
+
 TEST_P(TransportTest, ReceiverClosedFailsLargeSend) {
   Connect();
   std::vector<unsigned char> src(64 * kMiB, 1);
