@@ -159,18 +159,21 @@ void start_rdv(RecvComm* c, Request* r, uint64_t size, uint32_t slot, const RdvD
 // (this process was stopped mid-chunk) withdraws it under the reader, which
 // then fails the message: the read goes through the kernel or this process's
 // own mapping, so it cannot harm either process, only be stale.
-void copy_chunk(RecvComm* c, Request* r) {
-  std::atomic<uint32_t>& slot = c->seg->slots[r->slot].v;
-  uint32_t expect = kSlotPosted;
+// Moves the payload's slot from `from` to `to`; false (the message failed)
+// when the sender withdrew the payload first. when: "before" or "while".
+bool claim_slot(RecvComm* c, Request* r, uint32_t from, uint32_t to, const char* when) {
   seg_release(c->seg);
-  if (!slot.compare_exchange_strong(expect, kSlotReading, std::memory_order_acq_rel)) {
-    seg_acquire(c->seg);
-    MPLUG_WARN(c->ctx->host, "shm: pid %d withdrew a %" PRIu64 "-byte message (tag %" PRIu64 ") before it was read",
-               c->peer_pid, r->nbytes, r->tag);
-    end_rdv(c, r, MESHCCL_T_REMOTE_ERROR);
-    return;
-  }
+  const bool moved = c->seg->slots[r->slot].v.compare_exchange_strong(from, to, std::memory_order_acq_rel);
   seg_acquire(c->seg);
+  if (moved) return true;
+  MPLUG_WARN(c->ctx->host, "shm: pid %d withdrew a %" PRIu64 "-byte message (tag %" PRIu64 ") %s it was read",
+             c->peer_pid, r->nbytes, r->tag, when);
+  end_rdv(c, r, MESHCCL_T_REMOTE_ERROR);
+  return false;
+}
+
+void copy_chunk(RecvComm* c, Request* r) {
+  if (!claim_slot(c, r, kSlotPosted, kSlotReading, "before")) return;
   uint64_t n = std::min(c->ctx->copy_chunk, r->nbytes - r->offset);
   if (r->how == Copy::kCma) {
     iovec local{r->data + r->offset, n};
@@ -199,16 +202,7 @@ void copy_chunk(RecvComm* c, Request* r) {
   // A sender that gave up waiting for this chunk (this process was stopped
   // while it copied) withdrew the payload meanwhile: what was read may be
   // stale, so the message fails.
-  uint32_t reading = kSlotReading;
-  seg_release(c->seg);
-  if (!slot.compare_exchange_strong(reading, kSlotPosted, std::memory_order_acq_rel)) {
-    seg_acquire(c->seg);
-    MPLUG_WARN(c->ctx->host, "shm: pid %d withdrew a %" PRIu64 "-byte message (tag %" PRIu64 ") while it was read",
-               c->peer_pid, r->nbytes, r->tag);
-    end_rdv(c, r, MESHCCL_T_REMOTE_ERROR);
-    return;
-  }
-  seg_acquire(c->seg);
+  if (!claim_slot(c, r, kSlotReading, kSlotPosted, "while")) return;
   r->offset += n;
   if (r->offset == r->nbytes) end_rdv(c, r, MESHCCL_T_SUCCESS);
 }
