@@ -119,9 +119,12 @@ TEST_P(ProcessCollectives, AllReduceBroadcastRing) {
   set_timeout_env();
   const TransportCase tc = GetParam();
   const int n = 4;
-  ncclUniqueId id;
-  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
-  auto kids = run_procs(n, kChildDeadline, [&](int r) { return collectives_child(id, n, r, tc); });
+  SharedArray<SharedId> sid(1);  // made by rank 0 after the fork (procs.h)
+  auto kids = run_procs(n, kChildDeadline, [&](int r) {
+    ncclUniqueId id;
+    if (ncclResult_t res = shared_id(sid, r, &id); res != ncclSuccess) return fail(9, r, "ncclGetUniqueId", res);
+    return collectives_child(id, n, r, tc);
+  });
   ASSERT_EQ(kids.size(), size_t(n));
   for (auto& k : kids) EXPECT_TRUE(exited_ok(k)) << describe(k);
 }
@@ -635,10 +638,11 @@ TEST(ProcessFailure, FailedShmTransferFailsTheCommunicator) {
 
 TEST(ProcessFailure, MismatchedNranks) {
   set_timeout_env();
-  ncclUniqueId id;
-  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  SharedArray<SharedId> sid(1);  // made by rank 0 after the fork (procs.h)
   SharedSlots slots(2);
   auto kids = run_procs(2, kChildDeadline, [&](int rank) {
+    ncclUniqueId id;
+    if (ncclResult_t r = shared_id(sid, rank, &id); r != ncclSuccess) return fail(9, rank, "ncclGetUniqueId", r);
     ncclComm_t comm = nullptr;
     auto t0 = Clock::now();
     ncclResult_t res = ncclCommInitRank(&comm, rank == 0 ? 2 : 3, id, rank);
@@ -720,10 +724,11 @@ TEST(Mismatch, ChecksNameTheDifferenceOnEveryRankAndKeepTheCommUsable) {
   set_timeout_env();
   const int n = 3, odd = 2;
   const int ncases = int(std::size(kMismatchCases));
-  ncclUniqueId id;
-  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  SharedArray<SharedId> sid(1);  // made by rank 0 after the fork (procs.h)
   SharedArray<MismatchSlot> slots(n * ncases);
   auto kids = run_procs(n, kChildDeadline, [&](int rank) {
+    ncclUniqueId id;
+    if (ncclResult_t r = shared_id(sid, rank, &id); r != ncclSuccess) return fail(9, rank, "ncclGetUniqueId", r);
     if (rank == 0) setenv("MESHCCL_CHECKS", "1", 1);
     ncclComm_t comm = nullptr;
     ncclResult_t res = ncclCommInitRank(&comm, n, id, rank);
@@ -765,11 +770,12 @@ TEST(Mismatch, ChecksNameTheDifferenceOnEveryRankAndKeepTheCommUsable) {
 void unchecked_size_mismatch(const char* transport, bool abort_at_once) {
   set_timeout_env();
   const int n = 3, odd = 2;
-  ncclUniqueId id;
-  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  SharedArray<SharedId> sid(1);  // made by rank 0 after the fork (procs.h)
   SharedSlots slots(n);
   SharedArray<int> answered(1);
   auto kids = run_procs(n, kChildDeadline, [&](int rank) {
+    ncclUniqueId id;
+    if (ncclResult_t r = shared_id(sid, rank, &id); r != ncclSuccess) return fail(9, rank, "ncclGetUniqueId", r);
     if (transport) setenv("MESHCCL_TRANSPORT", transport, 1);
     setenv("MESHCCL_DIRECT_SLOT_BYTES", "0", 1);
     ncclComm_t comm = nullptr;
@@ -818,10 +824,11 @@ TEST(Mismatch, UncheckedSizeMismatchFailsEveryRankSocket) {
 TEST(Mismatch, LargeCallsAreCheckedWithoutChecks) {
   set_timeout_env();
   const int n = 3, odd = 2;
-  ncclUniqueId id;
-  ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  SharedArray<SharedId> sid(1);  // made by rank 0 after the fork (procs.h)
   SharedSlots slots(2 * n);
   auto kids = run_procs(n, kChildDeadline, [&](int rank) {
+    ncclUniqueId id;
+    if (ncclResult_t r = shared_id(sid, rank, &id); r != ncclSuccess) return fail(9, rank, "ncclGetUniqueId", r);
     setenv("MESHCCL_DIRECT_SLOT_BYTES", "0", 1);
     ncclComm_t world = nullptr, a = nullptr, b = nullptr;
     ncclResult_t res = ncclCommInitRank(&world, n, id, rank);
