@@ -998,7 +998,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::send(std::vector<at::Tensor>
   at::Tensor& t = single(tensors, "send");
   check_tensor(t, "send tensor", true);
   if (dst == rank_) return self_send(t, tag);
-  check("ncclSend", ncclSend(t.data_ptr(), bytes(t), ncclUint8, dst, comm_, as_cuda(stream_)));
+  // Tag 0 (torch's default) keeps NCCL's order; another tag matches the
+  // peer's receive with that tag, in any order, as Gloo's do.
+  if (tag == 0) check("ncclSend", ncclSend(t.data_ptr(), bytes(t), ncclUint8, dst, comm_, as_cuda(stream_)));
+  else check("meshcclSendTagged", meshcclSendTagged(t.data_ptr(), bytes(t), ncclUint8, dst, tag, comm_, as_cuda(stream_)));
   return make_work(c10d::OpType::SEND, {}, {t});
 }
 
@@ -1007,7 +1010,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::recv(std::vector<at::Tensor>
   at::Tensor& t = single(tensors, "recv");
   check_tensor(t, "recv tensor", true);
   if (src == rank_) return self_recv(t, tag);
-  check("ncclRecv", ncclRecv(t.data_ptr(), bytes(t), ncclUint8, src, comm_, as_cuda(stream_)));
+  if (tag == 0) check("ncclRecv", ncclRecv(t.data_ptr(), bytes(t), ncclUint8, src, comm_, as_cuda(stream_)));
+  else check("meshcclRecvTagged", meshcclRecvTagged(t.data_ptr(), bytes(t), ncclUint8, src, tag, comm_, as_cuda(stream_)));
   return make_work(c10d::OpType::RECV, {t});
 }
 

@@ -186,6 +186,21 @@ ncclResult_t meshcclSparseAllReduce(const void* sendvalues, const int64_t* indic
                                     size_t rows, size_t rowLen, ncclDataType_t datatype, ncclRedOp_t op,
                                     ncclComm_t comm, cudaStream_t stream);
 
+/*
+ * Tagged point-to-point, as Gloo's and MPI's: a meshcclSendTagged to `peer`
+ * with tag t matches the peer's meshcclRecvTagged from this rank with the same
+ * t; messages of one (peer, tag) pair match in the order they were posted,
+ * and different tags are independent of each other and of ncclSend/ncclRecv
+ * (which keep NCCL's order: the n-th send to a peer matches its n-th
+ * receive). Any int is a tag. Otherwise as ncclSend/ncclRecv: the same
+ * argument checks, groups, streams, eager sends of up to MESHCCL_P2P_EAGER
+ * bytes, a message larger than its receive fails both with ncclInvalidUsage.
+ */
+ncclResult_t meshcclSendTagged(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, int tag,
+                               ncclComm_t comm, cudaStream_t stream);
+ncclResult_t meshcclRecvTagged(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, int tag,
+                               ncclComm_t comm, cudaStream_t stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 

@@ -16,9 +16,10 @@ namespace {
 // peer of Send/Recv (-1 otherwise). `send_elems`/`recv_elems`: elements this
 // rank reads/writes (0 = buffer unused here). dt and op are the raw argument
 // values (op < 0 with has_op false: no reduction), checked before use.
+// `user_tag` >= 0: a tagged Send/Recv (meshcclSendTagged), the tag as uint32.
 Status collective(const char* fn, OpKind kind, const void* sendbuff, void* recvbuff, size_t count,
                   int dt_raw, bool has_op, int op_raw, int root, ncclComm* comm, cudaStream_t stream,
-                  size_t send_elems, size_t recv_elems, size_t mult) {
+                  size_t send_elems, size_t recv_elems, size_t mult, int64_t user_tag = -1) {
   MC_TRY(check_comm(fn, comm));
   UseGuard use(comm);
   ncclDataType_t dt;
@@ -34,6 +35,10 @@ Status collective(const char* fn, OpKind kind, const void* sendbuff, void* recvb
   d.dtype = dt;
   if (p2p) d.peer = root;
   else d.root = root;
+  if (user_tag >= 0) {
+    d.tagged = true;
+    d.user_tag = static_cast<uint32_t>(user_tag);
+  }
   if (has_op) MC_TRY(resolve_op(fn, comm, op_raw, dt, &d));
   if (p2p) MC_TRY(check_rank(fn, "peer", root, comm->nranks));
   else if (kind == OpKind::Broadcast || kind == OpKind::Reduce || kind == OpKind::Gather || kind == OpKind::Scatter)
@@ -158,6 +163,22 @@ MESHCCL_EXPORT ncclResult_t pncclRecv(void* recvbuff, size_t count, ncclDataType
   return api_call("ncclRecv", comm, [&] {
     return collective("ncclRecv", OpKind::Recv, nullptr, recvbuff, count, enum_bits(datatype), false, 0, peer, comm, stream,
                       0, count, 1);
+  });
+}
+
+MESHCCL_EXPORT ncclResult_t meshcclSendTagged(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                                             int tag, ncclComm_t comm, cudaStream_t stream) {
+  return api_call("meshcclSendTagged", comm, [&] {
+    return collective("meshcclSendTagged", OpKind::Send, sendbuff, nullptr, count, enum_bits(datatype), false, 0, peer,
+                      comm, stream, count, 0, 1, static_cast<uint32_t>(tag));
+  });
+}
+
+MESHCCL_EXPORT ncclResult_t meshcclRecvTagged(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, int tag,
+                                             ncclComm_t comm, cudaStream_t stream) {
+  return api_call("meshcclRecvTagged", comm, [&] {
+    return collective("meshcclRecvTagged", OpKind::Recv, nullptr, recvbuff, count, enum_bits(datatype), false, 0, peer,
+                      comm, stream, 0, count, 1, static_cast<uint32_t>(tag));
   });
 }
 

@@ -42,7 +42,10 @@ Status enqueue(ncclComm* comm, OpDesc& desc, cudaStream_t stream) {
   // all-reduce of an empty tensor has nothing to check.
   if (desc.count == 0 && (desc.kind == OpKind::SparseAllReduce || is_p2p(desc.kind))) return kOk;
   uint64_t tag;
-  if (desc.kind == OpKind::Send) tag = tag::p2p(comm->send_seq[desc.peer]++);
+  const uint64_t pair = uint64_t(uint32_t(desc.peer)) << 32 | desc.user_tag;
+  if (desc.kind == OpKind::Send && desc.tagged) tag = tag::p2p_tagged(desc.user_tag, comm->send_tagged_seq[pair]++);
+  else if (desc.kind == OpKind::Recv && desc.tagged) tag = tag::p2p_tagged(desc.user_tag, comm->recv_tagged_seq[pair]++);
+  else if (desc.kind == OpKind::Send) tag = tag::p2p(comm->send_seq[desc.peer]++);
   else if (desc.kind == OpKind::Recv) tag = tag::p2p(comm->recv_seq[desc.peer]++);
   else tag = tag::collective(comm->coll_seq++);
   PendingOp op{&comm->sched, desc, s, tag};

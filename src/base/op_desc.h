@@ -33,6 +33,8 @@ struct OpDesc {
   const void* scalar_src = nullptr;
   int root = 0;
   int peer = -1;
+  bool tagged = false;    // Send/Recv by meshcclSendTagged/meshcclRecvTagged:
+  uint32_t user_tag = 0;  // matched by (peer, user_tag), in order within one
   int rank = 0;
   int nranks = 1;
   size_t chunk_bytes = 512 * 1024;

@@ -7,8 +7,13 @@
 //  [p2p][          sequence (39 bits)       ][    step (24 bits)     ]
 //
 //  collective   p2p 0, its communicator's collective sequence number
-//  send/recv    p2p 1, the per-peer send (= the peer's receive) sequence number;
-//               a reshard takes its pairs' numbers the same way
+//  send/recv    p2p 1, the per-peer send (= the peer's receive) sequence number
+//               (38 bits: bit 62 stays 0); a reshard takes its pairs' numbers
+//               the same way
+//  tagged       meshcclSendTagged/meshcclRecvTagged: p2p 1 and bit 62 set, the
+//  send/recv    user's 32-bit tag in bits 61-30, bit 29 zero and the per-peer,
+//               per-tag sequence number in bits 28-0 (no step: a point-to-point
+//               message is one step)
 //  measurement  p2p 0, bit 62 set (a collective reaches it after 2^38
 //               earlier ones), the init probe's own sequence
 //  notice       all ones: a failure notice; all ones but bit 0: a stalled
@@ -37,7 +42,14 @@ constexpr uint64_t kProbe = ~uint64_t{1};
 constexpr uint64_t collective(uint64_t seq) { return (seq & kSeqMask) << kStepBits; }
 // The tag base of the seq-th point-to-point message a rank sends to a peer
 // (which that peer receives as its seq-th from the rank).
-constexpr uint64_t p2p(uint64_t seq) { return kP2PBit | collective(seq); }
+constexpr uint64_t p2p(uint64_t seq) { return kP2PBit | collective(seq & (kSeqMask >> 1)); }
+// The tag of the seq-th message with the user's tag `user` a rank sends to a
+// peer (which that peer receives as its seq-th with that tag from the rank).
+constexpr int kTaggedSeqBits = 29;
+constexpr uint64_t p2p_tagged(uint32_t user, uint64_t seq) {
+  return kP2PBit | kMeasureBit | (uint64_t{user} << (kTaggedSeqBits + 1)) |
+         (seq & ((uint64_t{1} << kTaggedSeqBits) - 1));
+}
 // The tag base of the seq-th timed exchange of the init probe.
 constexpr uint64_t measurement(uint64_t seq) { return kMeasureBit | ((seq & (kSeqMask >> 1)) << kStepBits); }
 // The sequence number a tag base carries.
@@ -46,5 +58,8 @@ constexpr uint64_t sequence(uint64_t base) { return (base & ~kP2PBit) >> kStepBi
 static_assert(kStepBits + kSeqBits + 1 == 64, "the fields fill the tag");
 static_assert((p2p(kSeqMask) | kControlStep) != kNotice && (p2p(kSeqMask) | kControlStep) != kProbe,
               "no operation's message has a notice's or a probe's tag");
+static_assert(p2p_tagged(~0u, ~uint64_t{0}) != kNotice && p2p_tagged(~0u, ~uint64_t{0}) != kProbe,
+              "no tagged message has a notice's or a probe's tag");
+static_assert((p2p(kSeqMask) & kMeasureBit) == 0, "untagged and tagged point-to-point tags never meet");
 
 }  // namespace meshccl::tag

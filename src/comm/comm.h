@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "bootstrap/bootstrap.h"
@@ -77,6 +78,8 @@ struct ncclComm {
   // Ordered on every rank the same way, so they name operations identically.
   uint64_t coll_seq = 0;
   std::vector<uint64_t> send_seq, recv_seq;  // per peer
+  // Tagged point-to-point (meshcclSendTagged): per (peer << 32 | user tag).
+  std::unordered_map<uint64_t, uint64_t> send_tagged_seq, recv_tagged_seq;
   uint32_t split_seq = 0;
   uint32_t shrink_seq = 0;  // ncclCommShrink calls made on this communicator
 

@@ -4,7 +4,9 @@
 // so ranks that each send to the other and then receive, outside a group,
 // finish; a receiver gets the data while its sender does nothing; and a
 // wait that runs out of time says so, naming the rank, the operation and
-// the time, instead of blaming a peer that lives.
+// the time, instead of blaming a peer that lives. Tagged point-to-point
+// (meshcclSendTagged) matches by (peer, tag), whatever order the receiver
+// posts in.
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -146,6 +148,77 @@ TEST(P2pEager, TimeoutIsReportedAsATimeout) {
             std::string::npos)
       << msg;
   EXPECT_EQ(msg.find("exited"), std::string::npos) << msg;
+}
+
+// meshcclSendTagged/meshcclRecvTagged: the receiver takes the messages in
+// another order than they were sent, by tag; two messages of one tag stay in
+// order; an untagged ncclSend between them keeps its own order. Then both
+// ranks exchange two messages above the eager limit in a group, received in
+// the reverse tag order. Bad arguments name the tagged function.
+TEST(P2pTagged, MessagesMatchByTagInAnyOrder) {
+  SharedArray<SharedId> sid(1);
+  SharedSlots slots(2);
+  auto kids = run_procs(2, kChildDeadline, [&](int rank) {
+    ncclComm_t comm = nullptr;
+    if (ncclResult_t r = init(sid, 2, rank, &comm); r != ncclSuccess) return fail(10, rank, "init", r);
+    struct Msg {
+      int tag;  // -2: untagged ncclSend
+      size_t words;
+      size_t round;
+    };
+    const Msg sent[] = {{7, 100, 1}, {3, 20000, 2}, {-2, 50, 3}, {-1, 10, 4}, {7, 100, 5}};
+    const int take[] = {3, 2, 0, 1, 4};  // the receiver's order, as indices into sent
+    if (rank == 0) {
+      for (const Msg& m : sent) {
+        std::vector<int64_t> out(m.words);
+        for (size_t i = 0; i < m.words; ++i) out[i] = word(0, i, m.round);
+        ncclResult_t r = m.tag == -2 ? ncclSend(out.data(), m.words, ncclInt64, 1, comm, nullptr)
+                                     : meshcclSendTagged(out.data(), m.words, ncclInt64, 1, m.tag, comm, nullptr);
+        if (r != ncclSuccess) return fail(20, rank, "send", r);
+      }
+    } else {
+      for (int k : take) {
+        const Msg& m = sent[k];
+        std::vector<int64_t> in(m.words, -1);
+        ncclResult_t r = m.tag == -2 ? ncclRecv(in.data(), m.words, ncclInt64, 0, comm, nullptr)
+                                     : meshcclRecvTagged(in.data(), m.words, ncclInt64, 0, m.tag, comm, nullptr);
+        if (r != ncclSuccess) return fail(21, rank, "recv", r);
+        for (size_t i = 0; i < m.words; ++i)
+          if (in[i] != word(0, i, m.round)) {
+            std::fprintf(stderr, "rank 1: tag %d: word %zu = %lld\n", m.tag, i, static_cast<long long>(in[i]));
+            return 22;
+          }
+      }
+    }
+    // Above the eager limit, both directions, in groups: tags 11 and 12 sent
+    // in that order, received as 12 then 11.
+    const size_t words = (size_t{6} << 20) / sizeof(int64_t);
+    const int peer = 1 - rank;
+    std::vector<int64_t> a(words), b(words), ra(words, -1), rb(words, -1);
+    for (size_t i = 0; i < words; ++i) {
+      a[i] = word(rank, i, 11);
+      b[i] = word(rank, i, 12);
+    }
+    ncclGroupStart();
+    meshcclSendTagged(a.data(), words, ncclInt64, peer, 11, comm, nullptr);
+    meshcclSendTagged(b.data(), words, ncclInt64, peer, 12, comm, nullptr);
+    meshcclRecvTagged(rb.data(), words, ncclInt64, peer, 12, comm, nullptr);
+    meshcclRecvTagged(ra.data(), words, ncclInt64, peer, 11, comm, nullptr);
+    if (ncclResult_t r = ncclGroupEnd(); r != ncclSuccess) return fail(23, rank, "ncclGroupEnd", r);
+    for (size_t i = 0; i < words; ++i)
+      if (ra[i] != word(peer, i, 11) || rb[i] != word(peer, i, 12)) return 24;
+    // A bad peer fails the call, naming the function; the communicator stays usable.
+    slots[rank].result = meshcclSendTagged(a.data(), 1, ncclInt64, 5, 1, comm, nullptr);
+    std::snprintf(slots[rank].message, sizeof(slots[rank].message), "%s", ncclGetLastError(comm));
+    if (int e = send_then_recv(comm, 2, rank, 1, 64, 9)) return e;
+    ncclResult_t r = ncclCommDestroy(comm);
+    return r == ncclSuccess ? 0 : fail(11, rank, "ncclCommDestroy", r);
+  });
+  expect_all_ok(kids, 2);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(slots[r].result, ncclInvalidArgument);
+    EXPECT_NE(std::string(slots[r].message).find("meshcclSendTagged"), std::string::npos) << slots[r].message;
+  }
 }
 
 }  // namespace

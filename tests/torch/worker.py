@@ -422,7 +422,7 @@ def scenario_ddp():
 # -------------------------------------------- point to point, coalesced, sparse
 
 def scenario_p2p():
-    """Crossing isend/irecv (NCCL's eager sizes), a ring, sends to this rank itself with tags."""
+    """Crossing isend/irecv (NCCL's eager sizes), a ring, sends to this rank itself with tags, tags between ranks."""
     dist.init_process_group("meshccl", init_method=INIT, rank=RANK, world_size=WORLD)
     nxt, prv = (RANK + 1) % WORLD, (RANK - 1) % WORLD
     for nbytes in (8, 64 << 10, 128 << 10, 1 << 20, 4 << 20):
@@ -448,6 +448,17 @@ def scenario_p2p():
     wb.wait()
     check("self receive tag 7", a, torch.full((4,), 7.0))
     check("self receive tag 3", b, torch.full((4,), 3.0))
+    # Tags between ranks, as Gloo: the receiver posts tag 5 before tag 9,
+    # the sender sent 9 first; tag 0 keeps its own order beside them.
+    sends = [(9, torch.full((3,), 9.0 + RANK)), (0, torch.full((2,), 0.5 + RANK)), (5, torch.full((6,), 5.0 + RANK))]
+    outs = [dist.isend(t, nxt, tag=tg) for tg, t in sends]
+    got5, got0, got9 = torch.zeros(6), torch.zeros(2), torch.zeros(3)
+    ins = [dist.irecv(got5, prv, tag=5), dist.irecv(got0, prv, tag=0), dist.irecv(got9, prv, tag=9)]
+    for q in outs + ins:
+        q.wait()
+    check("tagged receive 5", got5, torch.full((6,), 5.0 + prv))
+    check("tagged receive 9", got9, torch.full((3,), 9.0 + prv))
+    check("untagged receive", got0, torch.full((2,), 0.5 + prv))
     dist.barrier()
 
 
