@@ -509,10 +509,11 @@ void ProcessGroupMeshccl::wait_for(uint64_t seq, Clock::time_point deadline) {
 }
 
 std::exception_ptr ProcessGroupMeshccl::stream_error(ncclResult_t r) {
-  // The communicator's last error; a failure found on the stream's own thread
-  // is the process's (the calling thread's, else the last background one's).
-  const char* last = ncclGetLastError(comm_);
-  if (last == nullptr || *last == '\0') last = ncclGetLastError(nullptr);
+  // meshcclStreamSynchronize/Query just made the failed operation's own text
+  // this thread's last error, wherever it failed (often on the stream's
+  // worker thread); the communicator's holds its last failed call.
+  const char* last = ncclGetLastError(nullptr);
+  if (last == nullptr || *last == '\0') last = ncclGetLastError(comm_);
   const std::string detail = last != nullptr ? last : "";
   // The library names a wait that ran out of MESHCCL_TIMEOUT "timed out: rank
   // R: <operation> made no progress for N s"; its result code is the one for

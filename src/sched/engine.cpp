@@ -99,7 +99,9 @@ std::shared_ptr<OpHandle> Engine::submit(std::unique_ptr<Run> run, int priority)
   run->handle_ = std::make_shared<OpHandle>();
   std::shared_ptr<OpHandle> h = run->handle();
   if (!fatal().ok()) {
+    std::lock_guard<std::mutex> lock(incoming_mu_);
     h->status = fatal();
+    h->message = fatal_text_;
     h->done.store(true, std::memory_order_release);
     return h;
   }
@@ -114,6 +116,9 @@ void Engine::settle(Run* run, Status s) {
   if (run->handle()->done.load(std::memory_order_relaxed)) return;
   if (trace_on()) trace_op(reinterpret_cast<uintptr_t>(this), rank_, run->name(), run->priority(), run->submitted_us_);
   run->handle()->status = s;
+  // The text of the error this thread just made (the handle's waiter may be
+  // another thread, whose own last error says nothing of it).
+  if (!s.ok()) run->handle()->message = thread_last_error();
   run->handle()->done.store(true, std::memory_order_release);
 }
 
@@ -217,6 +222,7 @@ void Engine::fail_all(Status s, int first) {
       amend_last_error(thread_last_error() + "; rank " + std::to_string(first) + named);
   }
   std::lock_guard<std::mutex> lock(incoming_mu_);
+  if (s.code() == fatal().code() && fatal_text_.empty()) fatal_text_ = thread_last_error();
   for (auto& r : incoming_) active_.push_back(std::move(r));
   incoming_.clear();
   for (auto& r : active_) {

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "sched/executor.h"
@@ -28,7 +29,8 @@ namespace meshccl {
 // Completion of one submitted operation, shared by the engine and waiters.
 struct OpHandle {
   std::atomic<bool> done{false};
-  Status status;  // valid once done
+  Status status;        // valid once done
+  std::string message;  // the failure's text, valid once done with an error
 };
 
 class Engine;
@@ -153,6 +155,7 @@ class Engine {
   std::atomic<size_t> background_{0};
   bool wants_background_ = false;  // with mu_ held: a run was let go in this pass
   std::atomic<int> fatal_{ncclSuccess};
+  std::string fatal_text_;  // the failure's text, set once with fatal_ (under incoming_mu_)
   std::vector<std::unique_ptr<Run>> graveyard_;
   std::atomic<double> last_progress_us_{0};
   std::atomic<double> last_check_us_{0};

@@ -66,11 +66,15 @@ bool Submitted::done() const {
 Status Submitted::finish() {
   Status first = kOk;
   for (Waiting& w : ops_) {
-    if (first.ok() && !w.op->status.ok()) first = w.op->status;
+    if (first.ok() && !w.op->status.ok()) {
+      first = w.op->status;
+      error_text_ = w.op->message;
+    }
     --w.comm->pending_ops;
     --w.comm->users;
   }
   ops_.clear();
+  if (!first.ok() && !error_text_.empty() && error_text_ != thread_last_error()) amend_last_error(error_text_);
   return first;
 }
 
@@ -177,8 +181,11 @@ bool meshcclStream::drive(bool* busy) {
     meshccl::Status s = running_->finish();
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (!s.ok() && error_.ok()) {
+        error_ = s;
+        error_text_ = running_->error_text();
+      }
       running_.reset();
-      if (!s.ok() && error_.ok()) error_ = s;
       completed_.fetch_add(1, std::memory_order_release);
     }
     moved = true;
@@ -221,11 +228,17 @@ meshccl::Status meshcclStream::synchronize() {
   // costs a context switch per synchronize, often on the core where a peer
   // rank is polling.
   if (syncers_.load() == 0 && (has_work_locked() || shutdown_)) cv_work_.notify_one();
+  // The failure's text becomes the caller's last error: the run may have
+  // failed on the stream's worker thread.
+  if (!error_.ok() && !error_text_.empty()) meshccl::amend_last_error(error_text_);
   return error_;
 }
 
 meshccl::Status meshcclStream::query() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!error_.ok()) return error_;
+  if (!error_.ok()) {
+    if (!error_text_.empty()) meshccl::amend_last_error(error_text_);
+    return error_;
+  }
   return completed_.load() >= enqueued_.load() ? meshccl::kOk : meshccl::Status(ncclInProgress);
 }

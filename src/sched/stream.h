@@ -7,6 +7,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -41,8 +42,11 @@ class Submitted {
   // honoured); true when something moved. done() tells when all completed.
   bool poll();
   bool done() const;
-  // After done(): releases the communicators and returns the first error.
+  // After done(): releases the communicators and returns the first error,
+  // whose text (made by whichever thread found it) becomes the calling
+  // thread's last error and error_text().
   Status finish();
+  const std::string& error_text() const { return error_text_; }
   // How to wait for these launches: the most yielding of their communicators'.
   const WaitPolicy& wait_policy() const { return wait_; }
 
@@ -54,6 +58,7 @@ class Submitted {
   std::vector<Waiting> ops_;
   std::vector<CommSched*> comms_;
   WaitPolicy wait_;
+  std::string error_text_;
 };
 
 // Submits every launch, then drives all their engines until all complete.
@@ -107,6 +112,7 @@ struct meshcclStream {
   std::atomic<uint64_t> completed_{0};
   std::atomic<int> syncers_{0};
   meshccl::Status error_;
+  std::string error_text_;  // error_'s message, handed to whoever synchronizes or queries
   meshccl::WaitPolicy wait_ = meshccl::WaitPolicy::standalone();  // of the last work started
   bool shutdown_ = false;
   std::thread thread_;

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "meshccl.h"
@@ -148,6 +149,43 @@ TEST(P2pEager, TimeoutIsReportedAsATimeout) {
             std::string::npos)
       << msg;
   EXPECT_EQ(msg.find("exited"), std::string::npos) << msg;
+}
+
+// A receive on a host stream fails on the stream's worker thread (the send is
+// larger), while another thread of the process makes an error of its own:
+// meshcclStreamSynchronize hands the failed operation's own text to its
+// caller, and ncclGetLastError(NULL) there says what failed, not what the
+// other thread did.
+TEST(P2pEager, StreamFailureTextReachesTheSynchronizingThread) {
+  SharedArray<SharedId> sid(1);
+  SharedSlots slots(2);
+  auto kids = run_procs(2, kChildDeadline, [&](int rank) {
+    ncclComm_t comm = nullptr;
+    if (ncclResult_t r = init(sid, 2, rank, &comm); r != ncclSuccess) return fail(10, rank, "init", r);
+    std::vector<int64_t> buf(1000, 5);
+    if (rank == 0) {
+      usleep(300000);  // the receiver's call has returned by now
+      ncclResult_t r = ncclSend(buf.data(), buf.size(), ncclInt64, 1, comm, nullptr);
+      slots[0].result = r;
+      usleep(1500000);
+    } else {
+      meshcclStream_t stream = nullptr;
+      if (meshcclStreamCreate(&stream) != ncclSuccess) return 30;
+      ncclResult_t r = ncclRecv(buf.data(), 10, ncclInt64, 0, comm, meshcclStreamAsCuda(stream));
+      if (r != ncclSuccess) return fail(31, rank, "ncclRecv", r);
+      usleep(800000);  // the receive failed on the stream's thread meanwhile
+      std::thread other([] { (void)ncclAllReduce(nullptr, nullptr, 1, ncclInt8, ncclSum, nullptr, nullptr); });
+      other.join();
+      slots[1].result = meshcclStreamSynchronize(stream);
+      std::snprintf(slots[1].message, sizeof(slots[1].message), "%s", ncclGetLastError(nullptr));
+      (void)meshcclStreamDestroy(stream);
+    }
+    (void)ncclCommAbort(comm);
+    return 0;
+  });
+  expect_all_ok(kids, 2);
+  EXPECT_EQ(slots[1].result, ncclInvalidUsage) << slots[1].message;
+  EXPECT_NE(std::string(slots[1].message).find("larger than the 80 bytes"), std::string::npos) << slots[1].message;
 }
 
 // meshcclSendTagged/meshcclRecvTagged: the receiver takes the messages in

@@ -22,7 +22,7 @@ JOB_TIMEOUT = 240  # seconds for one job of 2-4 processes on 2 loaded cores
 
 def _env(extra=None):
     env = dict(os.environ)
-    path = os.environ.get("MESHCCL_TORCH_PATH")
+    path = env.pop("MESHCCL_TORCH_PATH", None)  # the harness's, not a library setting
     if path:
         env["PYTHONPATH"] = path + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("MESHCCL_SOCKET_IFNAME", "lo")
