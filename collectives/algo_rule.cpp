@@ -35,7 +35,9 @@ Status rule_for(const std::string& spec, OpKind kind, const char* var, std::stri
     if (entry.empty()) continue;
     size_t colon = entry.find(':');
     if (colon == std::string::npos) {
-      if (!first) return MC_ERROR(ncclInvalidArgument, "%s=\"%s\": only the first entry may omit the collective name", var, spec.c_str());
+      if (!first)
+        return MC_ERROR(ncclInvalidArgument, "%s=\"%s\": only the first entry may omit the collective name", var,
+                        spec.c_str());
       *out = entry;
       *global = true;
     } else if (entry.substr(0, colon) == kind_key(kind)) {
@@ -66,7 +68,8 @@ Status parse_algo_rule(const std::string& spec, OpKind kind, const std::vector<A
     pos = end + 1;
     if (name.empty()) continue;
     bool known = std::any_of(table.begin(), table.end(), [&](const AlgoName& a) { return name == a.name; });
-    if (!known) return MC_ERROR(ncclInvalidArgument, "%s=\"%s\": unknown algorithm \"%s\"", var, spec.c_str(), name.c_str());
+    if (!known)
+      return MC_ERROR(ncclInvalidArgument, "%s=\"%s\": unknown algorithm \"%s\"", var, spec.c_str(), name.c_str());
     names->push_back(name);
   }
   // A list for every collective says nothing about one with none of its

@@ -174,14 +174,18 @@ struct OwnInput {
 OwnInput own_input(const OpDesc& op, Plan* plan, void* into, size_t count);
 
 // [begin, end) of block b when `count` elements are cut into n balanced blocks.
-inline size_t block_begin(size_t count, int n, int b) { return count * static_cast<size_t>(b) / static_cast<size_t>(n); }
+inline size_t block_begin(size_t count, int n, int b) {
+  return count * static_cast<size_t>(b) / static_cast<size_t>(n);
+}
 // Elements per chunk, large enough that a plan's step tags stay below kControlTag.
 size_t chunk_elems(const OpDesc& op, size_t largest_piece, int phases);
 inline char* at(void* base, size_t elems, size_t es) { return static_cast<char*>(base) + elems * es; }
 inline const char* at(const void* base, size_t elems, size_t es) { return static_cast<const char*>(base) + elems * es; }
 // Bytes of the first chunk of a piece: what a pipeline must carry across each
 // hop before its last stage starts (the fill of the pipeline).
-inline double first_chunk(const OpDesc& op, double piece) { return std::min(static_cast<double>(op.chunk_bytes), piece); }
+inline double first_chunk(const OpDesc& op, double piece) {
+  return std::min(static_cast<double>(op.chunk_bytes), piece);
+}
 // Host-aware costs (link_cost.cpp). Positions a and b of ctx's group talk
 // over the network when the model's host map puts them on different hosts
 // (a model without a host map: whenever it has a network at all).

@@ -128,8 +128,7 @@ class DirectRun final : public Run {
           *moved = true;
           break;
         }
-        case State::Done:
-          return kOk;
+        case State::Done: return kOk;
       }
       if (state_ == State::Arrive && peers_read_buffers_ && !two_phase_) {
         control(me()).done.value.store(round_, std::memory_order_release);
@@ -431,12 +430,9 @@ class DirectRun final : public Run {
       }
       case OpKind::ReduceScatter:
         return reduce_inputs(at(op_.recvbuff, lo(), e), mine, 0, l, op_.premul ? nullptr : own(mine));
-      case OpKind::AllGather:
-        return gather(0, 0);
-      case OpKind::Gather:
-        return me() == op_.root ? gather(0, 0) : kOk;
-      case OpKind::AlltoAll:
-        return gather(mine, mine);
+      case OpKind::AllGather: return gather(0, 0);
+      case OpKind::Gather: return me() == op_.root ? gather(0, 0) : kOk;
+      case OpKind::AlltoAll: return gather(mine, mine);
       case OpKind::Scatter: {
         const void* src = me() == op_.root ? own(mine) : input(op_.root, mine);
         if (src == nullptr) return unmappable(op_.root);
@@ -444,8 +440,7 @@ class DirectRun final : public Run {
         if (dst != src) std::memcpy(dst, src, l * e);
         return kOk;
       }
-      default:
-        return kOk;
+      default: return kOk;
     }
   }
 

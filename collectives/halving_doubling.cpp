@@ -41,8 +41,12 @@ void depend(Plan* plan, Plan::StepId s, const Pieces& ps, size_t lo, size_t hi) 
 class Exchanges {
  public:
   Exchanges(const OpDesc& op, Plan* plan, Plan::StepId ready, int phases)
-      : op_(op), plan_(plan), es_(op.elem()), ready_(ready),
-        ce_(detail::chunk_elems(op, op.count, phases)), per_((op.count + ce_ - 1) / ce_) {}
+      : op_(op),
+        plan_(plan),
+        es_(op.elem()),
+        ready_(ready),
+        ce_(detail::chunk_elems(op, op.count, phases)),
+        per_((op.count + ce_ - 1) / ce_) {}
 
   // Sends base[lo, hi) to peer.
   Pieces send(int peer, int phase, const void* base, size_t lo, size_t hi, const std::vector<const Pieces*>& after) {
@@ -130,8 +134,8 @@ Status build_halving_doubling_allreduce(const BuildCtx& ctx, const OpDesc& op, P
 
   // Reduce-scatter by recursive halving over blocks [lo, hi) of p2 blocks.
   int lo = 0, hi = p2;
-  Pieces partial = std::move(folded);    // the latest sums written to the output
-  std::vector<Pieces> given(steps);      // what step k sent away (read from the output)
+  Pieces partial = std::move(folded);  // the latest sums written to the output
+  std::vector<Pieces> given(steps);    // what step k sent away (read from the output)
   for (int k = 0; k < steps; ++k) {
     const int bit = p2 >> (k + 1), peer = hd_rank_of(n, nr ^ bit), half = (hi - lo) / 2;
     const bool upper = (nr & bit) != 0;
@@ -144,7 +148,8 @@ Status build_halving_doubling_allreduce(const BuildCtx& ctx, const OpDesc& op, P
   }
   // Block nr is complete here; ncclAvg divides it, once.
   if (op.avg)
-    for (Piece& p : partial) p.id = plan->divide(at(op.recvbuff, p.lo, es), at(op.recvbuff, p.lo, es), p.hi - p.lo, {p.id});
+    for (Piece& p : partial)
+      p.id = plan->divide(at(op.recvbuff, p.lo, es), at(op.recvbuff, p.lo, es), p.hi - p.lo, {p.id});
 
   // All-gather by recursive doubling: step j swaps aligned groups of 2^j blocks.
   std::vector<Pieces> got(steps);

@@ -43,7 +43,9 @@ double rooted_cost(const BuildCtx& ctx, const OpDesc& op, OpKind kind) {
   inside.root = 0;
   const double inter = hier::cheapest(hier::net_model(ctx.model, hosts, 1), hosts, across, kind, {"chain", "tree"}).us;
   const double local =
-      g.widest > 1 ? hier::cheapest(hier::local_model(ctx.model, g.widest), g.widest, inside, kind, {"chain", "tree"}).us : 0;
+      g.widest > 1
+          ? hier::cheapest(hier::local_model(ctx.model, g.widest), g.widest, inside, kind, {"chain", "tree"}).us
+          : 0;
   return inter + local;
 }
 
@@ -56,14 +58,15 @@ Status build_hier_broadcast(const BuildCtx& ctx, const OpDesc& op, Plan* plan) {
   const std::vector<int>& host = l.g.members[h];
   const int k = static_cast<int>(host.size());
   // Both phases run in place on the output; the root copies its input there first.
-  Plan::StepId start = me == op.root && op.sendbuff != op.recvbuff ? plan->copy(op.recvbuff, op.sendbuff, bytes)
-                                                                   : Plan::kNoStep;
+  Plan::StepId start =
+      me == op.root && op.sendbuff != op.recvbuff ? plan->copy(op.recvbuff, op.sendbuff, bytes) : Plan::kNoStep;
   const hier::Tags tags = hier::tag_ranges(3);
   Plan::StepId across = start;
   if (me == l.leader[h]) {
     OpDesc sub = hier::sub_op(op, OpKind::Broadcast, op.recvbuff, op.recvbuff, op.count, hosts, 3);
     sub.root = l.root_host;
-    const auto pick = hier::cheapest(hier::net_model(ctx.model, hosts, 1), hosts, sub, OpKind::Broadcast, {"chain", "tree"});
+    const auto pick =
+        hier::cheapest(hier::net_model(ctx.model, hosts, 1), hosts, sub, OpKind::Broadcast, {"chain", "tree"});
     MC_TRY(hier::build_sub(ctx, pick.algorithm->build, l.leader, h, tags.base(1), sub, start, plan, &across));
   }
   if (k > 1) {
@@ -73,7 +76,8 @@ Status build_hier_broadcast(const BuildCtx& ctx, const OpDesc& op, Plan* plan) {
     // The root's host need not wait for the sends across hosts.
     const Plan::StepId after = me == op.root ? start : across;
     Plan::StepId done = Plan::kNoStep;
-    MC_TRY(hier::build_sub(ctx, pick.algorithm->build, host, index_of(host, me), tags.base(2), sub, after, plan, &done));
+    MC_TRY(
+        hier::build_sub(ctx, pick.algorithm->build, host, index_of(host, me), tags.base(2), sub, after, plan, &done));
   }
   plan->algorithm = "hier";
   return kOk;

@@ -35,7 +35,8 @@ Status build_hier_reduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan) {
   if (lead) {
     OpDesc across = hier::sub_op(op, OpKind::Reduce, partial, is_root ? op.recvbuff : partial, op.count, hosts, 3);
     across.root = root_host;
-    const auto pick = hier::cheapest(hier::net_model(ctx.model, hosts, 1), hosts, across, OpKind::Reduce, {"chain", "tree"});
+    const auto pick =
+        hier::cheapest(hier::net_model(ctx.model, hosts, 1), hosts, across, OpKind::Reduce, {"chain", "tree"});
     Plan::StepId done = Plan::kNoStep;
     MC_TRY(hier::build_sub(ctx, pick.algorithm->build, leader, h, tags.base(1), across, reduced, plan, &done));
     if (is_root && op.avg) plan->divide(op.recvbuff, op.recvbuff, op.count, {done});

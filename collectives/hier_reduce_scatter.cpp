@@ -25,8 +25,8 @@ int reducer(const HostGroups& g, int b, int on) {
 
 // dst = in op (every message from `from`, received into scratch first), in
 // the order given; returns the last step (after `after`).
-Plan::StepId reduce_from(Plan* plan, const std::vector<int>& from, uint32_t tag, const void* in, void* dst, size_t count,
-                         size_t es, Plan::StepId after) {
+Plan::StepId reduce_from(Plan* plan, const std::vector<int>& from, uint32_t tag, const void* in, void* dst,
+                         size_t count, size_t es, Plan::StepId after) {
   Plan::StepId prev = after;
   const void* acc = in;
   for (int p : from) {
@@ -84,8 +84,10 @@ double cost_hier_reduce_scatter(const BuildCtx& ctx, const OpDesc& op) {
   const double block = static_cast<double>(op.count * op.elem());
   int smallest = n;
   for (const auto& hg : g.members) smallest = std::min(smallest, static_cast<int>(hg.size()));
-  const double net_us = t.net.alpha_us + (n - smallest) * block * (1e-3 / t.host_net_gbs(smallest)) + (hosts - 1) * block * t.gamma();
-  const double local_us = k > 1 ? t.local().alpha_us + (k - 1.0) / k * n * block * (1e-3 / t.local().bw_gbs + t.gamma()) : 0;
+  const double net_us =
+      t.net.alpha_us + (n - smallest) * block * (1e-3 / t.host_net_gbs(smallest)) + (hosts - 1) * block * t.gamma();
+  const double local_us =
+      k > 1 ? t.local().alpha_us + (k - 1.0) / k * n * block * (1e-3 / t.local().bw_gbs + t.gamma()) : 0;
   return net_us + local_us;
 }
 

@@ -24,8 +24,8 @@ Status build_ring_allgather(const BuildCtx& ctx, const OpDesc& op, Plan* plan) {
     for (size_t c = 0; c < nchunks; ++c) {
       const size_t lo = c * ce, len = std::min(sc, lo + ce) - lo;
       const uint32_t tag = static_cast<uint32_t>(k * nchunks + c);
-      const void* src = k == 0 ? at(op.sendbuff, lo, es)
-                               : at(static_cast<const void*>(op.recvbuff), blk(r - k) * sc + lo, es);
+      const void* src =
+          k == 0 ? at(op.sendbuff, lo, es) : at(static_cast<const void*>(op.recvbuff), blk(r - k) * sc + lo, es);
       Plan::StepId s = plan->send(next, tag, src, len * es);
       if (k > 0) plan->add_dep(s, recvs[(k - 1) * nchunks + c]);
       recvs[k * nchunks + c] = plan->recv(prev, tag, at(op.recvbuff, blk(r - k - 1) * sc + lo, es), len * es);

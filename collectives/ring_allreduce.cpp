@@ -57,8 +57,8 @@ Status build_ring_allreduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan) {
       if (hi > lo) {
         int slot = static_cast<int>(slot_use++ % kSlots);
         void* tmp = static_cast<char*>(slots) + static_cast<size_t>(slot) * ce * es;
-        Plan::StepId s = plan->recv_reduce(prev, static_cast<uint32_t>(k * nchunks + c), tmp,
-                                           at(op.recvbuff, lo, es), at(in, lo, es), hi - lo);
+        Plan::StepId s = plan->recv_reduce(prev, static_cast<uint32_t>(k * nchunks + c), tmp, at(op.recvbuff, lo, es),
+                                           at(in, lo, es), hi - lo);
         plan->add_dep(s, own.scaled);
         plan->add_dep(s, slot_last[slot]);
         slot_last[slot] = s;
@@ -73,7 +73,8 @@ Status build_ring_allreduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan) {
     if (op.avg && last != Plan::kNoStep) {
       size_t lo, hi;
       chunk(seg(r + 1), c, &lo, &hi);
-      fin[c] = plan->divide(at(op.recvbuff, lo, es), at(static_cast<const void*>(op.recvbuff), lo, es), hi - lo, {last});
+      fin[c] =
+          plan->divide(at(op.recvbuff, lo, es), at(static_cast<const void*>(op.recvbuff), lo, es), hi - lo, {last});
     }
   }
   // All-gather.
@@ -90,8 +91,8 @@ Status build_ring_allreduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan) {
       }
       chunk(seg(r - k), c, &lo, &hi);
       if (hi > lo) {
-        Plan::StepId s = plan->recv(prev, base + static_cast<uint32_t>(k * nchunks + c), at(op.recvbuff, lo, es),
-                                    (hi - lo) * es);
+        Plan::StepId s =
+            plan->recv(prev, base + static_cast<uint32_t>(k * nchunks + c), at(op.recvbuff, lo, es), (hi - lo) * es);
         // In place, this region was sent during reduce-scatter step k: wait
         // until that send finished reading it.
         plan->add_dep(s, rs_send[k * nchunks + c]);

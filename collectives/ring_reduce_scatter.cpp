@@ -37,7 +37,8 @@ Status build_ring_reduce_scatter(const BuildCtx& ctx, const OpDesc& op, Plan* pl
       const size_t lo = c * ce, len = std::min(rc, lo + ce) - lo;
       const uint32_t tag = static_cast<uint32_t>(k * nchunks + c);
       // Forward block r-k-1: own input at step 0, else the partial sum from step k-1.
-      const void* src = k == 0 ? at(in, seg(r - 1) * rc + lo, es) : at(static_cast<const void*>(acc[(k - 1) % 2]), lo, es);
+      const void* src =
+          k == 0 ? at(in, seg(r - 1) * rc + lo, es) : at(static_cast<const void*>(acc[(k - 1) % 2]), lo, es);
       Plan::StepId s = plan->send(next, tag, src, len * es);
       plan->add_dep(s, k == 0 ? own.scaled : rrs[(k - 1) * nchunks + c]);
       sends[k * nchunks + c] = s;

@@ -38,10 +38,8 @@ size_t op_bytes(const OpDesc& op) {
     case OpKind::ReduceScatter:
     case OpKind::AlltoAll:
     case OpKind::Gather:
-    case OpKind::Scatter:
-      return b * static_cast<size_t>(op.nranks);
-    default:
-      return b;
+    case OpKind::Scatter: return b * static_cast<size_t>(op.nranks);
+    default: return b;
   }
 }
 

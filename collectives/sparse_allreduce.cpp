@@ -109,9 +109,8 @@ Header local_header(const OpDesc& op) {
   h.strategy = static_cast<uint8_t>(strategy_setting(&ok));
   if (!ok) h.problem = kBadSetting;
   const size_t rb = op.row_len * op.elem();
-  if (h.problem == kNoProblem &&
-      (overlaps(op.sendbuff, op.nnz * rb, op.recvbuff, op.rows * rb) ||
-       overlaps(op.indices, op.nnz * sizeof(int64_t), op.recvbuff, op.rows * rb)))
+  if (h.problem == kNoProblem && (overlaps(op.sendbuff, op.nnz * rb, op.recvbuff, op.rows * rb) ||
+                                  overlaps(op.indices, op.nnz * sizeof(int64_t), op.recvbuff, op.rows * rb)))
     h.problem = kOverlap;
   for (size_t k = 0; h.problem == kNoProblem && k < op.nnz; ++k) {
     const int64_t r = op.indices[k];
@@ -130,22 +129,32 @@ Status verdict(const std::vector<Header>& hs) {
   for (size_t i = 0; i < hs.size(); ++i) {
     const Header& h = hs[i];
     if (h.problem == kBadSetting)
-      return MC_ERROR(ncclInvalidArgument, "meshcclSparseAllReduce : rank %zu: MESHCCL_SPARSE_ALGO is not auto, dense or gather", i);
+      return MC_ERROR(ncclInvalidArgument,
+                      "meshcclSparseAllReduce : rank %zu: MESHCCL_SPARSE_ALGO is not auto, dense or gather", i);
     if (h.problem == kOverlap)
-      return MC_ERROR(ncclInvalidArgument, "meshcclSparseAllReduce : rank %zu: recvbuff overlaps the values or the indices", i);
+      return MC_ERROR(ncclInvalidArgument,
+                      "meshcclSparseAllReduce : rank %zu: recvbuff overlaps the values or the indices", i);
     if (h.problem == kIndexRange)
-      return MC_ERROR(ncclInvalidArgument, "meshcclSparseAllReduce : rank %zu: indices[%llu] = %lld is outside [0, rows = %llu)", i,
+      return MC_ERROR(ncclInvalidArgument,
+                      "meshcclSparseAllReduce : rank %zu: indices[%llu] = %lld is outside [0, rows = %llu)", i,
                       static_cast<unsigned long long>(h.bad_pos), static_cast<long long>(h.bad_index),
                       static_cast<unsigned long long>(h.rows));
     if (h.rows != a.rows || h.row_len != a.row_len || h.dtype != a.dtype || h.op != a.op || h.avg != a.avg ||
         h.premul != a.premul || h.strategy != a.strategy)
-      return MC_ERROR(ncclInvalidArgument,
-                      "meshcclSparseAllReduce : ranks disagree: rank 0 has rows %llu rowLen %llu datatype %d op %d%s strategy %d, "
-                      "rank %zu rows %llu rowLen %llu datatype %d op %d%s strategy %d",
-                      static_cast<unsigned long long>(a.rows), static_cast<unsigned long long>(a.row_len), a.dtype, a.op,
-                      a.avg ? " (avg)" : a.premul ? " (premulsum)" : "", a.strategy, i,
-                      static_cast<unsigned long long>(h.rows), static_cast<unsigned long long>(h.row_len), h.dtype, h.op,
-                      h.avg ? " (avg)" : h.premul ? " (premulsum)" : "", h.strategy);
+      return MC_ERROR(
+          ncclInvalidArgument,
+          "meshcclSparseAllReduce : ranks disagree: rank 0 has rows %llu rowLen %llu datatype %d op %d%s strategy %d, "
+          "rank %zu rows %llu rowLen %llu datatype %d op %d%s strategy %d",
+          static_cast<unsigned long long>(a.rows), static_cast<unsigned long long>(a.row_len), a.dtype, a.op,
+          a.avg      ? " (avg)"
+          : a.premul ? " (premulsum)"
+                     : "",
+          a.strategy, i, static_cast<unsigned long long>(h.rows), static_cast<unsigned long long>(h.row_len), h.dtype,
+          h.op,
+          h.avg      ? " (avg)"
+          : h.premul ? " (premulsum)"
+                     : "",
+          h.strategy);
   }
   return kOk;
 }
@@ -264,11 +273,11 @@ class SparseRun final : public Run {
   bool done_ = false;
   bool agreed_failure_ = false;
   std::vector<unsigned char>* pooled_ = nullptr;
-  char* dense_ = nullptr;                     // dense: this rank's contribution
-  char* slots_ = nullptr;                     // dense: the other ranks' parts of this rank's block
-  std::vector<int64_t*> peer_indices_;        // gather: every other rank's rows
+  char* dense_ = nullptr;               // dense: this rank's contribution
+  char* slots_ = nullptr;               // dense: the other ranks' parts of this rank's block
+  std::vector<int64_t*> peer_indices_;  // gather: every other rank's rows
   std::vector<char*> peer_values_;
-  char* contrib_ = nullptr;                   // gather: one rank's rows of the union
+  char* contrib_ = nullptr;  // gather: one rank's rows of the union
 };
 
 Status SparseRun::begin_data(Engine* eng) {
@@ -296,7 +305,8 @@ Status SparseRun::begin_data(Engine* eng) {
     contrib_ = m;
     plan_gather(plan.get());
   } else {
-    const size_t mine = detail::block_begin(op_.count, op_.nranks, op_.rank + 1) - detail::block_begin(op_.count, op_.nranks, op_.rank);
+    const size_t mine =
+        detail::block_begin(op_.count, op_.nranks, op_.rank + 1) - detail::block_begin(op_.count, op_.nranks, op_.rank);
     dense_ = take(eng->scratch(), op_.count * op_.elem() + static_cast<size_t>(op_.nranks) * mine * op_.elem());
     slots_ = dense_ + op_.count * op_.elem();
     densify(eng->executor());
@@ -341,7 +351,8 @@ void SparseRun::plan_dense(Plan* plan) {
   Plan::StepId acc = n == 1 ? plan->copy(out, part[0], mine * es) : plan->reduce(out, part[0], part[1], mine);
   reads[0] = acc;
   if (n > 1) reads[1] = acc;
-  for (int j = 2; j < n; ++j) reads[static_cast<size_t>(j)] = acc = plan->reduce(out, out, part[static_cast<size_t>(j)], mine, {acc});
+  for (int j = 2; j < n; ++j)
+    reads[static_cast<size_t>(j)] = acc = plan->reduce(out, out, part[static_cast<size_t>(j)], mine, {acc});
   for (int j = 0; j < n; ++j)
     for (Plan::StepId s : got[static_cast<size_t>(j)]) plan->add_dep(reads[static_cast<size_t>(j)], s);
   if (op_.avg) acc = plan->divide(out, out, mine, {acc});
@@ -390,7 +401,8 @@ void SparseRun::fold(Executor& ex) {
   std::vector<int64_t> uni(op_.indices, op_.indices + op_.nnz);
   for (int j = 0; j < n; ++j)
     if (j != op_.rank)
-      uni.insert(uni.end(), peer_indices_[static_cast<size_t>(j)], peer_indices_[static_cast<size_t>(j)] + headers_[static_cast<size_t>(j)].nnz);
+      uni.insert(uni.end(), peer_indices_[static_cast<size_t>(j)],
+                 peer_indices_[static_cast<size_t>(j)] + headers_[static_cast<size_t>(j)].nnz);
   std::sort(uni.begin(), uni.end());
   uni.erase(std::unique(uni.begin(), uni.end()), uni.end());
   // A row no rank holds: the fold of every rank's zero row, the same for all.
@@ -421,7 +433,8 @@ void SparseRun::fold(Executor& ex) {
 double sparse_dense_cost(const TuneModel& model, const OpDesc& op) {
   const double n = op.nranks, bytes = static_cast<double>(op.count * op.elem());
   if (op.nranks == 1) return bytes * model.gamma();
-  return 2 * (n - 1) * model.alpha() + 2 * (n - 1) / n * bytes * model.beta() + (1 + (n - 1) / n) * bytes * model.gamma();
+  return 2 * (n - 1) * model.alpha() + 2 * (n - 1) / n * bytes * model.beta() +
+         (1 + (n - 1) / n) * bytes * model.gamma();
 }
 
 double sparse_gather_cost(const TuneModel& model, const OpDesc& op, size_t total_nnz) {

@@ -55,7 +55,8 @@ std::vector<Plan::StepId> reduce_up(const OpDesc& op, Plan* plan, const TreeLink
     void* dst = acc != nullptr ? at(acc, off, es) : static_cast<char*>(ring) + slot;
     // dst = own + first child's partial sum; then + the second child's, which
     // is received meanwhile into its own slot.
-    Plan::StepId s = plan->recv_reduce(t.child[0], tag, static_cast<char*>(tmp[0]) + slot, dst, at(own.data, off, es), len);
+    Plan::StepId s =
+        plan->recv_reduce(t.child[0], tag, static_cast<char*>(tmp[0]) + slot, dst, at(own.data, off, es), len);
     plan->add_dep(s, own.scaled);
     first[c] = s;
     if (kids > 1) {
@@ -192,7 +193,8 @@ const TreeLoad& load_for(int n, bool rooted) {
   static std::map<std::pair<int, bool>, TreeLoad> memo;
   std::lock_guard<std::mutex> lock(mu);
   auto it = memo.find({n, rooted});
-  if (it == memo.end()) it = memo.emplace(std::make_pair(n, rooted), rooted ? rooted_double_tree_load(n) : double_tree_load(n)).first;
+  if (it == memo.end())
+    it = memo.emplace(std::make_pair(n, rooted), rooted ? rooted_double_tree_load(n) : double_tree_load(n)).first;
   return it->second;
 }
 
@@ -226,8 +228,8 @@ double cost_tree_allreduce(const BuildCtx& ctx, const OpDesc& op) {
   const detail::PathCost tree = detail::tree_cost(ctx, parents_of(ctx.nranks, false, 0), false);
   const double half = static_cast<double>(op.count * op.elem()) / 2, hops = 2 * load_for(ctx.nranks, false).depth;
   const int children = load_for(ctx.nranks, false).children;
-  return 2 * tree.depth_alpha_us + tree.busiest_beta * half + (hops - 1) * detail::first_chunk(op, half) * tree.edge_beta +
-         children * half * t.gamma();
+  return 2 * tree.depth_alpha_us + tree.busiest_beta * half +
+         (hops - 1) * detail::first_chunk(op, half) * tree.edge_beta + children * half * t.gamma();
 }
 
 namespace {

@@ -157,10 +157,9 @@ Status make_plan(const TuneModel& tune, const OpDesc& op, std::unique_ptr<Plan>*
       std::snprintf(buf, sizeof(buf), "%s%s %.1f", all.empty() ? "" : ", ", c.algorithm->name, c.cost_us);
       all += buf;
     }
-    MC_INFO(kTune, "%s: %zu elements of %s -> algorithm %s, estimated %.1f us (%s; %zu steps%s)",
-            op_kind_name(op.kind), op.count, dtype_name(op.dtype), pick->name, cost, all.c_str(),
-            plan->size(),
-            plan->signatures.empty()   ? ""
+    MC_INFO(kTune, "%s: %zu elements of %s -> algorithm %s, estimated %.1f us (%s; %zu steps%s)", op_kind_name(op.kind),
+            op.count, dtype_name(op.dtype), pick->name, cost, all.c_str(), plan->size(),
+            plan->signatures.empty() ? ""
             : plan->check_gates_data ? ", call signatures compared before data moves"
                                      : ", call signatures compared while data moves");
   }
@@ -169,7 +168,8 @@ Status make_plan(const TuneModel& tune, const OpDesc& op, std::unique_ptr<Plan>*
 }
 
 size_t direct_max_bytes(OpKind kind) {
-  if (kind == OpKind::Send || kind == OpKind::Recv || kind == OpKind::SparseAllReduce || !algorithm_allowed(kind, kDirectShm))
+  if (kind == OpKind::Send || kind == OpKind::Recv || kind == OpKind::SparseAllReduce ||
+      !algorithm_allowed(kind, kDirectShm))
     return 0;
   const int64_t limit = param_int(Param::DirectMaxBytes);
   if (algorithm_forced(kind, kDirectShm) || limit <= 0) return SIZE_MAX;
@@ -252,8 +252,8 @@ class CommAlgorithms final : public RunMaker {
       }
       *out = make_direct_run(node_, op, max_bytes);
       if (*out != nullptr) {
-        MC_INFO(kTune, "%s: %zu elements of %s -> algorithm %s", op_kind_name(op.kind), op.count,
-                dtype_name(op.dtype), kDirectShm);
+        MC_INFO(kTune, "%s: %zu elements of %s -> algorithm %s", op_kind_name(op.kind), op.count, dtype_name(op.dtype),
+                kDirectShm);
         return kOk;
       }
     }
@@ -264,7 +264,8 @@ class CommAlgorithms final : public RunMaker {
   }
 
   Status estimate(const OpDesc& op, double* us) override {
-    if (op.kind == OpKind::SparseAllReduce) {  // the nnz of the other ranks is not known here: as if all had this rank's
+    // The nnz of the other ranks is not known here: as if all had this rank's
+    if (op.kind == OpKind::SparseAllReduce) {
       *us = sparse_allreduce_cost(tune_, op);
       return kOk;
     }
@@ -296,8 +297,7 @@ class CommAlgorithms final : public RunMaker {
 
 }  // namespace
 
-std::unique_ptr<RunMaker> make_algorithms(int rank, const TuneModel& tune, NodeRegion* node,
-                                          const WaitPolicy& wait) {
+std::unique_ptr<RunMaker> make_algorithms(int rank, const TuneModel& tune, NodeRegion* node, const WaitPolicy& wait) {
   if (rank == 0 && log_enabled(LogLevel::Info, kTune)) log_picks(tune);
   return std::make_unique<CommAlgorithms>(tune, node, wait);
 }

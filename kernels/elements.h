@@ -22,21 +22,16 @@ constexpr size_t dtype_size(ncclDataType_t dt) {
     case ncclInt8:
     case ncclUint8:
     case ncclFloat8e4m3:
-    case ncclFloat8e5m2:
-      return 1;
+    case ncclFloat8e5m2: return 1;
     case ncclFloat16:
-    case ncclBfloat16:
-      return 2;
+    case ncclBfloat16: return 2;
     case ncclInt32:
     case ncclUint32:
-    case ncclFloat32:
-      return 4;
+    case ncclFloat32: return 4;
     case ncclInt64:
     case ncclUint64:
-    case ncclFloat64:
-      return 8;
-    default:
-      return 0;
+    case ncclFloat64: return 8;
+    default: return 0;
   }
 }
 

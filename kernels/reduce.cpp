@@ -55,13 +55,10 @@ bool isa_supported(const char* name) {
   // The first call may come from another library's static constructor,
   // before libgcc has filled in its CPU model.
   __builtin_cpu_init();
-  if (std::strcmp(name, "avx2") == 0) {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-  }
+  if (std::strcmp(name, "avx2") == 0) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"); }
   if (std::strcmp(name, "avx512") == 0) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("f16c");
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("f16c");
   }
 #endif
   return false;

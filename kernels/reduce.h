@@ -21,8 +21,7 @@ void reduce2(ncclDataType_t dt, ReduceOp op, void* dst, const void* a, const voi
 // dst[i] = op over srcs[0..nsrc)[i], accumulated in the widened type and
 // rounded once. nsrc >= 1; dst may alias any src. Used by the direct
 // shared-memory algorithms, which read every peer's buffer in one pass.
-void reduce_n(ncclDataType_t dt, ReduceOp op, void* dst, const void* const* srcs, int nsrc,
-              size_t count);
+void reduce_n(ncclDataType_t dt, ReduceOp op, void* dst, const void* const* srcs, int nsrc, size_t count);
 
 // dst[i] = src[i] / divisor (integers: truncating division like C; floats:
 // divided in float/double and rounded to nearest-even). For ncclAvg.

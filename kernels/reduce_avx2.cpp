@@ -114,7 +114,7 @@ struct Bf16Codec {
 // Two vectors of 32-bit lanes holding values below 2^8 -> sixteen bytes in order.
 inline __m128i narrow2_32_to_8(__m256i x0, __m256i x1) {
   const __m256i w = _mm256_packus_epi32(x0, x1);  // x0[0..3] x1[0..3] | x0[4..7] x1[4..7] as u16
-  const __m256i b = _mm256_packus_epi16(w, w);   // the same as bytes, twice per half
+  const __m256i b = _mm256_packus_epi16(w, w);    // the same as bytes, twice per half
   const __m256i ordered = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 0, 0, 0, 0));
   return _mm256_castsi256_si128(ordered);
 }

@@ -37,5 +37,4 @@ void fill_avx2_fp8_select(KernelTable& t);
 void fill_avx512_fp8_arith(KernelTable& t);
 bool avx512_fp8_extras_supported();
 
-
 }  // namespace meshccl::kernels

@@ -16,8 +16,8 @@ ncclResult_t Call(const CallArgs& a) {
   return ncclAllGather(a.send, a.recv, a.counts->param_count, a.type->type, a.comm, a.stream);
 }
 
-const CollTest kTest{"AllGather", false, false, false, true, true, BlockToAllCounts, RecvBytes, RingBusFactor,
-                     Init, Call, nullptr};
+const CollTest kTest{"AllGather",      false,     false,         false, true, true,
+                     BlockToAllCounts, RecvBytes, RingBusFactor, Init,  Call, nullptr};
 
 }  // namespace
 

@@ -23,8 +23,7 @@ ncclResult_t Call(const CallArgs& a) {
   return ncclAllReduce(a.send, a.recv, a.counts->param_count, a.type->type, a.op, a.comm, a.stream);
 }
 
-const CollTest kTest{"AllReduce", true, false, false, true, true, GetCounts, AlgBytes, BusFactor,
-                     Init, Call, nullptr};
+const CollTest kTest{"AllReduce", true, false, false, true, true, GetCounts, AlgBytes, BusFactor, Init, Call, nullptr};
 
 }  // namespace
 

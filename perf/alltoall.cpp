@@ -15,7 +15,6 @@ Counts GetCounts(size_t bytes, size_t elt, int n) {
   return c;
 }
 
-
 void Init(const InitArgs& a) {
   const size_t base = a.counts->param_count;
   const int n = a.spec->nranks;
@@ -29,8 +28,8 @@ ncclResult_t Call(const CallArgs& a) {
   return ncclAlltoAll(a.send, a.recv, a.counts->param_count, a.type->type, a.comm, a.stream);
 }
 
-const CollTest kTest{"AlltoAll", false, false, false, false, true, GetCounts, RecvBytes, RingBusFactor,
-                     Init, Call, nullptr};
+const CollTest kTest{"AlltoAll", false,     false,         false, false, true,
+                     GetCounts,  RecvBytes, RingBusFactor, Init,  Call,  nullptr};
 
 }  // namespace
 

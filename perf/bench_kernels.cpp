@@ -24,12 +24,13 @@ namespace mk = meshccl::kernels;
 
 namespace {
 
-constexpr ncclDataType_t kTypes[] = {ncclInt8,    ncclUint8,   ncclInt32,    ncclUint32,
-                                     ncclInt64,   ncclUint64,  ncclFloat16,  ncclFloat32,
+constexpr ncclDataType_t kTypes[] = {ncclInt8,    ncclUint8,    ncclInt32,      ncclUint32,
+                                     ncclInt64,   ncclUint64,   ncclFloat16,    ncclFloat32,
                                      ncclFloat64, ncclBfloat16, ncclFloat8e4m3, ncclFloat8e5m2};
 constexpr ncclDataType_t kNarrowTypes[] = {ncclFloat32, ncclBfloat16, ncclFloat16, ncclFloat8e4m3, ncclFloat8e5m2};
 constexpr size_t kBytes[] = {64u << 10, 1u << 20, 64u << 20};
-constexpr meshccl::ReduceOp kOps[] = {meshccl::ReduceOp::Sum, meshccl::ReduceOp::Prod, meshccl::ReduceOp::Max, meshccl::ReduceOp::Min};
+constexpr meshccl::ReduceOp kOps[] = {meshccl::ReduceOp::Sum, meshccl::ReduceOp::Prod, meshccl::ReduceOp::Max,
+                                      meshccl::ReduceOp::Min};
 const char* const kOpNames[] = {"sum", "prod", "max", "min"};
 
 bool is_float(ncclDataType_t dt) { return dt >= ncclFloat16; }
@@ -56,13 +57,28 @@ Buffer make_buffer(ncclDataType_t dt, size_t bytes, int seed) {
     const float v = static_cast<float>((i * 7 + static_cast<size_t>(seed)) % 13) * 0.25f - 1.5f;
     unsigned char* p = b.get() + i * meshccl::dtype_size(dt);
     switch (dt) {
-      case ncclFloat16: { uint16_t h = mk::float_to_half(v); std::memcpy(p, &h, 2); break; }
-      case ncclBfloat16: { uint16_t h = mk::float_to_bf16(v); std::memcpy(p, &h, 2); break; }
+      case ncclFloat16: {
+        uint16_t h = mk::float_to_half(v);
+        std::memcpy(p, &h, 2);
+        break;
+      }
+      case ncclBfloat16: {
+        uint16_t h = mk::float_to_bf16(v);
+        std::memcpy(p, &h, 2);
+        break;
+      }
       case ncclFloat8e4m3: *p = mk::float_to_e4m3(v); break;
       case ncclFloat8e5m2: *p = mk::float_to_e5m2(v); break;
       case ncclFloat32: std::memcpy(p, &v, 4); break;
-      case ncclFloat64: { double d = v; std::memcpy(p, &d, 8); break; }
-      default: { int64_t x = static_cast<int64_t>(i % 251) - 100; std::memcpy(p, &x, meshccl::dtype_size(dt)); }
+      case ncclFloat64: {
+        double d = v;
+        std::memcpy(p, &d, 8);
+        break;
+      }
+      default: {
+        int64_t x = static_cast<int64_t>(i % 251) - 100;
+        std::memcpy(p, &x, meshccl::dtype_size(dt));
+      }
     }
   }
   return b;

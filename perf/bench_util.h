@@ -29,11 +29,11 @@ inline double median(std::vector<double> v) {
 
 }  // namespace perf_util
 
-#define CHECK(x)                                                                                  \
-  do {                                                                                            \
-    ncclResult_t r_ = (x);                                                                        \
-    if (r_ != ncclSuccess) {                                                                      \
+#define CHECK(x)                                                                                 \
+  do {                                                                                           \
+    ncclResult_t r_ = (x);                                                                       \
+    if (r_ != ncclSuccess) {                                                                     \
       std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, ncclGetLastError(nullptr)); \
-      std::exit(2);                                                                               \
-    }                                                                                             \
+      std::exit(2);                                                                              \
+    }                                                                                            \
   } while (0)

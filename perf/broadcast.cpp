@@ -20,12 +20,10 @@ void Init(const InitArgs& a) {
 }
 
 ncclResult_t Call(const CallArgs& a) {
-  return ncclBroadcast(a.send, a.recv, a.counts->param_count, a.type->type, a.root, a.comm,
-                       a.stream);
+  return ncclBroadcast(a.send, a.recv, a.counts->param_count, a.type->type, a.root, a.comm, a.stream);
 }
 
-const CollTest kTest{"Broadcast", false, true, false, true, true, GetCounts, AlgBytes, BusFactor,
-                     Init, Call, nullptr};
+const CollTest kTest{"Broadcast", false, true, false, true, true, GetCounts, AlgBytes, BusFactor, Init, Call, nullptr};
 
 }  // namespace
 

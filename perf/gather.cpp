@@ -23,12 +23,11 @@ void Init(const InitArgs& a) {
 
 ncclResult_t Call(const CallArgs& a) {
   if (a.counts->param_count == 0) return ncclSuccess;
-  return ncclGather(a.send, a.recv, a.counts->param_count, a.type->type, a.root, a.comm,
-                    a.stream);
+  return ncclGather(a.send, a.recv, a.counts->param_count, a.type->type, a.root, a.comm, a.stream);
 }
 
-const CollTest kTest{"Gather", false, true, false, true, true, BlockToAllCounts, RecvBytes, RingBusFactor, Init,
-                     Call, nullptr};
+const CollTest kTest{"Gather",         false,     true,          false, true, true,
+                     BlockToAllCounts, RecvBytes, RingBusFactor, Init,  Call, nullptr};
 
 }  // namespace
 

@@ -9,9 +9,7 @@ namespace {
 
 using namespace perf;
 
-double AlgBytes(const Counts& c, size_t elt, int n) {
-  return static_cast<double>((n - 1) * c.param_count * elt);
-}
+double AlgBytes(const Counts& c, size_t elt, int n) { return static_cast<double>((n - 1) * c.param_count * elt); }
 double BusFactor(int) { return 1.0; }
 
 void Init(const InitArgs& a) {
@@ -40,8 +38,7 @@ ncclResult_t Call(const CallArgs& a) {
     } else if (r == ncclSuccess) {
       r = ncclSend(recv + mine * bytes, count * mask, a.type->type, peer, a.comm, a.stream);
     }
-    if (r == ncclSuccess)
-      r = ncclRecv(recv + theirs * bytes, count * mask, a.type->type, peer, a.comm, a.stream);
+    if (r == ncclSuccess) r = ncclRecv(recv + theirs * bytes, count * mask, a.type->type, peer, a.comm, a.stream);
     const ncclResult_t end = ncclGroupEnd();
     if (r != ncclSuccess) return r;
     if (end != ncclSuccess) return end;
@@ -55,8 +52,8 @@ bool Unsupported(int n, char* why, size_t len) {
   return true;
 }
 
-const CollTest kTest{"HyperCube", false, false, true, true, true, BlockToAllCounts, AlgBytes, BusFactor,
-                     Init, Call, Unsupported};
+const CollTest kTest{"HyperCube",      false,    false,     true, true, true,
+                     BlockToAllCounts, AlgBytes, BusFactor, Init, Call, Unsupported};
 
 }  // namespace
 

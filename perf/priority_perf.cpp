@@ -41,8 +41,8 @@
 
 namespace {
 
-using perf_util::now_us;
 using perf_util::median;
+using perf_util::now_us;
 
 bool g_spin_pause = false;  // -p spin
 
@@ -52,8 +52,7 @@ void pause_for(double us) {
     return;
   }
   const double until = now_us() + us;
-  while (now_us() < until) {
-  }
+  while (now_us() < until) {}
 }
 
 struct Result {
@@ -146,7 +145,13 @@ struct Rank {
 // Returns both results (meaningful on rank 0).
 template <class Make>
 void run_rank(int rank, int n, size_t bytes, int iters, bool direct_bulk, Make make, Result res[2]) {
-  Rank r{rank, n, nullptr, nullptr, nullptr, std::vector<char>(64 << 10, 1), std::vector<float>(256, 1.f),
+  Rank r{rank,
+         n,
+         nullptr,
+         nullptr,
+         nullptr,
+         std::vector<char>(64 << 10, 1),
+         std::vector<float>(256, 1.f),
          std::vector<float>(bytes / sizeof(float), 1.f)};
   int least = 0, greatest = 0;
   CHECK(meshcclStreamGetPriorityRange(&least, &greatest));
@@ -169,10 +174,12 @@ void run_rank(int rank, int n, size_t bytes, int iters, bool direct_bulk, Make m
 void print_results(int n, size_t bytes, int iters, bool direct_bulk, const Result res[2]) {
   const char* transport = std::getenv("MESHCCL_TRANSPORT");
   const char* limit = std::getenv("MESHCCL_DIRECT_MAX_BYTES");
-  std::printf("# priority_perf: %d ranks, %s, bulk AllReduce %zu bytes (%s), %d urgent operations of each kind, "
-              "%s pauses\n", n, transport != nullptr ? transport : "default transport", bytes,
-              direct_bulk && limit == nullptr ? "direct allowed" : "direct up to MESHCCL_DIRECT_MAX_BYTES", iters,
-              g_spin_pause ? "busy" : "sleeping");
+  std::printf(
+      "# priority_perf: %d ranks, %s, bulk AllReduce %zu bytes (%s), %d urgent operations of each kind, "
+      "%s pauses\n",
+      n, transport != nullptr ? transport : "default transport", bytes,
+      direct_bulk && limit == nullptr ? "direct allowed" : "direct up to MESHCCL_DIRECT_MAX_BYTES", iters,
+      g_spin_pause ? "busy" : "sleeping");
   std::printf("# %-9s %12s %12s %8s %12s %12s %8s %12s %12s %12s %8s\n", "mode", "send64K_idle", "send64K_load",
               "ratio", "ar1K_idle", "ar1K_load", "ratio", "ar1K_max", "bulk_GB/s", "bulk_load", "loss");
   for (int m = 0; m < 2; ++m) {
@@ -180,15 +187,16 @@ void print_results(int n, size_t bytes, int iters, bool direct_bulk, const Resul
     const double busbw = 2.0 * (n - 1) / n * bytes / (x.bulk_alone_us * 1e3);
     const double busbw_l = 2.0 * (n - 1) / n * bytes / (x.bulk_loaded_us * 1e3);
     std::printf("  %-9s %10.1fus %10.1fus %8.2f %10.1fus %10.1fus %8.2f %10.1fus %12.2f %12.2f %7.1f%%\n",
-                m == 0 ? "priority" : "fifo", x.send_idle, x.send_load, x.send_load / x.send_idle, x.ar_idle,
-                x.ar_load, x.ar_load / x.ar_idle, x.ar_load_max, busbw, busbw_l, 100.0 * (1 - busbw_l / busbw));
+                m == 0 ? "priority" : "fifo", x.send_idle, x.send_load, x.send_load / x.send_idle, x.ar_idle, x.ar_load,
+                x.ar_load / x.ar_idle, x.ar_load_max, busbw, busbw_l, 100.0 * (1 - busbw_l / busbw));
   }
   const Result& p = res[0];
-  std::printf("# targets (priority): send loaded/idle %.2f (<= 1.5: %s), allreduce loaded/idle %.2f (<= 1.5: %s), "
-              "bulk loss %.1f%% (<= 5%%: %s)\n",
-              p.send_load / p.send_idle, p.send_load <= 1.5 * p.send_idle ? "met" : "not met", p.ar_load / p.ar_idle,
-              p.ar_load <= 1.5 * p.ar_idle ? "met" : "not met", 100.0 * (1 - p.bulk_alone_us / p.bulk_loaded_us),
-              p.bulk_loaded_us <= p.bulk_alone_us / 0.95 ? "met" : "not met");
+  std::printf(
+      "# targets (priority): send loaded/idle %.2f (<= 1.5: %s), allreduce loaded/idle %.2f (<= 1.5: %s), "
+      "bulk loss %.1f%% (<= 5%%: %s)\n",
+      p.send_load / p.send_idle, p.send_load <= 1.5 * p.send_idle ? "met" : "not met", p.ar_load / p.ar_idle,
+      p.ar_load <= 1.5 * p.ar_idle ? "met" : "not met", 100.0 * (1 - p.bulk_alone_us / p.bulk_loaded_us),
+      p.bulk_loaded_us <= p.bulk_alone_us / 0.95 ? "met" : "not met");
 }
 
 // Under meshrun (one process per rank, for instance on the hosts of an
@@ -198,19 +206,20 @@ int run_launched(size_t bytes, int iters, bool direct_bulk) {
   ncclComm_t world = nullptr, fifo = nullptr;
   Result res[2];
   int rank = 0, n = 0;
-  run_rank(std::atoi(std::getenv("MESHCCL_RANK")), std::atoi(std::getenv("MESHCCL_NRANKS")), bytes, iters,
-           direct_bulk, [&](int mode, ncclComm_t* comm) {
-             if (mode == 0) {
-               CHECK(meshcclCommInitFromEnv(&world, nullptr));
-               CHECK(ncclCommUserRank(world, &rank));
-               CHECK(ncclCommCount(world, &n));
-               *comm = world;
-             } else {
-               CHECK(ncclCommSplit(world, 0, rank, &fifo, nullptr));
-               *comm = fifo;
-             }
-           },
-           res);
+  run_rank(
+      std::atoi(std::getenv("MESHCCL_RANK")), std::atoi(std::getenv("MESHCCL_NRANKS")), bytes, iters, direct_bulk,
+      [&](int mode, ncclComm_t* comm) {
+        if (mode == 0) {
+          CHECK(meshcclCommInitFromEnv(&world, nullptr));
+          CHECK(ncclCommUserRank(world, &rank));
+          CHECK(ncclCommCount(world, &n));
+          *comm = world;
+        } else {
+          CHECK(ncclCommSplit(world, 0, rank, &fifo, nullptr));
+          *comm = fifo;
+        }
+      },
+      res);
   CHECK(ncclCommDestroy(fifo));
   CHECK(ncclCommDestroy(world));
   if (rank == 0) print_results(n, bytes, iters, direct_bulk, res);
@@ -257,12 +266,13 @@ int main(int argc, char** argv) {
       close(fds[0]);
       Result res[2];
       ncclComm_t comms[2] = {nullptr, nullptr};
-      run_rank(r, n, bytes, iters, direct_bulk,
-               [&](int mode, ncclComm_t* comm) {
-                 CHECK(ncclCommInitRank(&comms[mode], n, mode == 0 ? id_prio : id_fifo, r));
-                 *comm = comms[mode];
-               },
-               res);
+      run_rank(
+          r, n, bytes, iters, direct_bulk,
+          [&](int mode, ncclComm_t* comm) {
+            CHECK(ncclCommInitRank(&comms[mode], n, mode == 0 ? id_prio : id_fifo, r));
+            *comm = comms[mode];
+          },
+          res);
       for (ncclComm_t c : comms) CHECK(ncclCommDestroy(c));
       if (r == 0 && write(fds[1], res, sizeof res) != static_cast<ssize_t>(sizeof res)) _exit(3);
       _exit(0);

@@ -22,16 +22,14 @@ void Init(const InitArgs& a) {
   FillInput(*a.spec, a.rank, 0, a.counts->send_count, a.send);
   if (a.rank == a.root) FillReduced(*a.spec, 0, n, a.expected);
   else if (a.in_place) FillInput(*a.spec, a.rank, 0, n, a.expected);  // its own input
-  else std::memset(a.expected, 0, n * a.spec->type->size);           // still zero
+  else std::memset(a.expected, 0, n * a.spec->type->size);            // still zero
 }
 
 ncclResult_t Call(const CallArgs& a) {
-  return ncclReduce(a.send, a.recv, a.counts->param_count, a.type->type, a.op, a.root, a.comm,
-                    a.stream);
+  return ncclReduce(a.send, a.recv, a.counts->param_count, a.type->type, a.op, a.root, a.comm, a.stream);
 }
 
-const CollTest kTest{"Reduce", true, true, false, true, true, GetCounts, AlgBytes, BusFactor, Init,
-                     Call, nullptr};
+const CollTest kTest{"Reduce", true, true, false, true, true, GetCounts, AlgBytes, BusFactor, Init, Call, nullptr};
 
 }  // namespace
 

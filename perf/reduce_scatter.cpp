@@ -13,12 +13,11 @@ void Init(const InitArgs& a) {
 }
 
 ncclResult_t Call(const CallArgs& a) {
-  return ncclReduceScatter(a.send, a.recv, a.counts->param_count, a.type->type, a.op, a.comm,
-                           a.stream);
+  return ncclReduceScatter(a.send, a.recv, a.counts->param_count, a.type->type, a.op, a.comm, a.stream);
 }
 
-const CollTest kTest{"ReduceScatter", true, false, false, true, true, AllToBlockCounts, SendBytes, RingBusFactor,
-                     Init, Call, nullptr};
+const CollTest kTest{"ReduceScatter",  true,      false,         false, true, true,
+                     AllToBlockCounts, SendBytes, RingBusFactor, Init,  Call, nullptr};
 
 }  // namespace
 

@@ -102,7 +102,9 @@ std::vector<CaseDef> make_cases(const Opts& o) {
   for (const auto& d : dsts) {
     if (d[1] > K) continue;
     out.push_back({"one2many (1,1)->(" + std::to_string(d[0]) + "," + std::to_string(d[1]) + ")",
-                   {1, 1, 0, {{}}}, {d[0], d[1], 1, {{}}}, {n1}});
+                   {1, 1, 0, {{}}},
+                   {d[0], d[1], 1, {{}}},
+                   {n1}});
   }
   // Many-to-many: (1024,1024,512) int32 with dim 0 / scale; case 6 (3072,1024,170).
   const size_t d0 = 1024 / static_cast<size_t>(o.scale) * 4;  // keeps 2 GiB / scale
@@ -111,11 +113,13 @@ std::vector<CaseDef> make_cases(const Opts& o) {
     const char* name;
     std::vector<std::vector<int>> s, d;
   };
-  const M mm[] = {{"1", {{0}, {}, {}}, {{0}, {}, {}}},   {"2", {{}, {}, {}}, {{0}, {}, {}}},
-                  {"3", {{}, {0}, {}}, {{0}, {}, {}}},   {"4", {{}, {0, 1}, {}}, {{0, 1}, {}, {}}},
-                  {"5", {{1}, {}, {}}, {{0}, {}, {}}},   {"9", {{}, {0}, {}}, {{}, {}, {0}}}};
+  const M mm[] = {{"1", {{0}, {}, {}}, {{0}, {}, {}}}, {"2", {{}, {}, {}}, {{0}, {}, {}}},
+                  {"3", {{}, {0}, {}}, {{0}, {}, {}}}, {"4", {{}, {0, 1}, {}}, {{0, 1}, {}, {}}},
+                  {"5", {{1}, {}, {}}, {{0}, {}, {}}}, {"9", {{}, {0}, {}}, {{}, {}, {0}}}};
   for (const M& m : mm) out.push_back({std::string("case ") + m.name, {2, K, 0, m.s}, {2, K, 2, m.d}, t});
-  out.push_back({"case 6", {2, K, 0, {{0}, {}, {}}}, {3, K, 2, {{0}, {}, {}}},
+  out.push_back({"case 6",
+                 {2, K, 0, {{0}, {}, {}}},
+                 {3, K, 2, {{0}, {}, {}}},
                  {3072 / static_cast<size_t>(o.scale) * 4, 1024, 42}});
   out.push_back({"case 7/8", {1, K, 0, {{0}, {}, {}}}, {2, K, 1, {{}, {}, {}}}, t});
   return out;
@@ -195,11 +199,12 @@ int main(int argc, char** argv) {
   ncclCommCount(comm, &n);
   const int hosts = n / o.per_host;
   if (rank == 0)
-    std::printf("# reshard_perf: %d ranks, %d per host (%d hosts), tensors scaled 1/%d, int32, %d iterations after "
-                "%d warm-up; time = slowest rank, mean of the iterations\n"
-                "# %-28s %-22s %-20s %10s %8s %10s %9s %9s %8s %s\n",
-                n, o.per_host, hosts, o.scale, o.iters, o.warmup, "case", "specs", "config", "MiB", "ms", "vs s/r",
-                "bound ms", "x bound", "pred ms", "check");
+    std::printf(
+        "# reshard_perf: %d ranks, %d per host (%d hosts), tensors scaled 1/%d, int32, %d iterations after "
+        "%d warm-up; time = slowest rank, mean of the iterations\n"
+        "# %-28s %-22s %-20s %10s %8s %10s %9s %9s %8s %s\n",
+        n, o.per_host, hosts, o.scale, o.iters, o.warmup, "case", "specs", "config", "MiB", "ms", "vs s/r", "bound ms",
+        "x bound", "pred ms", "check");
   int failures = 0;
   for (const CaseDef& c : make_cases(o)) {
     if (!wanted(o, c.name)) continue;
@@ -238,8 +243,7 @@ int main(int argc, char** argv) {
         const double t0 = now();
         if (meshcclReshard(plan, send.data(), got.data(), nullptr) != ncclSuccess) return die("reshard", comm);
         double dt = now() - t0;
-        if (ncclAllReduce(&dt, &dt, 1, ncclFloat64, ncclMax, comm, nullptr) != ncclSuccess)
-          return die("max", comm);
+        if (ncclAllReduce(&dt, &dt, 1, ncclFloat64, ncclMax, comm, nullptr) != ncclSuccess) return die("max", comm);
         if (it >= o.warmup) total += dt;
       }
       int bad = in_dst && got != want ? 1 : 0;
@@ -251,9 +255,9 @@ int main(int argc, char** argv) {
       double bound_ms = info.lowerBoundUs * 1e-3;
       if (o.link_gbps > 0 && info.netGBs > 0) bound_ms *= info.netGBs * 8 / o.link_gbps;
       if (rank == 0) {
-        const char* chosen = info.strategy == meshcclReshardSendRecv          ? "send_recv"
+        const char* chosen = info.strategy == meshcclReshardSendRecv            ? "send_recv"
                              : info.strategy == meshcclReshardSendRecvAllGather ? "send_recv+allgather"
-                                                                                 : "broadcast";
+                                                                                : "broadcast";
         std::string name = cfg.name;
         if (cfg.strategy == meshcclReshardAuto) name += std::string("=") + chosen;
         std::printf("  %-28s %-22s %-20s %10.1f %8.2f %10.2f %9.2f %9.2f %8.2f %s\n", c.name.c_str(),

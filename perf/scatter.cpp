@@ -14,12 +14,11 @@ void Init(const InitArgs& a) {
 
 ncclResult_t Call(const CallArgs& a) {
   if (a.counts->param_count == 0) return ncclSuccess;
-  return ncclScatter(a.send, a.recv, a.counts->param_count, a.type->type, a.root, a.comm,
-                     a.stream);
+  return ncclScatter(a.send, a.recv, a.counts->param_count, a.type->type, a.root, a.comm, a.stream);
 }
 
-const CollTest kTest{"Scatter", false, true, false, true, true, AllToBlockCounts, SendBytes, RingBusFactor, Init,
-                     Call, nullptr};
+const CollTest kTest{"Scatter",        false,     true,          false, true, true,
+                     AllToBlockCounts, SendBytes, RingBusFactor, Init,  Call, nullptr};
 
 }  // namespace
 

@@ -33,8 +33,7 @@ ncclResult_t Call(const CallArgs& a) {
 }
 
 // nccl-tests loops sendrecv over the -o ops too (the op only labels the row).
-const CollTest kTest{"SendRecv", true, false, false, false, true, GetCounts, AlgBytes, BusFactor,
-                     Init, Call, nullptr};
+const CollTest kTest{"SendRecv", true, false, false, false, true, GetCounts, AlgBytes, BusFactor, Init, Call, nullptr};
 
 }  // namespace
 

@@ -27,8 +27,8 @@
 
 namespace {
 
-using perf_util::now_us;
 using perf_util::median;
+using perf_util::now_us;
 
 const double kDensities[] = {0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0};
 constexpr int kNumDensities = sizeof kDensities / sizeof kDensities[0];
@@ -52,7 +52,8 @@ Cell measure(ncclComm_t comm, int rank, size_t rows, size_t len, double density,
   std::vector<double> s, d;
   for (int i = -1; i < iters; ++i) {  // i = -1: warm-up
     double t0 = now_us();
-    CHECK(meshcclSparseAllReduce(vals.data(), idx.data(), nnz, out.data(), rows, len, ncclFloat32, ncclSum, comm, nullptr));
+    CHECK(meshcclSparseAllReduce(vals.data(), idx.data(), nnz, out.data(), rows, len, ncclFloat32, ncclSum, comm,
+                                 nullptr));
     double t1 = now_us();
     CHECK(ncclAllReduce(dense.data(), dout.data(), rows * len, ncclFloat32, ncclSum, comm, nullptr));
     double t2 = now_us();
@@ -123,8 +124,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "sparse_perf: %d rank(s) failed\n", failed);
     return 2;
   }
-  std::printf("# %d ranks, %zu rows x %zu floats (%.1f MiB dense), median of %d; ratio = sparse / ncclAllReduce\n", n, rows,
-              len, static_cast<double>(rows * len * 4) / (1 << 20), iters);
+  std::printf("# %d ranks, %zu rows x %zu floats (%.1f MiB dense), median of %d; ratio = sparse / ncclAllReduce\n", n,
+              rows, len, static_cast<double>(rows * len * 4) / (1 << 20), iters);
   std::printf("%8s", "density");
   for (const char* a : kAlgos) std::printf(" | %9s %9s %6s", a, "allreduce", "ratio");
   std::printf("\n");

@@ -111,8 +111,8 @@ int main(int argc, char** argv) {
   }
   if (rank == 0) {
     double null_median = 0;
-    std::printf("# stream_latency: AllReduce %zu B, %d rounds of %d calls, synchronize after each\n", count * 4,
-                rounds, iters);
+    std::printf("# stream_latency: AllReduce %zu B, %d rounds of %d calls, synchronize after each\n", count * 4, rounds,
+                iters);
     std::printf("%-14s %10s %10s %14s %8s\n", "stream", "median_us", "p90_us", "switches/call", "ratio");
     for (Series& s : all) {
       std::sort(s.us.begin(), s.us.end());

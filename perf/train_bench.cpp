@@ -36,9 +36,7 @@ using namespace meshtrain;
 
 namespace {
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // CPU time of the calling thread: with one BLAS thread all work runs here, and
 // unlike wall time it does not grow when other processes share the cores.
@@ -55,17 +53,14 @@ struct Gemm {
 
 double gemm_seconds(const std::vector<Gemm>& gemms, int reps, double (*clock)() = now) {
   size_t most = 0;
-  for (const auto& g : gemms) {
-    most = std::max({most, size_t(g.M) * g.K, size_t(g.K) * g.N, size_t(g.M) * g.N});
-  }
+  for (const auto& g : gemms) { most = std::max({most, size_t(g.M) * g.K, size_t(g.K) * g.N, size_t(g.M) * g.N}); }
   std::vector<float> a(most, 0.01f), b(most, 0.02f), c(most, 0.0f);
   double best = 1e30;
   for (int r = 0; r < reps; r++) {
     const double t0 = clock();
     for (const auto& g : gemms) {
-      cblas_sgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans, g.tb ? CblasTrans : CblasNoTrans,
-                  g.M, g.N, g.K, 1.0f, a.data(), g.ta ? g.M : g.K, b.data(), g.tb ? g.K : g.N, 0.0f,
-                  c.data(), g.N);
+      cblas_sgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans, g.tb ? CblasTrans : CblasNoTrans, g.M, g.N, g.K,
+                  1.0f, a.data(), g.ta ? g.M : g.K, b.data(), g.tb ? g.K : g.N, 0.0f, c.data(), g.N);
     }
     best = std::min(best, clock() - t0);
   }
@@ -186,8 +181,10 @@ int validate_planner(const std::string& data, int steps, const std::string& json
     req.world = world;
     const LinkModel links = measure_links(world, 9);
     const auto all = search(req, prof, links);
-    std::printf("\n== planner, %d ranks: d_model 128, 4 layers, 8 heads, seq 64, global batch 32, "
-                "%zu plans, %d timed steps each ==\n", world, all.size(), steps);
+    std::printf(
+        "\n== planner, %d ranks: d_model 128, 4 layers, 8 heads, seq 64, global batch 32, "
+        "%zu plans, %d timed steps each ==\n",
+        world, all.size(), steps);
     std::printf("%-52s %10s %10s %7s\n", "plan", "predicted", "best step", "error");
     double best_measured = 1e30, chosen_measured = 0, abs_err = 0;
     int within = 0, n = 0;
@@ -206,8 +203,8 @@ int validate_planner(const std::string& data, int steps, const std::string& json
       // The fastest step: other load on the machine only ever slows a step down.
       const double ms = r.best_ms;
       const double err = c.step_s * 1e3 / ms - 1;
-      std::printf("%s%-51s %8.1f ms %8.1f ms %+6.1f%%\n", i == 0 ? "*" : " ", c.describe().c_str(),
-                  c.step_s * 1e3, ms, 100 * err);
+      std::printf("%s%-51s %8.1f ms %8.1f ms %+6.1f%%\n", i == 0 ? "*" : " ", c.describe().c_str(), c.step_s * 1e3, ms,
+                  100 * err);
       std::fflush(stdout);
       if (i == 0) chosen_measured = ms;
       if (ms < best_measured) best_measured = ms, best_name = c.describe();
@@ -218,15 +215,16 @@ int validate_planner(const std::string& data, int steps, const std::string& json
       std::snprintf(line, sizeof line,
                     "%s\n    {\"ranks\": %d, \"plan\": \"%s\", \"predicted_ms\": %.2f, "
                     "\"measured_ms\": %.2f, \"chosen\": %s}",
-                    out.back() == '[' ? "" : ",", world, c.describe().c_str(), c.step_s * 1e3,
-                    ms, i == 0 ? "true" : "false");
+                    out.back() == '[' ? "" : ",", world, c.describe().c_str(), c.step_s * 1e3, ms,
+                    i == 0 ? "true" : "false");
       out += line;
     }
     if (n == 0) continue;
-    std::printf("%d ranks: %d of %d plans predicted within 15%% (mean |error| %.1f%%); the choice "
-                "measured %.1f ms, the sweep's best %.1f ms (%s): %+.1f%%\n",
-                world, within, n, 100 * abs_err / n, chosen_measured, best_measured,
-                best_name.c_str(), 100 * (chosen_measured / best_measured - 1));
+    std::printf(
+        "%d ranks: %d of %d plans predicted within 15%% (mean |error| %.1f%%); the choice "
+        "measured %.1f ms, the sweep's best %.1f ms (%s): %+.1f%%\n",
+        world, within, n, 100 * abs_err / n, chosen_measured, best_measured, best_name.c_str(),
+        100 * (chosen_measured / best_measured - 1));
   }
   out += "\n  ]\n}\n";
   if (!json.empty()) {
@@ -263,8 +261,9 @@ int main(int argc, char** argv) {
     } else if (a == "--data" && i + 1 < argc) {
       data = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: train_bench [--steps N] [--quick] [--json PATH] [--data PATH] "
-                           "[--skip-layouts] [--only-tp] [--plan-validate]\n");
+      std::fprintf(stderr,
+                   "usage: train_bench [--steps N] [--quick] [--json PATH] [--data PATH] "
+                   "[--skip-layouts] [--only-tp] [--plan-validate]\n");
       return 2;
     }
   }
@@ -287,9 +286,10 @@ int main(int argc, char** argv) {
     const double peak = flops(square) / gemm_seconds(square, quick ? 3 : 10) / 1e9;
     step_gemm_s[threads] = gemm_seconds(gemms, quick ? 2 : 5);
     const double rate = flops(gemms) / step_gemm_s[threads] / 1e9;
-    std::printf("%d thread(s): 1024^3 %.1f GFLOP/s (peak reference); the step's %zu GEMMs %.1f "
-                "GFLOP/s, %.1f ms\n",
-                threads, peak, gemms.size(), rate, step_gemm_s[threads] * 1e3);
+    std::printf(
+        "%d thread(s): 1024^3 %.1f GFLOP/s (peak reference); the step's %zu GEMMs %.1f "
+        "GFLOP/s, %.1f ms\n",
+        threads, peak, gemms.size(), rate, step_gemm_s[threads] * 1e3);
     std::snprintf(line, sizeof line,
                   "%s{\"threads\": %d, \"peak_gflops\": %.2f, \"step_gemm_gflops\": %.2f, "
                   "\"step_gemm_ms\": %.2f}",
@@ -322,10 +322,10 @@ int main(int argc, char** argv) {
       total += t;
     }
     std::printf("\n== one process, d_model 256, 4 layers, 4 heads, seq 128, batch 8, 2 threads ==\n");
-    std::printf("step: best %.1f ms, mean %.1f ms (%.0f tok/s); its GEMMs alone: best %.1f ms; "
-                "best step / best GEMM-only = %.2fx\n",
-                best * 1e3, total / n * 1e3, 1024 / (total / n), gemm_best * 1e3,
-                best / gemm_best);
+    std::printf(
+        "step: best %.1f ms, mean %.1f ms (%.0f tok/s); its GEMMs alone: best %.1f ms; "
+        "best step / best GEMM-only = %.2fx\n",
+        best * 1e3, total / n * 1e3, 1024 / (total / n), gemm_best * 1e3, best / gemm_best);
     std::snprintf(line, sizeof line,
                   "  \"single\": {\"best_ms\": %.2f, \"mean_ms\": %.2f, \"gemm_only_ms\": %.2f, "
                   "\"ratio\": %.3f},\n",
@@ -346,9 +346,10 @@ int main(int argc, char** argv) {
       e.train_step(s);
       best = std::min(best, thread_cpu() - t0);
     }
-    std::printf("1 thread, CPU time: step best %.1f ms; its GEMMs alone %.1f ms (%.1f GFLOP/s); "
-                "step / GEMM-only = %.2fx\n",
-                best * 1e3, gemm_best * 1e3, flops(gemms) / gemm_best / 1e9, best / gemm_best);
+    std::printf(
+        "1 thread, CPU time: step best %.1f ms; its GEMMs alone %.1f ms (%.1f GFLOP/s); "
+        "step / GEMM-only = %.2fx\n",
+        best * 1e3, gemm_best * 1e3, flops(gemms) / gemm_best / 1e9, best / gemm_best);
     std::snprintf(line, sizeof line,
                   "  \"single_1thread_cpu\": {\"step_ms\": %.2f, \"gemm_only_ms\": %.2f, "
                   "\"ratio\": %.3f},\n",
@@ -387,10 +388,11 @@ int main(int argc, char** argv) {
   };
   if (quick) cases.resize(6);
   if (skip_layouts || only_tp) cases.clear();
-  std::printf("\n== layouts: d_model 128, 4 layers, seq 64, micro-batch 4, global batch %d, "
-              "%d timed steps ==\n", global, steps);
-  std::printf("%-8s %-6s %9s %9s %10s  %s\n", "layout", "sched", "ms/step", "tok/s", "comm wait",
-              "note");
+  std::printf(
+      "\n== layouts: d_model 128, 4 layers, seq 64, micro-batch 4, global batch %d, "
+      "%d timed steps ==\n",
+      global, steps);
+  std::printf("%-8s %-6s %9s %9s %10s  %s\n", "layout", "sched", "ms/step", "tok/s", "comm wait", "note");
   out += "  \"layouts\": [";
   bool first = true;
   for (const Case& k : cases) {
@@ -406,14 +408,13 @@ int main(int argc, char** argv) {
       std::printf("%-8s %-6s failed: %s\n", name, schedule_name(k.s), r.error.c_str());
       continue;
     }
-    std::printf("%-8s %-6s %9.1f %9.0f %9.1f%%  %s\n", name, schedule_name(k.s), r.step_ms,
-                r.tokens_per_s, 100 * r.wait_share, k.note);
+    std::printf("%-8s %-6s %9.1f %9.0f %9.1f%%  %s\n", name, schedule_name(k.s), r.step_ms, r.tokens_per_s,
+                100 * r.wait_share, k.note);
     std::fflush(stdout);
     std::snprintf(line, sizeof line,
                   "%s\n    {\"layout\": \"%s\", \"schedule\": \"%s\", \"note\": \"%s\", "
                   "\"ms_per_step\": %.2f, \"tokens_per_s\": %.1f, \"comm_wait_share\": %.4f}",
-                  first ? "" : ",", name, schedule_name(k.s), k.note, r.step_ms, r.tokens_per_s,
-                  r.wait_share);
+                  first ? "" : ",", name, schedule_name(k.s), k.note, r.step_ms, r.tokens_per_s, r.wait_share);
     out += line;
     first = false;
   }
@@ -440,15 +441,16 @@ int main(int argc, char** argv) {
     auto lin = [&](double IC, double OC) { return 2 * (q - 1) / (q * q * q) * (N * IC + N * OC + IC * OC); };
     const double linears = L * (lin(C, 3 * C) + lin(C, C) + lin(C, 4 * C) + lin(4 * C, C)) + lin(C, Vp);
     const double aq = 2 * (q - 1) / q, Nq = N / q, Nq2 = N / (q * q);
-    const double other_micro = (2 * L + 1) * aq * 4 * Nq2 + 2 * (q - 1) * (Nq + Nq2) * C / q +
-                               aq * (3 * Nq2 + 2);
+    const double other_micro = (2 * L + 1) * aq * 4 * Nq2 + 2 * (q - 1) * (Nq + Nq2) * C / q + aq * (3 * Nq2 + 2);
     const double per_step = aq * (C / q * 2 * 2 * (2 * L + 1) + 9 * C / q * L + 2 * T * C / q) + ar;
     const double pred3 = 4 * (m * (linears + other_micro) + per_step);
     const double paper3 = 4 * m * linears;
-    std::printf("\n== tensor parallelism at tp = 8: d_model %d, %d layers, 8 heads, seq %d, "
-                "micro-batch %d x %d, one thread per rank ==\n", C, L, T, t.micro_batch, t.grad_accum);
-    std::printf("%-4s %9s %9s %14s %14s %14s\n", "mode", "ms/step", "comm wait", "sent/rank/step",
-                "predicted", "linears(paper)");
+    std::printf(
+        "\n== tensor parallelism at tp = 8: d_model %d, %d layers, 8 heads, seq %d, "
+        "micro-batch %d x %d, one thread per rank ==\n",
+        C, L, T, t.micro_batch, t.grad_accum);
+    std::printf("%-4s %9s %9s %14s %14s %14s\n", "mode", "ms/step", "comm wait", "sent/rank/step", "predicted",
+                "linears(paper)");
     out += ",\n  \"tp8\": [";
     for (TpMode mode : {TpMode::OneD, TpMode::ThreeD}) {
       TrainConfig c = t;
@@ -461,19 +463,19 @@ int main(int argc, char** argv) {
       }
       const bool three = mode == TpMode::ThreeD;
       const double pred = three ? pred3 : pred1, paper = three ? paper3 : pred1;
-      std::printf("%-4s %9.1f %8.1f%% %11.0f KiB %11.0f KiB %11.0f KiB\n", tp_mode_name(mode),
-                  r.step_ms, 100 * r.wait_share, r.tp_bytes / 1024, pred / 1024, paper / 1024);
+      std::printf("%-4s %9.1f %8.1f%% %11.0f KiB %11.0f KiB %11.0f KiB\n", tp_mode_name(mode), r.step_ms,
+                  100 * r.wait_share, r.tp_bytes / 1024, pred / 1024, paper / 1024);
       std::snprintf(line, sizeof line,
                     "%s\n    {\"mode\": \"%s\", \"ms_per_step\": %.2f, \"comm_wait_share\": %.4f, "
                     "\"bytes_per_rank_per_step\": %.0f, \"predicted_bytes\": %.0f, "
                     "\"paper_linear_bytes\": %.0f}",
-                    three ? "," : "", tp_mode_name(mode), r.step_ms, r.wait_share, r.tp_bytes, pred,
-                    paper);
+                    three ? "," : "", tp_mode_name(mode), r.step_ms, r.wait_share, r.tp_bytes, pred, paper);
       out += line;
     }
-    std::printf("1D all-reduces carry 2(P-1)/P x N x C each; 3D linears 2(q-1)/q^3 x (N IC + N OC + "
-                "IC OC): ratio of the two per layer here %.2f\n",
-                (4 * ar * N * C) / (lin(C, 3 * C) + lin(C, C) + lin(C, 4 * C) + lin(4 * C, C)));
+    std::printf(
+        "1D all-reduces carry 2(P-1)/P x N x C each; 3D linears 2(q-1)/q^3 x (N IC + N OC + "
+        "IC OC): ratio of the two per layer here %.2f\n",
+        (4 * ar * N * C) / (lin(C, 3 * C) + lin(C, C) + lin(C, 4 * C) + lin(4 * C, C)));
     out += "\n  ]";
   }
   out += "\n}\n";

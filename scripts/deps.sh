@@ -9,7 +9,7 @@ MESHCCL_PACKAGES=(
   libopenmpi-dev openmpi-bin mpich libmpich-dev libgloo-dev
   bible-kjv bible-kjv-text iproute2 iperf3 python3 python3-matplotlib
   python3-torch libtorch-dev pybind11-dev python3-pytest cmake
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev clang-format
 )
 
 meshccl_install_deps() {

@@ -55,10 +55,12 @@ void print_header() {
 #endif
   std::printf("Transports\n");
   for (const meshccl::TransportInfo& t : meshccl::transport_inventory()) {
-    std::printf("  %-8s %-28s %s\n", t.name.c_str(), t.problem.empty() ? t.version.c_str() : "(does not load)", t.path.c_str());
+    std::printf("  %-8s %-28s %s\n", t.name.c_str(), t.problem.empty() ? t.version.c_str() : "(does not load)",
+                t.path.c_str());
     if (!t.problem.empty()) std::printf("           %s\n", t.problem.c_str());
   }
-  std::printf("  between hosts: the first of ucx, ofi, socket that both ranks load (MESHCCL_TRANSPORT, NCCL_NET to choose)\n");
+  std::printf(
+      "  between hosts: the first of ucx, ofi, socket that both ranks load (MESHCCL_TRANSPORT, NCCL_NET to choose)\n");
 }
 
 // Every setting with the value in force; which variable set it, and why a
@@ -70,14 +72,14 @@ void print_settings() {
     const Param p = static_cast<Param>(i);
     const meshccl::ParamInfo& info = meshccl::param_info(p);
     std::string problem = meshccl::param_problem(p);
-    if (p == Param::Algo && problem.empty() && !meshccl::check_algo_setting().ok()) problem = meshccl::thread_last_error();
+    if (p == Param::Algo && problem.empty() && !meshccl::check_algo_setting().ok())
+      problem = meshccl::thread_last_error();
     const bool set = !problem.empty() || meshccl::param_env(p) != nullptr;
     std::string note;
     if (!problem.empty())
-      note = std::string("  (") + meshccl::param_set_name(p) + "=\"" + meshccl::param_raw(p) + "\" refused: " + problem +
-             "; a communicator would not be made)";
-    else if (set)
-      note = std::string("  (set as ") + meshccl::param_set_name(p) + ")";
+      note = std::string("  (") + meshccl::param_set_name(p) + "=\"" + meshccl::param_raw(p) +
+             "\" refused: " + problem + "; a communicator would not be made)";
+    else if (set) note = std::string("  (set as ") + meshccl::param_set_name(p) + ")";
     std::printf("  %s=%s%s\n", info.name, meshccl::param_str(p).c_str(), note.c_str());
     if (info.alias) std::printf("      alias %s\n", info.alias);
     std::printf("      %s (accepts %s)\n", info.help, meshccl::param_accepts(info).c_str());

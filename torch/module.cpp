@@ -35,9 +35,7 @@ template <typename F>
 auto plain_errors(F&& f) -> decltype(f()) {
   try {
     return f();
-  } catch (const c10::Error& e) {
-    throw std::runtime_error(e.what_without_backtrace());
-  }
+  } catch (const c10::Error& e) { throw std::runtime_error(e.what_without_backtrace()); }
 }
 
 c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(const c10::intrusive_ptr<c10d::Store>& store, int rank,

@@ -58,8 +58,7 @@ at::Tensor& single(std::vector<at::Tensor>& tensors, const char* call) {
 void check_same(const at::Tensor& a, const at::Tensor& b, const char* what) {
   TORCH_CHECK(a.scalar_type() == b.scalar_type(), "meshccl: ", what, ": dtype ", b.scalar_type(),
               " differs from the input's ", a.scalar_type());
-  TORCH_CHECK(a.numel() == b.numel(), "meshccl: ", what, ": ", b.numel(), " elements where the input has ",
-              a.numel());
+  TORCH_CHECK(a.numel() == b.numel(), "meshccl: ", what, ": ", b.numel(), " elements where the input has ", a.numel());
 }
 
 size_t bytes(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
@@ -165,13 +164,13 @@ void LocalWork::deliver(const at::Tensor& src) {
   std::exception_ptr error;
   try {
     at::Tensor& dst = outputs_.at(0);
-    TORCH_CHECK(src.numel() == dst.numel() && src.scalar_type() == dst.scalar_type(), "meshccl: a send to this rank "
-                "itself of ", src.numel(), " ", src.scalar_type(), " elements met a receive of ", dst.numel(), " ",
-                dst.scalar_type(), " elements");
+    TORCH_CHECK(src.numel() == dst.numel() && src.scalar_type() == dst.scalar_type(),
+                "meshccl: a send to this rank "
+                "itself of ",
+                src.numel(), " ", src.scalar_type(), " elements met a receive of ", dst.numel(), " ", dst.scalar_type(),
+                " elements");
     dst.copy_(src.reshape(dst.sizes()));
-  } catch (...) {
-    error = std::current_exception();
-  }
+  } catch (...) { error = std::current_exception(); }
   done(error);
 }
 
@@ -188,9 +187,7 @@ void WorkMeshccl::complete_in_background() {
   std::exception_ptr error;
   try {
     pg_->wait_for(seq_, start_ + pg_->timeout());
-  } catch (...) {
-    error = std::current_exception();
-  }
+  } catch (...) { error = std::current_exception(); }
   settle(error);
 }
 
@@ -213,9 +210,7 @@ void WorkMeshccl::settle(std::exception_ptr error) {
     if (!error && finish_) {
       try {
         finish_();
-      } catch (...) {
-        error = std::current_exception();
-      }
+      } catch (...) { error = std::current_exception(); }
     }
     finish_ = nullptr;
     keep_.clear();
@@ -239,9 +234,7 @@ bool WorkMeshccl::isCompleted() {
   try {
     if (!pg_->done_through(seq_)) return false;
     settle(nullptr);
-  } catch (...) {
-    settle(std::current_exception());
-  }
+  } catch (...) { settle(std::current_exception()); }
   return true;
 }
 
@@ -266,9 +259,7 @@ bool WorkMeshccl::wait(std::chrono::milliseconds timeout) {
     try {
       pg_->wait_for(seq_, deadline);
       settle(nullptr);
-    } catch (...) {
-      settle(std::current_exception());
-    }
+    } catch (...) { settle(std::current_exception()); }
   }
   std::lock_guard<std::mutex> lock(mutex_);
   if (exception_) std::rethrow_exception(exception_);
@@ -428,8 +419,8 @@ c10::intrusive_ptr<WorkMeshccl> ProcessGroupMeshccl::make_work(c10d::OpType type
     std::lock_guard<std::mutex> lock(mu_);
     advance_locked(seq);
   }
-  auto work = c10::make_intrusive<WorkMeshccl>(c10::intrusive_ptr<ProcessGroupMeshccl>::reclaim_copy(this), type,
-                                               seq, std::move(outputs), std::move(finish));
+  auto work = c10::make_intrusive<WorkMeshccl>(c10::intrusive_ptr<ProcessGroupMeshccl>::reclaim_copy(this), type, seq,
+                                               std::move(outputs), std::move(finish));
   for (auto& t : keep) work->keep(t);
   return work;
 }
@@ -518,7 +509,8 @@ std::exception_ptr ProcessGroupMeshccl::stream_error(ncclResult_t r) {
   // The library names a wait that ran out of MESHCCL_TIMEOUT "timed out: rank
   // R: <operation> made no progress for N s"; its result code is the one for
   // a lost peer, whose text would mislead.
-  if (detail.rfind("timed out: ", 0) == 0) return std::make_exception_ptr(std::runtime_error("meshccl: operation " + detail));
+  if (detail.rfind("timed out: ", 0) == 0)
+    return std::make_exception_ptr(std::runtime_error("meshccl: operation " + detail));
   return std::make_exception_ptr(std::runtime_error(std::string("meshccl: operation failed: ") + ncclGetErrorString(r) +
                                                     (detail.empty() ? "" : ": ") + detail));
 }
@@ -607,8 +599,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::broadcast(std::vector<at::Te
   check_usable();
   at::Tensor& t = single(tensors, "broadcast");
   check_tensor(t, "broadcast tensor", true);
-  check("ncclBroadcast", ncclBroadcast(t.data_ptr(), t.data_ptr(), bytes(t), ncclUint8,
-                                       static_cast<int>(opts.rootRank), comm_, as_cuda(stream_)));
+  check("ncclBroadcast", ncclBroadcast(t.data_ptr(), t.data_ptr(), bytes(t), ncclUint8, static_cast<int>(opts.rootRank),
+                                       comm_, as_cuda(stream_)));
   return make_work(c10d::OpType::BROADCAST, {t});
 }
 
@@ -632,8 +624,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::sparse_allreduce(at::Tensor&
   const int64_t nnz = in._nnz();
   at::Tensor counts = at::empty({size_}, at::kLong);
   at::Tensor mine = at::full({1}, nnz, at::kLong);
-  check("ncclAllGather", ncclAllGather(mine.data_ptr(), counts.data_ptr(), sizeof(int64_t), ncclUint8, comm_,
-                                       as_cuda(stream_)));
+  check("ncclAllGather",
+        ncclAllGather(mine.data_ptr(), counts.data_ptr(), sizeof(int64_t), ncclUint8, comm_, as_cuda(stream_)));
   make_work(c10d::OpType::ALLGATHER, {counts}, {mine})->wait();
   const int64_t most = counts.max().item<int64_t>();
   // Every rank's indices (sparse_dim x nnz) and values (nnz x dense dims),
@@ -651,10 +643,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::sparse_allreduce(at::Tensor&
   if (most > 0) {
     {
       GroupGuard group;
-      check("ncclAllGather", ncclAllGather(idx.data_ptr(), idx_all.data_ptr(), bytes(idx), ncclUint8, comm_,
-                                           as_cuda(stream_)));
-      check("ncclAllGather", ncclAllGather(val.data_ptr(), val_all.data_ptr(), bytes(val), ncclUint8, comm_,
-                                           as_cuda(stream_)));
+      check("ncclAllGather",
+            ncclAllGather(idx.data_ptr(), idx_all.data_ptr(), bytes(idx), ncclUint8, comm_, as_cuda(stream_)));
+      check("ncclAllGather",
+            ncclAllGather(val.data_ptr(), val_all.data_ptr(), bytes(val), ncclUint8, comm_, as_cuda(stream_)));
       check("ncclGroupEnd", group.end());
     }
     make_work(c10d::OpType::ALLGATHER, {idx_all, val_all}, {idx, val})->wait();
@@ -672,8 +664,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::sparse_allreduce(at::Tensor&
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::allreduce_coalesced(
-    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                        const c10d::AllreduceCoalescedOptions& opts) {
   check_usable();
   TORCH_CHECK(!tensors.empty(), "meshccl: allreduce_coalesced needs at least one tensor");
   std::vector<at::Tensor> flat_parts;
@@ -689,8 +681,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::allreduce_coalesced(
   at::Tensor flat = take_stage(total, tensors[0], &buffer);
   at::cat_out(flat, flat_parts);
   ncclRedOp_t op = red_op(opts.reduceOp, flat);
-  check("ncclAllReduce", ncclAllReduce(flat.data_ptr(), flat.data_ptr(), flat.numel(), reduce_type(flat), op,
-                                       comm_, as_cuda(stream_)));
+  check("ncclAllReduce",
+        ncclAllReduce(flat.data_ptr(), flat.data_ptr(), flat.numel(), reduce_type(flat), op, comm_, as_cuda(stream_)));
   std::vector<at::Tensor> outs = tensors;
   auto work = make_work(c10d::OpType::ALLREDUCE_COALESCED, outs, {buffer}, [outs, flat]() {
     int64_t off = 0;
@@ -710,8 +702,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::reduce(std::vector<at::Tenso
   check_tensor(t, "reduce tensor", true);
   ncclDataType_t dt = reduce_type(t);
   ncclRedOp_t op = red_op(opts.reduceOp, t);
-  check("ncclReduce", ncclReduce(t.data_ptr(), t.data_ptr(), t.numel(), dt, op, static_cast<int>(opts.rootRank),
-                                 comm_, as_cuda(stream_)));
+  check("ncclReduce", ncclReduce(t.data_ptr(), t.data_ptr(), t.numel(), dt, op, static_cast<int>(opts.rootRank), comm_,
+                                 as_cuda(stream_)));
   return make_work(c10d::OpType::REDUCE, {t});
 }
 
@@ -720,8 +712,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::_allgather_base(at::Tensor& 
   check_usable();
   check_tensor(input, "all_gather input", false);
   check_tensor(output, "all_gather output", false);
-  TORCH_CHECK(input.scalar_type() == output.scalar_type(), "meshccl: all_gather output dtype ",
-              output.scalar_type(), " differs from the input's ", input.scalar_type());
+  TORCH_CHECK(input.scalar_type() == output.scalar_type(), "meshccl: all_gather output dtype ", output.scalar_type(),
+              " differs from the input's ", input.scalar_type());
   TORCH_CHECK(output.numel() == input.numel() * size_, "meshccl: all_gather output has ", output.numel(),
               " elements; it needs world size x input = ", input.numel() * size_);
   check("ncclAllGather",
@@ -757,9 +749,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::allgather(std::vector<std::v
   return work;
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::allgather_coalesced(
-    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-    const c10d::AllgatherOptions& /*opts*/) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                                        std::vector<at::Tensor>& inputs,
+                                                                        const c10d::AllgatherOptions& /*opts*/) {
   check_usable();
   TORCH_CHECK(static_cast<int>(outputs.size()) == size_, "meshccl: allgather_coalesced needs world size (", size_,
               ") output lists, got ", outputs.size());
@@ -828,8 +820,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::gather(std::vector<std::vect
     TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
                 "meshccl: gather outputs are given on the root only");
   }
-  check("ncclGather", ncclGather(in.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr, bytes(in), ncclUint8,
-                                 root, comm_, as_cuda(stream_)));
+  check("ncclGather", ncclGather(in.data_ptr(), flat.defined() ? flat.data_ptr() : nullptr, bytes(in), ncclUint8, root,
+                                 comm_, as_cuda(stream_)));
   const int64_t n = in.numel();
   std::function<void()> finish;
   if (flat.defined()) {
@@ -857,7 +849,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::scatter(std::vector<at::Tens
     flat = take_stage(size_ * out.numel(), out, &buffer);
     for (int i = 0; i < size_; ++i) {
       const at::Tensor& t = inputs[0][i];
-      TORCH_CHECK(t.device().is_cpu() && t.layout() == at::kStrided, "meshccl: scatter inputs must be dense CPU tensors");
+      TORCH_CHECK(t.device().is_cpu() && t.layout() == at::kStrided,
+                  "meshccl: scatter inputs must be dense CPU tensors");
       check_same(out, t, "scatter input");
       flat.narrow(0, i * out.numel(), out.numel()).copy_(t.reshape({-1}));
     }
@@ -882,8 +875,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::_reduce_scatter_base(at::Ten
   TORCH_CHECK(input.numel() == output.numel() * size_, "meshccl: reduce_scatter input has ", input.numel(),
               " elements; it needs world size x output = ", output.numel() * size_);
   ncclRedOp_t op = red_op(opts.reduceOp, input);
-  check("ncclReduceScatter", ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(),
-                                               reduce_type(input), op, comm_, as_cuda(stream_)));
+  check("ncclReduceScatter", ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), reduce_type(input),
+                                               op, comm_, as_cuda(stream_)));
   return make_work(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, {input});
 }
 
@@ -906,8 +899,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::reduce_scatter(std::vector<a
     flat.narrow(0, i * n, n).copy_(t.reshape({-1}));
   }
   ncclRedOp_t op = red_op(opts.reduceOp, out);
-  check("ncclReduceScatter", ncclReduceScatter(flat.data_ptr(), out.data_ptr(), n, reduce_type(out), op, comm_,
-                                               as_cuda(stream_)));
+  check("ncclReduceScatter",
+        ncclReduceScatter(flat.data_ptr(), out.data_ptr(), n, reduce_type(out), op, comm_, as_cuda(stream_)));
   auto work = make_work(c10d::OpType::REDUCE_SCATTER, {out}, {buffer});
   return_stage(buffer, work);
   return work;
@@ -920,13 +913,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::alltoall_base(at::Tensor& ou
   check_usable();
   check_tensor(input, "all_to_all input", false);
   check_tensor(output, "all_to_all output", false);
-  TORCH_CHECK(input.scalar_type() == output.scalar_type(), "meshccl: all_to_all output dtype ",
-              output.scalar_type(), " differs from the input's ", input.scalar_type());
+  TORCH_CHECK(input.scalar_type() == output.scalar_type(), "meshccl: all_to_all output dtype ", output.scalar_type(),
+              " differs from the input's ", input.scalar_type());
   if (outputSplits.empty() && inputSplits.empty()) {
     TORCH_CHECK(input.numel() == output.numel() && input.numel() % size_ == 0, "meshccl: all_to_all_single of ",
                 input.numel(), " elements into ", output.numel(), ": both must be equal and divisible by ", size_);
-    check("ncclAlltoAll", ncclAlltoAll(input.data_ptr(), output.data_ptr(), bytes(input) / size_, ncclUint8, comm_,
-                                       as_cuda(stream_)));
+    check("ncclAlltoAll",
+          ncclAlltoAll(input.data_ptr(), output.data_ptr(), bytes(input) / size_, ncclUint8, comm_, as_cuda(stream_)));
     return make_work(c10d::OpType::ALLTOALL_BASE, {output}, {input});
   }
   // Uneven splits along dimension 0: one send and one receive per peer.
@@ -958,11 +951,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::alltoall_base(at::Tensor& ou
     GroupGuard group;
     for (int p = 0; p < size_; ++p) {
       if (in_off[p].second > 0)
-        check("ncclSend", ncclSend(ptr(input) + in_off[p].first, in_off[p].second, ncclUint8, p, comm_,
-                                   as_cuda(stream_)));
+        check("ncclSend",
+              ncclSend(ptr(input) + in_off[p].first, in_off[p].second, ncclUint8, p, comm_, as_cuda(stream_)));
       if (out_off[p].second > 0)
-        check("ncclRecv", ncclRecv(ptr(output) + out_off[p].first, out_off[p].second, ncclUint8, p, comm_,
-                                   as_cuda(stream_)));
+        check("ncclRecv",
+              ncclRecv(ptr(output) + out_off[p].first, out_off[p].second, ncclUint8, p, comm_, as_cuda(stream_)));
     }
     check("ncclGroupEnd", group.end());
   }
@@ -986,8 +979,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::alltoall(std::vector<at::Ten
       if (bytes(inputs[p]) > 0)
         check("ncclSend", ncclSend(inputs[p].data_ptr(), bytes(inputs[p]), ncclUint8, p, comm_, as_cuda(stream_)));
       if (bytes(outputs[p]) > 0)
-        check("ncclRecv",
-              ncclRecv(outputs[p].data_ptr(), bytes(outputs[p]), ncclUint8, p, comm_, as_cuda(stream_)));
+        check("ncclRecv", ncclRecv(outputs[p].data_ptr(), bytes(outputs[p]), ncclUint8, p, comm_, as_cuda(stream_)));
     }
     check("ncclGroupEnd", group.end());
   }
@@ -1002,7 +994,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::send(std::vector<at::Tensor>
   // Tag 0 (torch's default) keeps NCCL's order; another tag matches the
   // peer's receive with that tag, in any order, as Gloo's do.
   if (tag == 0) check("ncclSend", ncclSend(t.data_ptr(), bytes(t), ncclUint8, dst, comm_, as_cuda(stream_)));
-  else check("meshcclSendTagged", meshcclSendTagged(t.data_ptr(), bytes(t), ncclUint8, dst, tag, comm_, as_cuda(stream_)));
+  else
+    check("meshcclSendTagged", meshcclSendTagged(t.data_ptr(), bytes(t), ncclUint8, dst, tag, comm_, as_cuda(stream_)));
   return make_work(c10d::OpType::SEND, {}, {t});
 }
 
@@ -1012,7 +1005,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::recv(std::vector<at::Tensor>
   check_tensor(t, "recv tensor", true);
   if (src == rank_) return self_recv(t, tag);
   if (tag == 0) check("ncclRecv", ncclRecv(t.data_ptr(), bytes(t), ncclUint8, src, comm_, as_cuda(stream_)));
-  else check("meshcclRecvTagged", meshcclRecvTagged(t.data_ptr(), bytes(t), ncclUint8, src, tag, comm_, as_cuda(stream_)));
+  else
+    check("meshcclRecvTagged", meshcclRecvTagged(t.data_ptr(), bytes(t), ncclUint8, src, tag, comm_, as_cuda(stream_)));
   return make_work(c10d::OpType::RECV, {t});
 }
 
@@ -1053,8 +1047,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::self_recv(at::Tensor& t, int
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::barrier(const c10d::BarrierOptions& /*opts*/) {
   check_usable();
-  check("ncclAllReduce", ncclAllReduce(barrier_buf_.data_ptr(), barrier_buf_.data_ptr(), 1, ncclUint8, ncclMax,
-                                       comm_, as_cuda(stream_)));
+  check("ncclAllReduce", ncclAllReduce(barrier_buf_.data_ptr(), barrier_buf_.data_ptr(), 1, ncclUint8, ncclMax, comm_,
+                                       as_cuda(stream_)));
   return make_work(c10d::OpType::BARRIER, {});
 }
 

@@ -115,8 +115,7 @@ class ProcessGroupMeshccl : public c10d::ProcessGroup {
                                            const c10d::AllreduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                      const c10d::AllreduceCoalescedOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
-                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs,
                                            const c10d::AllgatherOptions& opts) override;
@@ -125,11 +124,9 @@ class ProcessGroupMeshccl : public c10d::ProcessGroup {
                                                      const c10d::AllgatherOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                        std::vector<at::Tensor>& inputs,
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
-                                         std::vector<std::vector<at::Tensor>>& inputs,
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
                                                 std::vector<std::vector<at::Tensor>>& inputs,
@@ -137,8 +134,7 @@ class ProcessGroupMeshccl : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                       const c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
-                                               std::vector<int64_t>& outputSplits,
-                                               std::vector<int64_t>& inputSplits,
+                                               std::vector<int64_t>& outputSplits, std::vector<int64_t>& inputSplits,
                                                const c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override;
@@ -170,8 +166,7 @@ class ProcessGroupMeshccl : public c10d::ProcessGroup {
   void check_usable();
   // Wraps what was just queued on the stream into a work object.
   c10::intrusive_ptr<WorkMeshccl> make_work(c10d::OpType type, std::vector<at::Tensor> outputs,
-                                            std::vector<at::Tensor> keep = {},
-                                            std::function<void()> finish = nullptr);
+                                            std::vector<at::Tensor> keep = {}, std::function<void()> finish = nullptr);
   // A staging tensor of `numel` elements of `like`'s dtype, carved from the
   // group's cached buffer when the work that used it last has settled (fresh
   // pages cost more than the copy); `buffer` receives the whole buffer, to be
@@ -214,8 +209,8 @@ class ProcessGroupMeshccl : public c10d::ProcessGroup {
   std::vector<std::chrono::steady_clock::time_point> deadlines_;  // waits in progress
   std::thread watchdog_;
 
-  std::mutex self_mu_;  // guards the mailbox of sends to this rank
-  std::map<int, std::deque<at::Tensor>> self_sent_;                    // by tag, oldest first
+  std::mutex self_mu_;                                                     // guards the mailbox of sends to this rank
+  std::map<int, std::deque<at::Tensor>> self_sent_;                        // by tag, oldest first
   std::map<int, std::deque<c10::intrusive_ptr<LocalWork>>> self_waiting_;  // receives posted first
 };
 

@@ -102,12 +102,8 @@ std::string mode_text(mode_t mode) {
 
 // Empty when st is this user's and others cannot write it, else why not.
 std::string ownership_problem(const struct stat& st) {
-  if (st.st_uid != ::geteuid()) {
-    return "belongs to uid " + std::to_string(st.st_uid) + ", not to this user";
-  }
-  if ((st.st_mode & S_IWOTH) != 0) {
-    return "is writable by other users (mode " + mode_text(st.st_mode) + ")";
-  }
+  if (st.st_uid != ::geteuid()) { return "belongs to uid " + std::to_string(st.st_uid) + ", not to this user"; }
+  if ((st.st_mode & S_IWOTH) != 0) { return "is writable by other users (mode " + mode_text(st.st_mode) + ")"; }
   return "";
 }
 
@@ -119,8 +115,8 @@ int open_trusted(const std::string& path, const std::string& what) {
   if (fd < 0) {
     const int e = errno;
     if (e == ENOENT) return -1;
-    throw CheckpointError(what + " cannot be opened: " +
-                          (e == ELOOP ? std::string("it is a symbolic link (refused)") : os_reason(e)));
+    throw CheckpointError(
+        what + " cannot be opened: " + (e == ELOOP ? std::string("it is a symbolic link (refused)") : os_reason(e)));
   }
   struct stat st {};
   std::string problem;
@@ -199,8 +195,8 @@ std::string schedule_text(const LrSchedule& s) {
   return buf;
 }
 
-ShardHeader make_shard_header(const ModelConfig& mc, const Layout& l, int rank, int steps_done,
-                              uint64_t nparams, int layer_lo, int layer_hi) {
+ShardHeader make_shard_header(const ModelConfig& mc, const Layout& l, int rank, int steps_done, uint64_t nparams,
+                              int layer_lo, int layer_hi) {
   ShardHeader h{};
   std::memcpy(h.magic, kMagic, sizeof kMagic);
   h.version = kVersion;
@@ -245,9 +241,7 @@ void check_dir_usable(const std::string& dir, int rank) {
   check_dir_trusted(dir);
   const std::string probe = (fs::path(dir) / (".write_test_" + rank_file_name(rank))).string();
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    throw CheckpointError("--ckpt-dir " + dir + " is not writable: " + os_reason(errno));
-  }
+  if (fd < 0) { throw CheckpointError("--ckpt-dir " + dir + " is not writable: " + os_reason(errno)); }
   ::close(fd);
   ::unlink(probe.c_str());
 }
@@ -274,10 +268,9 @@ void check_step_dir_trusted(const std::string& dir, int steps_done) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
     const int e = errno;
-    throw CheckpointError("the checkpoint after step " + std::to_string(steps_done) + " (" + dir +
-                          ") cannot be opened: " +
-                          (e == ELOOP || e == ENOTDIR ? std::string("not a directory (a link or a file: refused)")
-                                                      : os_reason(e)));
+    throw CheckpointError(
+        "the checkpoint after step " + std::to_string(steps_done) + " (" + dir + ") cannot be opened: " +
+        (e == ELOOP || e == ENOTDIR ? std::string("not a directory (a link or a file: refused)") : os_reason(e)));
   }
   struct stat st {};
   const std::string problem = ::fstat(fd, &st) == 0 ? ownership_problem(st) : os_reason(errno);
@@ -302,8 +295,7 @@ int remove_stale_tmp(const std::string& dir, int rank) {
   return removed;
 }
 
-void write_shard(const std::string& path, ShardHeader h, const float* params, const float* m,
-                 const float* v) {
+void write_shard(const std::string& path, ShardHeader h, const float* params, const float* m, const float* v) {
   const size_t bytes = h.nparams * sizeof(float);
   h.crc = 0;
   uint32_t crc = header_crc(h);
@@ -314,8 +306,8 @@ void write_shard(const std::string& path, ShardHeader h, const float* params, co
   write_durably(path, {{&h, sizeof h}, {params, bytes}, {m, bytes}, {v, bytes}});
 }
 
-int read_shard(const std::string& path, const ShardHeader& want, std::vector<float>* params,
-               std::vector<float>* m, std::vector<float>* v, LrSchedule* schedule) {
+int read_shard(const std::string& path, const ShardHeader& want, std::vector<float>* params, std::vector<float>* m,
+               std::vector<float>* v, LrSchedule* schedule) {
   Fd f;
   f.fd = open_trusted(path, "checkpoint shard " + path);
   if (f.fd < 0) throw CheckpointError("checkpoint shard " + path + " cannot be opened: " + os_reason(ENOENT));
@@ -329,28 +321,24 @@ int read_shard(const std::string& path, const ShardHeader& want, std::vector<flo
   ShardHeader h{};
   uint32_t crc = 0;
   const size_t header_bytes = read_header(f.fd, path, &h, &crc);
-  if (h.dp != want.dp || h.pp != want.pp || h.tp != want.tp || h.rank != want.rank ||
-      h.tp_mode != want.tp_mode) {
-    throw CheckpointError(path + " was written by rank " + std::to_string(h.rank) + " of a " +
-                          std::to_string(h.dp) + "x" + std::to_string(h.pp) + "x" +
-                          std::to_string(h.tp) + (h.tp_mode ? " (3d)" : "") +
+  if (h.dp != want.dp || h.pp != want.pp || h.tp != want.tp || h.rank != want.rank || h.tp_mode != want.tp_mode) {
+    throw CheckpointError(path + " was written by rank " + std::to_string(h.rank) + " of a " + std::to_string(h.dp) +
+                          "x" + std::to_string(h.pp) + "x" + std::to_string(h.tp) + (h.tp_mode ? " (3d)" : "") +
                           " layout; this run cannot resume from it");
   }
   if (h.layer_lo != want.layer_lo || h.layer_hi != want.layer_hi) {
-    throw CheckpointError(path + " holds layers [" + std::to_string(h.layer_lo) + ", " +
-                          std::to_string(h.layer_hi) + ") but this rank's stage has [" +
-                          std::to_string(want.layer_lo) + ", " + std::to_string(want.layer_hi) +
-                          "): the stage split differs");
+    throw CheckpointError(path + " holds layers [" + std::to_string(h.layer_lo) + ", " + std::to_string(h.layer_hi) +
+                          ") but this rank's stage has [" + std::to_string(want.layer_lo) + ", " +
+                          std::to_string(want.layer_hi) + "): the stage split differs");
   }
-  if (h.vocab != want.vocab || h.seq != want.seq || h.layers != want.layers ||
-      h.d_model != want.d_model || h.heads != want.heads || h.tied != want.tied ||
-      h.nparams != want.nparams) {
+  if (h.vocab != want.vocab || h.seq != want.seq || h.layers != want.layers || h.d_model != want.d_model ||
+      h.heads != want.heads || h.tied != want.tied || h.nparams != want.nparams) {
     throw CheckpointError(path + " holds a different model configuration");
   }
   if (h.tokenizer != want.tokenizer) {
     throw CheckpointError(path + " was trained with another tokenizer (" +
-                          (h.tokenizer == 0 ? std::string("bytes") : "a word vocabulary") +
-                          "); this run's is " + (want.tokenizer == 0 ? "bytes" : "a word vocabulary") +
+                          (h.tokenizer == 0 ? std::string("bytes") : "a word vocabulary") + "); this run's is " +
+                          (want.tokenizer == 0 ? "bytes" : "a word vocabulary") +
                           (h.tokenizer != 0 && want.tokenizer != 0 ? " built from another corpus or --vocab" : ""));
   }
   if (h.payload_bytes != want.payload_bytes) {
@@ -362,8 +350,7 @@ int read_shard(const std::string& path, const ShardHeader& want, std::vector<flo
   const uint64_t expect = header_bytes + h.payload_bytes;
   if (static_cast<uint64_t>(st.st_size) != expect) {
     throw CheckpointError("checkpoint shard " + path + " has " + std::to_string(st.st_size) +
-                          " bytes where its header promises " + std::to_string(expect) +
-                          " (truncated or damaged)");
+                          " bytes where its header promises " + std::to_string(expect) + " (truncated or damaged)");
   }
   const size_t n = h.nparams;
   std::vector<float> p(n), mm(n), vv(n);
@@ -378,13 +365,12 @@ int read_shard(const std::string& path, const ShardHeader& want, std::vector<flo
   if (crc != h.crc) {
     char buf[96];
     std::snprintf(buf, sizeof buf, " (stored %08x, computed %08x)", h.crc, crc);
-    throw CheckpointError("checkpoint shard " + path + " fails its checksum" + buf +
-                          ": the file is damaged");
+    throw CheckpointError("checkpoint shard " + path + " fails its checksum" + buf + ": the file is damaged");
   }
   for (size_t i = 0; i < n; i++) {
     if (!std::isfinite(p[i]) || !std::isfinite(mm[i]) || !std::isfinite(vv[i])) {
-      throw CheckpointError("checkpoint shard " + path + " holds non-finite values (element " +
-                            std::to_string(i) + "); it was saved from a diverged run");
+      throw CheckpointError("checkpoint shard " + path + " holds non-finite values (element " + std::to_string(i) +
+                            "); it was saved from a diverged run");
     }
   }
   *params = std::move(p);
@@ -403,14 +389,10 @@ int read_latest(const std::string& dir) {
   const std::string path = (fs::path(dir) / "latest").string();
   Fd f;
   f.fd = open_trusted(path, path);
-  if (f.fd < 0) {
-    throw CheckpointError("no checkpoint to resume from in " + dir + " (" + path + " does not exist)");
-  }
+  if (f.fd < 0) { throw CheckpointError("no checkpoint to resume from in " + dir + " (" + path + " does not exist)"); }
   char buf[64];
   ssize_t n = 0;
-  do {
-    n = ::read(f.fd, buf, sizeof buf - 1);
-  } while (n < 0 && errno == EINTR);
+  do { n = ::read(f.fd, buf, sizeof buf - 1); } while (n < 0 && errno == EINTR);
   if (n < 0) throw CheckpointError("reading " + path + " failed: " + os_reason(errno));
   std::string name(buf, static_cast<size_t>(n));
   if (!name.empty() && name.back() == '\n') name.pop_back();
@@ -418,8 +400,7 @@ int read_latest(const std::string& dir) {
   if (step < 0) {
     std::string shown;
     for (char c : name.substr(0, 40)) shown.push_back(c >= 32 && c < 127 ? c : '?');
-    throw CheckpointError(path + " holds '" + shown +
-                          "', not a checkpoint name (step_ and 8 digits)");
+    throw CheckpointError(path + " holds '" + shown + "', not a checkpoint name (step_ and 8 digits)");
   }
   return step;
 }

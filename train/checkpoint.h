@@ -46,16 +46,16 @@ struct ShardHeader {
   uint64_t payload_bytes;  // 3 * nparams * sizeof(float)
   uint64_t tokenizer;      // the word tokenizer's fingerprint; 0: bytes
   LrSchedule schedule;
-  uint32_t crc;            // CRC-32 of this header (crc = 0) and the payload
+  uint32_t crc;  // CRC-32 of this header (crc = 0) and the payload
   uint32_t pad;
 };
 
 // steps_done: the steps the saved state has taken (the checkpoint's name).
-ShardHeader make_shard_header(const ModelConfig& m, const Layout& l, int rank, int steps_done,
-                              uint64_t nparams, int layer_lo, int layer_hi);
+ShardHeader make_shard_header(const ModelConfig& m, const Layout& l, int rank, int steps_done, uint64_t nparams,
+                              int layer_lo, int layer_hi);
 
 std::string step_dir_name(int steps_done);  // step_00000042: after 42 steps
-std::string rank_file_name(int rank);    // rank_00003.bin
+std::string rank_file_name(int rank);       // rank_00003.bin
 // Parses what `latest` holds: exactly step_ and 8 digits (so never "..", "/"
 // or anything outside the directory). Returns the step, or -1.
 int parse_step_dir(const std::string& name);
@@ -74,15 +74,14 @@ int remove_stale_tmp(const std::string& dir, int rank);
 
 // Writes the shard under a temporary name, syncs it and renames it into place;
 // on failure removes the temporary file.
-void write_shard(const std::string& path, ShardHeader h, const float* params, const float* m,
-                 const float* v);
+void write_shard(const std::string& path, ShardHeader h, const float* params, const float* m, const float* v);
 // Reads and verifies a shard: a regular file of this user that others cannot
 // write, format, header fields against `want` (layout, rank, model, parameter
 // count), size on disk, checksum, finite values. Returns the steps the saved
 // state has done; fills *schedule (if given) with the learning-rate schedule
 // the saving run followed, when the shard records one (format 4).
-int read_shard(const std::string& path, const ShardHeader& want, std::vector<float>* params,
-               std::vector<float>* m, std::vector<float>* v, LrSchedule* schedule = nullptr);
+int read_shard(const std::string& path, const ShardHeader& want, std::vector<float>* params, std::vector<float>* m,
+               std::vector<float>* v, LrSchedule* schedule = nullptr);
 // "--steps 100 (warmup 5, lr 0.003, min-lr-ratio 0.1)"
 std::string schedule_text(const LrSchedule& s);
 

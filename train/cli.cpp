@@ -67,28 +67,43 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
   // INT_MIN: not given (any value given is checked, -1 included).
   int bucket_kb = INT_MIN, seed = INT_MIN, data_seed = INT_MIN;
   std::string schedule, tp_mode, stages, plan, comm_sched, tokenizer;
-  std::map<std::string, int*> ints = {
-      {"--dp", &t.layout.dp}, {"--pp", &t.layout.pp}, {"--tp", &t.layout.tp},
-      {"--layers", &t.model.layers}, {"--d-model", &t.model.d_model},
-      {"--heads", &t.model.heads}, {"--seq", &t.model.seq}, {"--vocab", &t.model.vocab},
-      {"--micro-batch", &t.micro_batch}, {"--grad-accum", &t.grad_accum}, {"--steps", &t.steps},
-      {"--warmup", &t.optim.warmup}, {"--val-every", &t.val_every},
-      {"--val-seqs", &t.val_sequences}, {"--ckpt-every", &t.ckpt_every},
-      {"--ckpt-keep", &t.ckpt_keep},
-      {"--bucket-kb", &bucket_kb}, {"--blas-threads", &o->blas_threads},
-      {"--sample", &o->sample_chars}, {"--log-every", &o->log_every}, {"--seed", &seed},
-      {"--data-seed", &data_seed}, {"--ranks", &o->plan_ranks},
-      {"--global-batch", &o->global_batch}, {"--mem-limit", &o->mem_limit_mib},
-      {"--plan-top", &o->plan_top}};
-  std::map<std::string, float*> floats = {
-      {"--lr", &t.optim.lr}, {"--min-lr-ratio", &t.optim.min_lr_ratio},
-      {"--weight-decay", &t.optim.weight_decay}, {"--clip", &t.optim.clip},
-      {"--beta1", &t.optim.beta1}, {"--beta2", &t.optim.beta2},
-      {"--temperature", &o->temperature}};
+  std::map<std::string, int*> ints = {{"--dp", &t.layout.dp},
+                                      {"--pp", &t.layout.pp},
+                                      {"--tp", &t.layout.tp},
+                                      {"--layers", &t.model.layers},
+                                      {"--d-model", &t.model.d_model},
+                                      {"--heads", &t.model.heads},
+                                      {"--seq", &t.model.seq},
+                                      {"--vocab", &t.model.vocab},
+                                      {"--micro-batch", &t.micro_batch},
+                                      {"--grad-accum", &t.grad_accum},
+                                      {"--steps", &t.steps},
+                                      {"--warmup", &t.optim.warmup},
+                                      {"--val-every", &t.val_every},
+                                      {"--val-seqs", &t.val_sequences},
+                                      {"--ckpt-every", &t.ckpt_every},
+                                      {"--ckpt-keep", &t.ckpt_keep},
+                                      {"--bucket-kb", &bucket_kb},
+                                      {"--blas-threads", &o->blas_threads},
+                                      {"--sample", &o->sample_chars},
+                                      {"--log-every", &o->log_every},
+                                      {"--seed", &seed},
+                                      {"--data-seed", &data_seed},
+                                      {"--ranks", &o->plan_ranks},
+                                      {"--global-batch", &o->global_batch},
+                                      {"--mem-limit", &o->mem_limit_mib},
+                                      {"--plan-top", &o->plan_top}};
+  std::map<std::string, float*> floats = {{"--lr", &t.optim.lr},
+                                          {"--min-lr-ratio", &t.optim.min_lr_ratio},
+                                          {"--weight-decay", &t.optim.weight_decay},
+                                          {"--clip", &t.optim.clip},
+                                          {"--beta1", &t.optim.beta1},
+                                          {"--beta2", &t.optim.beta2},
+                                          {"--temperature", &o->temperature}};
   std::map<std::string, std::string*> strings = {
-      {"--data", &o->data}, {"--ckpt-dir", &t.ckpt_dir}, {"--prompt", &o->prompt},
-      {"--schedule", &schedule}, {"--comm-sched", &comm_sched}, {"--order", &t.layout.order},
-      {"--tp-mode", &tp_mode}, {"--stages", &stages}, {"--plan", &plan},
+      {"--data", &o->data},       {"--ckpt-dir", &t.ckpt_dir},   {"--prompt", &o->prompt},
+      {"--schedule", &schedule},  {"--comm-sched", &comm_sched}, {"--order", &t.layout.order},
+      {"--tp-mode", &tp_mode},    {"--stages", &stages},         {"--plan", &plan},
       {"--profile", &o->profile}, {"--tokenizer", &tokenizer}};
   int warmup_given = 0;
   int first = 1;
@@ -192,13 +207,15 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
     return "--tokenizer must be bytes or word, got '" + tokenizer + "'";
   }
   t.model.words = tokenizer == "word";
-  if (!t.model.words && t.model.vocab > 256) return "--vocab is at most 256 with the byte tokenizer (--tokenizer word for more)";
+  if (!t.model.words && t.model.vocab > 256)
+    return "--vocab is at most 256 with the byte tokenizer (--tokenizer word for more)";
   if (t.model.words && (t.model.vocab <= 256 || t.model.vocab > (1 << 22))) {
     return "--tokenizer word needs --vocab in (256, 4194304], e.g. 16384 (256 bytes + the most frequent words)";
   }
   if (t.ckpt_every > 0 && t.ckpt_dir.empty()) return "--ckpt-every needs --ckpt-dir";
   if (o->resume && t.ckpt_dir.empty()) return "--resume needs --ckpt-dir";
-  if (o->elastic && t.ckpt_every <= 0) return "--elastic needs --ckpt-dir and --ckpt-every (it resumes from checkpoints)";
+  if (o->elastic && t.ckpt_every <= 0)
+    return "--elastic needs --ckpt-dir and --ckpt-every (it resumes from checkpoints)";
   if (!(t.optim.lr > 0)) return "--lr must be positive";
   if (t.optim.min_lr_ratio < 0 || t.optim.min_lr_ratio > 1) return "--min-lr-ratio must be in [0, 1]";
   if (t.optim.weight_decay < 0) return "--weight-decay must not be negative";
@@ -208,8 +225,7 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
   }
   if (o->temperature < 0) return "--temperature must not be negative (0 is greedy)";
   if (t.optim.warmup < 0) return "--warmup must not be negative";
-  if (t.val_every < 0 || t.ckpt_every < 0 || t.ckpt_keep < 0 || o->sample_chars < 0 ||
-      o->blas_threads < 0) {
+  if (t.val_every < 0 || t.ckpt_every < 0 || t.ckpt_keep < 0 || o->sample_chars < 0 || o->blas_threads < 0) {
     return "--val-every, --ckpt-every, --ckpt-keep, --sample and --blas-threads must not be negative";
   }
   if (t.val_sequences < 1) return "--val-seqs must be at least 1";

@@ -11,9 +11,9 @@ struct CliOptions {
   TrainConfig train;
   std::string data;  // empty: see corpus_path() in main.cpp
   bool resume = false;
-  bool elastic = false;   // --elastic: survive a lost data-parallel replica (needs checkpoints)
-  int blas_threads = 0;   // 0: all cores for one rank, 1 per rank otherwise
-  int sample_chars = 0;   // generate this much text after training (pp = tp = 1)
+  bool elastic = false;  // --elastic: survive a lost data-parallel replica (needs checkpoints)
+  int blas_threads = 0;  // 0: all cores for one rank, 1 per rank otherwise
+  int sample_chars = 0;  // generate this much text after training (pp = tp = 1)
   std::string prompt = "And God said";
   float temperature = 0.8f;
   int log_every = 1;

@@ -75,8 +75,7 @@ Corpus Corpus::from_bytes(std::vector<uint8_t> bytes, int seq, int word_vocab) {
   return c;
 }
 
-void Corpus::train_sequence(uint64_t seed, int step, int index, int T, int32_t* tokens,
-                            int32_t* targets) const {
+void Corpus::train_sequence(uint64_t seed, int step, int index, int T, int32_t* tokens, int32_t* targets) const {
   const uint64_t h = mix(seed ^ mix(static_cast<uint64_t>(step) * 0x100000001ull + index));
   const size_t positions = split_ - T - 1;
   window(tokens_, h % positions, T, tokens, targets);

@@ -33,8 +33,7 @@ class Corpus {
   const Tokenizer& tokenizer() const { return tok_; }
 
   // Sequence `index` of training step `step`: T inputs and the T next tokens.
-  void train_sequence(uint64_t seed, int step, int index, int T, int32_t* tokens,
-                      int32_t* targets) const;
+  void train_sequence(uint64_t seed, int step, int index, int T, int32_t* tokens, int32_t* targets) const;
   // Validation sequence `index` of `count`, evenly spaced over the held-out part.
   void val_sequence(int index, int count, int T, int32_t* tokens, int32_t* targets) const;
 

@@ -15,14 +15,11 @@
 #include <set>
 #include <stdexcept>
 
-
 namespace meshtrain {
 
 namespace {
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 LrSchedule schedule_of(const OptimConfig& o) { return LrSchedule{o.total_steps, o.warmup, o.lr, o.min_lr_ratio}; }
 
@@ -46,17 +43,15 @@ std::string memory_error(const TrainConfig& c, int rank, double need, const std:
 }  // namespace
 
 Engine::Engine(const TrainConfig& cfg, int rank, const Comms& comms, const Corpus& corpus)
-    : cfg_(cfg), rank_(rank), me_(coords_of(rank, cfg.layout)), comms_(comms), corpus_(corpus),
-      opt_(0) {
+    : cfg_(cfg), rank_(rank), me_(coords_of(rank, cfg.layout)), comms_(comms), corpus_(corpus), opt_(0) {
   const Layout& l = cfg_.layout;
   const int world = comms_.world ? comms_.world->size() : l.world();
-  if (const std::string e = check_layout(cfg_.model, l, world, cfg_.micro_batch, cfg_.grad_accum);
-      !e.empty()) {
+  if (const std::string e = check_layout(cfg_.model, l, world, cfg_.micro_batch, cfg_.grad_accum); !e.empty()) {
     throw std::invalid_argument(e);
   }
   if (rank < 0 || rank >= l.world()) {
-    throw std::invalid_argument("rank " + std::to_string(rank) + " is outside the " +
-                                std::to_string(l.world()) + "-rank layout");
+    throw std::invalid_argument("rank " + std::to_string(rank) + " is outside the " + std::to_string(l.world()) +
+                                "-rank layout");
   }
   slots_ = std::max(1, max_in_flight(stage_ops(cfg_.schedule, l.pp, me_.pp, cfg_.grad_accum)));
   // Forward-only runs (validation) receive micro-batch i+1 while i is still
@@ -74,17 +69,15 @@ Engine::Engine(const TrainConfig& cfg, int rank, const Comms& comms, const Corpu
   try {
     stage_ = std::make_unique<Stage>(cfg_.model, l.stage_view(me_.pp), me_, cfg_.micro_batch, slots_);
     opt_ = AdamW(stage_->params.size());
-  } catch (const std::bad_alloc&) {
-    throw std::runtime_error(memory_error(cfg_, rank, need, "allocating it failed"));
-  }
+  } catch (const std::bad_alloc&) { throw std::runtime_error(memory_error(cfg_, rank, need, "allocating it failed")); }
   TpComms tc;
   tc.group = comms_.tp;
   for (int a = 0; a < 3; a++) tc.axis[a] = comms_.cube[a];
   stage_->set_tp_comms(tc);
   const Tokenizer& tk = corpus_.tokenizer();
   if (tk.is_words() != cfg_.model.words || tk.size() > cfg_.model.vocab) {
-    throw std::invalid_argument("the corpus was tokenized with " + std::string(tk.is_words() ? "words" : "bytes") + " (" +
-                                std::to_string(tk.size()) + " ids) but the model expects " +
+    throw std::invalid_argument("the corpus was tokenized with " + std::string(tk.is_words() ? "words" : "bytes") +
+                                " (" + std::to_string(tk.size()) + " ids) but the model expects " +
                                 (cfg_.model.words ? "words" : "bytes") + " and a vocabulary of " +
                                 std::to_string(cfg_.model.vocab));
   }
@@ -106,15 +99,14 @@ Engine::Engine(const TrainConfig& cfg, int rank, const Comms& comms, const Corpu
 double Engine::comm_seconds() const {
   double t = 0.0;
   std::set<const Comm*> seen;
-  for (const Comm* c : {comms_.world, comms_.dp, comms_.pp, comms_.tp, comms_.embed,
-                        comms_.cube[0], comms_.cube[1], comms_.cube[2]}) {
+  for (const Comm* c :
+       {comms_.world, comms_.dp, comms_.pp, comms_.tp, comms_.embed, comms_.cube[0], comms_.cube[1], comms_.cube[2]}) {
     if (c && seen.insert(c).second) t += c->wait_seconds;
   }
   return t;
 }
 
-void Engine::load_micro(bool train, int step, int micro, int m, int32_t* tokens,
-                        int32_t* targets) {
+void Engine::load_micro(bool train, int step, int micro, int m, int32_t* tokens, int32_t* targets) {
   const int B = cfg_.micro_batch, T = cfg_.model.seq;
   for (int b = 0; b < B; b++) {
     const int index = (me_.dp * m + micro) * B + b;
@@ -170,8 +162,7 @@ void Engine::run_schedule(PipeSchedule sched, int m, bool train, int step, doubl
       op.count = st.act_size();
       op.peer = msg.peer;
       if (msg.send) {
-        op.buf = msg.grad ? const_cast<float*>(st.grad_out())
-                          : const_cast<float*>(st.output(slot_of[msg.micro]));
+        op.buf = msg.grad ? const_cast<float*>(st.grad_out()) : const_cast<float*>(st.output(slot_of[msg.micro]));
       } else {
         op.buf = msg.grad ? st.grad_in_buffer() : st.input_buffer(take_slot(msg.micro));
       }
@@ -226,7 +217,8 @@ StepStats Engine::train_step(int step) {
     const size_t lo = dense_lo();
     if (launched_lo_ > lo) launch_bucket(lo);
     if (sparse_spec_ != nullptr) {  // the least urgent kind: on the least urgent stream
-      comms_.dp->sparse_all_reduce_async(st.grads.data() + sparse_spec_->offset, static_cast<size_t>(sparse_spec_->local_rows),
+      comms_.dp->sparse_all_reduce_async(st.grads.data() + sparse_spec_->offset,
+                                         static_cast<size_t>(sparse_spec_->local_rows),
                                          static_cast<size_t>(sparse_spec_->local_cols), ReduceOp::Avg);
     }
     comms_.dp->wait_async();
@@ -303,9 +295,7 @@ void Engine::prepare_checkpoints() {
   try {
     check_dir_usable(cfg_.ckpt_dir, rank_);
     remove_stale_tmp(cfg_.ckpt_dir, rank_);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
+  } catch (const std::exception& e) { error = e.what(); }
   agree(error);
 }
 
@@ -319,22 +309,17 @@ void Engine::save_checkpoint(int step) {
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) throw CheckpointError("cannot create checkpoint directory " + dir.string() + ": " + ec.message());
-    ShardHeader h = make_shard_header(cfg_.model, cfg_.layout, rank_, done, stage_->params.size(),
-                                      stage_->layers().lo, stage_->layers().hi);
+    ShardHeader h = make_shard_header(cfg_.model, cfg_.layout, rank_, done, stage_->params.size(), stage_->layers().lo,
+                                      stage_->layers().hi);
     h.schedule = schedule_of(cfg_.optim);
-    write_shard((dir / rank_file_name(rank_)).string(), h, stage_->params.data(), opt_.m.data(),
-                opt_.v.data());
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
+    write_shard((dir / rank_file_name(rank_)).string(), h, stage_->params.data(), opt_.m.data(), opt_.v.data());
+  } catch (const std::exception& e) { error = e.what(); }
   agree(error);  // every shard of this step exists before `latest` names it
   if (rank_ == 0) {
     try {
       write_latest(cfg_.ckpt_dir, done);
       prune_checkpoints(cfg_.ckpt_dir, done, cfg_.ckpt_keep);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
+    } catch (const std::exception& e) { error = e.what(); }
   }
   agree(error);
 }
@@ -362,9 +347,7 @@ int Engine::load_checkpoint(const Layout& saved) {
     const ShardHeader want = make_shard_header(cfg_.model, saved, saved_rank, named, stage_->params.size(),
                                                stage_->layers().lo, stage_->layers().hi);
     done = read_shard((dir / rank_file_name(saved_rank)).string(), want, &p, &m, &v, &schedule);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
+  } catch (const std::exception& e) { error = e.what(); }
   agree(error);
   keep_schedule(schedule);
   // Copied, not moved: the stage's tensor pointers point into its arena.
@@ -393,8 +376,7 @@ void Engine::keep_schedule(const LrSchedule& saved) {
                    ", not this run's " + schedule_text(mine) + tail;
 }
 
-std::string Engine::sample(const std::string& prompt, int length, float temperature,
-                           uint64_t seed) {
+std::string Engine::sample(const std::string& prompt, int length, float temperature, uint64_t seed) {
   const int T = cfg_.model.seq, V = cfg_.model.vocab;
   Stage& st = *stage_;
   const Tokenizer& tk = corpus_.tokenizer();

@@ -22,18 +22,18 @@ struct TrainConfig {
   ModelConfig model;
   Layout layout;
   OptimConfig optim;
-  int micro_batch = 4;   // sequences per micro-batch
-  int grad_accum = 1;    // micro-batches per data-parallel rank per step
+  int micro_batch = 4;  // sequences per micro-batch
+  int grad_accum = 1;   // micro-batches per data-parallel rank per step
   int steps = 10;
   PipeSchedule schedule = PipeSchedule::OneFOneB;
-  size_t bucket_elems = size_t(1) << 18;  // data-parallel all-reduce bucket (floats)
+  size_t bucket_elems = size_t(1) << 18;       // data-parallel all-reduce bucket (floats)
   CommSched comm_sched = CommSched::Priority;  // --comm-sched (comm.h)
   uint64_t data_seed = 1234;
-  int val_every = 0;      // 0: never
-  int val_sequences = 16; // global, split over data-parallel ranks
-  std::string ckpt_dir;   // empty: no checkpoints
+  int val_every = 0;       // 0: never
+  int val_sequences = 16;  // global, split over data-parallel ranks
+  std::string ckpt_dir;    // empty: no checkpoints
   int ckpt_every = 0;
-  int ckpt_keep = 0;      // keep this many newest checkpoints (0: all)
+  int ckpt_keep = 0;  // keep this many newest checkpoints (0: all)
 
   int global_batch() const { return layout.dp * micro_batch * grad_accum; }
 };
@@ -44,16 +44,16 @@ struct Comms {
   Comm* world = nullptr;
   Comm* dp = nullptr;
   Comm* pp = nullptr;
-  Comm* tp = nullptr;     // the whole tensor-parallel group
+  Comm* tp = nullptr;  // the whole tensor-parallel group
   Comm* embed = nullptr;
   Comm* cube[3] = {nullptr, nullptr, nullptr};  // 3D: along the I, W and O axes (CubeAxis)
 };
 
 struct StepStats {
   int step = 0;
-  float loss = 0;        // mean over the global batch (known on every rank)
+  float loss = 0;  // mean over the global batch (known on every rank)
   float lr = 0;
-  float grad_norm = 0;   // before clipping
+  float grad_norm = 0;  // before clipping
   double seconds = 0;
   double comm_wait = 0;  // seconds this rank was blocked on communication
   double tokens_per_s = 0;

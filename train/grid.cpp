@@ -238,9 +238,7 @@ int rank_of(const Coords& c, const Layout& l) {
   return g.rank(v);
 }
 
-int tp_color(const Coords& c, const Layout& l) {
-  return l.grid().group_color(rank_of(c, l), l.tp_dims());
-}
+int tp_color(const Coords& c, const Layout& l) { return l.grid().group_color(rank_of(c, l), l.tp_dims()); }
 int pp_color(const Coords& c, const Layout& l) { return l.grid().group_color(rank_of(c, l), {"pp"}); }
 int dp_color(const Coords& c, const Layout& l) { return l.grid().group_color(rank_of(c, l), {"dp"}); }
 
@@ -275,8 +273,7 @@ int padded_vocab(int vocab, int tp) {
   return (vocab + q - 1) / q * q;
 }
 
-std::string check_layout(const ModelConfig& m, const Layout& l, int world_size, int micro_batch,
-                         int grad_accum) {
+std::string check_layout(const ModelConfig& m, const Layout& l, int world_size, int micro_batch, int grad_accum) {
   std::ostringstream e;
   Grid g;
   const std::string order_error = Grid::parse(l.order, {{"tp", 1}, {"pp", 1}, {"dp", 1}}, &g);
@@ -300,8 +297,8 @@ std::string check_layout(const ModelConfig& m, const Layout& l, int world_size, 
     } else if (heads_bad != 0) {
       e << "heads " << m.heads << " is not divisible by a stage's tp " << heads_bad;
     } else if (m.tied && l.pp > 1 && l.stage_tp.front() != l.stage_tp.back()) {
-      e << "a tied embedding needs the first and last stage to have the same tp (got "
-        << l.stage_tp.front() << " and " << l.stage_tp.back() << "); use --untied";
+      e << "a tied embedding needs the first and last stage to have the same tp (got " << l.stage_tp.front() << " and "
+        << l.stage_tp.back() << "); use --untied";
     }
     if (!e.str().empty()) return e.str();
     return check_layout(m, l.stage_view(0), l.dp * l.pp * l.tp_of(0), micro_batch, grad_accum);
@@ -311,22 +308,20 @@ std::string check_layout(const ModelConfig& m, const Layout& l, int world_size, 
   } else if (!order_error.empty()) {
     e << "--order: " << order_error << " (a permutation of tp, pp and dp, fastest first)";
   } else if (l.world() != world_size) {
-    e << "dp x pp x tp = " << l.dp << " x " << l.pp << " x " << l.tp << " = " << l.world()
-      << " but the job has " << world_size << " rank(s)";
+    e << "dp x pp x tp = " << l.dp << " x " << l.pp << " x " << l.tp << " = " << l.world() << " but the job has "
+      << world_size << " rank(s)";
   } else if (m.layers < 1 || m.d_model < 1 || m.heads < 1 || m.seq < 1 || m.vocab < 2) {
     e << "layers, d-model, heads and seq must be positive and the vocabulary at least 2";
   } else if (m.d_model > kMaxDModel || m.layers > kMaxLayers || m.seq > kMaxSeq) {
-    e << "--d-model " << m.d_model << ", --layers " << m.layers << ", --seq " << m.seq
-      << ": at most " << kMaxDModel << ", " << kMaxLayers << " and " << kMaxSeq
-      << " (each tensor's rows and columns must stay countable)";
+    e << "--d-model " << m.d_model << ", --layers " << m.layers << ", --seq " << m.seq << ": at most " << kMaxDModel
+      << ", " << kMaxLayers << " and " << kMaxSeq << " (each tensor's rows and columns must stay countable)";
   } else if (static_cast<int64_t>(micro_batch) * m.seq > kMaxTokens) {
-    e << "--micro-batch " << micro_batch << " x --seq " << m.seq << " = "
-      << static_cast<int64_t>(micro_batch) * m.seq << " tokens per micro-batch; at most " << kMaxTokens;
+    e << "--micro-batch " << micro_batch << " x --seq " << m.seq << " = " << static_cast<int64_t>(micro_batch) * m.seq
+      << " tokens per micro-batch; at most " << kMaxTokens;
   } else if (m.d_model % m.heads != 0) {
     e << "d-model " << m.d_model << " is not divisible by heads " << m.heads;
   } else if (l.tp_mode == TpMode::OneD && m.heads % l.tp != 0) {
-    e << "heads " << m.heads << " is not divisible by tp " << l.tp
-      << " (each tensor-parallel rank owns whole heads)";
+    e << "heads " << m.heads << " is not divisible by tp " << l.tp << " (each tensor-parallel rank owns whole heads)";
   } else if (l.tp_mode == TpMode::ThreeD && q == 0) {
     e << "--tp-mode 3d needs tp to be a cube q^3 (1, 8, 27, ...), got " << l.tp;
   } else if (l.tp_mode == TpMode::ThreeD && m.heads % q != 0) {
@@ -342,11 +337,9 @@ std::string check_layout(const ModelConfig& m, const Layout& l, int world_size, 
     e << "pp " << l.pp << " asks for more pipeline stages than the " << m.layers << " layer(s)";
   } else if (!l.stages.empty() && static_cast<int>(l.stages.size()) != l.pp) {
     e << "--stages names " << l.stages.size() << " stage(s) but pp is " << l.pp;
-  } else if (!l.stages.empty() &&
-             (*std::min_element(l.stages.begin(), l.stages.end()) < 1 ||
-              std::accumulate(l.stages.begin(), l.stages.end(), 0) != m.layers)) {
-    e << "--stages must give every stage at least one layer and " << m.layers
-      << " layer(s) in all";
+  } else if (!l.stages.empty() && (*std::min_element(l.stages.begin(), l.stages.end()) < 1 ||
+                                   std::accumulate(l.stages.begin(), l.stages.end(), 0) != m.layers)) {
+    e << "--stages must give every stage at least one layer and " << m.layers << " layer(s) in all";
   } else if (micro_batch < 1 || grad_accum < 1) {
     e << "--micro-batch and --grad-accum must be at least 1";
   }

@@ -15,14 +15,14 @@
 namespace meshtrain {
 
 struct ModelConfig {
-  int vocab = 256;    // real vocabulary (bytes, or the word tokenizer's ids)
-  int seq = 128;      // context length T (also the size of the position table)
+  int vocab = 256;  // real vocabulary (bytes, or the word tokenizer's ids)
+  int seq = 128;    // context length T (also the size of the position table)
   int layers = 4;
   int d_model = 256;
   int heads = 4;
-  bool tied = true;   // output projection shares the token embedding
+  bool tied = true;  // output projection shares the token embedding
   uint64_t seed = 42;
-  bool words = false; // the word tokenizer (tokenizer.h): --tokenizer word
+  bool words = false;      // the word tokenizer (tokenizer.h): --tokenizer word
   uint64_t tokenizer = 0;  // its fingerprint (set by the engine from the corpus; kept in checkpoints)
 };
 
@@ -80,7 +80,7 @@ struct Layout {
   std::vector<int> stage_tp;
   bool hetero() const { return !stage_tp.empty(); }
   int tp_of(int stage) const { return hetero() ? stage_tp[stage] : tp; }
-  int replica() const;  // ranks of one data-parallel replica
+  int replica() const;                // ranks of one data-parallel replica
   int stage_offset(int stage) const;  // first rank of a stage inside its replica
   // The layout one stage sees: tp = tp_of(stage), no per-stage list.
   Layout stage_view(int stage) const;
@@ -147,7 +147,6 @@ constexpr int kMaxSeq = 1 << 20;
 constexpr int64_t kMaxTokens = int64_t{1} << 30;
 
 // Empty when the combination is possible, else a message that says what is wrong.
-std::string check_layout(const ModelConfig& m, const Layout& l, int world_size, int micro_batch,
-                         int grad_accum);
+std::string check_layout(const ModelConfig& m, const Layout& l, int world_size, int micro_batch, int grad_accum);
 
 }  // namespace meshtrain

@@ -40,8 +40,7 @@ constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 
 }  // namespace
 
-void embedding_forward(float* out, const int32_t* tokens, const float* wte, int N, int C,
-                       int vocab_lo, int V_local) {
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, int N, int C, int vocab_lo, int V_local) {
   for (int n = 0; n < N; n++) {
     const int local = tokens[n] - vocab_lo;
     float* o = out + static_cast<size_t>(n) * C;
@@ -53,8 +52,8 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, int 
   }
 }
 
-void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int N, int C,
-                        int vocab_lo, int V_local) {
+void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int N, int C, int vocab_lo,
+                        int V_local) {
   for (int n = 0; n < N; n++) {
     const int local = tokens[n] - vocab_lo;
     if (local < 0 || local >= V_local) continue;
@@ -70,8 +69,8 @@ void position_backward(float* dwpe, const float* dout, int B, int T, int C) {
   for (int b = 0; b < B; b++) add_inplace(dwpe, dout + static_cast<size_t>(b) * T * C, size_t(T) * C);
 }
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
-                       const float* b, int N, int C) {
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b, int N,
+                       int C) {
   for (int n = 0; n < N; n++) {
     const float* x = inp + static_cast<size_t>(n) * C;
     float* o = out + static_cast<size_t>(n) * C;
@@ -88,8 +87,8 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
   }
 }
 
-void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                        const float* w, const float* mean, const float* rstd, int N, int C) {
+void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                        const float* mean, const float* rstd, int N, int C) {
   for (int n = 0; n < N; n++) {
     const float* d = dout + static_cast<size_t>(n) * C;
     const float* x = inp + static_cast<size_t>(n) * C;
@@ -114,33 +113,28 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
   }
 }
 
-void matmul_forward(float* out, const float* inp, const float* W, const float* bias, int N,
-                    int IC, int OC) {
+void matmul_forward(float* out, const float* inp, const float* W, const float* bias, int N, int IC, int OC) {
   float beta = 0.0f;
   if (bias) {
     for (int n = 0; n < N; n++) std::memcpy(out + static_cast<size_t>(n) * OC, bias, sizeof(float) * OC);
     beta = 1.0f;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, inp, IC, W, IC, beta, out,
-              OC);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, inp, IC, W, IC, beta, out, OC);
 }
 
 void matmul_backward_input(float* dinp, const float* dout, const float* W, int N, int IC, int OC) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, W, IC, 0.0f,
-              dinp, IC);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, W, IC, 0.0f, dinp, IC);
 }
 
-void matmul_backward_weight(float* dW, float* dbias, const float* dout, const float* inp, int N,
-                            int IC, int OC) {
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dW,
-              IC);
+void matmul_backward_weight(float* dW, float* dbias, const float* dout, const float* inp, int N, int IC, int OC) {
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dW, IC);
   if (dbias) {
     for (int n = 0; n < N; n++) add_inplace(dbias, dout + static_cast<size_t>(n) * OC, OC);
   }
 }
 
-void matmul_backward(float* dinp, float* dW, float* dbias, const float* dout, const float* inp,
-                     const float* W, int N, int IC, int OC) {
+void matmul_backward(float* dinp, float* dW, float* dbias, const float* dout, const float* inp, const float* W, int N,
+                     int IC, int OC) {
   if (dinp) matmul_backward_input(dinp, dout, W, N, IC, OC);
   matmul_backward_weight(dW, dbias, dout, inp, N, IC, OC);
 }
@@ -155,8 +149,7 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
       const float* k = q + Cl;
       const float* v = q + 2 * Cl;
       float* p = att + (static_cast<size_t>(b) * NH + h) * T * T;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3, 0.0f, p,
-                  T);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3, 0.0f, p, T);
       for (int t = 0; t < T; t++) {
         float* row = p + static_cast<size_t>(t) * T;
         float mx = -std::numeric_limits<float>::infinity();
@@ -176,8 +169,8 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
   }
 }
 
-void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
-                        const float* att, int B, int T, int Cl, int NH) {
+void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T,
+                        int Cl, int NH) {
   const int hs = Cl / NH;
   const int C3 = 3 * Cl;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -193,10 +186,8 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
       const float* p = att + (static_cast<size_t>(b) * NH + h) * T * T;
       const float* dO = dout + tok0 * Cl + h * hs;
       // dP = dO V^T, dV = P^T dO
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dO, Cl, v, C3, 0.0f,
-                  datt, T);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, p, T, dO, Cl, 0.0f, dv,
-                  C3);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dO, Cl, v, C3, 0.0f, datt, T);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, p, T, dO, Cl, 0.0f, dv, C3);
       // Softmax backward, row by row: dS = P * (dP - <dP, P>); masked entries have P = 0.
       for (int t = 0; t < T; t++) {
         float* drow = datt + static_cast<size_t>(t) * T;
@@ -207,10 +198,8 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
         for (int j = t + 1; j < T; j++) drow[j] = 0.0f;
       }
       // dQ = dS K * scale, dK = dS^T Q * scale
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, datt, T, k, C3, 0.0f,
-                  dq, C3);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, datt, T, q, C3, 0.0f,
-                  dk, C3);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, datt, T, k, C3, 0.0f, dq, C3);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, datt, T, q, C3, 0.0f, dk, C3);
     }
   }
 }
@@ -255,8 +244,8 @@ void ce_rowmax(float* rowmax, const float* logits, int N, int V_local, int valid
   }
 }
 
-void ce_sumexp_target(float* sumexp, float* target, const float* logits, const float* rowmax,
-                      const int32_t* targets, int N, int V_local, int valid, int vocab_lo) {
+void ce_sumexp_target(float* sumexp, float* target, const float* logits, const float* rowmax, const int32_t* targets,
+                      int N, int V_local, int valid, int vocab_lo) {
   for (int n = 0; n < N; n++) {
     const float* l = logits + static_cast<size_t>(n) * V_local;
     const float mx = rowmax[n];
@@ -272,9 +261,8 @@ void ce_loss(float* losses, const float* sumexp, const float* rowmax, const floa
   for (int n = 0; n < N; n++) losses[n] = std::log(sumexp[n]) + rowmax[n] - target[n];
 }
 
-void ce_backward(float* dlogits, const float* logits, const float* rowmax, const float* sumexp,
-                 const int32_t* targets, float dloss, int N, int V_local, int valid,
-                 int vocab_lo) {
+void ce_backward(float* dlogits, const float* logits, const float* rowmax, const float* sumexp, const int32_t* targets,
+                 float dloss, int N, int V_local, int valid, int vocab_lo) {
   for (int n = 0; n < N; n++) {
     const float* l = logits + static_cast<size_t>(n) * V_local;
     float* d = dlogits + static_cast<size_t>(n) * V_local;

@@ -110,18 +110,17 @@ Candidate plan_layout(const CliOptions& o, int world) {
   const std::vector<Candidate> all = search(req, prof, links);
   if (all.empty()) {
     throw std::runtime_error("no layout of " + std::to_string(world) + " rank(s) fits this model, a global batch of " +
-                             std::to_string(req.global_batch) +
-                             (req.mem_limit > 0 ? " and --mem-limit" : ""));
+                             std::to_string(req.global_batch) + (req.mem_limit > 0 ? " and --mem-limit" : ""));
   }
-  std::printf("plan: %d rank(s), global batch %d, %zu feasible plans (%s profile; %d core(s))\n",
-              world, req.global_batch, all.size(), loaded ? "saved" : "measured", prof.cores);
-  std::printf("  %-52s %9s %9s %8s %8s %8s %8s\n", "layout", "step ms", "compute", "tp comm",
-              "pp+bubl", "dp exp", "MiB");
+  std::printf("plan: %d rank(s), global batch %d, %zu feasible plans (%s profile; %d core(s))\n", world,
+              req.global_batch, all.size(), loaded ? "saved" : "measured", prof.cores);
+  std::printf("  %-52s %9s %9s %8s %8s %8s %8s\n", "layout", "step ms", "compute", "tp comm", "pp+bubl", "dp exp",
+              "MiB");
   for (size_t i = 0; i < all.size() && i < static_cast<size_t>(o.plan_top); i++) {
     const Candidate& c = all[i];
-    std::printf("%s %-52s %9.2f %9.2f %8.2f %8.2f %8.2f %8.1f\n", i == 0 ? "*" : " ",
-                c.describe().c_str(), c.step_s * 1e3, c.compute_s * 1e3, c.tp_comm_s * 1e3,
-                (c.pp_comm_s + c.bubble_s) * 1e3, c.dp_exposed_s * 1e3, c.mem_bytes / 1048576.0);
+    std::printf("%s %-52s %9.2f %9.2f %8.2f %8.2f %8.2f %8.1f\n", i == 0 ? "*" : " ", c.describe().c_str(),
+                c.step_s * 1e3, c.compute_s * 1e3, c.tp_comm_s * 1e3, (c.pp_comm_s + c.bubble_s) * 1e3,
+                c.dp_exposed_s * 1e3, c.mem_bytes / 1048576.0);
   }
   std::fflush(stdout);
   return all.front();
@@ -172,14 +171,13 @@ int run(const CliOptions& opts) {
       encode_plan(plan, v.data());
     }
     if (world) {
-      check_nccl(ncclAllReduce(v.data(), v.data(), v.size(), ncclFloat32, ncclSum, world, nullptr),
-                 "ncclAllReduce", world);
+      check_nccl(ncclAllReduce(v.data(), v.data(), v.size(), ncclFloat32, ncclSum, world, nullptr), "ncclAllReduce",
+                 world);
     }
     apply_plan(v.data(), &cfg);
     cfg.optim.total_steps = cfg.steps;
   }
-  if (const std::string e = check_layout(cfg.model, cfg.layout, world_size, cfg.micro_batch,
-                                         cfg.grad_accum);
+  if (const std::string e = check_layout(cfg.model, cfg.layout, world_size, cfg.micro_batch, cfg.grad_accum);
       !e.empty()) {
     std::fprintf(stderr, "meshtrain: %s\n", e.c_str());
     return 2;
@@ -196,9 +194,8 @@ int run(const CliOptions& opts) {
     set_comm_sched(rc, cfg.comm_sched);
     rank = rc.world->rank();
   }
-  const int threads = o.blas_threads > 0
-                          ? o.blas_threads
-                          : (world_size > 1 ? 1 : static_cast<int>(std::thread::hardware_concurrency()));
+  const int threads = o.blas_threads > 0 ? o.blas_threads
+                                         : (world_size > 1 ? 1 : static_cast<int>(std::thread::hardware_concurrency()));
   openblas_set_num_threads(threads > 0 ? threads : 1);
 
   auto engine = std::make_unique<Engine>(cfg, rank, rc.view(), corpus);
@@ -236,15 +233,14 @@ int run(const CliOptions& opts) {
       tp_text.clear();
       for (int t : cfg.layout.stage_tp) tp_text += (tp_text.empty() ? "" : ",") + std::to_string(t);
     }
-    std::printf("meshtrain: %d rank(s) = dp %d x pp %d x tp %s (%s, order %s), %s schedule; model L=%d d=%d "
-                "heads=%d seq=%d vocab=%d (%s); global batch %d x %d tokens; rank 0 holds %zu "
-                "parameters; corpus %s (%zu bytes, %zu %s tokens)\n",
-                world_size, cfg.layout.dp, cfg.layout.pp, tp_text.c_str(),
-                tp_mode_name(cfg.layout.tp_mode), cfg.layout.order.c_str(),
-                schedule_name(cfg.schedule), cfg.model.layers, cfg.model.d_model,
-                cfg.model.heads, cfg.model.seq, cfg.model.vocab,
-                cfg.model.tied ? "tied" : "untied", cfg.global_batch(), cfg.model.seq, n,
-                data.c_str(), corpus.text_bytes(), corpus.size(), cfg.model.words ? "word" : "byte");
+    std::printf(
+        "meshtrain: %d rank(s) = dp %d x pp %d x tp %s (%s, order %s), %s schedule; model L=%d d=%d "
+        "heads=%d seq=%d vocab=%d (%s); global batch %d x %d tokens; rank 0 holds %zu "
+        "parameters; corpus %s (%zu bytes, %zu %s tokens)\n",
+        world_size, cfg.layout.dp, cfg.layout.pp, tp_text.c_str(), tp_mode_name(cfg.layout.tp_mode),
+        cfg.layout.order.c_str(), schedule_name(cfg.schedule), cfg.model.layers, cfg.model.d_model, cfg.model.heads,
+        cfg.model.seq, cfg.model.vocab, cfg.model.tied ? "tied" : "untied", cfg.global_batch(), cfg.model.seq, n,
+        data.c_str(), corpus.text_bytes(), corpus.size(), cfg.model.words ? "word" : "byte");
     std::fflush(stdout);
   }
 
@@ -264,11 +260,11 @@ int run(const CliOptions& opts) {
       const bool val_now = cfg.val_every > 0 && ((step + 1) % cfg.val_every == 0 || step + 1 == cfg.steps);
       if (val_now) val = engine->validate();
       if (talk && ((step + 1) % o.log_every == 0 || step + 1 == cfg.steps)) {
-        std::printf("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %7.0f tok/s | %6.1f ms "
-                    "(compute %.1f, comm wait %.1f = %.1f%%)",
-                    step + 1, cfg.steps, s.loss, s.lr, s.grad_norm, s.tokens_per_s,
-                    s.seconds * 1e3, (s.seconds - s.comm_wait) * 1e3, s.comm_wait * 1e3,
-                    100.0 * s.comm_wait / s.seconds);
+        std::printf(
+            "step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %7.0f tok/s | %6.1f ms "
+            "(compute %.1f, comm wait %.1f = %.1f%%)",
+            step + 1, cfg.steps, s.loss, s.lr, s.grad_norm, s.tokens_per_s, s.seconds * 1e3,
+            (s.seconds - s.comm_wait) * 1e3, s.comm_wait * 1e3, 100.0 * s.comm_wait / s.seconds);
         if (val_now) std::printf(" | val %.4f", val);
         std::printf("\n");
         std::fflush(stdout);
@@ -315,10 +311,11 @@ int run(const CliOptions& opts) {
       engine = std::make_unique<Engine>(cfg, rank, rc.view(), corpus);
       start = engine->load_checkpoint(saved_layout);
       if (talk) {
-        std::printf("elastic: job rank(s) %s died at step %d; dropped %d data-parallel replica(s) (%zu rank(s)): "
-                    "dp %d -> %d, %zu rank(s), global batch %d; resumed from the checkpoint after step %d\n",
-                    dead.c_str(), step + 1, plan.lost_replicas, plan.excluded.size(), old_dp, cfg.layout.dp,
-                    orig.size(), cfg.global_batch(), start);
+        std::printf(
+            "elastic: job rank(s) %s died at step %d; dropped %d data-parallel replica(s) (%zu rank(s)): "
+            "dp %d -> %d, %zu rank(s), global batch %d; resumed from the checkpoint after step %d\n",
+            dead.c_str(), step + 1, plan.lost_replicas, plan.excluded.size(), old_dp, cfg.layout.dp, orig.size(),
+            cfg.global_batch(), start);
         std::fflush(stdout);
       }
       step = start - 1;  // the loop's ++ makes it start
@@ -333,10 +330,10 @@ int run(const CliOptions& opts) {
     rc.world->all_reduce(&share[1], 1, ReduceOp::Sum);
   }
   if (talk && timed > 0) {
-    std::printf("summary: %d step(s) timed, %.1f ms/step, %.0f tok/s, comm wait %.1f%% of step "
-                "time (mean over ranks), final loss %.4f",
-                timed, 1e3 * time_sum / timed, tokens / time_sum,
-                share[1] > 0 ? 100.0 * share[0] / share[1] : 0.0, last_loss);
+    std::printf(
+        "summary: %d step(s) timed, %.1f ms/step, %.0f tok/s, comm wait %.1f%% of step "
+        "time (mean over ranks), final loss %.4f",
+        timed, 1e3 * time_sum / timed, tokens / time_sum, share[1] > 0 ? 100.0 * share[0] / share[1] : 0.0, last_loss);
     if (val >= 0) std::printf(", val loss %.4f", val);
     std::printf("\n");
     if (predicted_s > 0) std::printf("%s\n", plan_check(predicted_s, time_sum / timed).c_str());

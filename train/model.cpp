@@ -29,16 +29,30 @@ float normal_at(uint64_t seed, uint64_t key, uint64_t index) {
 }
 
 enum Kind : uint64_t {
-  kWte = 1, kWpe, kLnfW, kLnfB, kHead,
-  kLn1W = 16, kLn1B, kQkvW, kQkvB, kAttProjW, kAttProjB, kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB,
+  kWte = 1,
+  kWpe,
+  kLnfW,
+  kLnfB,
+  kHead,
+  kLn1W = 16,
+  kLn1B,
+  kQkvW,
+  kQkvB,
+  kAttProjW,
+  kAttProjB,
+  kLn2W,
+  kLn2B,
+  kFcW,
+  kFcB,
+  kFcProjW,
+  kFcProjB,
 };
 
 uint64_t key_of(uint64_t kind, int layer) { return (kind << 32) | static_cast<uint32_t>(layer + 1); }
 
 }  // namespace
 
-Stage::Stage(const ModelConfig& cfg, const Layout& layout, const Coords& me, int micro_batch,
-             int slots)
+Stage::Stage(const ModelConfig& cfg, const Layout& layout, const Coords& me, int micro_batch, int slots)
     : cfg_(cfg), layout_(layout), me_(me) {
   range_ = stage_layers(layout, cfg.layers, me.pp);
   tp_ = make_tp_scheme(cfg, layout, me.tp, micro_batch);
@@ -106,9 +120,9 @@ Stage::Stage(const ModelConfig& cfg, const Layout& layout, const Coords& me, int
     i = 2;
   }
   for (int l = range_.lo; l < range_.hi; l++, i += 12) {
-    LayerParams p{P(i), P(i + 1), P(i + 2), P(i + 3), P(i + 4), P(i + 5),
+    LayerParams p{P(i),     P(i + 1), P(i + 2), P(i + 3), P(i + 4),  P(i + 5),
                   P(i + 6), P(i + 7), P(i + 8), P(i + 9), P(i + 10), P(i + 11)};
-    LayerParams g{G(i), G(i + 1), G(i + 2), G(i + 3), G(i + 4), G(i + 5),
+    LayerParams g{G(i),     G(i + 1), G(i + 2), G(i + 3), G(i + 4),  G(i + 5),
                   G(i + 6), G(i + 7), G(i + 8), G(i + 9), G(i + 10), G(i + 11)};
     lp_.push_back(p);
     lg_.push_back(g);
@@ -138,8 +152,8 @@ Stage::Stage(const ModelConfig& cfg, const Layout& layout, const Coords& me, int
   if (last()) dlogits_.assign(static_cast<size_t>(Ni_) * sh.vocab, 0.0f);
 }
 
-void Stage::add_param(const std::string& name, uint64_t key, int rows, int cols, Tensor t,
-                      Linear which, float std, float value, bool decay, bool in_norm) {
+void Stage::add_param(const std::string& name, uint64_t key, int rows, int cols, Tensor t, Linear which, float std,
+                      float value, bool decay, bool in_norm) {
   ParamSpec s;
   s.name = name;
   s.key = key;
@@ -160,8 +174,7 @@ void Stage::init_params() {
   for (const auto& s : specs_) {
     float* p = params.data() + s.offset;
     for (size_t i = 0; i < s.size; i++) {
-      p[i] = s.init_std > 0 ? s.init_std * normal_at(cfg_.seed, s.key, global_index(s, i))
-                            : s.init_value;
+      p[i] = s.init_std > 0 ? s.init_std * normal_at(cfg_.seed, s.key, global_index(s, i)) : s.init_value;
     }
   }
 }
@@ -171,13 +184,16 @@ void Stage::build_slot(Slot& s) {
   const size_t NC = static_cast<size_t>(Nr_) * Cr_, Nr = Nr_, Ni = Ni_;
   const size_t att = static_cast<size_t>(Bi_) * sh.heads * T_ * T_;
   const size_t saved = sh.saved[0] + sh.saved[1] + sh.saved[2] + sh.saved[3];
-  const size_t per_layer =
-      5 * NC + 4 * Nr + Ni * (sh.qkv + sh.att + 2 * sh.fc) + att + saved;
+  const size_t per_layer = 5 * NC + 4 * Nr + Ni * (sh.qkv + sh.att + 2 * sh.fc) + att + saved;
   size_t total = NC + per_layer * range_.count();
   if (last()) total += NC + 2 * Nr + Ni * sh.vocab + 4 * Ni + sh.saved[4];
   s.mem.assign(total, 0.0f);
   float* p = s.mem.data();
-  auto take = [&](size_t n) { float* r = p; p += n; return r; };
+  auto take = [&](size_t n) {
+    float* r = p;
+    p += n;
+    return r;
+  };
   s.input = take(NC);
   for (int l = 0; l < range_.count(); l++) {
     LayerActs a;
@@ -267,13 +283,10 @@ void Stage::backward(int slot, float loss_scale, const std::function<void(size_t
   const float* x_last = nl ? s.layers[nl - 1].out : s.input;
 
   if (last()) {
-    tp.cross_entropy_backward(dlogits_.data(), s.logits, s.rowmax, s.ce, s.targets.data(),
-                              loss_scale / (B_ * T_));
-    tp.linear_backward(Linear::Head, dln_.data(), dlogits_.data(), s.lnf, s.head_saved, head_,
-                       ghead_, nullptr);
+    tp.cross_entropy_backward(dlogits_.data(), s.logits, s.rowmax, s.ce, s.targets.data(), loss_scale / (B_ * T_));
+    tp.linear_backward(Linear::Head, dln_.data(), dlogits_.data(), s.lnf, s.head_saved, head_, ghead_, nullptr);
     std::fill(dres_.begin(), dres_.end(), 0.0f);
-    tp.layernorm_backward(dres_.data(), glnfw_, glnfb_, dln_.data(), x_last, lnfw_, s.lnf_mean,
-                          s.lnf_rstd);
+    tp.layernorm_backward(dres_.data(), glnfw_, glnfb_, dln_.data(), x_last, lnfw_, s.lnf_mean, s.lnf_rstd);
     if (ready) ready(final_offset_);
   } else {
     std::memcpy(dres_.data(), grad_in_.data(), sizeof(float) * NC);
@@ -285,22 +298,17 @@ void Stage::backward(int slot, float loss_scale, const std::function<void(size_t
     LayerActs& a = s.layers[l];
     const float* x = l ? s.layers[l - 1].out : s.input;
     // MLP: dres is dL/d(out); the residual passes it straight to res2.
-    tp.linear_backward(Linear::FcProj, dfg_.data(), dres_.data(), a.fch_gelu, a.saved[3],
-                       p.fcprojw, g.fcprojw, g.fcprojb);
+    tp.linear_backward(Linear::FcProj, dfg_.data(), dres_.data(), a.fch_gelu, a.saved[3], p.fcprojw, g.fcprojw,
+                       g.fcprojb);
     gelu_backward(dfch_.data(), a.fch, dfg_.data(), static_cast<size_t>(Ni_) * sh.fc);
-    tp.linear_backward(Linear::Fc, dln_.data(), dfch_.data(), a.ln2, a.saved[2], p.fcw, g.fcw,
-                       g.fcb);
-    tp.layernorm_backward(dres_.data(), g.ln2w, g.ln2b, dln_.data(), a.res2, p.ln2w, a.ln2_mean,
-                          a.ln2_rstd);
+    tp.linear_backward(Linear::Fc, dln_.data(), dfch_.data(), a.ln2, a.saved[2], p.fcw, g.fcw, g.fcb);
+    tp.layernorm_backward(dres_.data(), g.ln2w, g.ln2b, dln_.data(), a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd);
     // Attention: dres is now dL/d(res2).
-    tp.linear_backward(Linear::AttProj, datty_.data(), dres_.data(), a.atty, a.saved[1],
-                       p.attprojw, g.attprojw, g.attprojb);
-    attention_backward(dqkv_.data(), datt_.data(), datty_.data(), a.qkv, a.att, Bi_, T_, sh.att,
-                       sh.heads);
-    tp.linear_backward(Linear::Qkv, dln_.data(), dqkv_.data(), a.ln1, a.saved[0], p.qkvw, g.qkvw,
-                       g.qkvb);
-    tp.layernorm_backward(dres_.data(), g.ln1w, g.ln1b, dln_.data(), x, p.ln1w, a.ln1_mean,
-                          a.ln1_rstd);
+    tp.linear_backward(Linear::AttProj, datty_.data(), dres_.data(), a.atty, a.saved[1], p.attprojw, g.attprojw,
+                       g.attprojb);
+    attention_backward(dqkv_.data(), datt_.data(), datty_.data(), a.qkv, a.att, Bi_, T_, sh.att, sh.heads);
+    tp.linear_backward(Linear::Qkv, dln_.data(), dqkv_.data(), a.ln1, a.saved[0], p.qkvw, g.qkvw, g.qkvb);
+    tp.layernorm_backward(dres_.data(), g.ln1w, g.ln1b, dln_.data(), x, p.ln1w, a.ln1_mean, a.ln1_rstd);
     if (ready) ready(layer_offset_[l]);
   }
 

@@ -66,7 +66,11 @@ class Stage {
   // Tensor-parallel communicators; a Layout{} stage with a one-rank comm
   // behaves as the single-process model.
   void set_tp_comms(const TpComms& c) { tp_->set_comms(c); }
-  void set_tp_comm(Comm* group) { TpComms c; c.group = group; tp_->set_comms(c); }
+  void set_tp_comm(Comm* group) {
+    TpComms c;
+    c.group = group;
+    tp_->set_comms(c);
+  }
   TpScheme& tp() { return *tp_; }
 
   std::vector<float> params, grads;
@@ -75,7 +79,7 @@ class Stage {
   struct LayerActs {
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2;
     float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *out;
-    float *saved[4];  // what each linear of the layer keeps for backward (scheme-defined)
+    float* saved[4];  // what each linear of the layer keeps for backward (scheme-defined)
   };
   struct Slot {
     std::vector<float> mem;
@@ -85,8 +89,8 @@ class Stage {
     std::vector<int32_t> tokens, targets;
   };
 
-  void add_param(const std::string& name, uint64_t key, int rows, int cols, Tensor t, Linear which,
-                 float std, float value, bool decay, bool in_norm);
+  void add_param(const std::string& name, uint64_t key, int rows, int cols, Tensor t, Linear which, float std,
+                 float value, bool decay, bool in_norm);
   void build_slot(Slot& s);
   void init_params();
 

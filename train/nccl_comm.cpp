@@ -8,9 +8,7 @@ namespace meshtrain {
 
 namespace {
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 ncclRedOp_t to_nccl(ReduceOp op) {
   switch (op) {
@@ -71,15 +69,15 @@ ncclComm_t NcclComm::release() {
 void NcclComm::all_reduce(float* buf, size_t n, ReduceOp op) {
   Blocked b(&wait_seconds);
   bytes_sent += 2.0 * (size_ - 1) / size_ * n * sizeof(float);
-  check_nccl(ncclAllReduce(buf, buf, n, ncclFloat32, to_nccl(op), comm_, meshcclStreamAsCuda(fast_)),
-             "ncclAllReduce", comm_);
+  check_nccl(ncclAllReduce(buf, buf, n, ncclFloat32, to_nccl(op), comm_, meshcclStreamAsCuda(fast_)), "ncclAllReduce",
+             comm_);
   check_nccl(meshcclStreamSynchronize(fast_), "meshcclStreamSynchronize", comm_);
 }
 
 void NcclComm::all_reduce_start(float* buf, size_t n, ReduceOp op) {
   bytes_sent += 2.0 * (size_ - 1) / size_ * n * sizeof(float);
-  check_nccl(ncclAllReduce(buf, buf, n, ncclFloat32, to_nccl(op), comm_, meshcclStreamAsCuda(fast_)),
-             "ncclAllReduce", comm_);
+  check_nccl(ncclAllReduce(buf, buf, n, ncclFloat32, to_nccl(op), comm_, meshcclStreamAsCuda(fast_)), "ncclAllReduce",
+             comm_);
 }
 
 void NcclComm::all_reduce_finish() {
@@ -89,8 +87,8 @@ void NcclComm::all_reduce_finish() {
 
 void NcclComm::all_reduce_async(float* buf, size_t n, ReduceOp op) {
   bytes_sent += 2.0 * (size_ - 1) / size_ * n * sizeof(float);
-  check_nccl(ncclAllReduce(buf, buf, n, ncclFloat32, to_nccl(op), comm_, meshcclStreamAsCuda(slow_)),
-             "ncclAllReduce", comm_);
+  check_nccl(ncclAllReduce(buf, buf, n, ncclFloat32, to_nccl(op), comm_, meshcclStreamAsCuda(slow_)), "ncclAllReduce",
+             comm_);
 }
 
 void NcclComm::wait_async() {
@@ -103,8 +101,7 @@ void NcclComm::wait_async() {
 
 void NcclComm::all_reduce_async_at(float* buf, size_t n, ReduceOp op, int priority) {
   const int level = std::clamp(-priority, 0, kLevels - 1);
-  if (!at_[level])
-    check_nccl(meshcclStreamCreateWithPriority(&at_[level], -level), "meshcclStreamCreateWithPriority");
+  if (!at_[level]) check_nccl(meshcclStreamCreateWithPriority(&at_[level], -level), "meshcclStreamCreateWithPriority");
   bytes_sent += 2.0 * (size_ - 1) / size_ * n * sizeof(float);
   check_nccl(ncclAllReduce(buf, buf, n, ncclFloat32, to_nccl(op), comm_, meshcclStreamAsCuda(at_[level])),
              "ncclAllReduce", comm_);
@@ -136,8 +133,7 @@ void NcclComm::sparse_all_reduce_async(float* buf, size_t rows, size_t row_len, 
 void NcclComm::all_gather(const float* in, float* out, size_t n) {
   Blocked b(&wait_seconds);
   bytes_sent += static_cast<double>(size_ - 1) * n * sizeof(float);
-  check_nccl(ncclAllGather(in, out, n, ncclFloat32, comm_, meshcclStreamAsCuda(fast_)),
-             "ncclAllGather", comm_);
+  check_nccl(ncclAllGather(in, out, n, ncclFloat32, comm_, meshcclStreamAsCuda(fast_)), "ncclAllGather", comm_);
   check_nccl(meshcclStreamSynchronize(fast_), "meshcclStreamSynchronize", comm_);
 }
 
@@ -178,8 +174,7 @@ Comms RankComms::view() const {
   return c;
 }
 
-StagePipe::StagePipe(std::unique_ptr<NcclComm> replica, const Layout& layout, int stage, int tp_rank,
-                     size_t act_count)
+StagePipe::StagePipe(std::unique_ptr<NcclComm> replica, const Layout& layout, int stage, int tp_rank, size_t act_count)
     : replica_(std::move(replica)), stage_(stage), pp_(layout.pp), tp_rank_(tp_rank), act_count_(act_count) {
   for (auto& s : streams_) check_nccl(meshcclStreamCreate(&s), "meshcclStreamCreate");
   for (auto& s : ring_streams_) check_nccl(meshcclStreamCreate(&s), "meshcclStreamCreate");
@@ -267,9 +262,9 @@ void StagePipe::exchange(const P2POp* ops, int n) {
     }
     // Both of a group's transfers in flight at once, so that two neighbours
     // posting them in different orders never wait on each other.
-    check_nccl(meshcclReshard(plan, op.send ? op.buf : nullptr, op.send ? nullptr : op.buf,
-                              meshcclStreamAsCuda(streams_[i])),
-               "meshcclReshard", replica_->handle());
+    check_nccl(
+        meshcclReshard(plan, op.send ? op.buf : nullptr, op.send ? nullptr : op.buf, meshcclStreamAsCuda(streams_[i])),
+        "meshcclReshard", replica_->handle());
   }
   for (int i = 0; i < n; i++)
     check_nccl(meshcclStreamSynchronize(streams_[i]), "meshcclStreamSynchronize", replica_->handle());
@@ -277,8 +272,7 @@ void StagePipe::exchange(const P2POp* ops, int n) {
 
 void StagePipe::wait_async() {
   Blocked b(&wait_seconds);
-  for (auto& s : ring_streams_)
-    check_nccl(meshcclStreamSynchronize(s), "meshcclStreamSynchronize", replica_->handle());
+  for (auto& s : ring_streams_) check_nccl(meshcclStreamSynchronize(s), "meshcclStreamSynchronize", replica_->handle());
 }
 
 RankComms split_comms(ncclComm_t world, const Layout& layout, bool tied, size_t act_count) {
@@ -320,8 +314,7 @@ RankComms split_comms(ncclComm_t world, const Layout& layout, bool tied, size_t 
   // world); a group of one rank gets no communicator.
   auto split = [&](int color, int key, bool keep) -> std::unique_ptr<NcclComm> {
     ncclComm_t child = nullptr;
-    check_nccl(ncclCommSplit(world, keep ? color : NCCL_SPLIT_NOCOLOR, key, &child, nullptr),
-               "ncclCommSplit", world);
+    check_nccl(ncclCommSplit(world, keep ? color : NCCL_SPLIT_NOCOLOR, key, &child, nullptr), "ncclCommSplit", world);
     if (!keep || !child) return nullptr;
     return std::make_unique<NcclComm>(child);
   };

@@ -33,9 +33,8 @@ float clip_scale(const OptimConfig& c, double global_norm) {
   return static_cast<float>(c.clip / global_norm);
 }
 
-void AdamW::update(std::vector<float>& params, const std::vector<float>& grads,
-                   const std::vector<ParamSpec>& specs, const OptimConfig& c, float lr, int t,
-                   float grad_scale) {
+void AdamW::update(std::vector<float>& params, const std::vector<float>& grads, const std::vector<ParamSpec>& specs,
+                   const OptimConfig& c, float lr, int t, float grad_scale) {
   const float b1 = c.beta1, b2 = c.beta2;
   const float bc1 = 1.0f - std::pow(b1, static_cast<float>(t));
   const float bc2 = 1.0f - std::pow(b2, static_cast<float>(t));

@@ -15,7 +15,7 @@ struct OptimConfig {
   int total_steps = 100;
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
   float weight_decay = 0.1f;
-  float clip = 1.0f;          // <= 0 disables clipping
+  float clip = 1.0f;  // <= 0 disables clipping
 };
 
 // Learning rate of 0-based step `step`.
@@ -32,9 +32,8 @@ class AdamW {
   explicit AdamW(size_t n) : m(n, 0.0f), v(n, 0.0f) {}
   // t is the 1-based update count (bias correction); grads are multiplied by
   // grad_scale first (clipping).
-  void update(std::vector<float>& params, const std::vector<float>& grads,
-              const std::vector<ParamSpec>& specs, const OptimConfig& c, float lr, int t,
-              float grad_scale);
+  void update(std::vector<float>& params, const std::vector<float>& grads, const std::vector<ParamSpec>& specs,
+              const OptimConfig& c, float lr, int t, float grad_scale);
   std::vector<float> m, v;
 };
 

@@ -10,13 +10,13 @@
 namespace meshtrain {
 
 struct ParamSpec {
-  std::string name;       // "wte", "h3.qkvw", ...
-  uint64_t key = 0;       // initialisation stream
-  int rows = 0, cols = 0; // logical shape
-  float init_std = 0.0f;  // normal(0, std) when > 0, else init_value everywhere
+  std::string name;        // "wte", "h3.qkvw", ...
+  uint64_t key = 0;        // initialisation stream
+  int rows = 0, cols = 0;  // logical shape
+  float init_std = 0.0f;   // normal(0, std) when > 0, else init_value everywhere
   float init_value = 0.0f;
-  bool decay = false;     // AdamW weight decay applies (matrices only)
-  bool in_norm = true;    // this copy counts once in the global gradient norm
+  bool decay = false;   // AdamW weight decay applies (matrices only)
+  bool in_norm = true;  // this copy counts once in the global gradient norm
   size_t offset = 0, size = 0;
   int local_rows = 0, local_cols = 0;
   // Placement, set by the tensor-parallel scheme: rows are cut into
@@ -27,7 +27,7 @@ struct ParamSpec {
   int row_slices = 1, row_slice = 0, row_subs = 1, row_sub = 0;
   bool qkv = false;
   int col_parts = 1, col_part = 0;
-  int sync = 0;           // scheme-defined: which ranks' partial gradients finish_grads sums
+  int sync = 0;  // scheme-defined: which ranks' partial gradients finish_grads sums
 };
 
 // Index in the logical tensor of element `local` of this rank's slice (the

@@ -13,14 +13,11 @@ namespace meshtrain {
 
 namespace {
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // Median seconds per call of `op` on rank 0 of an n-rank communicator, for
 // each of the sizes (floats).
-std::vector<double> time_on(int n, const std::vector<size_t>& sizes, int reps,
-                            void (*op)(NcclComm&, float*, size_t)) {
+std::vector<double> time_on(int n, const std::vector<size_t>& sizes, int reps, void (*op)(NcclComm&, float*, size_t)) {
   ncclUniqueId id;
   check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
   std::vector<double> out(sizes.size(), 0.0);
@@ -72,9 +69,7 @@ LinkModel measure_links(int world, int reps) {
   const std::vector<size_t> sizes = {256, size_t(1) << 18};  // 1 KiB and 1 MiB
   for (int n = 2; n <= world; n++) {
     if (world % n) continue;
-    const auto t = time_on(n, sizes, reps, [](NcclComm& c, float* b, size_t k) {
-      c.all_reduce(b, k, ReduceOp::Sum);
-    });
+    const auto t = time_on(n, sizes, reps, [](NcclComm& c, float* b, size_t k) { c.all_reduce(b, k, ReduceOp::Sum); });
     const double v = 2.0 * (n - 1) / n * sizeof(float);
     m.collective.push_back(fit(n, v * sizes[0], t[0], v * sizes[1], t[1]));
   }

@@ -23,8 +23,7 @@ double thread_cpu() {
 
 }  // namespace
 
-Profile profile_compute(const ModelConfig& model, const std::vector<int>& micro_batches, int reps,
-                        int cores) {
+Profile profile_compute(const ModelConfig& model, const std::vector<int>& micro_batches, int reps, int cores) {
   Profile p;
   p.cores = std::max(1, cores);
   // Three one-layer stages of a three-layer model: the middle one is a bare
@@ -33,8 +32,7 @@ Profile profile_compute(const ModelConfig& model, const std::vector<int>& micro_
   m.layers = 3;
   const Layout l{1, 3, 1};
   for (int b : micro_batches) {
-    Stage first(m, l, Coords{0, 0, 0}, b, 1), mid(m, l, Coords{0, 1, 0}, b, 1),
-        last(m, l, Coords{0, 2, 0}, b, 1);
+    Stage first(m, l, Coords{0, 0, 0}, b, 1), mid(m, l, Coords{0, 1, 0}, b, 1), last(m, l, Coords{0, 2, 0}, b, 1);
     std::vector<int32_t> tok(static_cast<size_t>(b) * m.seq, 65), tgt(tok.size(), 66);
     double f[3] = {1e30, 1e30, 1e30}, bw[3] = {1e30, 1e30, 1e30};
     Stage* st[3] = {&first, &mid, &last};
@@ -84,12 +82,10 @@ void save_profile(const std::string& path, const Profile& p, const LinkModel& li
   f << "cores " << p.cores << "\n";
   f << "update_per_param " << p.update_per_param << "\n";
   for (const auto& m : p.micro) {
-    f << "micro " << m.micro_batch << " " << m.layer_fwd << " " << m.layer_bwd << " " << m.embed_fb
-      << " " << m.head_fb << "\n";
+    f << "micro " << m.micro_batch << " " << m.layer_fwd << " " << m.layer_bwd << " " << m.embed_fb << " " << m.head_fb
+      << "\n";
   }
-  for (const auto& c : links.collective) {
-    f << "collective " << c.ranks << " " << c.alpha << " " << c.beta << "\n";
-  }
+  for (const auto& c : links.collective) { f << "collective " << c.ranks << " " << c.alpha << " " << c.beta << "\n"; }
   f << "p2p " << links.p2p.alpha << " " << links.p2p.beta << "\n";
   if (!f) throw std::runtime_error("writing the profile " + path + " failed");
 }
@@ -140,9 +136,7 @@ void load_profile(const std::string& path, Profile* p, LinkModel* links) {
     }
     if (!ok) throw std::runtime_error(path + ":" + std::to_string(no) + ": cannot read '" + line + "'");
   }
-  if (p->micro.empty() || !have_p2p) {
-    throw std::runtime_error(path + " lacks micro-batch timings or the p2p link");
-  }
+  if (p->micro.empty() || !have_p2p) { throw std::runtime_error(path + " lacks micro-batch timings or the p2p link"); }
 }
 
 }  // namespace meshtrain

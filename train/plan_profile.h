@@ -13,8 +13,7 @@ namespace meshtrain {
 // Times forward and backward of one layer, the embedding and the head for
 // each micro-batch size (thread CPU time, best of `reps`), and AdamW per
 // parameter. `cores` is recorded for the oversubscription factor.
-Profile profile_compute(const ModelConfig& m, const std::vector<int>& micro_batches, int reps,
-                        int cores);
+Profile profile_compute(const ModelConfig& m, const std::vector<int>& micro_batches, int reps, int cores);
 
 // A profile as text (one "key value..." line per item) and back; load throws
 // std::runtime_error naming the file and line on anything malformed.

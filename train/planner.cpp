@@ -30,17 +30,13 @@ const LinkModel::Fit& LinkModel::coll(int n) const {
 std::string Candidate::describe() const {
   char buf[256];
   std::string split;
-  for (size_t i = 0; i < layout.stages.size(); i++) {
-    split += (i ? "," : "") + std::to_string(layout.stages[i]);
-  }
-  std::snprintf(buf, sizeof buf, "dp %d x pp %d x tp %d (%s)%s%s, micro-batch %d x %d", layout.dp,
-                layout.pp, layout.tp, tp_mode_name(layout.tp_mode), split.empty() ? "" : " stages ",
-                split.c_str(), micro_batch, grad_accum);
+  for (size_t i = 0; i < layout.stages.size(); i++) { split += (i ? "," : "") + std::to_string(layout.stages[i]); }
+  std::snprintf(buf, sizeof buf, "dp %d x pp %d x tp %d (%s)%s%s, micro-batch %d x %d", layout.dp, layout.pp, layout.tp,
+                tp_mode_name(layout.tp_mode), split.empty() ? "" : " stages ", split.c_str(), micro_batch, grad_accum);
   return buf;
 }
 
-std::vector<int> best_split(int layers, int pp, double layer, double first_extra,
-                            double last_extra) {
+std::vector<int> best_split(int layers, int pp, double layer, double first_extra, double last_extra) {
   // cost[s][j]: the best bottleneck for layers [0, j) on stages [0, s].
   const double inf = std::numeric_limits<double>::infinity();
   std::vector<std::vector<double>> cost(pp, std::vector<double>(layers + 1, inf));
@@ -101,8 +97,8 @@ double memory_bytes(const ModelConfig& m, const Layout& l, int micro_batch, int 
     const double seqs = micro_batch / (three ? q * q : 1.0);
     const double width_r = three ? C / q : C;
     const double Nr = seqs * m.seq;
-    double per_layer = Nr * (5 * width_r + 4) + Nr * (3 * C + C + 8 * C) / (three ? q : t) +
-                       seqs * heads_l * m.seq * m.seq;
+    double per_layer =
+        Nr * (5 * width_r + 4) + Nr * (3 * C + C + 8 * C) / (three ? q : t) + seqs * heads_l * m.seq * m.seq;
     if (three) per_layer += (N / q) * (C + C + C + 4 * C) / q + 12 * C * C / (q * q);
     double act = slots * (Nr * width_r + lr.count() * per_layer);
     if (s == pp - 1) act += slots * Nr * (Vp / (three ? q : t) + width_r + 8);
@@ -235,8 +231,7 @@ std::vector<Candidate> search(const PlanRequest& r, const Profile& p, const Link
       }
     }
   }
-  std::stable_sort(out.begin(), out.end(),
-                   [](const Candidate& a, const Candidate& b) { return a.step_s < b.step_s; });
+  std::stable_sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) { return a.step_s < b.step_s; });
   return out;
 }
 

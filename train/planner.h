@@ -43,13 +43,13 @@ struct LinkModel {
 };
 
 struct Candidate {
-  Layout layout;          // dp, pp, tp, tp_mode, stages
-  int micro_batch = 0;    // sequences per micro-batch
-  int grad_accum = 0;     // micro-batches per data-parallel rank
-  double step_s = 0;      // predicted step time
+  Layout layout;        // dp, pp, tp, tp_mode, stages
+  int micro_batch = 0;  // sequences per micro-batch
+  int grad_accum = 0;   // micro-batches per data-parallel rank
+  double step_s = 0;    // predicted step time
   double compute_s = 0, tp_comm_s = 0, pp_comm_s = 0, dp_exposed_s = 0, bubble_s = 0;
-  double cpu_bound_s = 0; // every rank's compute and communication shared among the cores
-  double mem_bytes = 0;   // predicted peak memory of the busiest rank
+  double cpu_bound_s = 0;  // every rank's compute and communication shared among the cores
+  double mem_bytes = 0;    // predicted peak memory of the busiest rank
   std::string describe() const;
 };
 
@@ -57,7 +57,7 @@ struct PlanRequest {
   ModelConfig model;
   int world = 1;
   int global_batch = 1;
-  double mem_limit = 0;   // bytes per rank; 0: no limit
+  double mem_limit = 0;  // bytes per rank; 0: no limit
   bool allow_3d = true;
 };
 
@@ -71,8 +71,7 @@ void predict(const PlanRequest& r, const Profile& p, const LinkModel& links, Can
 // The best stage split of `layers` layers into `pp` stages for per-layer time
 // `layer` and the extra time of the first and last stage (DAPPLE's dynamic
 // programming over contiguous splits, minimising the slowest stage).
-std::vector<int> best_split(int layers, int pp, double layer, double first_extra,
-                            double last_extra);
+std::vector<int> best_split(int layers, int pp, double layer, double first_extra, double last_extra);
 
 // Every feasible candidate (check_layout passes, memory fits), best first.
 std::vector<Candidate> search(const PlanRequest& r, const Profile& p, const LinkModel& links);

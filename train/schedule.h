@@ -35,7 +35,7 @@ struct PipeMsg {
   bool send = false;
   bool grad = false;  // false: activations of `micro`; true: their gradient
   int micro = 0;
-  int peer = 0;       // stage on the other side
+  int peer = 0;  // stage on the other side
 };
 
 // Group k is posted before op k (k == ops.size(): after the last op). It holds

@@ -98,13 +98,12 @@ class Tp1d final : public TpScheme {
                          const float* b) override {
     meshtrain::layernorm_forward(out, mean, rstd, in, w, b, N_, C_);
   }
-  void layernorm_backward(float* din, float* dw, float* db, const float* dout, const float* in,
-                          const float* w, const float* mean, const float* rstd) override {
+  void layernorm_backward(float* din, float* dw, float* db, const float* dout, const float* in, const float* w,
+                          const float* mean, const float* rstd) override {
     meshtrain::layernorm_backward(din, dw, db, dout, in, w, mean, rstd, N_, C_);
   }
 
-  void linear_forward(Linear k, float* out, const float* in, float*, const float* W,
-                      const float* b) override {
+  void linear_forward(Linear k, float* out, const float* in, float*, const float* W, const float* b) override {
     int IC = 0, OC = 0;
     dims(k, &IC, &OC);
     if (column_parallel(k)) {  // f (identity) then the local columns
@@ -116,8 +115,8 @@ class Tp1d final : public TpScheme {
     }
   }
 
-  void linear_backward(Linear k, float* din, const float* dout, const float* in, const float*,
-                       const float* W, float* dW, float* db) override {
+  void linear_backward(Linear k, float* din, const float* dout, const float* in, const float*, const float* W,
+                       float* dW, float* db) override {
     int IC = 0, OC = 0;
     dims(k, &IC, &OC);
     if (column_parallel(k)) {
@@ -144,10 +143,9 @@ class Tp1d final : public TpScheme {
     return static_cast<float>(sum / N_);
   }
 
-  void cross_entropy_backward(float* dlogits, const float* logits, const float* rowmax,
-                              const float* ce, const int32_t* targets, float dloss) override {
-    ce_backward(dlogits, logits, rowmax, ce, targets, dloss, N_, sh_.vocab, sh_.vocab_valid,
-                sh_.vocab_lo);
+  void cross_entropy_backward(float* dlogits, const float* logits, const float* rowmax, const float* ce,
+                              const int32_t* targets, float dloss) override {
+    ce_backward(dlogits, logits, rowmax, ce, targets, dloss, N_, sh_.vocab, sh_.vocab_valid, sh_.vocab_lo);
   }
 
   void token_logits(const float* logits, int b, int t, int vocab, float* out) override {
@@ -185,8 +183,7 @@ std::unique_ptr<TpScheme> make_tp1d(const ModelConfig& m, int tp, int tp_rank, i
   return std::make_unique<Tp1d>(m, tp, tp_rank, micro_batch);
 }
 
-std::unique_ptr<TpScheme> make_tp_scheme(const ModelConfig& m, const Layout& l, int tp_rank,
-                                         int micro_batch) {
+std::unique_ptr<TpScheme> make_tp_scheme(const ModelConfig& m, const Layout& l, int tp_rank, int micro_batch) {
   if (l.tp_mode == TpMode::ThreeD) return make_tp3d(m, l.cube(), tp_rank, micro_batch);
   return make_tp1d(m, l.tp, tp_rank, micro_batch);
 }

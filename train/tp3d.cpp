@@ -163,8 +163,8 @@ class Tp3d final : public TpScheme {
     }
   }
 
-  void layernorm_backward(float* din, float* dw, float* db, const float* dout, const float* in,
-                          const float* w, const float* mean, const float* rstd) override {
+  void layernorm_backward(float* din, float* dw, float* db, const float* dout, const float* in, const float* w,
+                          const float* mean, const float* rstd) override {
     const int Cq = C_ / q_, N = Nq2_;
     float* sums = stats_.data();  // [sum dnorm | sum dnorm * norm] per token
     for (int n = 0; n < N; n++) {
@@ -194,12 +194,11 @@ class Tp3d final : public TpScheme {
     }
   }
 
-  void linear_forward(Linear k, float* out, const float* in, float* saved, const float* W,
-                      const float* b) override {
+  void linear_forward(Linear k, float* out, const float* in, float* saved, const float* W, const float* b) override {
     const Dims d = dims(k);
     const int ICq = d.IC / q_, OCq = d.OC / q_;
-    float* xg = saved;                                    // [N/q, IC/q]
-    float* wg = saved + static_cast<size_t>(Nq_) * ICq;   // [OC/q, IC/q]
+    float* xg = saved;                                   // [N/q, IC/q]
+    float* wg = saved + static_cast<size_t>(Nq_) * ICq;  // [OC/q, IC/q]
     all_gather(d.s, in, xg, static_cast<size_t>(Nq2_) * ICq);
     all_gather(kAxisW, W, wg, static_cast<size_t>(OCq / q_) * ICq);
     matmul_forward(part_.data(), xg, wg, nullptr, Nq_, ICq, OCq);
@@ -208,8 +207,8 @@ class Tp3d final : public TpScheme {
   }
 
   // W itself is not needed: forward kept the gathered weight in `saved`.
-  void linear_backward(Linear k, float* din, const float* dout, const float*, const float* saved,
-                       const float*, float* dW, float* db) override {
+  void linear_backward(Linear k, float* din, const float* dout, const float*, const float* saved, const float*,
+                       float* dW, float* db) override {
     const Dims d = dims(k);
     const int ICq = d.IC / q_, OCq = d.OC / q_;
     const float* xg = saved;
@@ -245,10 +244,10 @@ class Tp3d final : public TpScheme {
     return total / N_;
   }
 
-  void cross_entropy_backward(float* dlogits, const float* logits, const float* rowmax,
-                              const float* ce, const int32_t* targets, float dloss) override {
-    ce_backward(dlogits, logits, rowmax, ce, targets + first_inner_token(), dloss, Nq2_, sh_.vocab,
-                sh_.vocab_valid, sh_.vocab_lo);
+  void cross_entropy_backward(float* dlogits, const float* logits, const float* rowmax, const float* ce,
+                              const int32_t* targets, float dloss) override {
+    ce_backward(dlogits, logits, rowmax, ce, targets + first_inner_token(), dloss, Nq2_, sh_.vocab, sh_.vocab_valid,
+                sh_.vocab_lo);
   }
 
   void token_logits(const float* logits, int b, int t, int vocab, float* out) override {

@@ -45,9 +45,7 @@ ncclResult_t meshcclStreamQuery(meshcclStream_t stream);
 /* Waits for pending work, then frees the stream. */
 ncclResult_t meshcclStreamDestroy(meshcclStream_t stream);
 
-static inline cudaStream_t meshcclStreamAsCuda(meshcclStream_t stream) {
-  return (cudaStream_t)(void*)stream;
-}
+static inline cudaStream_t meshcclStreamAsCuda(meshcclStream_t stream) { return (cudaStream_t)(void*)stream; }
 
 /*
  * Creates the world communicator of a job started by a launcher. Rank and size
@@ -79,39 +77,40 @@ ncclResult_t meshcclGetLaunchInfo(int* rank, int* nranks, int* localRank);
 #define MESHCCL_TENSOR_MAX_DIMS 8
 
 typedef struct {
-  int ndims;                        /* 1..3 */
+  int ndims; /* 1..3 */
   int shape[MESHCCL_MESH_MAX_DIMS];
-  const int* ranks;                 /* shape[0] * ... ranks of the communicator, distinct */
+  const int* ranks; /* shape[0] * ... ranks of the communicator, distinct */
 } meshcclMesh_t;
 
 typedef struct {
-  int naxes;                        /* 0: R */
-  int axes[MESHCCL_MESH_MAX_DIMS];  /* mesh axes cutting this dimension, major first */
+  int naxes;                       /* 0: R */
+  int axes[MESHCCL_MESH_MAX_DIMS]; /* mesh axes cutting this dimension, major first */
 } meshcclShardDim_t;
 
 typedef struct {
-  int ndims;                        /* the tensor's dimensions, 1..8 */
+  int ndims; /* the tensor's dimensions, 1..8 */
   meshcclShardDim_t dims[MESHCCL_TENSOR_MAX_DIMS];
 } meshcclShardSpec_t;
 
 typedef enum {
-  meshcclReshardAuto = 0,            /* the lowest predicted time on the communicator's links */
-  meshcclReshardSendRecv = 1,        /* one message per (receiver, slice) */
+  meshcclReshardAuto = 0,              /* the lowest predicted time on the communicator's links */
+  meshcclReshardSendRecv = 1,          /* one message per (receiver, slice) */
   meshcclReshardSendRecvAllGather = 2, /* each receiver of a host gets 1/k, then an all-gather on the host */
-  meshcclReshardBroadcast = 3        /* one pipelined chain broadcast per slice, crossing each host once */
+  meshcclReshardBroadcast = 3          /* one pipelined chain broadcast per slice, crossing each host once */
 } meshcclReshardStrategy_t;
 
 typedef enum {
-  meshcclReshardBalanceNone = 0,     /* first replica sends, natural order */
-  meshcclReshardBalanceSize = 1,     /* least-loaded replica sends */
-  meshcclReshardBalanceOrder = 2     /* size and issue order (the default) */
+  meshcclReshardBalanceNone = 0, /* first replica sends, natural order */
+  meshcclReshardBalanceSize = 1, /* least-loaded replica sends */
+  meshcclReshardBalanceOrder = 2 /* size and issue order (the default) */
 } meshcclReshardBalance_t;
 
 typedef struct {
   meshcclReshardStrategy_t strategy;
   meshcclReshardBalance_t balance;
 } meshcclReshardConfig_t;
-#define MESHCCL_RESHARD_CONFIG_INITIALIZER { meshcclReshardAuto, meshcclReshardBalanceOrder }
+#define MESHCCL_RESHARD_CONFIG_INITIALIZER \
+  { meshcclReshardAuto, meshcclReshardBalanceOrder }
 
 typedef struct meshcclReshardPlan* meshcclReshardPlan_t;
 
@@ -149,8 +148,8 @@ ncclResult_t meshcclReshardPlanGetInfo(meshcclReshardPlan_t plan, meshcclReshard
 
 /* This rank's tile under (mesh, spec): offset and extent per dimension;
  * ncclInvalidArgument when rank is not in the mesh. No communicator needed. */
-ncclResult_t meshcclShardTile(const meshcclMesh_t* mesh, const meshcclShardSpec_t* spec, const size_t* shape,
-                              int rank, size_t* offset, size_t* extent);
+ncclResult_t meshcclShardTile(const meshcclMesh_t* mesh, const meshcclShardSpec_t* spec, const size_t* shape, int rank,
+                              size_t* offset, size_t* extent);
 
 /*
  * Row-sparse all-reduce (docs/sparse.md). The tensor has rows x rowLen

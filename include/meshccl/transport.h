@@ -106,7 +106,7 @@ typedef struct {
   /* 1 and *out filled when [ptr, ptr+size) lies in memory that same-host
    * processes can map (e.g. from ncclMemAlloc), else 0. */
   int (*find_shared)(const void* ptr, size_t size, meshccl_shared_region_v1_t* out);
-  int32_t rank;   /* for log lines */
+  int32_t rank; /* for log lines */
   int32_t nranks;
 } meshccl_transport_host_v1_t;
 
@@ -114,17 +114,17 @@ enum { MESHCCL_SCOPE_HOST = 1, MESHCCL_SCOPE_NETWORK = 2 };
 enum { MESHCCL_PTR_HOST = 1, MESHCCL_PTR_CUDA = 2 };
 
 typedef struct {
-  const char* name;      /* device name for logs, e.g. "shm" or "lo" */
-  double bandwidth_gbs;  /* expected bandwidth per direction, GB/s */
-  double latency_us;     /* expected one-way latency of a small message, us */
-  int32_t scope;         /* MESHCCL_SCOPE_HOST: only between processes of one host */
-  int32_t ptr_support;   /* MESHCCL_PTR_* bits */
-  int32_t max_requests;  /* outstanding requests per comm, 0 = no limit */
+  const char* name;     /* device name for logs, e.g. "shm" or "lo" */
+  double bandwidth_gbs; /* expected bandwidth per direction, GB/s */
+  double latency_us;    /* expected one-way latency of a small message, us */
+  int32_t scope;        /* MESHCCL_SCOPE_HOST: only between processes of one host */
+  int32_t ptr_support;  /* MESHCCL_PTR_* bits */
+  int32_t max_requests; /* outstanding requests per comm, 0 = no limit */
 } meshccl_transport_props_v1_t;
 
 typedef struct meshccl_transport_v1 {
-  const char* name;  /* "shm", "socket", "ucx", ... matched by MESHCCL_TRANSPORT */
-  uint32_t version;  /* MESHCCL_TRANSPORT_V1 */
+  const char* name; /* "shm", "socket", "ucx", ... matched by MESHCCL_TRANSPORT */
+  uint32_t version; /* MESHCCL_TRANSPORT_V1 */
 
   /* Per-communicator context. May fail with MESHCCL_T_SYSTEM_ERROR when the
    * transport is unusable here; the host then skips it. */
@@ -145,10 +145,8 @@ typedef struct meshccl_transport_v1 {
   int (*dereg_mr)(void* comm, void* mhandle);
 
   /* Post a send / receive; *request NULL means "busy, retry". */
-  int (*isend)(void* send_comm, const void* data, size_t size, uint64_t tag, void* mhandle,
-               void** request);
-  int (*irecv)(void* recv_comm, void* data, size_t size, uint64_t tag, void* mhandle,
-               void** request);
+  int (*isend)(void* send_comm, const void* data, size_t size, uint64_t tag, void* mhandle, void** request);
+  int (*irecv)(void* recv_comm, void* data, size_t size, uint64_t tag, void* mhandle, void** request);
   /* Progress; *done = 1 when complete (request freed), *size = bytes moved.
    * An error also frees the request. */
   int (*test)(void* request, int* done, size_t* size);

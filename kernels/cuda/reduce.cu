@@ -17,7 +17,8 @@
 
 namespace meshccl::kernels::cuda_dev {
 
-template <class T> struct Int {
+template <class T>
+struct Int {
   using S = T;
   using C = T;
   using W = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
@@ -25,7 +26,8 @@ template <class T> struct Int {
   __device__ static C load(S v) { return v; }
   __device__ static S store(C v) { return v; }
 };
-template <class T> struct Flt {
+template <class T>
+struct Flt {
   using S = T;
   using C = T;
   using W = T;
@@ -140,24 +142,24 @@ __device__ void scale(void* dst, const void* src, size_t count, uint64_t scalar_
 
 namespace k = meshccl::kernels::cuda_dev;
 
-#define MESHCCL_DT_KERNELS(num, Tr)                                                                           \
-  extern "C" __global__ void meshccl_reduce2_##num##_0(void* d, const void* a, const void* b, size_t n) {   \
-    k::reduce2<Tr, 0>(d, a, b, n);                                                                           \
-  }                                                                                                          \
-  extern "C" __global__ void meshccl_reduce2_##num##_1(void* d, const void* a, const void* b, size_t n) {   \
-    k::reduce2<Tr, 1>(d, a, b, n);                                                                           \
-  }                                                                                                          \
-  extern "C" __global__ void meshccl_reduce2_##num##_2(void* d, const void* a, const void* b, size_t n) {   \
-    k::reduce2<Tr, 2>(d, a, b, n);                                                                           \
-  }                                                                                                          \
-  extern "C" __global__ void meshccl_reduce2_##num##_3(void* d, const void* a, const void* b, size_t n) {   \
-    k::reduce2<Tr, 3>(d, a, b, n);                                                                           \
-  }                                                                                                          \
-  extern "C" __global__ void meshccl_divide_##num(void* d, const void* s, size_t n, int q) {                \
-    k::divide<Tr>(d, s, n, q);                                                                               \
-  }                                                                                                          \
-  extern "C" __global__ void meshccl_scale_##num(void* d, const void* s, size_t n, uint64_t x) {            \
-    k::scale<Tr>(d, s, n, x);                                                                                \
+#define MESHCCL_DT_KERNELS(num, Tr)                                                                       \
+  extern "C" __global__ void meshccl_reduce2_##num##_0(void* d, const void* a, const void* b, size_t n) { \
+    k::reduce2<Tr, 0>(d, a, b, n);                                                                        \
+  }                                                                                                       \
+  extern "C" __global__ void meshccl_reduce2_##num##_1(void* d, const void* a, const void* b, size_t n) { \
+    k::reduce2<Tr, 1>(d, a, b, n);                                                                        \
+  }                                                                                                       \
+  extern "C" __global__ void meshccl_reduce2_##num##_2(void* d, const void* a, const void* b, size_t n) { \
+    k::reduce2<Tr, 2>(d, a, b, n);                                                                        \
+  }                                                                                                       \
+  extern "C" __global__ void meshccl_reduce2_##num##_3(void* d, const void* a, const void* b, size_t n) { \
+    k::reduce2<Tr, 3>(d, a, b, n);                                                                        \
+  }                                                                                                       \
+  extern "C" __global__ void meshccl_divide_##num(void* d, const void* s, size_t n, int q) {              \
+    k::divide<Tr>(d, s, n, q);                                                                            \
+  }                                                                                                       \
+  extern "C" __global__ void meshccl_scale_##num(void* d, const void* s, size_t n, uint64_t x) {          \
+    k::scale<Tr>(d, s, n, x);                                                                             \
   }
 
 // Datatype numbers as nccl.h's ncclDataType_t.

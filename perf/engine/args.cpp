@@ -36,11 +36,15 @@ const char kUsage[] =
     "[-G,--cudagraph <num graph launches>] \n\t"
     "[-C,--report_cputime <0/1>] \n\t"
     "[-S,--report_timestamps <0/1> report timestamps (default 0)] \n\t"
-    "[-J,--output_file <file> write output to filepath, if accessible. Infer type from suffix (only json supported presently.)] \n\t"
+    "[-J,--output_file <file> write output to filepath, if accessible. Infer type from suffix (only json supported "
+    "presently.)] \n\t"
     "[-a,--average <0/1/2/3> report average iteration time <0=RANK0/1=AVG/2=MIN/3=MAX>] \n\t"
-    "[-R,--local_register <0/1/2> enable local (1) or symmetric (2) buffer registration on send/recv buffers (default: disable (0))] \n\t"
-    "[-x,--cta_policy <0/1/2> set CTA policy (NCCL_CTA_POLICY_DEFAULT (0), NCCL_CTA_POLICY_EFFICIENCY (1), NCCL_CTA_POLICY_ZERO (2)) (default: do not set)] \n\t"
-    "[-D,--device_implementation <implementation number> enable device implementation (default: 0, use NCCL implementation; requires -R 2 if > 0)] \n\t"
+    "[-R,--local_register <0/1/2> enable local (1) or symmetric (2) buffer registration on send/recv buffers (default: "
+    "disable (0))] \n\t"
+    "[-x,--cta_policy <0/1/2> set CTA policy (NCCL_CTA_POLICY_DEFAULT (0), NCCL_CTA_POLICY_EFFICIENCY (1), "
+    "NCCL_CTA_POLICY_ZERO (2)) (default: do not set)] \n\t"
+    "[-D,--device_implementation <implementation number> enable device implementation (default: 0, use NCCL "
+    "implementation; requires -R 2 if > 0)] \n\t"
     "[-V,--device_cta_count <number> set number of CTAs for device implementation (default: 16)] \n\t"
     "[-M,--memory_report <0/1> enable memory usage report (default: 0)] \n\t"
     "[-u,--unalign <num elements>] \n\t"
@@ -102,9 +106,8 @@ ParseResult ParseArgs(int argc, char** argv, Options* o, std::string* out) {
   bool types_set = false;
   for (;;) {
     int index = 0;
-    const int c = getopt_long(argc, argv,
-                              "t:g:b:e:i:f:n:m:w:N:p:c:o:d:r:z:y:T:G:C:S:J:a:R:x:D:V:M:u:I:K:h",
-                              kLongOpts, &index);
+    const int c =
+        getopt_long(argc, argv, "t:g:b:e:i:f:n:m:w:N:p:c:o:d:r:z:y:T:G:C:S:J:a:R:x:D:V:M:u:I:K:h", kLongOpts, &index);
     if (c == -1) break;
     size_t sz = 0;
     switch (c) {
@@ -142,8 +145,7 @@ ParseResult ParseArgs(int argc, char** argv, Options* o, std::string* out) {
         o->ops.clear();
         Op op;
         if (strcmp(optarg, "all") == 0) {
-          for (Op x : {Op::kSum, Op::kProd, Op::kMax, Op::kMin, Op::kAvg, Op::kMulSum})
-            o->ops.push_back(x);
+          for (Op x : {Op::kSum, Op::kProd, Op::kMax, Op::kMin, Op::kAvg, Op::kMulSum}) o->ops.push_back(x);
         } else if (FindOp(optarg, &op)) {
           o->ops.push_back(op);
         } else {
@@ -182,9 +184,7 @@ ParseResult ParseArgs(int argc, char** argv, Options* o, std::string* out) {
       case 'u': o->unalign = Int(optarg); break;
       case 'I': o->per_iter_timing = Int(optarg); break;
       case 'K': o->per_iter_skip = Int(optarg); break;
-      case 'h':
-        Appendf(out, kUsage, prog);
-        return ParseResult::kExitSuccess;
+      case 'h': Appendf(out, kUsage, prog); return ParseResult::kExitSuccess;
       default: {
         char opt[2] = {static_cast<char>(optopt ? optopt : '?'), '\0'};
         Appendf(out, "invalid option '%s'\n", opt);
@@ -196,8 +196,7 @@ ParseResult ParseArgs(int argc, char** argv, Options* o, std::string* out) {
   if (!types_set) o->types.push_back(FindType("float"));
   if (o->min_bytes > o->max_bytes) {
     char buf[256];
-    snprintf(buf, sizeof buf, "invalid sizes for 'minbytes' and 'maxbytes': %zu > %zu\n",
-             o->min_bytes, o->max_bytes);
+    snprintf(buf, sizeof buf, "invalid sizes for 'minbytes' and 'maxbytes': %zu > %zu\n", o->min_bytes, o->max_bytes);
     *out += buf;
     return ParseResult::kExitUsage;
   }
@@ -221,19 +220,34 @@ std::vector<size_t> SweepSizes(const Options& o) {
 
 bool SplitColor(const char* spec, int proc, int* color) {
   while (*spec == ' ') spec++;
-  struct { const char* word; char sym; } const kOps[] = {
-      {"AND", '&'}, {"OR", '|'}, {"MOD", '%'}, {"DIV", '/'}};
+  struct {
+    const char* word;
+    char sym;
+  } const kOps[] = {{"AND", '&'}, {"OR", '|'}, {"MOD", '%'}, {"DIV", '/'}};
   char op = 0;
   for (const auto& o : kOps) {
     const size_t n = strlen(o.word);
-    if (strncasecmp(spec, o.word, n) == 0) { op = o.sym; spec += n; break; }
-    if (*spec == o.sym) { op = o.sym; spec++; break; }
+    if (strncasecmp(spec, o.word, n) == 0) {
+      op = o.sym;
+      spec += n;
+      break;
+    }
+    if (*spec == o.sym) {
+      op = o.sym;
+      spec++;
+      break;
+    }
   }
   if (op == 0) return false;
   while (*spec == ' ') spec++;
   int base = 10;
-  if (spec[0] == '0' && (spec[1] == 'x' || spec[1] == 'X')) { base = 16; spec += 2; }
-  else if (spec[0] == '0' && (spec[1] == 'b' || spec[1] == 'B')) { base = 2; spec += 2; }
+  if (spec[0] == '0' && (spec[1] == 'x' || spec[1] == 'X')) {
+    base = 16;
+    spec += 2;
+  } else if (spec[0] == '0' && (spec[1] == 'b' || spec[1] == 'B')) {
+    base = 2;
+    spec += 2;
+  }
   char* end = nullptr;
   const long v = strtol(spec, &end, base);
   if (end == spec || *end != '\0' || v < 0) return false;

@@ -11,8 +11,8 @@
 namespace perf {
 
 struct Counts {
-  size_t send_count = 0;  // elements of the send buffer
-  size_t recv_count = 0;  // elements of the recv buffer (what is checked)
+  size_t send_count = 0;   // elements of the send buffer
+  size_t recv_count = 0;   // elements of the recv buffer (what is checked)
   size_t param_count = 0;  // the count passed to NCCL (the `count` column)
   // In-place variants use, in elements of the recv allocation:
   //   send = recv_base + send_inplace_offset * rank
@@ -50,11 +50,11 @@ struct InitArgs {
 };
 
 struct CollTest {
-  const char* name;        // e.g. "AllReduce"
-  bool reduces;            // loops over -o ops and prints the op
-  bool rooted;             // loops over roots with -r -1 and prints the root
-  bool blank_op;           // prints an empty op column (hypercube)
-  bool check_in_place;     // false: in-place #wrong is reported as N/A
+  const char* name;     // e.g. "AllReduce"
+  bool reduces;         // loops over -o ops and prints the op
+  bool rooted;          // loops over roots with -r -1 and prints the root
+  bool blank_op;        // prints an empty op column (hypercube)
+  bool check_in_place;  // false: in-place #wrong is reported as N/A
   // false: the in-place variant cannot run, so its columns read N/A and stay
   // out of the average.
   bool in_place_defined;

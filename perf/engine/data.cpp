@@ -10,18 +10,12 @@ namespace perf {
 namespace {
 
 const TypeInfo kTypes[] = {
-    {ncclInt8, "int8", 1, false, true, 0, 0},
-    {ncclUint8, "uint8", 1, false, false, 0, 0},
-    {ncclInt32, "int32", 4, false, true, 0, 0},
-    {ncclUint32, "uint32", 4, false, false, 0, 0},
-    {ncclInt64, "int64", 8, false, true, 0, 0},
-    {ncclUint64, "uint64", 8, false, false, 0, 0},
-    {ncclFloat16, "half", 2, true, true, 5, 10},
-    {ncclFloat32, "float", 4, true, true, 8, 23},
-    {ncclFloat64, "double", 8, true, true, 11, 52},
-    {ncclBfloat16, "bfloat16", 2, true, true, 8, 7},
-    {ncclFloat8e4m3, "f8e4m3", 1, true, true, 4, 3},
-    {ncclFloat8e5m2, "f8e5m2", 1, true, true, 5, 2},
+    {ncclInt8, "int8", 1, false, true, 0, 0},        {ncclUint8, "uint8", 1, false, false, 0, 0},
+    {ncclInt32, "int32", 4, false, true, 0, 0},      {ncclUint32, "uint32", 4, false, false, 0, 0},
+    {ncclInt64, "int64", 8, false, true, 0, 0},      {ncclUint64, "uint64", 8, false, false, 0, 0},
+    {ncclFloat16, "half", 2, true, true, 5, 10},     {ncclFloat32, "float", 4, true, true, 8, 23},
+    {ncclFloat64, "double", 8, true, true, 11, 52},  {ncclBfloat16, "bfloat16", 2, true, true, 8, 7},
+    {ncclFloat8e4m3, "f8e4m3", 1, true, true, 4, 3}, {ncclFloat8e5m2, "f8e5m2", 1, true, true, 5, 2},
 };
 
 const char* const kOpNames[] = {"sum", "prod", "max", "min", "avg", "mulsum", "none"};
@@ -70,15 +64,24 @@ struct Model {
   int64_t lim;  // floating types: largest integer magnitude the type holds exactly
 
   Model(const DataSpec& s)
-      : t(*s.type), op(s.op), n(std::max(1, s.nranks)), seed(s.seed),
+      : t(*s.type),
+        op(s.op),
+        n(std::max(1, s.nranks)),
+        seed(s.seed),
         lim(int64_t{1} << (std::min(s.type->mant_bits, 30) + 1)) {}
 
   // Value of `rank` at global index idx: the bit pattern for integer types and
   // kNone, an exactly representable integer for floating reductions.
   int64_t FloatValue(uint64_t h, int rank, size_t idx) const {
     switch (op) {
-      case Op::kSum: { const int64_t b = lim / n; return Uniform(h, -b, b); }
-      case Op::kMulSum: { const int64_t b = lim / (2 * n); return Uniform(h, -b, b); }
+      case Op::kSum: {
+        const int64_t b = lim / n;
+        return Uniform(h, -b, b);
+      }
+      case Op::kMulSum: {
+        const int64_t b = lim / (2 * n);
+        return Uniform(h, -b, b);
+      }
       case Op::kProd: {
         const int special = static_cast<int>(idx % n);
         if (rank == special) return Uniform(h, -(lim / 2), lim / 2);
@@ -160,10 +163,16 @@ ncclRedOp_t NcclOp(Op op) {
 }
 
 uint64_t EncodeFloat(const TypeInfo& t, double v) {
-  if (t.size == 8) { uint64_t b; std::memcpy(&b, &v, 8); return b; }
+  if (t.size == 8) {
+    uint64_t b;
+    std::memcpy(&b, &v, 8);
+    return b;
+  }
   if (t.size == 4 && t.exp_bits == 8) {
     const float f = static_cast<float>(v);
-    uint32_t b; std::memcpy(&b, &f, 4); return b;
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    return b;
   }
   const int E = t.exp_bits, M = t.mant_bits;
   const bool fn = (E == 4);  // e4m3fn: no infinities, one NaN pattern per sign
@@ -178,10 +187,13 @@ uint64_t EncodeFloat(const TypeInfo& t, double v) {
   uint64_t bits;
   if (exp < 1 - bias) {
     const double m = std::nearbyint(std::ldexp(a, bias - 1 + M));  // subnormal quantum
-    bits = static_cast<uint64_t>(m);  // m == 2^M rolls into the smallest normal
+    bits = static_cast<uint64_t>(m);                               // m == 2^M rolls into the smallest normal
   } else {
     double m = std::nearbyint(std::ldexp(a, M - exp));
-    if (m >= std::ldexp(1.0, M + 1)) { m /= 2; exp++; }
+    if (m >= std::ldexp(1.0, M + 1)) {
+      m /= 2;
+      exp++;
+    }
     bits = (static_cast<uint64_t>(exp + bias) << M) | (static_cast<uint64_t>(m) - (1ULL << M));
   }
   const uint64_t max_exp_field = (1ULL << E) - 1;
@@ -194,10 +206,16 @@ uint64_t EncodeFloat(const TypeInfo& t, double v) {
 }
 
 double DecodeFloat(const TypeInfo& t, uint64_t bits) {
-  if (t.size == 8) { double d; std::memcpy(&d, &bits, 8); return d; }
+  if (t.size == 8) {
+    double d;
+    std::memcpy(&d, &bits, 8);
+    return d;
+  }
   if (t.size == 4 && t.exp_bits == 8) {
     const uint32_t b = static_cast<uint32_t>(bits);
-    float f; std::memcpy(&f, &b, 4); return f;
+    float f;
+    std::memcpy(&f, &b, 4);
+    return f;
   }
   const int E = t.exp_bits, M = t.mant_bits;
   const int bias = (1 << (E - 1)) - 1;
@@ -279,17 +297,25 @@ void FillReduced(const DataSpec& spec, size_t offset, size_t count, void* dst) {
         case Op::kMulSum: acc += (r & 1 ? 2 : 1) * v; break;
         case Op::kProd: acc *= v; break;
         case Op::kMax:
-          if (t.is_signed ? sv > sacc : (v & mask) > (acc & mask)) { acc = v; sacc = sv; }
+          if (t.is_signed ? sv > sacc : (v & mask) > (acc & mask)) {
+            acc = v;
+            sacc = sv;
+          }
           break;
         case Op::kMin:
-          if (t.is_signed ? sv < sacc : (v & mask) < (acc & mask)) { acc = v; sacc = sv; }
+          if (t.is_signed ? sv < sacc : (v & mask) < (acc & mask)) {
+            acc = v;
+            sacc = sv;
+          }
           break;
-        case Op::kAvg: sacc += sv; acc += v; break;  // small values: no wrap
+        case Op::kAvg:
+          sacc += sv;
+          acc += v;
+          break;  // small values: no wrap
         default: break;
       }
     }
-    if (spec.op == Op::kAvg)
-      acc = t.is_signed ? static_cast<uint64_t>(sacc / m.n) : (acc & mask) / m.n;
+    if (spec.op == Op::kAvg) acc = t.is_signed ? static_cast<uint64_t>(sacc / m.n) : (acc & mask) / m.n;
     Store(dst, i, t.size, acc & mask);
   }
 }

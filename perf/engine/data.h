@@ -23,19 +23,19 @@ struct TypeInfo {
   const char* name;  // as nccl-tests prints it
   size_t size;       // bytes per element
   bool is_float;
-  bool is_signed;    // integers only
-  int exp_bits;      // floating types only
-  int mant_bits;     // floating types only (explicit fraction bits)
+  bool is_signed;  // integers only
+  int exp_bits;    // floating types only
+  int mant_bits;   // floating types only (explicit fraction bits)
 };
 
-const TypeInfo* FindType(const char* name);      // nullptr if unknown
+const TypeInfo* FindType(const char* name);  // nullptr if unknown
 const TypeInfo& TypeOf(ncclDataType_t type);
 int NumTypes();
 const TypeInfo& TypeAt(int i);
 
 const char* OpName(Op op);
-bool FindOp(const char* name, Op* op);           // false if unknown
-ncclRedOp_t NcclOp(Op op);                       // kMulSum/kNone map to ncclSum
+bool FindOp(const char* name, Op* op);  // false if unknown
+ncclRedOp_t NcclOp(Op op);              // kMulSum/kNone map to ncclSum
 
 // Everything that determines the values of one measurement.
 struct DataSpec {

@@ -28,8 +28,16 @@
 namespace perf {
 
 // The exit statuses of nccl-tests.
-enum class Status { kOk = 0, kInternal = 1, kCuda = 2, kNccl = 3, kTimeout = 4,
-                    kNotImplemented = 5, kInvalidUsage = 6, kDataError = 7 };
+enum class Status {
+  kOk = 0,
+  kInternal = 1,
+  kCuda = 2,
+  kNccl = 3,
+  kTimeout = 4,
+  kNotImplemented = 5,
+  kInvalidUsage = 6,
+  kDataError = 7
+};
 
 namespace {
 
@@ -39,29 +47,26 @@ void Chain(const char* file, int line) {
   printf(" .. %s pid %d: Test failure %s:%d\n", g_host, static_cast<int>(getpid()), file, line);
 }
 
-#define NCCLCHECK(cmd)                                                                    \
-  do {                                                                                    \
-    const ncclResult_t r_ = (cmd);                                                        \
-    if (r_ != ncclSuccess && r_ != ncclInProgress) {                                      \
-      printf("%s: Test NCCL failure %s:%d '%s / %s'\n", g_host, __FILE__, __LINE__,       \
-             ncclGetErrorString(r_), ncclGetLastError(nullptr));                          \
-      return Status::kNccl;                                                               \
-    }                                                                                     \
+#define NCCLCHECK(cmd)                                                                                      \
+  do {                                                                                                      \
+    const ncclResult_t r_ = (cmd);                                                                          \
+    if (r_ != ncclSuccess && r_ != ncclInProgress) {                                                        \
+      printf("%s: Test NCCL failure %s:%d '%s / %s'\n", g_host, __FILE__, __LINE__, ncclGetErrorString(r_), \
+             ncclGetLastError(nullptr));                                                                    \
+      return Status::kNccl;                                                                                 \
+    }                                                                                                       \
   } while (0)
 
-#define TESTCHECK(cmd)                  \
-  do {                                  \
-    const Status s_ = (cmd);            \
-    if (s_ != Status::kOk) {            \
-      Chain(__FILE__, __LINE__);        \
-      return s_;                        \
-    }                                   \
+#define TESTCHECK(cmd)           \
+  do {                           \
+    const Status s_ = (cmd);     \
+    if (s_ != Status::kOk) {     \
+      Chain(__FILE__, __LINE__); \
+      return s_;                 \
+    }                            \
   } while (0)
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // Spins, then yields: threads of one run meet here between measurements, and
 // on an oversubscribed machine a spinning waiter must not starve the others.
@@ -131,7 +136,10 @@ struct Thread {
 bool Barrier(Thread& t) {
   Run& r = *t.run;
   if (!r.barrier->Wait(r.failed)) return false;
-  if (t.tid == 0 && !r.pg->Barrier()) { r.failed = true; return false; }
+  if (t.tid == 0 && !r.pg->Barrier()) {
+    r.failed = true;
+    return false;
+  }
   return r.barrier->Wait(r.failed);
 }
 
@@ -203,8 +211,7 @@ Pointers BufferPointers(Thread& t, int g, const Counts& c, size_t elt, bool in_p
 
 // Issues one operation on every local rank (grouped when a thread drives
 // several ranks), rotated by `shift` bytes inside the allocation.
-Status Issue(Thread& t, const Counts& c, const TypeInfo& type, Op op, int root, bool in_place,
-             size_t shift) {
+Status Issue(Thread& t, const Counts& c, const TypeInfo& type, Op op, int root, bool in_place, size_t shift) {
   Run& r = *t.run;
   const int ngpus = r.opt.ngpus;
   if (ngpus > 1) NCCLCHECK(ncclGroupStart());
@@ -217,8 +224,8 @@ Status Issue(Thread& t, const Counts& c, const TypeInfo& type, Op op, int root, 
       MulSumScalar(type, lr.rank, scalar);
       NCCLCHECK(ncclRedOpCreatePreMulSum(&redop, scalar, type.type, ncclScalarHostImmediate, lr.comm));
     }
-    const CallArgs a{p.send, p.recv, &c, &type, redop, root, lr.rank, r.nranks, lr.comm,
-                     meshcclStreamAsCuda(lr.stream)};
+    const CallArgs a{p.send, p.recv,  &c,       &type,   redop,
+                     root,   lr.rank, r.nranks, lr.comm, meshcclStreamAsCuda(lr.stream)};
     NCCLCHECK(r.test->run(a));
     if (op == Op::kMulSum) NCCLCHECK(ncclRedOpDestroy(redop, lr.comm));
   }
@@ -235,8 +242,7 @@ void InitData(Thread& t, const Counts& c, const DataSpec& spec, int root, bool i
     const size_t rank = static_cast<size_t>(lr.rank);
     size_t zero_elems = c.recv_count;
     if (in_place) {
-      zero_elems = std::max(c.recv_inplace_offset * rank + c.recv_count,
-                            c.send_inplace_offset * rank + c.send_count);
+      zero_elems = std::max(c.recv_inplace_offset * rank + c.recv_count, c.send_inplace_offset * rank + c.send_count);
       std::memset(lr.recv_base + static_cast<size_t>(t.run->opt.unalign) * elt, 0, zero_elems * elt);
     } else {
       std::memset(p.recv, 0, zero_elems * elt);
@@ -253,8 +259,7 @@ struct Measurement {
   int64_t wrong = -1;  // -1: not checked
 };
 
-Status BenchTime(Thread& t, const Counts& c, const TypeInfo& type, Op op, int root, bool in_place,
-                 Measurement* m) {
+Status BenchTime(Thread& t, const Counts& c, const TypeInfo& type, Op op, int root, bool in_place, Measurement* m) {
   Run& r = *t.run;
   const Options& o = r.opt;
   const CollTest& test = *r.test;
@@ -389,10 +394,10 @@ Status RunSizes(Thread& t, const TypeInfo& type, Op op, int root) {
       if (t.Printing()) {
         printf("%s\n", line.c_str());
         fflush(stdout);
-        if (r.json) r.json->Row(bytes, c.param_count, type.name, op_name, root_col,
-                                m[0].time_us, m[0].algbw, m[0].busbw, m[0].wrong,
-                                m[1].time_us, m[1].algbw, m[1].busbw, m[1].wrong,
-                                o.report_cputime != 0, o.iters, test.name);
+        if (r.json)
+          r.json->Row(bytes, c.param_count, type.name, op_name, root_col, m[0].time_us, m[0].algbw, m[0].busbw,
+                      m[0].wrong, m[1].time_us, m[1].algbw, m[1].busbw, m[1].wrong, o.report_cputime != 0, o.iters,
+                      test.name);
       }
     }
   }
@@ -583,18 +588,23 @@ int RunMain(const CollTest& test, int argc, char** argv) {
   const ParseResult pr = ParseArgs(argc, argv, &r.opt, &msgs);
   if (printer) fputs(msgs.c_str(), stdout);
   if (pr == ParseResult::kExitSuccess) return Exit(groups, Status::kOk);
-  if (pr == ParseResult::kExitUsage) { Exit(groups, Status::kOk); return 255; }
+  if (pr == ParseResult::kExitUsage) {
+    Exit(groups, Status::kOk);
+    return 255;
+  }
   Options& o = r.opt;
-  if (o.nthreads < 1 || o.nthreads > 64 || o.ngpus < 1 || o.iters < 0 || o.agg_iters < 1 ||
-      o.warmup_iters < 0 || o.check < 0 || o.average < 0 || o.average > 3 || o.blocking < 0 ||
-      o.blocking > 3 || o.unalign < 0 || o.local_register < 0 || o.local_register > 2) {
-    if (printer) printf("invalid argument value: threads 1..64, gpus >= 1, agg_iters >= 1, "
-                        "-a 0..3, -z 0..3, -R 0..2, counts >= 0\n");
+  if (o.nthreads < 1 || o.nthreads > 64 || o.ngpus < 1 || o.iters < 0 || o.agg_iters < 1 || o.warmup_iters < 0 ||
+      o.check < 0 || o.average < 0 || o.average > 3 || o.blocking < 0 || o.blocking > 3 || o.unalign < 0 ||
+      o.local_register < 0 || o.local_register > 2) {
+    if (printer)
+      printf(
+          "invalid argument value: threads 1..64, gpus >= 1, agg_iters >= 1, "
+          "-a 0..3, -z 0..3, -R 0..2, counts >= 0\n");
     return Exit(groups, Status::kInvalidUsage);
   }
   if (o.device_impl > 0) {
-    if (printer) printf("device implementations (-D %d) need GPU kernels; not available on host memory\n",
-                        o.device_impl);
+    if (printer)
+      printf("device implementations (-D %d) need GPU kernels; not available on host memory\n", o.device_impl);
     return Exit(groups, Status::kNotImplemented);
   }
   if (o.per_iter_timing) {
@@ -655,8 +665,8 @@ int RunMain(const CollTest& test, int argc, char** argv) {
   const std::string cpu = CpuName();
   std::string lines;
   for (int i = 0; i < local; i++)
-    lines += DeviceLine(pg->rank() * local + i, color, static_cast<int>(getpid()), g_host, dev0 + i,
-                        0, 0, 0, cpu.c_str());
+    lines +=
+        DeviceLine(pg->rank() * local + i, color, static_cast<int>(getpid()), g_host, dev0 + i, 0, 0, 0, cpu.c_str());
   char block[4096];
   if (printer) printf("# Using devices\n");
   for (int p = 0; p < world->size(); p++) {
@@ -678,16 +688,15 @@ int RunMain(const CollTest& test, int argc, char** argv) {
     const size_t cap = (mem - reserve - gib) / (o.check ? 3 : 2);
     if (o.max_bytes > cap) {
       o.max_bytes = cap;
-      if (printer) printf("#\n# Reducing maxBytes to %ld due to memory limitation\n",
-                          static_cast<long>(cap));
+      if (printer) printf("#\n# Reducing maxBytes to %ld due to memory limitation\n", static_cast<long>(cap));
     }
   }
   // Every selected type needs room for its counts at maxBytes.
   for (const TypeInfo* t : o.types) {
     const Counts c = test.counts(o.max_bytes, t->size, r.nranks);
-    const size_t need = std::max({c.send_count, c.recv_count,
-                                  c.recv_inplace_offset * (r.nranks - 1) + c.recv_count,
-                                  c.send_inplace_offset * (r.nranks - 1) + c.send_count}) * t->size;
+    const size_t need = std::max({c.send_count, c.recv_count, c.recv_inplace_offset * (r.nranks - 1) + c.recv_count,
+                                  c.send_inplace_offset * (r.nranks - 1) + c.send_count}) *
+                        t->size;
     r.alloc_bytes = std::max({r.alloc_bytes, need, o.max_bytes});
   }
 

@@ -39,17 +39,14 @@ struct PreambleInfo {
 std::string Preamble(const PreambleInfo& info);
 
 // One "#  Rank ..." line of the "# Using devices" block.
-std::string DeviceLine(int rank, int group, int pid, const char* host,
-                       int device, unsigned domain, unsigned bus, unsigned dev,
-                       const char* name);
+std::string DeviceLine(int rank, int group, int pid, const char* host, int device, unsigned domain, unsigned bus,
+                       unsigned dev, const char* name);
 
 // "#" followed by the three header lines of the result table.
-std::string TableHeader(bool report_cputime, bool report_timestamps,
-                        bool per_iter_timing);
+std::string TableHeader(bool report_cputime, bool report_timestamps, bool per_iter_timing);
 
 // Row start: size, count, type, op and root columns.
-std::string RowStart(size_t bytes, size_t count, const char* type,
-                     const char* op, int root);
+std::string RowStart(size_t bytes, size_t count, const char* type, const char* op, int root);
 // One mode (out-of-place or in-place) of a row. wrong < 0 prints N/A.
 std::string RowBody(double time_us, double algbw, double busbw, int64_t wrong);
 // A mode that was not run: every column reads N/A, in the same widths.
@@ -61,8 +58,7 @@ std::string RowTimestamp(const char* stamp);
 
 // "Out of bounds values", "Avg bus bandwidth", "#", "Collective test concluded".
 // min_bw < 0 means NCCL_TESTS_MIN_BW was not set (no OK/FAILED after the value).
-std::string Footer(int out_of_bounds, double avg_busbw, double min_bw,
-                   const char* program);
+std::string Footer(int out_of_bounds, double avg_busbw, double min_bw, const char* program);
 
 // "# GPU memory usage     : Initialization X | User-Allocated Y | Collective Z | Total  T"
 // (-M 1), amounts in bytes rendered as nccl-tests does (binary KB/MB/GB).

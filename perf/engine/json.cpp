@@ -49,8 +49,8 @@ std::string EnvEntry(const char* entry) {
 }
 
 std::string Mode(double time, double algbw, double busbw, int64_t wrong, bool cputime) {
-  return std::string("{\"") + (cputime ? "cpu_time" : "time") + "\":" + Num(time) +
-         ",\"alg_bw\":" + Num(algbw) + ",\"bus_bw\":" + Num(busbw) +
+  return std::string("{\"") + (cputime ? "cpu_time" : "time") + "\":" + Num(time) + ",\"alg_bw\":" + Num(algbw) +
+         ",\"bus_bw\":" + Num(busbw) +
          ",\"nwrong\":" + (wrong < 0 ? std::string("null") : Num(static_cast<double>(wrong))) + "}";
 }
 
@@ -118,8 +118,7 @@ void JsonWriter::Config(const Options& o) {
   else doc_ += ",\"step_bytes\":" + Int(static_cast<long long>(o.step_bytes));
   doc_ += ",\"warmup_iters\":" + Int(o.warmup_iters) + ",\"iterations\":" + Int(o.iters) +
           ",\"aggregated_iterations\":" + Int(o.agg_iters) + ",\"validation\":" + Int(o.check) +
-          ",\"graph\":" + Int(o.graph) +
-          ",\"blocking_collectives\":" + Quote(o.blocking ? "true" : "false") +
+          ",\"graph\":" + Int(o.graph) + ",\"blocking_collectives\":" + Quote(o.blocking ? "true" : "false") +
           ",\"per_iter_timing\":" + Quote(o.per_iter_timing ? "true" : "false") +
           ",\"per_iter_skip\":" + Int(o.per_iter_skip) +
           ",\"parallel_init\":" + Quote(o.parallel_init ? "true" : "false");
@@ -133,29 +132,27 @@ void JsonWriter::Devices(const char* lines) {
     p = eol ? eol + 1 : nullptr;
     int rank = 0, group = 0, pid = 0, device = 0, end = 0;
     char host[256] = "", hex[128] = "", info[1024] = "";
-    if (sscanf(line.c_str(), "#  Rank %d Group %d Pid %d on %255s device %d [%127[^]]] %1023[^\n]%n",
-               &rank, &group, &pid, host, &device, hex, info, &end) < 7)
+    if (sscanf(line.c_str(), "#  Rank %d Group %d Pid %d on %255s device %d [%127[^]]] %1023[^\n]%n", &rank, &group,
+               &pid, host, &device, hex, info, &end) < 7)
       continue;
     if (!devices_.empty()) devices_ += ",";
     devices_ += "{\"rank\":" + Int(rank) + ",\"group\":" + Int(group) + ",\"pid\":" + Int(pid) +
-                ",\"hostname\":" + Quote(host) + ",\"device\":" + Int(device) +
-                ",\"device_hex\":" + Quote(hex) + ",\"device_info\":" + Quote(info) + "}";
+                ",\"hostname\":" + Quote(host) + ",\"device\":" + Int(device) + ",\"device_hex\":" + Quote(hex) +
+                ",\"device_info\":" + Quote(info) + "}";
   }
 }
 
 void JsonWriter::EndConfig() { doc_ += ",\"devices\":[" + devices_ + "]}"; }
 
-void JsonWriter::Row(size_t bytes, size_t count, const char* type, const char* op, int root,
-                     double ot, double oa, double ob, int64_t ow, double it, double ia, double ib,
-                     int64_t iw, bool cputime, int iters, const char* name) {
+void JsonWriter::Row(size_t bytes, size_t count, const char* type, const char* op, int root, double ot, double oa,
+                     double ob, int64_t ow, double it, double ia, double ib, int64_t iw, bool cputime, int iters,
+                     const char* name) {
   char root_str[32];
   snprintf(root_str, sizeof root_str, "%6i", root);
   if (!rows_.empty()) rows_ += ",";
-  rows_ += "{\"size\":" + Int(static_cast<long long>(bytes)) +
-           ",\"count\":" + Int(static_cast<long long>(count)) + ",\"type\":" + Quote(type) +
-           ",\"redop\":" + Quote(op) + ",\"root\":" + Quote(root_str) +
-           ",\"out_of_place\":" + Mode(ot, oa, ob, ow, cputime) +
-           ",\"in_place\":" + Mode(it, ia, ib, iw, cputime) +
+  rows_ += "{\"size\":" + Int(static_cast<long long>(bytes)) + ",\"count\":" + Int(static_cast<long long>(count)) +
+           ",\"type\":" + Quote(type) + ",\"redop\":" + Quote(op) + ",\"root\":" + Quote(root_str) +
+           ",\"out_of_place\":" + Mode(ot, oa, ob, ow, cputime) + ",\"in_place\":" + Mode(it, ia, ib, iw, cputime) +
            ",\"actual_iterations\":" + Int(iters) + ",\"experiment_name\":" + Quote(name) + "}";
 }
 
@@ -163,8 +160,8 @@ void JsonWriter::Finish(int oob, double avg_bw, double min_bw, const char* error
   if (!f_) return;
   doc_ += ",\"results\":[" + rows_ + "]";
   doc_ += ",\"out_of_bounds\":{\"count\":" + Int(oob) + ",\"okay\":" + Quote(oob ? "false" : "true") + "}";
-  doc_ += ",\"average_bus_bandwidth\":{\"bandwidth\":" + Num(avg_bw) + ",\"okay\":" +
-          (min_bw < 0 ? Quote("unchecked") : Quote(avg_bw >= 0.9 * min_bw ? "true" : "false")) + "}";
+  doc_ += ",\"average_bus_bandwidth\":{\"bandwidth\":" + Num(avg_bw) +
+          ",\"okay\":" + (min_bw < 0 ? Quote("unchecked") : Quote(avg_bw >= 0.9 * min_bw ? "true" : "false")) + "}";
   doc_ += ",\"errors\":[" + (error && *error ? Quote(error) : std::string()) + "]";
   doc_ += ",\"end_time\":" + Now() + "}\n";
   fputs(doc_.c_str(), f_);

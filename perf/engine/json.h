@@ -19,9 +19,8 @@ class JsonWriter {
   void Config(const Options& o);
   void Devices(const char* lines);  // "#  Rank ..." lines
   void EndConfig();
-  void Row(size_t bytes, size_t count, const char* type, const char* op, int root,
-           double oop_time, double oop_algbw, double oop_busbw, int64_t oop_wrong,
-           double ip_time, double ip_algbw, double ip_busbw, int64_t ip_wrong,
+  void Row(size_t bytes, size_t count, const char* type, const char* op, int root, double oop_time, double oop_algbw,
+           double oop_busbw, int64_t oop_wrong, double ip_time, double ip_algbw, double ip_busbw, int64_t ip_wrong,
            bool cputime, int iters, const char* name);
   void Finish(int out_of_bounds, double avg_bw, double min_bw, const char* error);
 

@@ -72,8 +72,7 @@ class MpiGroup final : public ProcGroup {
 // stream, so every call has completed when it returns.
 class MeshcclGroup final : public ProcGroup {
  public:
-  MeshcclGroup(ncclComm_t comm, int rank, int size, int local)
-      : comm_(comm), rank_(rank), size_(size), local_(local) {}
+  MeshcclGroup(ncclComm_t comm, int rank, int size, int local) : comm_(comm), rank_(rank), size_(size), local_(local) {}
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   int local_rank() const override { return local_; }
@@ -86,15 +85,13 @@ class MeshcclGroup final : public ProcGroup {
     return Check(ncclAllReduce(v, v, n, ncclFloat64, nop, comm_, nullptr), "ncclAllReduce");
   }
   bool Broadcast(void* data, size_t bytes, int root) override {
-    return Check(ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, nullptr),
-                 "ncclBroadcast");
+    return Check(ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, nullptr), "ncclBroadcast");
   }
   std::unique_ptr<ProcGroup> Split(int color) override {
     ncclComm_t sub = nullptr;
     if (!Check(ncclCommSplit(comm_, color, rank_, &sub, nullptr), "ncclCommSplit")) return nullptr;
     int rank = 0, size = 1;
-    if (!Check(ncclCommUserRank(sub, &rank), "ncclCommUserRank") ||
-        !Check(ncclCommCount(sub, &size), "ncclCommCount"))
+    if (!Check(ncclCommUserRank(sub, &rank), "ncclCommUserRank") || !Check(ncclCommCount(sub, &size), "ncclCommCount"))
       return nullptr;
     return std::make_unique<MeshcclGroup>(sub, rank, size, local_);
   }
@@ -106,8 +103,7 @@ class MeshcclGroup final : public ProcGroup {
  private:
   bool Check(ncclResult_t r, const char* what) {
     if (r == ncclSuccess) return true;
-    printf("process coordination: %s failed: '%s / %s'\n", what, ncclGetErrorString(r),
-           ncclGetLastError(comm_));
+    printf("process coordination: %s failed: '%s / %s'\n", what, ncclGetErrorString(r), ncclGetLastError(comm_));
     return false;
   }
   ncclComm_t comm_;
@@ -129,8 +125,8 @@ std::unique_ptr<ProcGroup> CreateProcGroup(int* argc, char*** argv) {
   ncclComm_t comm = nullptr;
   const ncclResult_t r = meshcclCommInitFromEnv(&comm, nullptr);
   if (r != ncclSuccess) {
-    printf("process coordination: meshcclCommInitFromEnv failed: '%s / %s'\n",
-           ncclGetErrorString(r), ncclGetLastError(nullptr));
+    printf("process coordination: meshcclCommInitFromEnv failed: '%s / %s'\n", ncclGetErrorString(r),
+           ncclGetLastError(nullptr));
     return nullptr;
   }
   return std::make_unique<MeshcclGroup>(comm, rank, nranks, local);

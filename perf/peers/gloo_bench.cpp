@@ -55,8 +55,7 @@ class GlooBackend final : public peer::Backend {
   void SumDoubles(double* v, int n) override {
     gloo::AllreduceOptions opts(ctx_);
     opts.setOutput(v, static_cast<size_t>(n));
-    opts.setReduceFunction(
-        static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<double>));
+    opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<double>));
     gloo::allreduce(opts);
   }
   void Prepare(peer::Coll c, const peer::Sizes& s, float* send, float*) override {
@@ -74,8 +73,7 @@ class GlooBackend final : public peer::Backend {
         gloo::AllreduceOptions opts(ctx_);
         opts.setInput(send, s.count);
         opts.setOutput(recv, s.count);
-        opts.setReduceFunction(
-            static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+        opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
         gloo::allreduce(opts);
         break;
       }
@@ -126,10 +124,8 @@ int main(int argc, char** argv) {
     fprintf(stderr, "%s\n", err.c_str());
     return 2;
   }
-  static const char* const kRank[] = {"OMPI_COMM_WORLD_RANK", "MESHCCL_RANK", "PMI_RANK",
-                                      "SLURM_PROCID", nullptr};
-  static const char* const kSize[] = {"OMPI_COMM_WORLD_SIZE", "MESHCCL_NRANKS", "PMI_SIZE",
-                                      "SLURM_NTASKS", nullptr};
+  static const char* const kRank[] = {"OMPI_COMM_WORLD_RANK", "MESHCCL_RANK", "PMI_RANK", "SLURM_PROCID", nullptr};
+  static const char* const kSize[] = {"OMPI_COMM_WORLD_SIZE", "MESHCCL_NRANKS", "PMI_SIZE", "SLURM_NTASKS", nullptr};
   const int rank = EnvInt(kRank, 0), size = EnvInt(kSize, 1);
   if (o.store.empty()) {
     fprintf(stderr, "gloo_bench needs --store DIR (an empty directory shared by all ranks)\n");

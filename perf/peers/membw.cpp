@@ -23,10 +23,7 @@
 
 namespace {
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 bool ParseSize(const char* s, size_t* out) {
   char* end = nullptr;
@@ -144,8 +141,7 @@ void Measure(size_t bytes, int ranks, int threads, int reps) {
   for (int r = 0; r < ranks; r++)
     for (size_t i = 0; i < n; i += 4097)
       if (out[r][i] != expect) {
-        fprintf(stderr, "membw: allreduce_limit produced %g at [%d][%zu], expected %g\n",
-                out[r][i], r, i, expect);
+        fprintf(stderr, "membw: allreduce_limit produced %g at [%d][%zu], expected %g\n", out[r][i], r, i, expect);
         exit(1);
       }
   const double algbw = static_cast<double>(bytes) / 1e9 / sec;
@@ -160,8 +156,14 @@ int main(int argc, char** argv) {
   bool header = true;
   for (int i = 1; i < argc; i++) {
     const std::string a = argv[i];
-    if (a == "--no-header") { header = false; continue; }
-    if (i + 1 >= argc) { fprintf(stderr, "membw: missing value after %s\n", a.c_str()); return 2; }
+    if (a == "--no-header") {
+      header = false;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      fprintf(stderr, "membw: missing value after %s\n", a.c_str());
+      return 2;
+    }
     const char* v = argv[++i];
     bool ok = true;
     if (a == "-b") ok = ParseSize(v, &min_bytes);

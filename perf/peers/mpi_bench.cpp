@@ -19,8 +19,7 @@ class MpiBackend final : public peer::Backend {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
 #if defined(OPEN_MPI)
-    snprintf(name_, sizeof name_, "openmpi-%d.%d.%d", OMPI_MAJOR_VERSION, OMPI_MINOR_VERSION,
-             OMPI_RELEASE_VERSION);
+    snprintf(name_, sizeof name_, "openmpi-%d.%d.%d", OMPI_MAJOR_VERSION, OMPI_MINOR_VERSION, OMPI_RELEASE_VERSION);
 #elif defined(MPICH_VERSION)
     snprintf(name_, sizeof name_, "mpich-%s", MPICH_VERSION);
 #else
@@ -31,27 +30,17 @@ class MpiBackend final : public peer::Backend {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   void Barrier() override { MPI_Barrier(MPI_COMM_WORLD); }
-  void SumDoubles(double* v, int n) override {
-    MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-  }
+  void SumDoubles(double* v, int n) override { MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD); }
   void Run(peer::Coll c, const peer::Sizes& s, float* send, float* recv) override {
     const int count = static_cast<int>(s.count);
     switch (c) {
-      case peer::Coll::kAllReduce:
-        MPI_Allreduce(send, recv, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-        break;
-      case peer::Coll::kBroadcast:
-        MPI_Bcast(recv, count, MPI_FLOAT, 0, MPI_COMM_WORLD);
-        break;
-      case peer::Coll::kAllGather:
-        MPI_Allgather(send, count, MPI_FLOAT, recv, count, MPI_FLOAT, MPI_COMM_WORLD);
-        break;
+      case peer::Coll::kAllReduce: MPI_Allreduce(send, recv, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
+      case peer::Coll::kBroadcast: MPI_Bcast(recv, count, MPI_FLOAT, 0, MPI_COMM_WORLD); break;
+      case peer::Coll::kAllGather: MPI_Allgather(send, count, MPI_FLOAT, recv, count, MPI_FLOAT, MPI_COMM_WORLD); break;
       case peer::Coll::kReduceScatter:
         MPI_Reduce_scatter_block(send, recv, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         break;
-      case peer::Coll::kAlltoAll:
-        MPI_Alltoall(send, count, MPI_FLOAT, recv, count, MPI_FLOAT, MPI_COMM_WORLD);
-        break;
+      case peer::Coll::kAlltoAll: MPI_Alltoall(send, count, MPI_FLOAT, recv, count, MPI_FLOAT, MPI_COMM_WORLD); break;
     }
   }
 

@@ -27,10 +27,7 @@ bool Size(const char* s, size_t* out) {
   return true;
 }
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 float Value(int rank, size_t idx) { return static_cast<float>((idx * 7 + rank * 13) % 1021); }
 
@@ -50,7 +47,10 @@ const char* CollName(Coll c) { return kNames[static_cast<int>(c)]; }
 
 bool FindColl(const std::string& name, Coll* c) {
   for (int i = 0; i < 5; i++)
-    if (name == kNames[i]) { *c = static_cast<Coll>(i); return true; }
+    if (name == kNames[i]) {
+      *c = static_cast<Coll>(i);
+      return true;
+    }
   return false;
 }
 
@@ -59,14 +59,20 @@ bool ParseOptions(int argc, char** argv, Options* o, std::string* err) {
     const std::string a = argv[i];
     auto next = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
     const char* v = nullptr;
-    if (a == "--no-header") { o->header = false; continue; }
+    if (a == "--no-header") {
+      o->header = false;
+      continue;
+    }
     if (a == "-h" || a == "--help") {
       *err = "usage: " + std::string(argv[0]) +
              " -C allreduce,broadcast,allgather,reducescatter,alltoall|all"
              " [-b 8] [-e 256M] [-f 2] [-n 20] [-w 2] [-c 1] [--no-header] [--store DIR]";
       return false;
     }
-    if (!(v = next())) { *err = "missing value after " + a; return false; }
+    if (!(v = next())) {
+      *err = "missing value after " + a;
+      return false;
+    }
     if (a == "-C") {
       std::string list = v;
       if (list == "all") list = "allreduce,broadcast,allgather,reducescatter,alltoall";
@@ -81,16 +87,30 @@ bool ParseOptions(int argc, char** argv, Options* o, std::string* err) {
         o->colls.push_back(c);
         pos = comma + 1;
       }
-    } else if (a == "-b") { if (!Size(v, &o->min_bytes)) { *err = "bad -b"; return false; } }
-    else if (a == "-e") { if (!Size(v, &o->max_bytes)) { *err = "bad -e"; return false; } }
-    else if (a == "-f") o->step_factor = strtoul(v, nullptr, 0);
+    } else if (a == "-b") {
+      if (!Size(v, &o->min_bytes)) {
+        *err = "bad -b";
+        return false;
+      }
+    } else if (a == "-e") {
+      if (!Size(v, &o->max_bytes)) {
+        *err = "bad -e";
+        return false;
+      }
+    } else if (a == "-f") o->step_factor = strtoul(v, nullptr, 0);
     else if (a == "-n") o->iters = atoi(v);
     else if (a == "-w") o->warmup = atoi(v);
     else if (a == "-c") o->check = atoi(v);
     else if (a == "--store") o->store = v;
-    else { *err = "unknown option " + a; return false; }
+    else {
+      *err = "unknown option " + a;
+      return false;
+    }
   }
-  if (o->colls.empty()) { *err = "no collective given (-C)"; return false; }
+  if (o->colls.empty()) {
+    *err = "no collective given (-C)";
+    return false;
+  }
   if (o->min_bytes > o->max_bytes || o->step_factor < 2 || o->iters < 1 || o->min_bytes == 0) {
     *err = "need 0 < -b <= -e, -f >= 2, -n >= 1";
     return false;
@@ -189,8 +209,7 @@ int RunSweep(Backend& b, const Options& o) {
   float* send = Alloc(alloc);
   float* recv = Alloc(alloc);
   std::vector<float> expected(o.check ? alloc / sizeof(float) : 0);
-  if (b.rank() == 0 && o.header)
-    printf("library,collective,nranks,bytes,count,time_us,algbw_gbs,busbw_gbs,wrong\n");
+  if (b.rank() == 0 && o.header) printf("library,collective,nranks,bytes,count,time_us,algbw_gbs,busbw_gbs,wrong\n");
   bool failed = false;
   for (Coll c : o.colls) {
     for (size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= o.step_factor) {
@@ -229,8 +248,8 @@ int RunSweep(Backend& b, const Options& o) {
       const double algbw = sec > 0 ? s.alg_bytes / 1e9 / sec : 0;
       if (t[1] > 0) failed = true;
       if (b.rank() == 0) {
-        printf("%s,%s,%d,%zu,%zu,%.3f,%.4f,%.4f,%.0f\n", b.name(), CollName(c), n, s.bytes,
-               s.count, sec * 1e6, algbw, algbw * s.bus_factor, o.check ? t[1] : -1.0);
+        printf("%s,%s,%d,%zu,%zu,%.3f,%.4f,%.4f,%.0f\n", b.name(), CollName(c), n, s.bytes, s.count, sec * 1e6, algbw,
+               algbw * s.bus_factor, o.check ? t[1] : -1.0);
         fflush(stdout);
       }
     }

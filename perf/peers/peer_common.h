@@ -36,9 +36,9 @@ bool ParseOptions(int argc, char** argv, Options* o, std::string* err);
 struct Sizes {
   size_t send_count = 0;
   size_t recv_count = 0;
-  size_t count = 0;       // the per-call count (nccl-tests' count column)
-  size_t bytes = 0;       // the size column: max(send, recv) bytes
-  double alg_bytes = 0;   // bytes for algbw
+  size_t count = 0;      // the per-call count (nccl-tests' count column)
+  size_t bytes = 0;      // the size column: max(send, recv) bytes
+  double alg_bytes = 0;  // bytes for algbw
   double bus_factor = 1;
 };
 Sizes SizesFor(Coll c, size_t bytes, int nranks);

@@ -37,8 +37,7 @@ BufferPool::Buf BufferPool::get(size_t n) {
   // Smallest kept buffer that fits without wasting more than half of it.
   size_t best = big_.size();
   for (size_t i = 0; i < big_.size(); ++i) {
-    if (big_[i].cap >= n && big_[i].cap / 2 <= n && (best == big_.size() || big_[i].cap < big_[best].cap))
-      best = i;
+    if (big_[i].cap >= n && big_[i].cap / 2 <= n && (best == big_.size() || big_[i].cap < big_[best].cap)) best = i;
   }
   if (best != big_.size()) {
     Buf b = big_[best];

@@ -38,13 +38,16 @@ class List {
   void push_back(T* e) {
     e->prev = tail_;
     e->next = nullptr;
-    if (tail_ != nullptr) tail_->next = e; else head_ = e;
+    if (tail_ != nullptr) tail_->next = e;
+    else head_ = e;
     tail_ = e;
     ++n_;
   }
   void remove(T* e) {
-    if (e->prev != nullptr) e->prev->next = e->next; else head_ = e->next;
-    if (e->next != nullptr) e->next->prev = e->prev; else tail_ = e->prev;
+    if (e->prev != nullptr) e->prev->next = e->next;
+    else head_ = e->next;
+    if (e->next != nullptr) e->next->prev = e->prev;
+    else tail_ = e->prev;
     e->prev = e->next = nullptr;
     --n_;
   }

@@ -17,8 +17,8 @@ namespace meshccl::plugin {
 meshccl_tresult_t check_host(const meshccl_transport_host_v1_t* host, const char* plugin) {
   if (host == nullptr) return MESHCCL_T_INTERNAL_ERROR;
   if (host->version != MESHCCL_TRANSPORT_V1) {
-    MPLUG_WARN(host, "%s: host speaks transport interface version %u, plugin needs %d", plugin,
-               host->version, MESHCCL_TRANSPORT_V1);
+    MPLUG_WARN(host, "%s: host speaks transport interface version %u, plugin needs %d", plugin, host->version,
+               MESHCCL_TRANSPORT_V1);
     return MESHCCL_T_INTERNAL_ERROR;
   }
   return MESHCCL_T_SUCCESS;
@@ -36,9 +36,21 @@ bool parse_size(const char* text, uint64_t* out) {
   if (errno != 0 || end == text) return false;
   int shift = 0;
   switch (*end) {
-    case 'k': case 'K': shift = 10; ++end; break;
-    case 'm': case 'M': shift = 20; ++end; break;
-    case 'g': case 'G': shift = 30; ++end; break;
+    case 'k':
+    case 'K':
+      shift = 10;
+      ++end;
+      break;
+    case 'm':
+    case 'M':
+      shift = 20;
+      ++end;
+      break;
+    case 'g':
+    case 'G':
+      shift = 30;
+      ++end;
+      break;
     default: break;
   }
   if (shift != 0 && (*end == 'i' || *end == 'I')) ++end;  // "64Ki"
@@ -56,8 +68,8 @@ const char* param_str(const meshccl_transport_host_v1_t* host, const char* name)
   return (v != nullptr && *v != '\0') ? v : nullptr;
 }
 
-meshccl_tresult_t param_size(const meshccl_transport_host_v1_t* host, const char* name,
-                             uint64_t lo, uint64_t hi, uint64_t* out) {
+meshccl_tresult_t param_size(const meshccl_transport_host_v1_t* host, const char* name, uint64_t lo, uint64_t hi,
+                             uint64_t* out) {
   const char* v = param_str(host, name);
   if (v == nullptr) return MESHCCL_T_SUCCESS;
   uint64_t parsed = 0;

@@ -14,10 +14,10 @@
 namespace meshccl::plugin {
 
 // The host's logger may be absent (a minimal host); never crash on that.
-#define MPLUG_LOG(host, level, fmt, ...)                                         \
-  do {                                                                           \
-    const meshccl_transport_host_v1_t* mplug_h_ = (host);                        \
-    if (mplug_h_ != nullptr && mplug_h_->log != nullptr)                         \
+#define MPLUG_LOG(host, level, fmt, ...)                                          \
+  do {                                                                            \
+    const meshccl_transport_host_v1_t* mplug_h_ = (host);                         \
+    if (mplug_h_ != nullptr && mplug_h_->log != nullptr)                          \
       mplug_h_->log((level), __FILE__, __LINE__, fmt __VA_OPT__(, ) __VA_ARGS__); \
   } while (0)
 #define MPLUG_WARN(host, fmt, ...) MPLUG_LOG(host, MESHCCL_LOG_WARN, fmt __VA_OPT__(, ) __VA_ARGS__)
@@ -25,10 +25,10 @@ namespace meshccl::plugin {
 #define MPLUG_TRACE(host, fmt, ...) MPLUG_LOG(host, MESHCCL_LOG_TRACE, fmt __VA_OPT__(, ) __VA_ARGS__)
 
 // Propagates a failed meshccl_tresult_t; no hidden control flow beyond return.
-#define MPLUG_CHECK(expr)                                        \
-  do {                                                           \
+#define MPLUG_CHECK(expr)                                              \
+  do {                                                                 \
     meshccl_tresult_t mplug_r_ = static_cast<meshccl_tresult_t>(expr); \
-    if (mplug_r_ != MESHCCL_T_SUCCESS) return mplug_r_;          \
+    if (mplug_r_ != MESHCCL_T_SUCCESS) return mplug_r_;                \
   } while (0)
 
 // Validates what init receives; logs and returns INTERNAL_ERROR on misuse.
@@ -36,9 +36,8 @@ namespace meshccl::plugin {
 
 // Reads a byte-size setting ("65536", "64K", "1M", "2G"). Unset leaves *out
 // alone; a malformed value or one outside [lo, hi] is logged and refused.
-[[nodiscard]] meshccl_tresult_t param_size(const meshccl_transport_host_v1_t* host,
-                                           const char* name, uint64_t lo, uint64_t hi,
-                                           uint64_t* out);
+[[nodiscard]] meshccl_tresult_t param_size(const meshccl_transport_host_v1_t* host, const char* name, uint64_t lo,
+                                           uint64_t hi, uint64_t* out);
 // Pure parser behind param_size; false on malformed input.
 bool parse_size(const char* text, uint64_t* out);
 

@@ -95,9 +95,8 @@ int pick_iface(const std::vector<Iface>& all, const char* spec_text, int family)
     Spec spec = parse_spec(spec_text);
     return first(all, family, [&](const Iface& i) { return listed(spec, i.name) != spec.exclude; });
   }
-  int i = first(all, family == AF_UNSPEC ? AF_INET : family, [](const Iface& f) {
-    return !f.loopback && f.name.compare(0, 6, "docker") != 0;
-  });
+  int i = first(all, family == AF_UNSPEC ? AF_INET : family,
+                [](const Iface& f) { return !f.loopback && f.name.compare(0, 6, "docker") != 0; });
   if (i >= 0) return i;
   return first(all, family, [](const Iface& f) { return f.loopback; });
 }

@@ -158,11 +158,13 @@ meshccl_tresult_t TcpDial::poll(int* fd) {
     int err = 0;
     socklen_t elen = sizeof(err);
     if (getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &elen) != 0) err = errno;
-    if (err != 0) return fail(err == ECONNREFUSED ? MESHCCL_T_REMOTE_ERROR : MESHCCL_T_SYSTEM_ERROR, std::strerror(err));
+    if (err != 0)
+      return fail(err == ECONNREFUSED ? MESHCCL_T_REMOTE_ERROR : MESHCCL_T_SYSTEM_ERROR, std::strerror(err));
     connected_ = true;
   }
   while (sent_ < sizeof(hello_)) {
-    ssize_t w = send(fd_, reinterpret_cast<const char*>(&hello_) + sent_, sizeof(hello_) - sent_, MSG_DONTWAIT | MSG_NOSIGNAL);
+    ssize_t w =
+        send(fd_, reinterpret_cast<const char*>(&hello_) + sent_, sizeof(hello_) - sent_, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (w < 0 && errno == EINTR) continue;
     if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return MESHCCL_T_SUCCESS;
     if (w < 0) return fail(MESHCCL_T_REMOTE_ERROR, std::strerror(errno));

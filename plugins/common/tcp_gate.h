@@ -113,8 +113,8 @@ class TcpDial {
   GateHello hello_{};
   int fd_ = -1;
   bool connected_ = false;
-  uint32_t sent_ = 0;         // bytes of the hello written
-  uint64_t dialed_ns_ = 0;    // when the current connect() was issued
+  uint32_t sent_ = 0;       // bytes of the hello written
+  uint64_t dialed_ns_ = 0;  // when the current connect() was issued
 };
 
 // The dials of a context under way, one per listener handle: a host polls
@@ -128,9 +128,9 @@ struct Dialing {
 // Starts (first call) or advances the dial to `h`'s listener; *fd as
 // TcpDial::poll. A dial leaves `list` once it connected or failed.
 template <class Handle>
-meshccl_tresult_t dial_handle(std::vector<Dialing<Handle>>& list, const Handle& h, const meshccl_transport_host_v1_t* host,
-                              const char* who, const sockaddr_storage& to, socklen_t len, const std::string& peer,
-                              GateHello hello, int* fd) {
+meshccl_tresult_t dial_handle(std::vector<Dialing<Handle>>& list, const Handle& h,
+                              const meshccl_transport_host_v1_t* host, const char* who, const sockaddr_storage& to,
+                              socklen_t len, const std::string& peer, GateHello hello, int* fd) {
   *fd = -1;
   size_t i = 0;
   while (i < list.size() && std::memcmp(&list[i].handle, &h, sizeof(h)) != 0) ++i;

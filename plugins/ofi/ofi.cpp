@@ -296,7 +296,8 @@ void helper_loop(Ctx* ctx) {
         if (r != MESHCCL_T_SUCCESS && c->broken == MESHCCL_T_SUCCESS) c->broken = r;
         bool waiting = c->broken == MESHCCL_T_SUCCESS && c->hello != nullptr &&
                        (c->hello->state == State::kQueued || busy(c->hello->hdr));
-        if (waiting) ++i; else cn.erase(cn.begin() + static_cast<long>(i));
+        if (waiting) ++i;
+        else cn.erase(cn.begin() + static_cast<long>(i));
       }
     }
     if (ctx->stopping || cn.empty()) {
@@ -462,7 +463,9 @@ bool finalize(Ctx* c) {
   stop_helper(c);
   const bool live = may_progress(c);
   if (c->frozen) {
-    MPLUG_INFO(c->host, "ofi: a receive was given up on while libfabric may still write it; the context is kept and no longer progressed");
+    MPLUG_INFO(c->host,
+               "ofi: a receive was given up on while libfabric may still write it; the context is kept and no longer "
+               "progressed");
     return false;
   }
   if (live) {

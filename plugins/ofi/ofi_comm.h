@@ -35,11 +35,11 @@
 
 namespace meshccl::plugin::ofi {
 
-constexpr uint32_t kCtxMagic = 0x4f464943;     // "OFIC"
-constexpr uint32_t kSendMagic = 0x4f464953;    // "OFIS"
-constexpr uint32_t kRecvMagic = 0x4f464952;    // "OFIR"
-constexpr uint32_t kListenMagic = 0x4f46494c;  // "OFIL"
-constexpr uint32_t kReqMagic = 0x4f464951;     // "OFIQ"
+constexpr uint32_t kCtxMagic = 0x4f464943;                // "OFIC"
+constexpr uint32_t kSendMagic = 0x4f464953;               // "OFIS"
+constexpr uint32_t kRecvMagic = 0x4f464952;               // "OFIR"
+constexpr uint32_t kListenMagic = 0x4f46494c;             // "OFIL"
+constexpr uint32_t kReqMagic = 0x4f464951;                // "OFIQ"
 constexpr uint64_t kHandleMagic = 0x31444e4849464f4full;  // "OFIHND1"
 constexpr uint64_t kHelloMagic = 0x314f4c4c4549464full;   // "OFIELLO1"
 
@@ -94,8 +94,8 @@ struct WireHdr {
 constexpr size_t kBufBytes = 4096;
 constexpr size_t kInline = kBufBytes - sizeof(WireHdr);  // payload carried in the header
 static_assert(sizeof(Hello) <= kBufBytes);
-constexpr int kHdrWindow = 8;  // header receives kept posted per connection
-constexpr uint32_t kChunkWindow = 8;  // payload chunk receives posted per message at a time
+constexpr int kHdrWindow = 8;                       // header receives kept posted per connection
+constexpr uint32_t kChunkWindow = 8;                // payload chunk receives posted per message at a time
 constexpr uint64_t kDefaultMaxMsg = 1ull << 30;     // MESHCCL_OFI_MAX_MSG, network providers
 constexpr uint64_t kDefaultShmMaxMsg = 1ull << 20;  // and shm
 
@@ -104,7 +104,7 @@ struct Op {
   struct Request* owner;
   uint32_t posted;
   uint32_t finished;
-  int err;         // first error (positive FI_* code), 0 = none
+  int err;  // first error (positive FI_* code), 0 = none
   int prov_errno;
   uint64_t bytes;  // bytes of the successful completions
 };
@@ -189,7 +189,7 @@ struct Ctx {
   bool stopping = false;
   std::vector<struct SendComm*> connecting;
   std::vector<struct RecvComm*> recvs;  // open receive comms (see may_progress)
-  bool frozen = false;  // a receive libfabric may still write was given up on: no longer progressed, kept
+  bool frozen = false;           // a receive libfabric may still write was given up on: no longer progressed, kept
   bool sends_abandoned = false;  // a send libfabric may still read was given up on: no longer progressed
 };
 
@@ -207,9 +207,9 @@ struct SendComm {
   Ctx* ctx = nullptr;
   uint32_t conn = 0;
   fi_addr_t peer = FI_ADDR_UNSPEC;
-  int32_t peer_pid = 0;  // checked while the peer shares our kernel, else 0
-  uint64_t seq = 0;      // next header's sequence number
-  List<Request> queue;   // sends in order; the front ones may wait to be posted
+  int32_t peer_pid = 0;      // checked while the peer shares our kernel, else 0
+  uint64_t seq = 0;          // next header's sequence number
+  List<Request> queue;       // sends in order; the front ones may wait to be posted
   Request* hello = nullptr;  // the hello, until libfabric reports it sent
   Request* back = nullptr;   // receive for the receiver's notices
   meshccl_tresult_t broken = MESHCCL_T_SUCCESS;
@@ -257,10 +257,8 @@ bool may_progress(Ctx* ctx);
 // Post one operation. The queue may be full: with wait, progress is made and
 // the post retried for a bounded time; without, kBusy says "retry later".
 constexpr meshccl_tresult_t kBusy = static_cast<meshccl_tresult_t>(-1);
-meshccl_tresult_t post_tsend(Ctx* ctx, const void* buf, size_t n, fi_addr_t to, uint64_t tag, Op* op,
-                             bool wait = true);
-meshccl_tresult_t post_trecv(Ctx* ctx, void* buf, size_t n, fi_addr_t from, uint64_t tag, Op* op,
-                             bool wait = true);
+meshccl_tresult_t post_tsend(Ctx* ctx, const void* buf, size_t n, fi_addr_t to, uint64_t tag, Op* op, bool wait = true);
+meshccl_tresult_t post_trecv(Ctx* ctx, void* buf, size_t n, fi_addr_t from, uint64_t tag, Op* op, bool wait = true);
 meshccl_tresult_t send_post(SendComm* c, const void* data, size_t size, uint64_t tag, void** request);
 meshccl_tresult_t recv_post(RecvComm* c, void* data, size_t size, uint64_t tag, void** request);
 meshccl_tresult_t send_test(Request* r, int* done, size_t* size);

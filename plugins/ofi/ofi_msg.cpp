@@ -15,7 +15,7 @@ namespace meshccl::plugin::ofi {
 
 namespace {
 
-constexpr uint64_t kFlushNs = 500'000'000;  // how long a close waits to hand over its notice
+constexpr uint64_t kFlushNs = 500'000'000;    // how long a close waits to hand over its notice
 constexpr uint64_t kLetGoNs = 1'000'000'000;  // how long a close waits for its sends to be taken
 
 template <class Post>
@@ -67,7 +67,8 @@ void drop(Ctx* ctx, Request*& r) {
 void refresh(SendComm* c) {
   Ctx* ctx = c->ctx;
   if (c->hello != nullptr && c->hello->state == State::kPosted && !busy(c->hello->hdr)) {
-    if (c->hello->hdr.err != 0 && c->broken == MESHCCL_T_SUCCESS) c->broken = op_fail(ctx, "sending the hello", c->hello->hdr);
+    if (c->hello->hdr.err != 0 && c->broken == MESHCCL_T_SUCCESS)
+      c->broken = op_fail(ctx, "sending the hello", c->hello->hdr);
     release(ctx, c->hello);
     c->hello = nullptr;
   }
@@ -135,8 +136,8 @@ meshccl_tresult_t advance_sends(SendComm* c) {
     while (r->state == State::kPosted && r->chunks_posted < r->nchunks) {
       uint64_t off = r->chunks_posted * ctx->chunk;
       uint64_t len = std::min(ctx->chunk, r->size - off);
-      meshccl_tresult_t res =
-          post_tsend(ctx, r->data + off, len, c->peer, ftag(kPayload, c->conn, r->seq, r->chunks_posted), &r->body, false);
+      meshccl_tresult_t res = post_tsend(ctx, r->data + off, len, c->peer,
+                                         ftag(kPayload, c->conn, r->seq, r->chunks_posted), &r->body, false);
       if (res == kBusy) return MESHCCL_T_SUCCESS;
       if (res != MESHCCL_T_SUCCESS) return res;
       ++r->chunks_posted;
@@ -188,7 +189,8 @@ meshccl_tresult_t send_test(Request* r, int* done, size_t* size) {
     // heard back: those sends succeeded.
     bool delivered = r->state == State::kActive && r->seq < c->delivered_below;
     res = delivered ? MESHCCL_T_SUCCESS : c->broken;
-    if (!delivered) MPLUG_WARN(ctx->host, "ofi: a send on connection %u failed: the receiver closed or failed", c->conn);
+    if (!delivered)
+      MPLUG_WARN(ctx->host, "ofi: a send on connection %u failed: the receiver closed or failed", c->conn);
   } else if (peer_dead(ctx->host, c->peer_pid, c->watch)) {
     res = c->broken = MESHCCL_T_REMOTE_ERROR;
   } else {
@@ -238,8 +240,9 @@ meshccl_tresult_t start_recv(RecvComm* c, Request* r, uint64_t size, uint64_t se
   r->seq = seq;
   c->active.push_back(r);
   if (size > r->size) {
-    MPLUG_WARN(c->ctx->host, "ofi: a %" PRIu64 "-byte message (tag %" PRIu64 ") does not fit a %" PRIu64 "-byte receive",
-               size, r->tag, r->size);
+    MPLUG_WARN(c->ctx->host,
+               "ofi: a %" PRIu64 "-byte message (tag %" PRIu64 ") does not fit a %" PRIu64 "-byte receive", size,
+               r->tag, r->size);
     r->result = MESHCCL_T_INVALID_USAGE;
   }
   if (size <= kInline) {
@@ -365,7 +368,8 @@ meshccl_tresult_t recv_test(Request* r, int* done, size_t* size) {
   } else {
     return MESHCCL_T_SUCCESS;  // in flight
   }
-  if (r->state == State::kPosted) c->posted.remove(r); else c->active.remove(r);
+  if (r->state == State::kPosted) c->posted.remove(r);
+  else c->active.remove(r);
   if (busy(r->body)) fi_cancel(&ctx->ep->fid, &r->body);
   if (size != nullptr) *size = res == MESHCCL_T_SUCCESS ? r->nbytes : 0;
   release(ctx, r);
@@ -414,7 +418,8 @@ void wait_sends_let_go(SendComm* c, bool peer_stopped) {
   for (Request* r = c->queue.front(); r != nullptr; r = r->next)
     if (busy(r->body)) fi_cancel(&ctx->ep->fid, &r->body);
   const uint64_t deadline = now_ns() + std::min(timeout_ns(ctx->host), kLetGoNs);
-  const char* why = peer_stopped ? "to a stopped peer process" : "to a peer that took nothing for 1 s (stopped or unreachable?)";
+  const char* why =
+      peer_stopped ? "to a stopped peer process" : "to a peer that took nothing for 1 s (stopped or unreachable?)";
   while (!peer_stopped && (held = held_sends(c)) != 0) {
     if (progress(ctx) != MESHCCL_T_SUCCESS || now_ns() > deadline) break;
     refresh(c);
@@ -423,8 +428,7 @@ void wait_sends_let_go(SendComm* c, bool peer_stopped) {
       // A dead peer's connection fails what is left: give the provider a
       // moment to report it.
       const uint64_t until = now_ns() + kFlushNs;
-      while ((held = held_sends(c)) != 0 && now_ns() < until && progress(ctx) == MESHCCL_T_SUCCESS) {
-      }
+      while ((held = held_sends(c)) != 0 && now_ns() < until && progress(ctx) == MESHCCL_T_SUCCESS) {}
       break;
     }
     sched_yield();
@@ -486,11 +490,12 @@ void close_send(SendComm* c) {
 
 void close_recv(RecvComm* c) {
   Ctx* ctx = c->ctx;
-  if (may_progress(ctx)) (void)progress(ctx);  // every open comm of the context, this one included
+  if (may_progress(ctx)) (void)progress(ctx);     // every open comm of the context, this one included
   if (!c->closed && !pid_stopped(c->peer_pid)) {  // tell the sender, whose sends would wait forever (see close_send)
     uint64_t below = c->seq;
     for (Request* r = c->active.front(); r != nullptr; r = r->next)
-      if (r->state == State::kActive && (r->chunks_posted < r->nchunks || busy(r->body))) below = std::min(below, r->seq);
+      if (r->state == State::kActive && (r->chunks_posted < r->nchunks || busy(r->body)))
+        below = std::min(below, r->seq);
     for (Unexpected* u = c->unexpected.front(); u != nullptr; u = u->next)
       if (u->size > kInline) below = std::min(below, u->seq);
     Request* note = new_request(ctx, Kind::kCtl, c);
@@ -521,7 +526,9 @@ void advance_notices(Ctx* ctx) {
       release(ctx, n.r);  // sent (or failed: the connection is gone)
     } else if (now > n.deadline) {
       if (n.deadline != 0 && n.r->hdr.posted == 0)
-        MPLUG_INFO(ctx->host, "ofi: a close notice found no room for %" PRIu64 " ms; the peer learns of the close when the connection goes",
+        MPLUG_INFO(ctx->host,
+                   "ofi: a close notice found no room for %" PRIu64
+                   " ms; the peer learns of the close when the connection goes",
                    kFlushNs / 1'000'000);
       release(ctx, n.r);  // orphaned if libfabric still holds it
     } else {

@@ -104,8 +104,8 @@ meshccl_tresult_t do_init(const meshccl_transport_host_v1_t* host, void** out) {
   // through /proc even under Yama's ptrace restrictions. Without Yama the
   // call fails harmlessly: there is nothing to relax.
   prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
-  MPLUG_INFO(host, "shm: ring %" PRIu64 " bytes, eager up to %" PRIu64 " bytes, cma %s", ctx->ring_bytes,
-             ctx->eager, ctx->cma ? "on" : "off");
+  MPLUG_INFO(host, "shm: ring %" PRIu64 " bytes, eager up to %" PRIu64 " bytes, cma %s", ctx->ring_bytes, ctx->eager,
+             ctx->cma ? "on" : "off");
   *out = ctx.release();
   return MESHCCL_T_SUCCESS;
 }
@@ -183,8 +183,8 @@ meshccl_tresult_t do_connect(Ctx* ctx, const void* handle, void** send_comm) {
   auto* seg = static_cast<Segment*>(p);
   int32_t expected = 0;
   if (seg->hdr.magic != kSegMagic || seg->hdr.nonce != h.nonce || seg->hdr.version != kSegVersion ||
-      seg->hdr.nslots != kSlots || seg->hdr.total_bytes != h.size ||
-      seg->hdr.ring_bytes != h.size - sizeof(Segment) || seg->hdr.ring_bytes % kLine != 0) {
+      seg->hdr.nslots != kSlots || seg->hdr.total_bytes != h.size || seg->hdr.ring_bytes != h.size - sizeof(Segment) ||
+      seg->hdr.ring_bytes % kLine != 0) {
     munmap(p, h.size);
     MPLUG_WARN(host, "shm: %s does not carry the handle's nonce (stale handle?)", path);
     return MESHCCL_T_INTERNAL_ERROR;

@@ -34,12 +34,12 @@ struct Ctx {
 
 enum class Kind : uint8_t { kSend, kRecv };
 enum class State : uint8_t {
-  kQueued,  // send: not yet in the ring (ring full or no free slot)
-  kPosted,  // recv: waiting for a matching message
-  kWaitRdv, // send: RTS in the ring, waiting for the receiver (or streaming)
-  kCopy,    // recv: matched a rendezvous, copying from the sender's memory
-  kStream,  // recv: matched a rendezvous, sender streams it through the ring
-  kDone,    // finished, `result` says how
+  kQueued,   // send: not yet in the ring (ring full or no free slot)
+  kPosted,   // recv: waiting for a matching message
+  kWaitRdv,  // send: RTS in the ring, waiting for the receiver (or streaming)
+  kCopy,     // recv: matched a rendezvous, copying from the sender's memory
+  kStream,   // recv: matched a rendezvous, sender streams it through the ring
+  kDone,     // finished, `result` says how
 };
 enum class Copy : uint8_t { kMemcpy, kRegion, kCma };
 

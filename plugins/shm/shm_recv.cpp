@@ -91,23 +91,27 @@ Region* map_region(RecvComm* c, const RdvDesc& d, uint64_t size) {
   struct stat st;
   void* base = MAP_FAILED;
   if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_ino) == d.region_ino &&
-      static_cast<uint64_t>(st.st_dev) == d.region_dev && static_cast<uint64_t>(st.st_size) >= end &&
-      end >= size)
+      static_cast<uint64_t>(st.st_dev) == d.region_dev && static_cast<uint64_t>(st.st_size) >= end && end >= size)
     base = mmap(nullptr, st.st_size, PROT_READ, MAP_SHARED, fd, 0);
   close(fd);
   if (base == MAP_FAILED) return nullptr;
-  *slot = Region{d.region_pid, d.region_fd, d.region_ino, d.region_dev,
-                 static_cast<unsigned char*>(base), static_cast<uint64_t>(st.st_size), 0, ++c->region_clock};
-  MPLUG_INFO(host, "shm: mapped shared region of pid %d fd %d (%" PRIu64 " bytes)", d.region_pid,
-             d.region_fd, slot->len);
+  *slot = Region{d.region_pid,
+                 d.region_fd,
+                 d.region_ino,
+                 d.region_dev,
+                 static_cast<unsigned char*>(base),
+                 static_cast<uint64_t>(st.st_size),
+                 0,
+                 ++c->region_clock};
+  MPLUG_INFO(host, "shm: mapped shared region of pid %d fd %d (%" PRIu64 " bytes)", d.region_pid, d.region_fd,
+             slot->len);
   return slot;
 }
 
 void start_stream(RecvComm* c, Request* r) {
   if (!c->streaming) {
     c->streaming = true;
-    MPLUG_INFO(c->ctx->host, "shm: large messages from pid %d stream through the ring (no direct read)",
-               c->peer_pid);
+    MPLUG_INFO(c->ctx->host, "shm: large messages from pid %d stream through the ring (no direct read)", c->peer_pid);
   }
   r->state = State::kStream;
   r->offset = 0;
@@ -119,8 +123,9 @@ void start_stream(RecvComm* c, Request* r) {
 // A receive matched a rendezvous: pick how to read the payload.
 void start_rdv(RecvComm* c, Request* r, uint64_t size, uint32_t slot, const RdvDesc& d) {
   if (size > r->size) {
-    MPLUG_WARN(c->ctx->host, "shm: message of %" PRIu64 " bytes (tag %" PRIu64 ") does not fit the %" PRIu64
-               "-byte receive buffer", size, r->tag, r->size);
+    MPLUG_WARN(c->ctx->host,
+               "shm: message of %" PRIu64 " bytes (tag %" PRIu64 ") does not fit the %" PRIu64 "-byte receive buffer",
+               size, r->tag, r->size);
     set_slot(c, slot, kSlotTrunc);
     finish(r, MESHCCL_T_INVALID_USAGE);
     return;
@@ -183,8 +188,7 @@ void copy_chunk(RecvComm* c, Request* r) {
       int err = errno;
       if (err == EPERM || err == ENOSYS) {
         c->cma_refused = true;
-        MPLUG_INFO(c->ctx->host, "shm: process_vm_readv refused (%s); peers stream large messages",
-                   std::strerror(err));
+        MPLUG_INFO(c->ctx->host, "shm: process_vm_readv refused (%s); peers stream large messages", std::strerror(err));
         set_slot(c, r->slot, kSlotPosted);
         start_stream(c, r);
         return;
@@ -209,8 +213,9 @@ void copy_chunk(RecvComm* c, Request* r) {
 
 void deliver(RecvComm* c, Request* r, const void* payload, uint64_t size) {
   if (size > r->size) {
-    MPLUG_WARN(c->ctx->host, "shm: message of %" PRIu64 " bytes (tag %" PRIu64 ") does not fit the %" PRIu64
-               "-byte receive buffer", size, r->tag, r->size);
+    MPLUG_WARN(c->ctx->host,
+               "shm: message of %" PRIu64 " bytes (tag %" PRIu64 ") does not fit the %" PRIu64 "-byte receive buffer",
+               size, r->tag, r->size);
     finish(r, MESHCCL_T_INVALID_USAGE);
     return;
   }
@@ -220,8 +225,7 @@ void deliver(RecvComm* c, Request* r, const void* payload, uint64_t size) {
 }
 
 void corrupt(RecvComm* c, const char* what) {
-  if (c->broken == MESHCCL_T_SUCCESS)
-    MPLUG_WARN(c->ctx->host, "shm: corrupt ring from pid %d: %s", c->peer_pid, what);
+  if (c->broken == MESHCCL_T_SUCCESS) MPLUG_WARN(c->ctx->host, "shm: corrupt ring from pid %d: %s", c->peer_pid, what);
   c->broken = MESHCCL_T_INTERNAL_ERROR;
 }
 
@@ -282,8 +286,7 @@ bool on_record(RecvComm* c, const RecHdr& h, const unsigned char* payload, uint6
       if (r->offset == r->nbytes) end_rdv(c, r, MESHCCL_T_SUCCESS);
       return true;
     }
-    default:
-      return false;
+    default: return false;
   }
 }
 
@@ -344,10 +347,8 @@ void progress(RecvComm* c) {
   const char* why = nullptr;
   const bool closed = c->seg->hdr.sender_closed.load(std::memory_order_acquire) != 0;
   seg_acquire(c->seg);
-  if (closed)
-    why = "the sender closed the connection";
-  else if (c->watch.due() && !pid_alive(c->peer_pid))
-    why = "the sender process died";
+  if (closed) why = "the sender closed the connection";
+  else if (c->watch.due() && !pid_alive(c->peer_pid)) why = "the sender process died";
   if (why == nullptr) return;
   drain(c);  // whatever it published before it went away is still good
   c->peer_gone = MESHCCL_T_REMOTE_ERROR;

@@ -50,9 +50,9 @@ static_assert(sizeof(RecHdr) == 32);
 
 // Where the receiver finds a rendezvous payload.
 struct RdvDesc {
-  int32_t pid;         // sender process: memcpy when equal to ours, else CMA
-  uint32_t has_region; // the buffer lies in a memfd region the receiver may map
-  uint64_t addr;       // sender's virtual address of the payload
+  int32_t pid;          // sender process: memcpy when equal to ours, else CMA
+  uint32_t has_region;  // the buffer lies in a memfd region the receiver may map
+  uint64_t addr;        // sender's virtual address of the payload
   int32_t region_pid;
   int32_t region_fd;
   uint64_t region_offset;  // payload offset in the region's file
@@ -62,12 +62,12 @@ struct RdvDesc {
 
 enum SlotState : uint32_t {
   kSlotFree = 0,
-  kSlotPosted = 1,  // RTS written, receiver has not finished
-  kSlotStream = 2,  // receiver asks the sender to stream the payload
-  kSlotDone = 3,    // receiver has the whole payload
-  kSlotTrunc = 4,   // receiver's buffer was too small; payload dropped
-  kSlotFailed = 5,  // receiver could not read the payload
-  kSlotReading = 6, // receiver is copying a chunk from the sender's memory
+  kSlotPosted = 1,     // RTS written, receiver has not finished
+  kSlotStream = 2,     // receiver asks the sender to stream the payload
+  kSlotDone = 3,       // receiver has the whole payload
+  kSlotTrunc = 4,      // receiver's buffer was too small; payload dropped
+  kSlotFailed = 5,     // receiver could not read the payload
+  kSlotReading = 6,    // receiver is copying a chunk from the sender's memory
   kSlotCancelled = 7,  // the sender withdrew the payload (it closed)
 };
 

@@ -117,8 +117,7 @@ bool stream(SendComm* c, Request* r) {
 }
 
 void fail_all(SendComm* c, meshccl_tresult_t result, const char* why) {
-  if (c->broken == MESHCCL_T_SUCCESS)
-    MPLUG_WARN(c->ctx->host, "shm: send to pid %d failed: %s", c->peer_pid, why);
+  if (c->broken == MESHCCL_T_SUCCESS) MPLUG_WARN(c->ctx->host, "shm: send to pid %d failed: %s", c->peer_pid, why);
   c->broken = result;
   for (Request* r; (r = c->queue.pop_front()) != nullptr;) finish(r, result);
   for (Request* r; (r = c->active.pop_front()) != nullptr;) {
@@ -143,12 +142,12 @@ void progress(SendComm* c) {
       c->free_slots[c->nfree++] = r->slot;
       meshccl_tresult_t result = MESHCCL_T_SUCCESS;
       if (st == kSlotTrunc) {
-        MPLUG_INFO(c->ctx->host, "shm: receiver's buffer too small for %" PRIu64 " bytes (tag %" PRIu64 ")",
-                   r->size, r->tag);
+        MPLUG_INFO(c->ctx->host, "shm: receiver's buffer too small for %" PRIu64 " bytes (tag %" PRIu64 ")", r->size,
+                   r->tag);
         result = MESHCCL_T_INVALID_USAGE;
       } else if (st == kSlotFailed) {
-        MPLUG_WARN(c->ctx->host, "shm: pid %d could not read %" PRIu64 " bytes (tag %" PRIu64 ") from us",
-                   c->peer_pid, r->size, r->tag);
+        MPLUG_WARN(c->ctx->host, "shm: pid %d could not read %" PRIu64 " bytes (tag %" PRIu64 ") from us", c->peer_pid,
+                   r->size, r->tag);
         result = MESHCCL_T_REMOTE_ERROR;
       }
       finish(r, result);

@@ -90,7 +90,9 @@ meshccl_tresult_t do_init(const meshccl_transport_host_v1_t* host, void** out) {
   if (i < 0) {
     MPLUG_WARN(host, "socket: no interface that is up matches MESHCCL_SOCKET_IFNAME=%s%s%s",
                spec != nullptr ? spec : "(unset)", family == AF_UNSPEC ? "" : " and MESHCCL_SOCKET_FAMILY=",
-               family == AF_INET ? "AF_INET" : family == AF_INET6 ? "AF_INET6" : "");
+               family == AF_INET    ? "AF_INET"
+               : family == AF_INET6 ? "AF_INET6"
+                                    : "");
     return MESHCCL_T_SYSTEM_ERROR;
   }
   ctx->iface = all[static_cast<size_t>(i)];
@@ -138,7 +140,8 @@ meshccl_tresult_t do_connect(Ctx* ctx, const void* handle, void** send_comm) {
   std::string peer = addr_to_string(reinterpret_cast<sockaddr*>(&sa));
 
   int fd = -1;
-  meshccl_tresult_t r = dial_handle(ctx->connecting, h, host, "socket", sa, len, peer, Hello{kHelloMagic, h.nonce}, &fd);
+  meshccl_tresult_t r =
+      dial_handle(ctx->connecting, h, host, "socket", sa, len, peer, Hello{kHelloMagic, h.nonce}, &fd);
   if (r != MESHCCL_T_SUCCESS || fd < 0) return r;  // failed (said why), or under way
   auto c = std::make_unique<SendComm>();
   c->ctx = ctx;

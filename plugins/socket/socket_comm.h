@@ -21,11 +21,11 @@
 
 namespace meshccl::plugin::socket {
 
-constexpr uint32_t kCtxMagic = 0x534f4b43;     // "SOKC"
-constexpr uint32_t kSendMagic = 0x534f4b53;    // "SOKS"
-constexpr uint32_t kRecvMagic = 0x534f4b52;    // "SOKR"
-constexpr uint32_t kListenMagic = 0x534f4b4c;  // "SOKL"
-constexpr uint32_t kReqMagic = 0x534f4b51;     // "SOKQ"
+constexpr uint32_t kCtxMagic = 0x534f4b43;                // "SOKC"
+constexpr uint32_t kSendMagic = 0x534f4b53;               // "SOKS"
+constexpr uint32_t kRecvMagic = 0x534f4b52;               // "SOKR"
+constexpr uint32_t kListenMagic = 0x534f4b4c;             // "SOKL"
+constexpr uint32_t kReqMagic = 0x534f4b51;                // "SOKQ"
 constexpr uint64_t kHandleMagic = 0x31444e484b434f53ull;  // "SOCKHND1"
 constexpr uint64_t kHelloMagic = 0x314f4c4c454b4f53ull;   // "SOKELLO1"
 

@@ -43,8 +43,7 @@ bool peer_vanished(int err) {
 // ---- sender ------------------------------------------------------------------
 
 void send_fail_all(SendComm* c, meshccl_tresult_t result, const char* why) {
-  if (c->broken == MESHCCL_T_SUCCESS)
-    MPLUG_WARN(c->ctx->host, "socket: send to %s failed: %s", c->peer.c_str(), why);
+  if (c->broken == MESHCCL_T_SUCCESS) MPLUG_WARN(c->ctx->host, "socket: send to %s failed: %s", c->peer.c_str(), why);
   c->broken = result;
   for (Request* r; (r = c->queue.pop_front()) != nullptr;) finish(r, result);
 }
@@ -100,8 +99,10 @@ void send_progress(SendComm* c) {
 // ---- receiver ----------------------------------------------------------------
 
 void warn_trunc(RecvComm* c, uint64_t size, const Request* r) {
-  MPLUG_WARN(c->ctx->host, "socket: message of %" PRIu64 " bytes (tag %" PRIu64 ") from %s does not fit the %" PRIu64
-             "-byte receive buffer", size, r->tag, c->peer.c_str(), r->size);
+  MPLUG_WARN(c->ctx->host,
+             "socket: message of %" PRIu64 " bytes (tag %" PRIu64 ") from %s does not fit the %" PRIu64
+             "-byte receive buffer",
+             size, r->tag, c->peer.c_str(), r->size);
 }
 
 void drop_unexpected(RecvComm* c, Unexpected* u) {

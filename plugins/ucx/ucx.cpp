@@ -54,7 +54,8 @@ const char* status_hint(ucs_status_t s) {
     case UCS_ERR_NO_MEMORY: return "out of memory";
     case UCS_ERR_TIMED_OUT: return "the peer did not answer in time";
     case UCS_ERR_CANCELED: return "the operation was cancelled (its connection closed)";
-    case UCS_ERR_IO_ERROR: return "moving the data to or from the peer failed (on one host: the peer most likely exited)";
+    case UCS_ERR_IO_ERROR:
+      return "moving the data to or from the peer failed (on one host: the peer most likely exited)";
     case UCS_ERR_INVALID_PARAM: return "UCX refused a parameter (check the UCX_* environment variables)";
     case UCS_ERR_UNSUPPORTED: return "UCX does not support this here";
     default: return "see UCX's own messages (UCX_LOG_LEVEL=info)";
@@ -128,7 +129,10 @@ meshccl_tresult_t do_init(const meshccl_transport_host_v1_t* host, void** out) {
   ctx->host = host;
   const char* spec = param_str(host, "MESHCCL_SOCKET_IFNAME");
   const char* fam = param_str(host, "MESHCCL_SOCKET_FAMILY");
-  int family = fam == nullptr ? AF_UNSPEC : std::strcmp(fam, "AF_INET6") == 0 ? AF_INET6 : std::strcmp(fam, "AF_INET") == 0 ? AF_INET : -1;
+  int family = fam == nullptr                      ? AF_UNSPEC
+               : std::strcmp(fam, "AF_INET6") == 0 ? AF_INET6
+               : std::strcmp(fam, "AF_INET") == 0  ? AF_INET
+                                                   : -1;
   if (family < 0) {
     MPLUG_WARN(host, "ucx: MESHCCL_SOCKET_FAMILY=%s is neither AF_INET nor AF_INET6", fam);
     return MESHCCL_T_INVALID_USAGE;
@@ -136,7 +140,8 @@ meshccl_tresult_t do_init(const meshccl_transport_host_v1_t* host, void** out) {
   std::vector<socket::Iface> all = socket::list_ifaces();
   int i = socket::pick_iface(all, spec, family);
   if (i < 0) {
-    MPLUG_WARN(host, "ucx: no interface that is up matches MESHCCL_SOCKET_IFNAME=%s", spec != nullptr ? spec : "(unset)");
+    MPLUG_WARN(host, "ucx: no interface that is up matches MESHCCL_SOCKET_IFNAME=%s",
+               spec != nullptr ? spec : "(unset)");
     return MESHCCL_T_SYSTEM_ERROR;
   }
   ctx->iface = all[static_cast<size_t>(i)];
@@ -222,7 +227,8 @@ meshccl_tresult_t do_connect(Ctx* ctx, const void* handle, void** out) {
   const socklen_t len = handle_addr(h, &sa);
   std::string peer = socket::addr_to_string(reinterpret_cast<sockaddr*>(&sa));
   int fd = -1;
-  meshccl_tresult_t r = dial_handle(ctx->connecting, h, ctx->host, "ucx", sa, len, peer, Hello{kHelloMagic, h.nonce}, &fd);
+  meshccl_tresult_t r =
+      dial_handle(ctx->connecting, h, ctx->host, "ucx", sa, len, peer, Hello{kHelloMagic, h.nonce}, &fd);
   if (r != MESHCCL_T_SUCCESS || fd < 0) return r;  // failed (said why), or under way
   auto c = std::make_unique<SendComm>();
   c->ctx = ctx;
@@ -286,7 +292,8 @@ void send_ep_error(void* arg, ucp_ep_h ep, ucs_status_t s) {
   SendComm* c = static_cast<EpLink*>(arg)->comm;
   if (c == nullptr) return;  // closed meanwhile
   if (c->broken == MESHCCL_T_SUCCESS) {
-    MPLUG_WARN(c->ctx->host, "ucx: connection to %s failed: %s (%s)", c->peer.c_str(), ucs_status_string(s), status_hint(s));
+    MPLUG_WARN(c->ctx->host, "ucx: connection to %s failed: %s (%s)", c->peer.c_str(), ucs_status_string(s),
+               status_hint(s));
     c->broken = MESHCCL_T_REMOTE_ERROR;
   }
   c->ctx->peer_failed = true;
@@ -298,7 +305,8 @@ void send_ep_error(void* arg, ucp_ep_h ep, ucs_status_t s) {
 meshccl_tresult_t create_ep(SendComm* c) {
   const bool same_host = !to_other_host(c);
   ucp_ep_params_t ep{};
-  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep.field_mask =
+      UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
   ep.address = reinterpret_cast<const ucp_address_t*>(c->addr.data());
   ep.err_mode = same_host ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
   auto link = std::make_unique<EpLink>();
@@ -311,8 +319,8 @@ meshccl_tresult_t create_ep(SendComm* c) {
     c->ep = nullptr;
     return fail(c->ctx->host, ("creating the endpoint to " + c->peer).c_str(), s);
   }
-  MPLUG_TRACE(c->ctx->host, "ucx: endpoint to %s (%s, error handling %s)", c->peer.c_str(), same_host ? "same host" : "another host",
-              same_host ? "none" : "peer");
+  MPLUG_TRACE(c->ctx->host, "ucx: endpoint to %s (%s, error handling %s)", c->peer.c_str(),
+              same_host ? "same host" : "another host", same_host ? "none" : "peer");
   return MESHCCL_T_SUCCESS;
 }
 
@@ -334,7 +342,7 @@ uint64_t host_key() {
   }
   char host[256] = {};
   if (gethostname(host, sizeof(host) - 1) == 0) h = fnv(h, host, std::strlen(host));
-  struct stat st{};
+  struct stat st {};
   if (stat("/proc/self/ns/net", &st) == 0) h = fnv(h, &st.st_ino, sizeof(st.st_ino));
   return h;
 }
@@ -356,7 +364,8 @@ meshccl_tresult_t status_result(ucs_status_t s) {
 }
 
 meshccl_tresult_t fail(const meshccl_transport_host_v1_t* host, const char* what, ucs_status_t s) {
-  MPLUG_WARN(host, "ucx: %s failed: %s (UCX status %d): %s", what, ucs_status_string(s), static_cast<int>(s), status_hint(s));
+  MPLUG_WARN(host, "ucx: %s failed: %s (UCX status %d): %s", what, ucs_status_string(s), static_cast<int>(s),
+             status_hint(s));
   return status_result(s);
 }
 
@@ -389,8 +398,8 @@ meshccl_tresult_t advance_setup(SendComm* c) {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return MESHCCL_T_SUCCESS;  // not yet
     if (n <= 0) {
-      MPLUG_WARN(c->ctx->host, "ucx: the receiver at %s closed the connection before sending its address: %s", c->peer.c_str(),
-                 n == 0 ? "end of stream" : std::strerror(errno));
+      MPLUG_WARN(c->ctx->host, "ucx: the receiver at %s closed the connection before sending its address: %s",
+                 c->peer.c_str(), n == 0 ? "end of stream" : std::strerror(errno));
       return c->broken = MESHCCL_T_REMOTE_ERROR;
     }
     c->agot += static_cast<uint32_t>(n);
@@ -438,7 +447,7 @@ bool finalize(Ctx* c) {
   }
   if (!c->closing.empty() || c->peer_failed || c->abandoned || c->frozen) {
     MPLUG_INFO(c->host, "ucx: %s; the UCX worker is kept",
-               c->frozen        ? "a receive was given up on while UCX still wrote it (the worker is no longer progressed)"
+               c->frozen ? "a receive was given up on while UCX still wrote it (the worker is no longer progressed)"
                : c->peer_failed ? "an endpoint of this context failed"
                : c->abandoned   ? "a send was given up on while UCX still ran it"
                                 : "endpoint closes did not finish in time");

@@ -37,11 +37,11 @@
 
 namespace meshccl::plugin::ucx {
 
-constexpr uint32_t kCtxMagic = 0x55435843;     // "UCXC"
-constexpr uint32_t kSendMagic = 0x55435853;    // "UCXS"
-constexpr uint32_t kRecvMagic = 0x55435852;    // "UCXR"
-constexpr uint32_t kListenMagic = 0x5543584c;  // "UCXL"
-constexpr uint32_t kReqMagic = 0x55435851;     // "UCXQ"
+constexpr uint32_t kCtxMagic = 0x55435843;                // "UCXC"
+constexpr uint32_t kSendMagic = 0x55435853;               // "UCXS"
+constexpr uint32_t kRecvMagic = 0x55435852;               // "UCXR"
+constexpr uint32_t kListenMagic = 0x5543584c;             // "UCXL"
+constexpr uint32_t kReqMagic = 0x55435851;                // "UCXQ"
 constexpr uint64_t kHandleMagic = 0x32444e4858435555ull;  // "UUCXHND2"
 constexpr uint64_t kHelloMagic = 0x314f4c4c45584355ull;   // "UCXELLO1"
 constexpr uint64_t kAddrMagic = 0x3152444441584355ull;    // "UCXADDR1"
@@ -115,13 +115,13 @@ struct Ctx {
   socket::Iface iface;                 // where listeners listen
   uint32_t next_conn = 0;
   std::vector<Connecting> connecting;
-  std::vector<void*> closing;  // endpoint close requests still in flight
+  std::vector<void*> closing;                         // endpoint close requests still in flight
   std::vector<std::unique_ptr<EpLink>> closed_links;  // of closed endpoints (freed with the worker)
-  std::vector<RecvComm*> recvs;  // open receive comms (see may_progress)
-  std::vector<std::vector<unsigned char>> sinks;  // drain buffers UCX may still write (frozen only)
-  bool peer_failed = false;  // an endpoint failed: the worker is not destroyed (see finalize)
-  bool abandoned = false;    // a send or flush to another host was given up on in flight: kept as well
-  bool frozen = false;       // a matched receive was given up on: never progressed again, kept
+  std::vector<RecvComm*> recvs;                       // open receive comms (see may_progress)
+  std::vector<std::vector<unsigned char>> sinks;      // drain buffers UCX may still write (frozen only)
+  bool peer_failed = false;                           // an endpoint failed: the worker is not destroyed (see finalize)
+  bool abandoned = false;  // a send or flush to another host was given up on in flight: kept as well
+  bool frozen = false;     // a matched receive was given up on: never progressed again, kept
 };
 
 struct ListenComm {

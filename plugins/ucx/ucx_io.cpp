@@ -88,7 +88,8 @@ bool drop_send(SendComm* c, Request* r) {
 }
 
 void release_send(SendComm* c, Request* r) {
-  if (r->state == State::kWaiting) c->waiting.remove(r); else c->active.remove(r);
+  if (r->state == State::kWaiting) c->waiting.remove(r);
+  else c->active.remove(r);
   drop_send(c, r);
   r->magic = 0;
   c->reqs.put(r);
@@ -158,8 +159,9 @@ void finish_inline(RecvComm* c, Request* r, const unsigned char* src, uint64_t s
   r->state = State::kActive;
   r->data_req = nullptr;  // complete: recv_test reports it
   if (size > r->size) {
-    MPLUG_WARN(c->ctx->host, "ucx: a %" PRIu64 "-byte message (tag %" PRIu64 ") does not fit a %" PRIu64 "-byte receive",
-               size, r->tag, r->size);
+    MPLUG_WARN(c->ctx->host,
+               "ucx: a %" PRIu64 "-byte message (tag %" PRIu64 ") does not fit a %" PRIu64 "-byte receive", size,
+               r->tag, r->size);
     r->result = MESHCCL_T_INVALID_USAGE;
   } else if (size != 0) {
     std::memcpy(r->data, src, size);
@@ -174,8 +176,9 @@ void start_payload(RecvComm* c, Request* r, uint64_t size, uint64_t seq) {
   void* dst = r->data;
   if (size > r->size) {
     // Too long: still drain the payload so the next messages flow.
-    MPLUG_WARN(c->ctx->host, "ucx: a %" PRIu64 "-byte message (tag %" PRIu64 ") does not fit a %" PRIu64 "-byte receive",
-               size, r->tag, r->size);
+    MPLUG_WARN(c->ctx->host,
+               "ucx: a %" PRIu64 "-byte message (tag %" PRIu64 ") does not fit a %" PRIu64 "-byte receive", size,
+               r->tag, r->size);
     r->result = MESHCCL_T_INVALID_USAGE;
     if (c->scratch.size() < size) c->scratch.resize(size);
     dst = c->scratch.data();
@@ -245,7 +248,8 @@ meshccl_tresult_t pump(RecvComm* c) {
 
 // A receive's payload that UCX may still be writing: posted and not finished.
 bool payload_running(const Request* r) {
-  return r->data_req != nullptr && !UCS_PTR_IS_ERR(r->data_req) && ucp_request_check_status(r->data_req) == UCS_INPROGRESS;
+  return r->data_req != nullptr && !UCS_PTR_IS_ERR(r->data_req) &&
+         ucp_request_check_status(r->data_req) == UCS_INPROGRESS;
 }
 
 // A receive that cannot finish yet: did the sender go away? After its
@@ -312,7 +316,8 @@ meshccl_tresult_t recv_test(Request* r, int* done, size_t* size) {
     // A transfer UCX gave up on: the sender's death says it better.
     if (c->closed_ns == 0 && control_closed(c->fd, &c->bye, &c->bye_got)) c->closed_ns = now_ns();
     if (c->closed_ns != 0) {
-      MPLUG_WARN(c->ctx->host, "ucx: the sender at %s went away during a transfer (%s)", c->peer.c_str(), ucs_status_string(s));
+      MPLUG_WARN(c->ctx->host, "ucx: the sender at %s went away during a transfer (%s)", c->peer.c_str(),
+                 ucs_status_string(s));
       res = MESHCCL_T_REMOTE_ERROR;
     } else {
       res = fail(c->ctx->host, ("receiving from " + c->peer).c_str(), s);
@@ -325,7 +330,8 @@ meshccl_tresult_t recv_test(Request* r, int* done, size_t* size) {
     if (payload_running(r)) c->ctx->frozen = true;
   }
   drop(c->ctx->worker, r->data_req);
-  if (r->state == State::kActive) c->active.remove(r); else c->posted.remove(r);
+  if (r->state == State::kActive) c->active.remove(r);
+  else c->posted.remove(r);
   *done = 1;
   if (size != nullptr) *size = res == MESHCCL_T_SUCCESS ? r->nbytes : 0;
   r->magic = 0;

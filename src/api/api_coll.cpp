@@ -17,9 +17,9 @@ namespace {
 // rank reads/writes (0 = buffer unused here). dt and op are the raw argument
 // values (op < 0 with has_op false: no reduction), checked before use.
 // `user_tag` >= 0: a tagged Send/Recv (meshcclSendTagged), the tag as uint32.
-Status collective(const char* fn, OpKind kind, const void* sendbuff, void* recvbuff, size_t count,
-                  int dt_raw, bool has_op, int op_raw, int root, ncclComm* comm, cudaStream_t stream,
-                  size_t send_elems, size_t recv_elems, size_t mult, int64_t user_tag = -1) {
+Status collective(const char* fn, OpKind kind, const void* sendbuff, void* recvbuff, size_t count, int dt_raw,
+                  bool has_op, int op_raw, int root, ncclComm* comm, cudaStream_t stream, size_t send_elems,
+                  size_t recv_elems, size_t mult, int64_t user_tag = -1) {
   MC_TRY(check_comm(fn, comm));
   UseGuard use(comm);
   ncclDataType_t dt;
@@ -62,112 +62,112 @@ ncclResult_t api_call(const char* fn, ncclComm* comm, F&& body) {
 }  // namespace
 
 MESHCCL_EXPORT ncclResult_t pncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
-                                          ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+                                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   return api_call("ncclAllReduce", comm, [&] {
-    return collective("ncclAllReduce", OpKind::AllReduce, sendbuff, recvbuff, count, enum_bits(datatype), true, enum_bits(op), -1, comm, stream,
-                      count, count, 1);
+    return collective("ncclAllReduce", OpKind::AllReduce, sendbuff, recvbuff, count, enum_bits(datatype), true,
+                      enum_bits(op), -1, comm, stream, count, count, 1);
   });
 }
 
 MESHCCL_EXPORT ncclResult_t pncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
-                                          int root, ncclComm_t comm, cudaStream_t stream) {
+                                           int root, ncclComm_t comm, cudaStream_t stream) {
   return api_call("ncclBroadcast", comm, [&]() -> Status {
     MC_TRY(check_comm_handle("ncclBroadcast", comm));
     bool is_root = comm->rank == root;
-    return collective("ncclBroadcast", OpKind::Broadcast, sendbuff, recvbuff, count, enum_bits(datatype), false, 0, root, comm,
-                      stream, is_root ? count : 0, count, 1);
+    return collective("ncclBroadcast", OpKind::Broadcast, sendbuff, recvbuff, count, enum_bits(datatype), false, 0,
+                      root, comm, stream, is_root ? count : 0, count, 1);
   });
 }
 
 MESHCCL_EXPORT ncclResult_t pncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
-                                      cudaStream_t stream) {
+                                       cudaStream_t stream) {
   return api_call("ncclBcast", comm, [&] {
-    return collective("ncclBcast", OpKind::Broadcast, buff, buff, count, enum_bits(datatype), false, 0, root, comm, stream, count,
-                      count, 1);
+    return collective("ncclBcast", OpKind::Broadcast, buff, buff, count, enum_bits(datatype), false, 0, root, comm,
+                      stream, count, count, 1);
   });
 }
 
 MESHCCL_EXPORT ncclResult_t pncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
-                                       ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
+                                        ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
   return api_call("ncclReduce", comm, [&]() -> Status {
     MC_TRY(check_comm_handle("ncclReduce", comm));
     bool is_root = comm->rank == root;
-    return collective("ncclReduce", OpKind::Reduce, sendbuff, recvbuff, count, enum_bits(datatype), true, enum_bits(op), root, comm, stream,
-                      count, is_root ? count : 0, 1);
+    return collective("ncclReduce", OpKind::Reduce, sendbuff, recvbuff, count, enum_bits(datatype), true, enum_bits(op),
+                      root, comm, stream, count, is_root ? count : 0, 1);
   });
 }
 
 MESHCCL_EXPORT ncclResult_t pncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
-                                          ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
+                                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
   return api_call("ncclAllGather", comm, [&]() -> Status {
     MC_TRY(check_comm_handle("ncclAllGather", comm));
     size_t n = static_cast<size_t>(comm->nranks);
-    return collective("ncclAllGather", OpKind::AllGather, sendbuff, recvbuff, sendcount, enum_bits(datatype), false, 0, -1, comm,
-                      stream, sendcount, sendcount * n, n);
+    return collective("ncclAllGather", OpKind::AllGather, sendbuff, recvbuff, sendcount, enum_bits(datatype), false, 0,
+                      -1, comm, stream, sendcount, sendcount * n, n);
   });
 }
 
 MESHCCL_EXPORT ncclResult_t pncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
-                                              ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
-                                              cudaStream_t stream) {
+                                               ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                               cudaStream_t stream) {
   return api_call("ncclReduceScatter", comm, [&]() -> Status {
     MC_TRY(check_comm_handle("ncclReduceScatter", comm));
     size_t n = static_cast<size_t>(comm->nranks);
-    return collective("ncclReduceScatter", OpKind::ReduceScatter, sendbuff, recvbuff, recvcount, enum_bits(datatype), true, enum_bits(op), -1,
-                      comm, stream, recvcount * n, recvcount, n);
+    return collective("ncclReduceScatter", OpKind::ReduceScatter, sendbuff, recvbuff, recvcount, enum_bits(datatype),
+                      true, enum_bits(op), -1, comm, stream, recvcount * n, recvcount, n);
   });
 }
 
 MESHCCL_EXPORT ncclResult_t pncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
-                                         ncclComm_t comm, cudaStream_t stream) {
+                                          ncclComm_t comm, cudaStream_t stream) {
   return api_call("ncclAlltoAll", comm, [&]() -> Status {
     MC_TRY(check_comm_handle("ncclAlltoAll", comm));
     size_t n = static_cast<size_t>(comm->nranks);
-    return collective("ncclAlltoAll", OpKind::AlltoAll, sendbuff, recvbuff, count, enum_bits(datatype), false, 0, -1, comm, stream,
-                      count * n, count * n, n);
+    return collective("ncclAlltoAll", OpKind::AlltoAll, sendbuff, recvbuff, count, enum_bits(datatype), false, 0, -1,
+                      comm, stream, count * n, count * n, n);
   });
 }
 
 MESHCCL_EXPORT ncclResult_t pncclGather(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
-                                       int root, ncclComm_t comm, cudaStream_t stream) {
+                                        int root, ncclComm_t comm, cudaStream_t stream) {
   return api_call("ncclGather", comm, [&]() -> Status {
     MC_TRY(check_comm_handle("ncclGather", comm));
     size_t n = static_cast<size_t>(comm->nranks);
     bool is_root = comm->rank == root;
-    return collective("ncclGather", OpKind::Gather, sendbuff, recvbuff, count, enum_bits(datatype), false, 0, root, comm, stream,
-                      count, is_root ? count * n : 0, n);
+    return collective("ncclGather", OpKind::Gather, sendbuff, recvbuff, count, enum_bits(datatype), false, 0, root,
+                      comm, stream, count, is_root ? count * n : 0, n);
   });
 }
 
 MESHCCL_EXPORT ncclResult_t pncclScatter(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
-                                        int root, ncclComm_t comm, cudaStream_t stream) {
+                                         int root, ncclComm_t comm, cudaStream_t stream) {
   return api_call("ncclScatter", comm, [&]() -> Status {
     MC_TRY(check_comm_handle("ncclScatter", comm));
     size_t n = static_cast<size_t>(comm->nranks);
     bool is_root = comm->rank == root;
-    return collective("ncclScatter", OpKind::Scatter, sendbuff, recvbuff, count, enum_bits(datatype), false, 0, root, comm, stream,
-                      is_root ? count * n : 0, count, n);
+    return collective("ncclScatter", OpKind::Scatter, sendbuff, recvbuff, count, enum_bits(datatype), false, 0, root,
+                      comm, stream, is_root ? count * n : 0, count, n);
   });
 }
 
 MESHCCL_EXPORT ncclResult_t pncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
-                                     ncclComm_t comm, cudaStream_t stream) {
+                                      ncclComm_t comm, cudaStream_t stream) {
   return api_call("ncclSend", comm, [&] {
-    return collective("ncclSend", OpKind::Send, sendbuff, nullptr, count, enum_bits(datatype), false, 0, peer, comm, stream,
-                      count, 0, 1);
+    return collective("ncclSend", OpKind::Send, sendbuff, nullptr, count, enum_bits(datatype), false, 0, peer, comm,
+                      stream, count, 0, 1);
   });
 }
 
-MESHCCL_EXPORT ncclResult_t pncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer,
-                                     ncclComm_t comm, cudaStream_t stream) {
+MESHCCL_EXPORT ncclResult_t pncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                                      cudaStream_t stream) {
   return api_call("ncclRecv", comm, [&] {
-    return collective("ncclRecv", OpKind::Recv, nullptr, recvbuff, count, enum_bits(datatype), false, 0, peer, comm, stream,
-                      0, count, 1);
+    return collective("ncclRecv", OpKind::Recv, nullptr, recvbuff, count, enum_bits(datatype), false, 0, peer, comm,
+                      stream, 0, count, 1);
   });
 }
 
 MESHCCL_EXPORT ncclResult_t meshcclSendTagged(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
-                                             int tag, ncclComm_t comm, cudaStream_t stream) {
+                                              int tag, ncclComm_t comm, cudaStream_t stream) {
   return api_call("meshcclSendTagged", comm, [&] {
     return collective("meshcclSendTagged", OpKind::Send, sendbuff, nullptr, count, enum_bits(datatype), false, 0, peer,
                       comm, stream, count, 0, 1, static_cast<uint32_t>(tag));
@@ -175,7 +175,7 @@ MESHCCL_EXPORT ncclResult_t meshcclSendTagged(const void* sendbuff, size_t count
 }
 
 MESHCCL_EXPORT ncclResult_t meshcclRecvTagged(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, int tag,
-                                             ncclComm_t comm, cudaStream_t stream) {
+                                              ncclComm_t comm, cudaStream_t stream) {
   return api_call("meshcclRecvTagged", comm, [&] {
     return collective("meshcclRecvTagged", OpKind::Recv, nullptr, recvbuff, count, enum_bits(datatype), false, 0, peer,
                       comm, stream, 0, count, 1, static_cast<uint32_t>(tag));
@@ -209,9 +209,9 @@ MESHCCL_WEAK_ALIAS(ncclGroupStart)
 MESHCCL_WEAK_ALIAS(ncclGroupEnd)
 MESHCCL_WEAK_ALIAS(ncclGroupSimulateEnd)
 
-MESHCCL_EXPORT ncclResult_t meshcclSparseAllReduce(const void* sendvalues, const int64_t* indices, size_t nnz, void* recvbuff,
-                                                  size_t rows, size_t rowLen, ncclDataType_t datatype, ncclRedOp_t op,
-                                                  ncclComm_t comm, cudaStream_t stream) {
+MESHCCL_EXPORT ncclResult_t meshcclSparseAllReduce(const void* sendvalues, const int64_t* indices, size_t nnz,
+                                                   void* recvbuff, size_t rows, size_t rowLen, ncclDataType_t datatype,
+                                                   ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   constexpr const char* fn = "meshcclSparseAllReduce";
   return api_call(fn, comm, [&]() -> Status {
     MC_TRY(check_comm(fn, comm));
@@ -222,7 +222,8 @@ MESHCCL_EXPORT ncclResult_t meshcclSparseAllReduce(const void* sendvalues, const
     MC_TRY(check_size(fn, rows, rowLen, es));
     MC_TRY(check_size(fn, nnz, rowLen, es));
     MC_TRY(check_size(fn, nnz, 1, sizeof(int64_t)));
-    if (rows > static_cast<size_t>(INT64_MAX)) return MC_ERROR(ncclInvalidArgument, "%s : rows %zu too large", fn, rows);
+    if (rows > static_cast<size_t>(INT64_MAX))
+      return MC_ERROR(ncclInvalidArgument, "%s : rows %zu too large", fn, rows);
     if (rows == 0 && nnz > 0 && rowLen > 0)
       return MC_ERROR(ncclInvalidArgument, "%s : %zu rows given for a tensor of 0 rows", fn, nnz);
     OpDesc d;

@@ -18,12 +18,12 @@ using namespace meshccl;
 
 namespace {
 
-
 Status new_comm(const char* fn, ncclComm** out, int nranks, int rank, const ncclConfig_t* config) {
   if (out == nullptr) return MC_ERROR(ncclInvalidArgument, "%s : comm argument is NULL", fn);
   *out = nullptr;
   if (nranks < 1) return MC_ERROR(ncclInvalidArgument, "%s : invalid nranks %d", fn, nranks);
-  if (rank < 0 || rank >= nranks) return MC_ERROR(ncclInvalidArgument, "%s : invalid rank %d (nranks %d)", fn, rank, nranks);
+  if (rank < 0 || rank >= nranks)
+    return MC_ERROR(ncclInvalidArgument, "%s : invalid rank %d (nranks %d)", fn, rank, nranks);
   CommConfig cfg;
   MC_TRY(parse_config(config, &cfg, nullptr));
   auto* c = new ncclComm();
@@ -98,7 +98,7 @@ MESHCCL_EXPORT ncclResult_t pncclGetUniqueId(ncclUniqueId* id) {
 }
 
 MESHCCL_EXPORT ncclResult_t pncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
-                                                   ncclConfig_t* config) {
+                                                    ncclConfig_t* config) {
   return api_guard("ncclCommInitRankConfig", [&] { return init_rank_config(comm, nranks, commId, rank, config); });
 }
 
@@ -107,7 +107,7 @@ MESHCCL_EXPORT ncclResult_t pncclCommInitRank(ncclComm_t* comm, int nranks, nccl
 }
 
 MESHCCL_EXPORT ncclResult_t pncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
-                                                     ncclUniqueId* commIds, ncclConfig_t* config) {
+                                                      ncclUniqueId* commIds, ncclConfig_t* config) {
   return api_guard("ncclCommInitRankScalable", [&]() -> Status {
     if (newcomm == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclCommInitRankScalable : newcomm is NULL");
     *newcomm = nullptr;
@@ -165,7 +165,7 @@ MESHCCL_EXPORT ncclResult_t pncclCommInitAll(ncclComm_t* comms, int ndev, const 
 }
 
 MESHCCL_EXPORT ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
-                                          ncclConfig_t* config) {
+                                           ncclConfig_t* config) {
   return comm_call("ncclCommSplit", comm, [&]() -> Status {
     if (newcomm == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclCommSplit : newcomm is NULL");
     *newcomm = nullptr;
@@ -211,7 +211,7 @@ MESHCCL_EXPORT ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, 
 }
 
 MESHCCL_EXPORT ncclResult_t pncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
-                                           ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
+                                            ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
   return comm_call("ncclCommShrink", comm, [&]() -> Status {
     if (newcomm == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclCommShrink : newcomm is NULL");
     *newcomm = nullptr;
@@ -268,7 +268,8 @@ constexpr double kTeardownWaitS = 10;
 
 Status teardown(const char* fn, ncclComm* comm, bool abort) {
   if (comm == nullptr) return kOk;
-  if (!comm_is_live(comm)) return MC_ERROR(ncclInvalidArgument, "%s : comm %p has already been destroyed", fn, static_cast<void*>(comm));
+  if (!comm_is_live(comm))
+    return MC_ERROR(ncclInvalidArgument, "%s : comm %p has already been destroyed", fn, static_cast<void*>(comm));
   // Operations this thread recorded for comm in an open group must not run
   // after it is gone: they are dropped, and ncclGroupEnd says so.
   if (size_t dropped = group_forget(comm))
@@ -286,9 +287,10 @@ Status teardown(const char* fn, ncclComm* comm, bool abort) {
   const Deadline dl = Deadline::after(std::min(timeout_seconds(), kTeardownWaitS));
   while (comm->sched.users.load() > 0 && !dl.expired()) backoff.idle();
   if (const int users = comm->sched.users.load(); users > 0) {
-    MC_WARN("%s : comm %p: %d call(s) or operation(s) still inside the library %g s after the %s; the "
-            "communicator's memory is kept", fn, static_cast<void*>(comm), users,
-            std::min(timeout_seconds(), kTeardownWaitS), abort ? "abort" : "destroy");
+    MC_WARN(
+        "%s : comm %p: %d call(s) or operation(s) still inside the library %g s after the %s; the "
+        "communicator's memory is kept",
+        fn, static_cast<void*>(comm), users, std::min(timeout_seconds(), kTeardownWaitS), abort ? "abort" : "destroy");
     return kOk;
   }
   MC_INFO(kInit, "comm %p rank %d nranks %d - %s COMPLETE", static_cast<void*>(comm), comm->rank, comm->nranks,
@@ -401,22 +403,25 @@ MESHCCL_EXPORT ncclResult_t pncclCommDeregister(const ncclComm_t comm, void* han
     MC_TRY(check_comm_handle("ncclCommDeregister", comm));
     auto* r = static_cast<Registration*>(handle);
     if (!registrations().take_if(r, [comm](const Registration& x) { return x.comm == comm; }))
-      return MC_ERROR(ncclInvalidArgument, "ncclCommDeregister : handle %p was not registered with comm %p (or was "
-                      "deregistered already)", handle, static_cast<void*>(comm));
+      return MC_ERROR(ncclInvalidArgument,
+                      "ncclCommDeregister : handle %p was not registered with comm %p (or was "
+                      "deregistered already)",
+                      handle, static_cast<void*>(comm));
     delete r;
     return kOk;
   });
 }
 
 MESHCCL_EXPORT ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win,
-                                                   int winFlags) {
+                                                    int winFlags) {
   return comm_call("ncclCommWindowRegister", comm, [&]() -> Status {
     MC_TRY(check_comm("ncclCommWindowRegister", comm));
     if (win == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclCommWindowRegister : win is NULL");
     if (buff == nullptr || size == 0) return MC_ERROR(ncclInvalidArgument, "ncclCommWindowRegister : empty buffer");
     if (reinterpret_cast<uintptr_t>(buff) % NCCL_WIN_REQUIRED_ALIGNMENT != 0)
-      return MC_ERROR(ncclInvalidArgument, "ncclCommWindowRegister : buffer %p is not %d-byte aligned (use ncclMemAlloc)",
-                      buff, NCCL_WIN_REQUIRED_ALIGNMENT);
+      return MC_ERROR(ncclInvalidArgument,
+                      "ncclCommWindowRegister : buffer %p is not %d-byte aligned (use ncclMemAlloc)", buff,
+                      NCCL_WIN_REQUIRED_ALIGNMENT);
     if (winFlags & ~NCCL_WIN_COLL_SYMMETRIC)
       return MC_ERROR(ncclInvalidArgument, "ncclCommWindowRegister : invalid flags 0x%x", winFlags);
     auto* w = new ncclWindow_vidmem{comm, buff, size, winFlags};
@@ -438,7 +443,7 @@ MESHCCL_EXPORT ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWindo
 }
 
 MESHCCL_EXPORT ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t datatype,
-                                                     ncclScalarResidence_t residence, ncclComm_t comm) {
+                                                      ncclScalarResidence_t residence, ncclComm_t comm) {
   return comm_call("ncclRedOpCreatePreMulSum", comm, [&]() -> Status {
     MC_TRY(check_comm_handle("ncclRedOpCreatePreMulSum", comm));
     if (op == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclRedOpCreatePreMulSum : op is NULL");
@@ -470,7 +475,8 @@ MESHCCL_EXPORT ncclResult_t pncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
     MC_TRY(check_comm_handle("ncclRedOpDestroy", comm));
     const int op_raw = enum_bits(op);
     if (op_raw >= 0 && op_raw < static_cast<int>(ncclNumOps))
-      return MC_ERROR(ncclInvalidArgument, "ncclRedOpDestroy : operation %d is built in and cannot be destroyed", op_raw);
+      return MC_ERROR(ncclInvalidArgument, "ncclRedOpDestroy : operation %d is built in and cannot be destroyed",
+                      op_raw);
     std::lock_guard<std::mutex> lock(comm->ops_mu);
     const long idx = static_cast<long>(op_raw) - ncclNumOps;
     if (idx < 0 || idx >= static_cast<long>(comm->dyn_ops.size()) || !comm->dyn_ops[idx].in_use)

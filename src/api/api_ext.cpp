@@ -28,7 +28,8 @@ MESHCCL_EXPORT ncclResult_t meshcclStreamCreate(meshcclStream_t* stream) {
 
 MESHCCL_EXPORT ncclResult_t meshcclStreamGetPriority(meshcclStream_t stream, int* priority) {
   return api_guard("meshcclStreamGetPriority", [&]() -> Status {
-    if (find_stream(stream) == nullptr) return MC_ERROR(ncclInvalidArgument, "meshcclStreamGetPriority : invalid stream %p", static_cast<void*>(stream));
+    if (find_stream(stream) == nullptr)
+      return MC_ERROR(ncclInvalidArgument, "meshcclStreamGetPriority : invalid stream %p", static_cast<void*>(stream));
     if (priority == nullptr) return MC_ERROR(ncclInvalidArgument, "meshcclStreamGetPriority : priority is NULL");
     *priority = stream->priority;
     return kOk;
@@ -37,21 +38,24 @@ MESHCCL_EXPORT ncclResult_t meshcclStreamGetPriority(meshcclStream_t stream, int
 
 MESHCCL_EXPORT ncclResult_t meshcclStreamSynchronize(meshcclStream_t stream) {
   return api_guard("meshcclStreamSynchronize", [&]() -> Status {
-    if (find_stream(stream) == nullptr) return MC_ERROR(ncclInvalidArgument, "meshcclStreamSynchronize : invalid stream %p", static_cast<void*>(stream));
+    if (find_stream(stream) == nullptr)
+      return MC_ERROR(ncclInvalidArgument, "meshcclStreamSynchronize : invalid stream %p", static_cast<void*>(stream));
     return stream->synchronize();
   });
 }
 
 MESHCCL_EXPORT ncclResult_t meshcclStreamQuery(meshcclStream_t stream) {
   return api_guard("meshcclStreamQuery", [&]() -> Status {
-    if (find_stream(stream) == nullptr) return MC_ERROR(ncclInvalidArgument, "meshcclStreamQuery : invalid stream %p", static_cast<void*>(stream));
+    if (find_stream(stream) == nullptr)
+      return MC_ERROR(ncclInvalidArgument, "meshcclStreamQuery : invalid stream %p", static_cast<void*>(stream));
     return stream->query();
   });
 }
 
 MESHCCL_EXPORT ncclResult_t meshcclStreamDestroy(meshcclStream_t stream) {
   return api_guard("meshcclStreamDestroy", [&]() -> Status {
-    if (find_stream(stream) == nullptr) return MC_ERROR(ncclInvalidArgument, "meshcclStreamDestroy : invalid stream %p", static_cast<void*>(stream));
+    if (find_stream(stream) == nullptr)
+      return MC_ERROR(ncclInvalidArgument, "meshcclStreamDestroy : invalid stream %p", static_cast<void*>(stream));
     stream_unregister(stream);
     (void)stream->synchronize();
     delete stream;

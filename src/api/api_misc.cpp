@@ -107,7 +107,8 @@ MESHCCL_EXPORT ncclResult_t pncclDevCommCreate(ncclComm_t comm, const void* reqs
   (void)outDevComm;
   return api_guard("ncclDevCommCreate", [&]() -> Status {
     MC_TRY(check_comm_handle("ncclDevCommCreate", comm));
-    return MC_ERROR(ncclInvalidUsage, "ncclDevCommCreate : the device API needs CUDA device kernels, which this build does not provide");
+    return MC_ERROR(ncclInvalidUsage,
+                    "ncclDevCommCreate : the device API needs CUDA device kernels, which this build does not provide");
   });
 }
 
@@ -115,7 +116,8 @@ MESHCCL_EXPORT ncclResult_t pncclDevCommDestroy(ncclComm_t comm, const void* dev
   (void)devComm;
   return api_guard("ncclDevCommDestroy", [&]() -> Status {
     MC_TRY(check_comm_handle("ncclDevCommDestroy", comm));
-    return MC_ERROR(ncclInvalidUsage, "ncclDevCommDestroy : no device communicator was created (device API unsupported)");
+    return MC_ERROR(ncclInvalidUsage,
+                    "ncclDevCommDestroy : no device communicator was created (device API unsupported)");
   });
 }
 
@@ -147,15 +149,18 @@ MESHCCL_EXPORT int pncclTeamRankToLsa(ncclComm_t comm, ncclTeam team, int rank) 
   return world - (comm->rank - lsa.rank);
 }
 
-MESHCCL_EXPORT ncclResult_t pncclLsaBarrierCreateRequirement(ncclTeam team, int nBarriers, void* outHandle, void* outReq) {
+MESHCCL_EXPORT ncclResult_t pncclLsaBarrierCreateRequirement(ncclTeam team, int nBarriers, void* outHandle,
+                                                             void* outReq) {
   (void)team, (void)nBarriers, (void)outHandle, (void)outReq;
-  return MC_ERROR(ncclInvalidUsage, "ncclLsaBarrierCreateRequirement : the device API is not supported by this build").code();
+  return MC_ERROR(ncclInvalidUsage, "ncclLsaBarrierCreateRequirement : the device API is not supported by this build")
+      .code();
 }
 
 MESHCCL_EXPORT ncclResult_t pncclGinBarrierCreateRequirement(ncclComm_t comm, ncclTeam team, int nBarriers,
-                                                            void* outHandle, void* outReq) {
+                                                             void* outHandle, void* outReq) {
   (void)comm, (void)team, (void)nBarriers, (void)outHandle, (void)outReq;
-  return MC_ERROR(ncclInvalidUsage, "ncclGinBarrierCreateRequirement : the device API is not supported by this build").code();
+  return MC_ERROR(ncclInvalidUsage, "ncclGinBarrierCreateRequirement : the device API is not supported by this build")
+      .code();
 }
 
 MESHCCL_EXPORT int pncclLLA2ACalcSlots(int maxElts, int maxEltSize) {
@@ -167,7 +172,8 @@ MESHCCL_EXPORT int pncclLLA2ACalcSlots(int maxElts, int maxEltSize) {
 
 MESHCCL_EXPORT ncclResult_t pncclLLA2ACreateRequirement(int nBlocks, int nSlots, void* outHandle, void* outReq) {
   (void)nBlocks, (void)nSlots, (void)outHandle, (void)outReq;
-  return MC_ERROR(ncclInvalidUsage, "ncclLLA2ACreateRequirement : the device API is not supported by this build").code();
+  return MC_ERROR(ncclInvalidUsage, "ncclLLA2ACreateRequirement : the device API is not supported by this build")
+      .code();
 }
 
 MESHCCL_WEAK_ALIAS(ncclGetVersion)

@@ -60,8 +60,8 @@ Status to_mesh(const char* fn, const char* which, const meshcclMesh_t* in, MeshD
 Status to_spec(const char* fn, const char* which, const meshcclShardSpec_t* in, Spec* out) {
   if (in == nullptr) return MC_ERROR(ncclInvalidArgument, "%s : %s spec is NULL", fn, which);
   if (in->ndims < 1 || in->ndims > MESHCCL_TENSOR_MAX_DIMS)
-    return MC_ERROR(ncclInvalidArgument, "%s : %s spec has %d dimensions; 1 to %d are supported", fn, which,
-                    in->ndims, MESHCCL_TENSOR_MAX_DIMS);
+    return MC_ERROR(ncclInvalidArgument, "%s : %s spec has %d dimensions; 1 to %d are supported", fn, which, in->ndims,
+                    MESHCCL_TENSOR_MAX_DIMS);
   out->assign(in->ndims, {});
   for (int d = 0; d < in->ndims; ++d) {
     const meshcclShardDim_t& sd = in->dims[d];
@@ -128,8 +128,7 @@ Status check_local(const meshcclMesh_t* srcMesh, const meshcclShardSpec_t* srcSp
 MESHCCL_EXPORT ncclResult_t meshcclReshardPlanCreate(const meshcclMesh_t* srcMesh, const meshcclShardSpec_t* srcSpec,
                                                      const meshcclMesh_t* dstMesh, const meshcclShardSpec_t* dstSpec,
                                                      const size_t* shape, ncclDataType_t datatype, ncclComm_t comm,
-                                                     const meshcclReshardConfig_t* config,
-                                                     meshcclReshardPlan_t* plan) {
+                                                     const meshcclReshardConfig_t* config, meshcclReshardPlan_t* plan) {
   const ncclResult_t r = api_guard("meshcclReshardPlanCreate", [&]() -> Status {
     MC_TRY(check_comm("meshcclReshardPlanCreate", comm));
     if (plan == nullptr) return MC_ERROR(ncclInvalidArgument, "meshcclReshardPlanCreate : plan is NULL");
@@ -138,10 +137,11 @@ MESHCCL_EXPORT ncclResult_t meshcclReshardPlanCreate(const meshcclMesh_t* srcMes
     MeshDesc sm, dm;
     Spec ss, ds;
     Shape sh;
-    Status local = check_local(srcMesh, srcSpec, dstMesh, dstSpec, shape, datatype, comm, config, &sm, &ss, &dm, &ds,
-                               &sh);
+    Status local =
+        check_local(srcMesh, srcSpec, dstMesh, dstSpec, shape, datatype, comm, config, &sm, &ss, &dm, &ds, &sh);
     const std::string why = local.ok() ? std::string() : thread_last_error();
-    const meshcclReshardConfig_t cfg = config != nullptr ? *config : meshcclReshardConfig_t MESHCCL_RESHARD_CONFIG_INITIALIZER;
+    const meshcclReshardConfig_t cfg =
+        config != nullptr ? *config : meshcclReshardConfig_t MESHCCL_RESHARD_CONFIG_INITIALIZER;
     // Agreement: every rank learns whether any rank refused its arguments or
     // passed different ones, so all fail alike.
     uint64_t h = 0;
@@ -237,10 +237,8 @@ MESHCCL_EXPORT ncclResult_t meshcclReshard(meshcclReshardPlan_t plan, const void
     p->dtype = plan->dtype;
     p->send_tag_base.assign(comm->nranks, 0);
     p->recv_tag_base.assign(comm->nranks, 0);
-    for (int peer : prog.send_peers)
-      p->send_tag_base[peer] = tag::p2p(comm->send_seq[peer]++);
-    for (int peer : prog.recv_peers)
-      p->recv_tag_base[peer] = tag::p2p(comm->recv_seq[peer]++);
+    for (int peer : prog.send_peers) p->send_tag_base[peer] = tag::p2p(comm->send_seq[peer]++);
+    for (int peer : prog.recv_peers) p->recv_tag_base[peer] = tag::p2p(comm->recv_seq[peer]++);
     instantiate(prog, sendbuf, recvbuf, p.get());
     return launch_run(&comm->sched, s, make_plan_run(std::move(p), tag::kP2PBit));
   });

@@ -21,10 +21,12 @@ Status enqueue(ncclComm* comm, OpDesc& desc, cudaStream_t stream) {
   desc.nranks = comm->nranks;
   desc.chunk_bytes = static_cast<size_t>(param_int(Param::ChunkSize));
   if (desc.chunk_bytes == 0) desc.chunk_bytes = 512 * 1024;
-  MC_TRACE(kColl, "%s: opCount %llu sendbuff %p recvbuff %p count %zu datatype %d root %d peer %d comm %p [nranks=%d] stream %p",
-           op_kind_name(desc.kind), static_cast<unsigned long long>(comm->coll_seq), desc.sendbuff, desc.recvbuff,
-           desc.count, static_cast<int>(desc.dtype), desc.root, desc.peer, static_cast<void*>(comm), comm->nranks,
-           static_cast<void*>(stream));
+  MC_TRACE(
+      kColl,
+      "%s: opCount %llu sendbuff %p recvbuff %p count %zu datatype %d root %d peer %d comm %p [nranks=%d] stream %p",
+      op_kind_name(desc.kind), static_cast<unsigned long long>(comm->coll_seq), desc.sendbuff, desc.recvbuff,
+      desc.count, static_cast<int>(desc.dtype), desc.root, desc.peer, static_cast<void*>(comm), comm->nranks,
+      static_cast<void*>(stream));
   desc.checks = comm->checks;
   desc.priority = s != nullptr ? s->priority : kLeastPriority;
 #if MESHCCL_HAVE_CUDA
@@ -44,7 +46,8 @@ Status enqueue(ncclComm* comm, OpDesc& desc, cudaStream_t stream) {
   uint64_t tag;
   const uint64_t pair = uint64_t(uint32_t(desc.peer)) << 32 | desc.user_tag;
   if (desc.kind == OpKind::Send && desc.tagged) tag = tag::p2p_tagged(desc.user_tag, comm->send_tagged_seq[pair]++);
-  else if (desc.kind == OpKind::Recv && desc.tagged) tag = tag::p2p_tagged(desc.user_tag, comm->recv_tagged_seq[pair]++);
+  else if (desc.kind == OpKind::Recv && desc.tagged)
+    tag = tag::p2p_tagged(desc.user_tag, comm->recv_tagged_seq[pair]++);
   else if (desc.kind == OpKind::Send) tag = tag::p2p(comm->send_seq[desc.peer]++);
   else if (desc.kind == OpKind::Recv) tag = tag::p2p(comm->recv_seq[desc.peer]++);
   else tag = tag::collective(comm->coll_seq++);

@@ -10,8 +10,7 @@
 
 #define MESHCCL_EXPORT extern "C" __attribute__((visibility("default")))
 
-#define MESHCCL_WEAK_ALIAS(name) \
-  MESHCCL_EXPORT __attribute__((weak, alias("p" #name))) decltype(p##name) name;
+#define MESHCCL_WEAK_ALIAS(name) MESHCCL_EXPORT __attribute__((weak, alias("p" #name))) decltype(p##name) name;
 
 namespace meshccl {
 
@@ -23,9 +22,7 @@ ncclResult_t api_guard(const char* fn, F&& body) {
     return MC_ERROR(ncclSystemError, "%s : out of memory", fn).code();
   } catch (const std::exception& e) {
     return MC_ERROR(ncclInternalError, "%s : internal error: %s", fn, e.what()).code();
-  } catch (...) {
-    return MC_ERROR(ncclInternalError, "%s : internal error", fn).code();
-  }
+  } catch (...) { return MC_ERROR(ncclInternalError, "%s : internal error", fn).code(); }
 }
 
 }  // namespace meshccl

@@ -142,8 +142,7 @@ class GroupPins {
 // Pins what ops and inits need; drops (and counts) the work of communicators
 // destroyed meanwhile.
 size_t pin_or_drop(GroupPins& pins, std::vector<PendingOp>& ops, std::vector<CommRef>& owners,
-                   std::vector<bool>& device, std::vector<const void*>& cuda_streams,
-                   std::vector<PendingInit>& inits) {
+                   std::vector<bool>& device, std::vector<const void*>& cuda_streams, std::vector<PendingInit>& inits) {
   size_t kept = 0;
   for (size_t i = 0; i < ops.size(); ++i) {
     if (!pins.hold(owners[i])) continue;
@@ -218,7 +217,8 @@ Status group_end() {
   g_group.device.clear();
   g_group.cuda_streams.clear();
   GroupPins pins;
-  if (size_t dropped = pin_or_drop(pins, ops, owners, device, cuda_streams, inits); dropped > 0 && error == ncclSuccess) {
+  if (size_t dropped = pin_or_drop(pins, ops, owners, device, cuda_streams, inits);
+      dropped > 0 && error == ncclSuccess) {
     error = ncclInvalidUsage;
     message = "a communicator was destroyed (by another thread) with " + std::to_string(dropped) +
               " operations on it pending in this thread's group; they were dropped";
@@ -238,7 +238,8 @@ Status group_end() {
 Status group_simulate_end(ncclSimInfo_t* info) {
   if (info == nullptr) return MC_ERROR(ncclInvalidArgument, "ncclGroupSimulateEnd : simInfo is NULL");
   if (info->magic != 0x74685283)
-    return MC_ERROR(ncclInvalidArgument, "ncclGroupSimulateEnd : simInfo was not initialized with NCCL_SIM_INFO_INITIALIZER");
+    return MC_ERROR(ncclInvalidArgument,
+                    "ncclGroupSimulateEnd : simInfo was not initialized with NCCL_SIM_INFO_INITIALIZER");
   if (g_group.depth == 0) return MC_ERROR(ncclInvalidUsage, "ncclGroupSimulateEnd : not in a group call");
   if (--g_group.depth > 0) return kOk;
   // The tuner's estimate for each op, with the algorithm it would pick.
@@ -248,7 +249,8 @@ Status group_simulate_end(ncclSimInfo_t* info) {
   for (size_t i = 0; i < g_group.ops.size() && s.ok(); ++i) {
     double cost = 0;
     if (!pins.hold(g_group.owners[i]))
-      s = MC_ERROR(ncclInvalidUsage, "ncclGroupSimulateEnd : a communicator of the group was destroyed by another thread");
+      s = MC_ERROR(ncclInvalidUsage,
+                   "ncclGroupSimulateEnd : a communicator of the group was destroyed by another thread");
     else s = g_group.ops[i].comm->runs->estimate(g_group.ops[i].desc, &cost);
     us += cost;
   }

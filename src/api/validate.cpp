@@ -102,8 +102,7 @@ Status check_comm(const char* fn, const ncclComm* comm) {
     case ncclComm::State::Ready: break;
     case ncclComm::State::Finalized:
       return MC_ERROR(ncclInvalidUsage, "%s : comm %p was finalized", fn, static_cast<const void*>(comm));
-    default:
-      return MC_ERROR(ncclInvalidUsage, "%s : comm %p is not initialized", fn, static_cast<const void*>(comm));
+    default: return MC_ERROR(ncclInvalidUsage, "%s : comm %p is not initialized", fn, static_cast<const void*>(comm));
   }
   if (comm->engine && !comm->engine->fatal().ok())
     return MC_ERROR(comm->engine->fatal().code(), "%s : comm %p failed earlier (%s); abort it", fn,
@@ -163,8 +162,8 @@ Status check_size(const char* fn, size_t count, size_t mult, size_t elem_size) {
   size_t bytes = 0;
   if (__builtin_mul_overflow(count, elem_size, &bytes) || __builtin_mul_overflow(bytes, mult == 0 ? 1 : mult, &bytes) ||
       bytes > kMaxBufferBytes)
-    return MC_ERROR(ncclInvalidArgument, "%s : count %zu of %zu-byte elements is more than a process can address",
-                    fn, count, elem_size);
+    return MC_ERROR(ncclInvalidArgument, "%s : count %zu of %zu-byte elements is more than a process can address", fn,
+                    count, elem_size);
   return kOk;
 }
 
@@ -179,8 +178,10 @@ Status check_buffer(const char* fn, const char* what, const void* p, size_t byte
   if (param_int(Param::CheckPointers) != 0) {
     std::string why;
     if (!range_accessible(lo, hi, write, &why))
-      return MC_ERROR(ncclInvalidArgument, "%s : %s [%p, +%zu bytes) is not %s memory of this process: %s "
-                      "(MESHCCL_CHECK_POINTERS)", fn, what, p, bytes, write ? "writable" : "readable", why.c_str());
+      return MC_ERROR(ncclInvalidArgument,
+                      "%s : %s [%p, +%zu bytes) is not %s memory of this process: %s "
+                      "(MESHCCL_CHECK_POINTERS)",
+                      fn, what, p, bytes, write ? "writable" : "readable", why.c_str());
   }
   return kOk;
 }
@@ -202,9 +203,10 @@ Status resolve_stream(const char* fn, cudaStream_t stream, meshcclStream** out, 
   }
 #endif
   if (*out == nullptr)
-    return MC_ERROR(ncclInvalidArgument,
-                    "%s : stream %p is neither NULL nor a live meshccl host stream (CUDA streams need CUDA memory support)",
-                    fn, static_cast<void*>(stream));
+    return MC_ERROR(
+        ncclInvalidArgument,
+        "%s : stream %p is neither NULL nor a live meshccl host stream (CUDA streams need CUDA memory support)", fn,
+        static_cast<void*>(stream));
   return kOk;
 }
 

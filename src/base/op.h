@@ -13,7 +13,16 @@
 namespace meshccl {
 
 enum class OpKind : uint8_t {
-  AllReduce, Broadcast, Reduce, AllGather, ReduceScatter, AlltoAll, Gather, Scatter, Send, Recv,
+  AllReduce,
+  Broadcast,
+  Reduce,
+  AllGather,
+  ReduceScatter,
+  AlltoAll,
+  Gather,
+  Scatter,
+  Send,
+  Recv,
   SparseAllReduce,  // meshcclSparseAllReduce: row-sparse input, dense output (collectives/sparse_allreduce.cpp)
 };
 

@@ -4,7 +4,6 @@
 
 #include <cstdio>
 
-
 namespace meshccl {
 
 OpSignature OpDesc::signature() const {

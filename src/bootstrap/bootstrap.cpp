@@ -27,8 +27,9 @@ struct Greeting {
 
 Digest greeting_proof(const uint8_t* key, const Greeting& g) {
   static const char label[] = "meshccl bootstrap channel";
-  return hmac_sha256(key, kSecretBytes, {{label, sizeof label}, {&g.from, sizeof g.from}, {&g.to, sizeof g.to},
-                                         {g.nonce, sizeof g.nonce}});
+  return hmac_sha256(
+      key, kSecretBytes,
+      {{label, sizeof label}, {&g.from, sizeof g.from}, {&g.to, sizeof g.to}, {g.nonce, sizeof g.nonce}});
 }
 struct Frame {
   uint32_t tag;
@@ -157,15 +158,15 @@ Status Bootstrap::send(int peer, uint32_t tag, const void* data, size_t size) {
 }
 
 Status Bootstrap::recv(int peer, uint32_t tag, void* data, size_t size) {
-  if (peer < 0 || peer >= nranks_)
-    return MC_ERROR(ncclInternalError, "bootstrap recv: bad peer %d", peer);
+  if (peer < 0 || peer >= nranks_) return MC_ERROR(ncclInternalError, "bootstrap recv: bad peer %d", peer);
   auto key = std::make_pair(peer, tag);
   auto it = unexpected_.find(key);
   if (it != unexpected_.end() && !it->second.empty()) {
     std::vector<char> msg = std::move(it->second.front());
     it->second.pop_front();
     if (msg.size() != size)
-      return MC_ERROR(ncclInvalidUsage, "bootstrap: rank %d sent %zu bytes, expected %zu (mismatched calls?)", peer, msg.size(), size);
+      return MC_ERROR(ncclInvalidUsage, "bootstrap: rank %d sent %zu bytes, expected %zu (mismatched calls?)", peer,
+                      msg.size(), size);
     std::memcpy(data, msg.data(), size);
     return kOk;
   }
@@ -179,7 +180,8 @@ Status Bootstrap::recv(int peer, uint32_t tag, void* data, size_t size) {
     if (f.size > kMaxFrame) return MC_ERROR(ncclRemoteError, "bootstrap: malformed frame from rank %d", peer);
     if (f.tag == tag) {
       if (f.size != size)
-        return MC_ERROR(ncclInvalidUsage, "bootstrap: rank %d sent %u bytes, expected %zu (mismatched calls?)", peer, f.size, size);
+        return MC_ERROR(ncclInvalidUsage, "bootstrap: rank %d sent %u bytes, expected %zu (mismatched calls?)", peer,
+                        f.size, size);
       if (size > 0) MC_TRY(socket_recv_all(*s, data, size, dl, abort_));
       return kOk;
     }

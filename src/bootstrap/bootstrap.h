@@ -30,8 +30,8 @@ class Bootstrap {
  public:
   // listener: this rank's listening socket (its address is in peers[rank]).
   // key: this communicator's (root_exchange, derive_key).
-  Bootstrap(int rank, int nranks, Socket listener, std::vector<SockAddr> peers,
-            const uint8_t key[kSecretBytes], AbortFlag abort);
+  Bootstrap(int rank, int nranks, Socket listener, std::vector<SockAddr> peers, const uint8_t key[kSecretBytes],
+            AbortFlag abort);
 
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }

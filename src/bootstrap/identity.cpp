@@ -39,7 +39,7 @@ std::string machine_key() {
   gethostname(host, sizeof(host) - 1);
   std::string key = host;
   key += "|" + read_first_line("/proc/sys/kernel/random/boot_id");
-  struct stat st{};
+  struct stat st {};
   if (stat("/proc/self/ns/pid", &st) == 0) key += "|" + std::to_string(st.st_ino);
   return key;
 }
@@ -54,17 +54,17 @@ struct NetNs {
 
 NetNs net_namespace() {
   NetNs ns;
-  struct stat self{};
+  struct stat self {};
   if (stat("/proc/self/ns/net", &self) != 0) return ns;
   ns.key = std::to_string(self.st_dev) + ":" + std::to_string(self.st_ino);
-  struct stat init{};
+  struct stat init {};
   if (stat("/proc/1/ns/net", &init) == 0 && init.st_ino == self.st_ino && init.st_dev == self.st_dev) return ns;
   // A named namespace (`ip netns add`) is a bind mount of the same inode.
   if (DIR* d = opendir("/run/netns")) {
     while (dirent* e = readdir(d)) {
       if (e->d_name[0] == '.') continue;
       std::string path = std::string("/run/netns/") + e->d_name;
-      struct stat st{};
+      struct stat st {};
       if (stat(path.c_str(), &st) == 0 && st.st_ino == self.st_ino && st.st_dev == self.st_dev) {
         ns.name = e->d_name;
         break;

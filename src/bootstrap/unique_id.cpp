@@ -73,8 +73,9 @@ Digest root_proof(const uint8_t* secret, const Nonces& n) {
 Digest rank_proof(const uint8_t* secret, const Nonces& n, const Hello& h) {
   static const char label[] = "meshccl bootstrap rank proof";
   const auto* claims = reinterpret_cast<const uint8_t*>(&h) + kProofBytes;
-  return hmac_sha256(secret, kSecretBytes, {{label, sizeof label}, {n.root, kNonceBytes}, {n.rank, kNonceBytes},
-                                            {claims, sizeof(Hello) - kProofBytes}});
+  return hmac_sha256(
+      secret, kSecretBytes,
+      {{label, sizeof label}, {n.root, kNonceBytes}, {n.rank, kNonceBytes}, {claims, sizeof(Hello) - kProofBytes}});
 }
 
 Digest table_seal(const uint8_t* secret, const Nonces& n, const uint8_t* session, const std::vector<PeerInfo>& table) {
@@ -82,8 +83,12 @@ Digest table_seal(const uint8_t* secret, const Nonces& n, const uint8_t* session
   Sha256 h;
   h.update(table.data(), table.size() * sizeof(PeerInfo));
   const Digest digest = h.finish();
-  return hmac_sha256(secret, kSecretBytes, {{label, sizeof label}, {n.rank, kNonceBytes}, {n.root, kNonceBytes},
-                                            {session, kSecretBytes}, {digest.data(), digest.size()}});
+  return hmac_sha256(secret, kSecretBytes,
+                     {{label, sizeof label},
+                      {n.rank, kNonceBytes},
+                      {n.root, kNonceBytes},
+                      {session, kSecretBytes},
+                      {digest.data(), digest.size()}});
 }
 
 void session_key(const uint8_t* secret, const uint8_t* session, uint8_t key[kSecretBytes]) {
@@ -285,12 +290,14 @@ static std::string fixed_secret_material() {
       std::string out = std::string("job:") + var + "=" + v;
       if (std::strcmp(var, "SLURM_JOB_ID") == 0)
         if (const char* step = std::getenv("SLURM_STEP_ID")) out += std::string(".") + step;
-      warn_once("MESHCCL_COMM_ID", "MESHCCL_COMM_ID without MESHCCL_COMM_SECRET: another job cannot join by mistake, "
+      warn_once("MESHCCL_COMM_ID",
+                "MESHCCL_COMM_ID without MESHCCL_COMM_SECRET: another job cannot join by mistake, "
                 "but anyone who can read this job's environment or guess its id can; set MESHCCL_COMM_SECRET");
       return out;
     }
   }
-  warn_once("MESHCCL_COMM_ID", "MESHCCL_COMM_ID without MESHCCL_COMM_SECRET or a launcher job id: anyone who can "
+  warn_once("MESHCCL_COMM_ID",
+            "MESHCCL_COMM_ID without MESHCCL_COMM_SECRET or a launcher job id: anyone who can "
             "reach that address can join the communicator; set MESHCCL_COMM_SECRET to a random string");
   return "";
 }
@@ -299,9 +306,11 @@ Status root_start(const SockAddr& at, const uint8_t secret[kSecretBytes], SockAd
   Socket listener;
   Status st = socket_listen(at, &listener, bound);
   if (!st.ok() && fixed_address)
-    return MC_ERROR(ncclSystemError, "MESHCCL_COMM_ID=%s: rank 0 cannot host the bootstrap root there: the port is "
+    return MC_ERROR(ncclSystemError,
+                    "MESHCCL_COMM_ID=%s: rank 0 cannot host the bootstrap root there: the port is "
                     "taken (another process listens on it: an earlier job still running, or another user's program); "
-                    "choose another port", at.str().c_str());
+                    "choose another port",
+                    at.str().c_str());
   MC_TRY(st);
   std::array<uint8_t, kSecretBytes> sec;
   std::memcpy(sec.data(), secret, kSecretBytes);
@@ -331,8 +340,7 @@ Status id_create(ncclUniqueId* id) {
     const Digest d = h.finish();
     std::memcpy(c.secret, d.data(), kSecretBytes);
   } else {
-    if (!random_bytes(c.secret, kSecretBytes))
-      return MC_ERROR(ncclSystemError, "ncclGetUniqueId : getrandom failed");
+    if (!random_bytes(c.secret, kSecretBytes)) return MC_ERROR(ncclSystemError, "ncclGetUniqueId : getrandom failed");
     SockAddr at;
     std::string ifname;
     MC_TRY(pick_interface(&at, &ifname));
@@ -369,31 +377,34 @@ namespace {
 
 // The rank's half of the challenge-response: nothing but a nonce goes out
 // until the root has proved it holds the secret.
-Status prove_root(const Socket& s, const SockAddr& root, const uint8_t* secret, int rank, Deadline dl,
-                  AbortFlag abort, bool fixed_address, Nonces* n) {
+Status prove_root(const Socket& s, const SockAddr& root, const uint8_t* secret, int rank, Deadline dl, AbortFlag abort,
+                  bool fixed_address, Nonces* n) {
   Challenge ch{};
   ch.magic = kIdMagic;
   ch.version = kProtocol;
-  if (!random_bytes(n->rank, kNonceBytes)) return MC_ERROR(ncclSystemError, "rank %d: bootstrap: getrandom failed", rank);
+  if (!random_bytes(n->rank, kNonceBytes))
+    return MC_ERROR(ncclSystemError, "rank %d: bootstrap: getrandom failed", rank);
   std::memcpy(ch.nonce, n->rank, kNonceBytes);
   MC_TRY(socket_send_all(s, &ch, sizeof ch, dl, abort));
   const double left = dl.seconds_left();
   Answer a{};
-  Status st = socket_recv_all(s, &a, sizeof a, Deadline::after(left > 0 && left < kAnswerSeconds ? left : kAnswerSeconds),
-                              abort);
+  Status st = socket_recv_all(s, &a, sizeof a,
+                              Deadline::after(left > 0 && left < kAnswerSeconds ? left : kAnswerSeconds), abort);
   if (st.code() == ncclInvalidUsage) return st;  // aborted
   const char* who = fixed_address ? "MESHCCL_COMM_ID" : "the ncclUniqueId";
   if (!st.ok())
-    return MC_ERROR(ncclRemoteError, "rank %d: the process at %s (%s) did not answer the bootstrap challenge within "
-                    "%.0f s: it is not a meshccl bootstrap root (another program holds that port?)", rank,
-                    root.str().c_str(), who, kAnswerSeconds);
+    return MC_ERROR(ncclRemoteError,
+                    "rank %d: the process at %s (%s) did not answer the bootstrap challenge within "
+                    "%.0f s: it is not a meshccl bootstrap root (another program holds that port?)",
+                    rank, root.str().c_str(), who, kAnswerSeconds);
   std::memcpy(n->root, a.nonce, kNonceBytes);
   const Digest want = root_proof(secret, *n);
   if (a.magic != kIdMagic || !equal_in_constant_time(a.proof, want.data(), kProofBytes))
-    return MC_ERROR(ncclInvalidUsage, "rank %d: the process at %s (%s) did not prove it holds this communicator's "
+    return MC_ERROR(ncclInvalidUsage,
+                    "rank %d: the process at %s (%s) did not prove it holds this communicator's "
                     "secret (wrong secret: it serves another communicator, with a different ncclUniqueId or "
-                    "MESHCCL_COMM_SECRET, or another program holds that port); nothing secret was sent to it", rank,
-                    root.str().c_str(), who);
+                    "MESHCCL_COMM_SECRET, or another program holds that port); nothing secret was sent to it",
+                    rank, root.str().c_str(), who);
   return kOk;
 }
 
@@ -413,8 +424,10 @@ Status root_exchange(const SockAddr& root, const uint8_t secret[kSecretBytes], i
     Status st = socket_connect(root, Deadline::after(t > 0 && t < kRootGoneSeconds ? t : kRootGoneSeconds), abort, &s);
     if (st.code() != ncclRemoteError) MC_TRY(st);
     if (!st.ok())
-      return MC_ERROR(ncclInvalidArgument, "rank %d: nobody serves this ncclUniqueId at %s: each id serves one communicator (was it used "
-                      "already?), and the process that created it must still run", rank, root.str().c_str());
+      return MC_ERROR(ncclInvalidArgument,
+                      "rank %d: nobody serves this ncclUniqueId at %s: each id serves one communicator (was it used "
+                      "already?), and the process that created it must still run",
+                      rank, root.str().c_str());
   }
   Nonces n{};
   MC_TRY(prove_root(s, root, secret, rank, dl, abort, fixed_address, &n));
@@ -428,8 +441,8 @@ Status root_exchange(const SockAddr& root, const uint8_t secret[kSecretBytes], i
   Reply r{};
   Status st = socket_recv_all(s, &r, sizeof(r), dl, abort);
   if (!st.ok())
-    return MC_ERROR(st.code(), "rank %d: bootstrap rendezvous with %s failed (not all %d ranks joined?)",
-                    rank, root.str().c_str(), nranks);
+    return MC_ERROR(st.code(), "rank %d: bootstrap rendezvous with %s failed (not all %d ranks joined?)", rank,
+                    root.str().c_str(), nranks);
   if (r.status != ncclSuccess) {
     r.message[sizeof(r.message) - 1] = '\0';
     return MC_ERROR(static_cast<ncclResult_t>(r.status), "bootstrap: %s", r.message);
@@ -468,8 +481,10 @@ Status check_peer_table(std::vector<PeerInfo>* all, int nranks) {
     p.host_id[sizeof(p.host_id) - 1] = '\0';
     const int family = p.bootstrap_addr.ss_family;
     if (p.rank != r || (family != AF_INET && family != AF_INET6))
-      return MC_ERROR(ncclRemoteError, "bootstrap: malformed rank table from the root (entry %d: rank %d, address "
-                      "family %d)", r, p.rank, family);
+      return MC_ERROR(ncclRemoteError,
+                      "bootstrap: malformed rank table from the root (entry %d: rank %d, address "
+                      "family %d)",
+                      r, p.rank, family);
   }
   return kOk;
 }

@@ -22,7 +22,7 @@ struct IdContents {
   uint8_t secret[kSecretBytes];
   uint32_t flags;  // kIdFixedAddress: address from MESHCCL_COMM_ID, rank 0 hosts the root
   uint16_t family;
-  uint16_t port;   // network order
+  uint16_t port;  // network order
   uint8_t addr[16];
 };
 static_assert(sizeof(IdContents) <= NCCL_UNIQUE_ID_BYTES, "id too large");

@@ -55,7 +55,8 @@ Status parse_config(const ncclConfig_t* in, CommConfig* out, const CommConfig* i
   *out = inherit ? *inherit : CommConfig{};
   if (in != nullptr) {
     if (in->magic != 0xcafebeef)
-      return MC_ERROR(ncclInvalidArgument, "ncclConfig_t was not initialized with NCCL_CONFIG_INITIALIZER (magic 0x%x)", in->magic);
+      return MC_ERROR(ncclInvalidArgument, "ncclConfig_t was not initialized with NCCL_CONFIG_INITIALIZER (magic 0x%x)",
+                      in->magic);
     // Copy only what the caller's header knew about; newer fields keep defaults.
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     size_t n = in->size < sizeof(cfg) ? in->size : sizeof(cfg);
@@ -103,8 +104,10 @@ Status parse_config(const ncclConfig_t* in, CommConfig* out, const CommConfig* i
       return MC_ERROR(ncclInvalidArgument, "ncclConfig_t.maxCTAs = %d is invalid (> 0 and >= minCTAs)", cfg.maxCTAs);
     if (cfg.CTAPolicy != NCCL_CONFIG_UNDEF_INT && (cfg.CTAPolicy < 0 || cfg.CTAPolicy > 2))
       return MC_ERROR(ncclInvalidArgument, "ncclConfig_t.CTAPolicy = %d is invalid (0..2)", cfg.CTAPolicy);
-    if (cfg.nChannelsPerNetPeer != NCCL_CONFIG_UNDEF_INT && (cfg.nChannelsPerNetPeer < 1 || cfg.nChannelsPerNetPeer > 64))
-      return MC_ERROR(ncclInvalidArgument, "ncclConfig_t.nChannelsPerNetPeer = %d is invalid (1..64)", cfg.nChannelsPerNetPeer);
+    if (cfg.nChannelsPerNetPeer != NCCL_CONFIG_UNDEF_INT &&
+        (cfg.nChannelsPerNetPeer < 1 || cfg.nChannelsPerNetPeer > 64))
+      return MC_ERROR(ncclInvalidArgument, "ncclConfig_t.nChannelsPerNetPeer = %d is invalid (1..64)",
+                      cfg.nChannelsPerNetPeer);
     if (cfg.nvlsCTAs != NCCL_CONFIG_UNDEF_INT && cfg.nvlsCTAs <= 0)
       return MC_ERROR(ncclInvalidArgument, "ncclConfig_t.nvlsCTAs = %d is invalid (> 0)", cfg.nvlsCTAs);
     if (cfg.blocking != NCCL_CONFIG_UNDEF_INT) out->blocking = cfg.blocking != 0;

@@ -51,15 +51,15 @@ struct ncclComm {
   int rank = -1;
   int nranks = 0;
   int cuda_dev = -1;
-  uint64_t comm_hash = 0;  // for logs: same on every rank
-  bool checks = false;     // MESHCCL_CHECKS on any rank at init: every collective checks signatures
-  int local_ranks = 0;     // ranks on this machine's cores (at least the parent's, for a split child)
+  uint64_t comm_hash = 0;    // for logs: same on every rank
+  bool checks = false;       // MESHCCL_CHECKS on any rank at init: every collective checks signatures
+  int local_ranks = 0;       // ranks on this machine's cores (at least the parent's, for a split child)
   meshccl::WaitPolicy wait;  // how this communicator's waits poll
   meshccl::CommConfig config;
   std::atomic<State> state{State::Initializing};
   std::atomic<int> async_error{ncclSuccess};  // ncclInProgress while a non-blocking call runs
   std::atomic<bool> abort_flag{false};
-  uint64_t serial = 0;  // unique per registration: a new comm at a freed one's address differs
+  uint64_t serial = 0;       // unique per registration: a new comm at a freed one's address differs
   meshccl::CommSched sched;  // engine, algorithms and in-flight counts, as the scheduler sees them
 
   std::vector<meshccl::PeerInfo> peers;
@@ -68,8 +68,8 @@ struct ncclComm {
   std::unique_ptr<meshccl::NodeRegion> node;  // null unless every rank is on this host
   std::unique_ptr<meshccl::Engine> engine;
   std::unique_ptr<meshccl::RunMaker> algorithms;  // the agreed cost model and the direct-or-plan decision
-  meshccl::SystemGraph topo;  // hosts, rank placement, link classes; agreed by every rank at init
-  meshccl::TuneModel tune;    // the agreed link costs (the algorithms hold their own copy)
+  meshccl::SystemGraph topo;                      // hosts, rank placement, link classes; agreed by every rank at init
+  meshccl::TuneModel tune;                        // the agreed link costs (the algorithms hold their own copy)
   // A split or shrink child: its parent's agreed link costs, which its
   // setup takes instead of measuring the links again.
   std::optional<meshccl::TuneModel> parent_tune;

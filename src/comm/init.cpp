@@ -69,8 +69,8 @@ void print_version_once(int rank) {
   static std::once_flag once;
   std::call_once(once, [] {
     if (log_level() >= LogLevel::Version)
-      log_msg(LogLevel::Version, kInit, __FILE__, __LINE__, "NCCL version 2.28.9+meshccl-%s (%s)", MESHCCL_VERSION_STRING,
-              library_path().c_str());
+      log_msg(LogLevel::Version, kInit, __FILE__, __LINE__, "NCCL version 2.28.9+meshccl-%s (%s)",
+              MESHCCL_VERSION_STRING, library_path().c_str());
   });
 }
 
@@ -122,15 +122,18 @@ void configure_links(ncclComm* comm, const TuneModel& tune) {
     comm->engine->links().configure(policy, p, chunk, link_share(key + ":send"), link_share(key + ":recv"));
   }
   if (!policy.priority) {
-    MC_INFO(kInit, "comm %p rank %d: FIFO scheduling, whole transfers in the order posted (priority "
-            "scheduling needs MESHCCL_PRIORITY=1 on every rank)", static_cast<void*>(comm), comm->rank);
+    MC_INFO(kInit,
+            "comm %p rank %d: FIFO scheduling, whole transfers in the order posted (priority "
+            "scheduling needs MESHCCL_PRIORITY=1 on every rank)",
+            static_cast<void*>(comm), comm->rank);
     return;
   }
   const int next = (comm->rank + 1) % comm->nranks;
-  MC_INFO(kInit, "comm %p rank %d: priority scheduling: transfers cut into chunks of %zu bytes (to rank %d), "
+  MC_INFO(kInit,
+          "comm %p rank %d: priority scheduling: transfers cut into chunks of %zu bytes (to rank %d), "
           "%zu chunks in flight per link",
-          static_cast<void*>(comm), comm->rank, next == comm->rank ? 0 : comm->engine->links().chunk_bytes(next),
-          next, policy.credit_chunks);
+          static_cast<void*>(comm), comm->rank, next == comm->rank ? 0 : comm->engine->links().chunk_bytes(next), next,
+          policy.credit_chunks);
 }
 
 // The shared region of a single-host communicator. With priority scheduling
@@ -181,8 +184,9 @@ Status comm_finish_setup(ncclComm* comm) {
   if (comm->parent_tune) MC_TRY(comm->bootstrap->barrier());
   comm->checks = std::any_of(comm->peers.begin(), comm->peers.end(),
                              [](const PeerInfo& p) { return (p.flags & kPeerChecks) != 0; });
-  comm->engine = std::make_unique<Engine>(comm->rank, comm->mesh.get(), &comm->abort_flag,
-                                          [comm](int* dead) { return comm->check_peers(dead); }, comm->wait);
+  comm->engine = std::make_unique<Engine>(
+      comm->rank, comm->mesh.get(), &comm->abort_flag, [comm](int* dead) { return comm->check_peers(dead); },
+      comm->wait);
   TuneModel tune;
   MC_TRY(tune_init(comm->rank, *comm->bootstrap, *comm->mesh, *comm->engine, comm->peers, comm->topo,
                    comm->parent_tune ? &*comm->parent_tune : nullptr, &tune));
@@ -197,8 +201,8 @@ Status comm_finish_setup(ncclComm* comm) {
   comm->recv_seq.assign(comm->nranks, 0);
   comm->state.store(ncclComm::State::Ready);
   MC_INFO(kInit, "comm %p rank %d nranks %d host %s commId 0x%llx%s - Init COMPLETE", static_cast<void*>(comm),
-          comm->rank, comm->nranks, comm->peers[comm->rank].host_id,
-          static_cast<unsigned long long>(comm->comm_hash), comm->checks ? " checks on" : "");
+          comm->rank, comm->nranks, comm->peers[comm->rank].host_id, static_cast<unsigned long long>(comm->comm_hash),
+          comm->checks ? " checks on" : "");
   return kOk;
 }
 
@@ -238,8 +242,8 @@ Status comm_init_rank(ncclComm* comm, int nranks, const ncclUniqueId& id, int ra
     std::memcpy(&addrs[r].ss, &comm->peers[r].bootstrap_addr, sizeof(sockaddr_storage));
     addrs[r].len = addrs[r].ss.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
   }
-  comm->bootstrap = std::make_unique<Bootstrap>(rank, nranks, std::move(listener), std::move(addrs), key,
-                                                &comm->abort_flag);
+  comm->bootstrap =
+      std::make_unique<Bootstrap>(rank, nranks, std::move(listener), std::move(addrs), key, &comm->abort_flag);
   return comm_finish_setup(comm);
 }
 
@@ -272,7 +276,8 @@ Status comm_split(ncclComm* parent, int color, int key, ncclComm* child) {
   for (int r = 0; r < n; ++r) {
     if (!all[r].valid) {
       if (r == parent->rank)
-        return MC_ERROR(ncclInvalidArgument, "ncclCommSplit : invalid color %d (must be >= 0 or NCCL_SPLIT_NOCOLOR)", color);
+        return MC_ERROR(ncclInvalidArgument, "ncclCommSplit : invalid color %d (must be >= 0 or NCCL_SPLIT_NOCOLOR)",
+                        color);
       return MC_ERROR(ncclInvalidUsage, "ncclCommSplit : rank %d passed an invalid color %d", r, all[r].color);
     }
   }
@@ -304,8 +309,8 @@ Status comm_split(ncclComm* parent, int color, int key, ncclComm* child) {
     if (parent->checks) child->peers[i].flags |= kPeerChecks;  // the child keeps its parent's checks
     std::memcpy(&child->peers[i].bootstrap_addr, &all[pr].addr, sizeof(sockaddr_storage));
   }
-  child->bootstrap = std::make_unique<Bootstrap>(crank, cn, std::move(listener), std::move(addrs), secret,
-                                                 &child->abort_flag);
+  child->bootstrap =
+      std::make_unique<Bootstrap>(crank, cn, std::move(listener), std::move(addrs), secret, &child->abort_flag);
   MC_INFO(kInit, "ncclCommSplit comm %p color %d key %d -> rank %d of %d", static_cast<void*>(parent), color, key,
           crank, cn);
   return comm_finish_setup(child);

@@ -75,15 +75,14 @@ Status launch_info(LaunchInfo* out) {
     if (rank_s == nullptr) continue;
     const char* size_s = std::getenv(l.size);
     if (size_s == nullptr)
-      return MC_ERROR(ncclInvalidUsage, "%s is set (%s) but %s is not: cannot tell the job size", l.rank,
-                      l.name, l.size);
+      return MC_ERROR(ncclInvalidUsage, "%s is set (%s) but %s is not: cannot tell the job size", l.rank, l.name,
+                      l.size);
     LaunchInfo info;
     info.launcher = l.name;
     if (!parse_int(size_s, &info.nranks) || info.nranks < 1)
       return MC_ERROR(ncclInvalidUsage, "%s=\"%s\" is not a valid number of ranks (%s)", l.size, size_s, l.name);
     if (!parse_int(rank_s, &info.rank) || info.rank >= info.nranks)
-      return MC_ERROR(ncclInvalidUsage, "%s=\"%s\" is not a rank in [0, %d) (%s)", l.rank, rank_s, info.nranks,
-                      l.name);
+      return MC_ERROR(ncclInvalidUsage, "%s=\"%s\" is not a rank in [0, %d) (%s)", l.rank, rank_s, info.nranks, l.name);
     // A launcher that does not say which ranks share the host: every rank is
     // then taken to be on one host, which is right for single-host jobs.
     info.local_rank = info.rank;
@@ -102,8 +101,8 @@ Status launch_info(LaunchInfo* out) {
 std::string file_safe(const std::string& s) {
   std::string out = s;
   for (char& c : out) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-              c == '-' || c == '_';
+    bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '-' || c == '_';
     if (!ok) c = '_';
   }
   return out;
@@ -158,9 +157,9 @@ std::string job_key() {
 //     construction), and the other ranks look for the job's file in the
 //     directories of that name that are this user's and closed to others.
 struct IdLocation {
-  std::string path;  // the id file; empty until rank 0 has made the fresh directory (3)
-  std::string name;  // the file's name: <job key>.id
-  std::string fresh; // (3): the fresh directory rank 0 made, removed with the file
+  std::string path;     // the id file; empty until rank 0 has made the fresh directory (3)
+  std::string name;     // the file's name: <job key>.id
+  std::string fresh;    // (3): the fresh directory rank 0 made, removed with the file
   bool search = false;  // (3)
 };
 
@@ -169,7 +168,7 @@ constexpr const char* kTmpPrefix = "/tmp/meshccl-";
 // Empty when dir is a directory of this user that nobody else may enter,
 // else what is wrong with it.
 std::string private_dir_problem(const std::string& dir, bool follow) {
-  struct stat st{};
+  struct stat st {};
   if ((follow ? ::stat(dir.c_str(), &st) : ::lstat(dir.c_str(), &st)) != 0) return std::strerror(errno);
   if (!S_ISDIR(st.st_mode)) return "is not a directory";
   if (st.st_uid != ::geteuid()) return "belongs to another user (uid " + std::to_string(st.st_uid) + ")";
@@ -193,9 +192,10 @@ void default_id_location(IdLocation* out) {
     out->path = dir + "/" + out->name;
     return;
   }
-  warn_once("meshccl-id-dir", "%s %s: not used for id files; they go to a fresh private directory %s-XXXXXX "
-            "instead (set XDG_RUNTIME_DIR or MESHCCL_COMM_FILE to choose the place)", dir.c_str(), problem.c_str(),
-            dir.c_str());
+  warn_once("meshccl-id-dir",
+            "%s %s: not used for id files; they go to a fresh private directory %s-XXXXXX "
+            "instead (set XDG_RUNTIME_DIR or MESHCCL_COMM_FILE to choose the place)",
+            dir.c_str(), problem.c_str(), dir.c_str());
   out->search = true;
 }
 
@@ -203,8 +203,10 @@ void default_id_location(IdLocation* out) {
 Status make_fresh_dir(IdLocation* loc) {
   std::string templ = shared_tmp_dir() + "-XXXXXX";
   if (::mkdtemp(templ.data()) == nullptr)
-    return MC_ERROR(ncclSystemError, "meshcclCommInitFromEnv: cannot create a private directory %s: %s (set "
-                    "MESHCCL_COMM_FILE to a private path)", templ.c_str(), std::strerror(errno));
+    return MC_ERROR(ncclSystemError,
+                    "meshcclCommInitFromEnv: cannot create a private directory %s: %s (set "
+                    "MESHCCL_COMM_FILE to a private path)",
+                    templ.c_str(), std::strerror(errno));
   loc->fresh = templ;
   loc->path = templ + "/" + loc->name;
   return kOk;
@@ -257,8 +259,10 @@ Status publish_id(const std::string& path, unsigned long generation, const ncclU
   ::unlink(tmp.c_str());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0)
-    return MC_ERROR(ncclSystemError, "meshcclCommInitFromEnv: cannot create %s: %s (set MESHCCL_COMM_FILE to a "
-                    "writable path)", tmp.c_str(), std::strerror(errno));
+    return MC_ERROR(ncclSystemError,
+                    "meshcclCommInitFromEnv: cannot create %s: %s (set MESHCCL_COMM_FILE to a "
+                    "writable path)",
+                    tmp.c_str(), std::strerror(errno));
   size_t done = 0;
   while (done < text.size()) {
     ssize_t w = ::write(fd, text.data() + done, text.size() - done);
@@ -290,17 +294,17 @@ Status read_id(const std::string& path, unsigned long generation, ncclUniqueId* 
   int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return kOk;
-    return MC_ERROR(ncclSystemError, "meshcclCommInitFromEnv: cannot read %s: %s%s", path.c_str(),
-                    std::strerror(errno), errno == ELOOP ? " (a symbolic link: refused)" : "");
+    return MC_ERROR(ncclSystemError, "meshcclCommInitFromEnv: cannot read %s: %s%s", path.c_str(), std::strerror(errno),
+                    errno == ELOOP ? " (a symbolic link: refused)" : "");
   }
   // Only an id this user wrote, that no other user could have changed.
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid() || (st.st_mode & S_IWOTH) != 0) {
     ::close(fd);
     return MC_ERROR(ncclInvalidUsage, "meshcclCommInitFromEnv: refusing the id file %s: %s", path.c_str(),
-                    !S_ISREG(st.st_mode)          ? "not a regular file"
-                    : st.st_uid != ::geteuid()    ? "owned by another user"
-                                                  : "writable by other users");
+                    !S_ISREG(st.st_mode)       ? "not a regular file"
+                    : st.st_uid != ::geteuid() ? "owned by another user"
+                                               : "writable by other users");
   }
   char buf[512] = {};
   ssize_t got = ::read(fd, buf, sizeof buf - 1);
@@ -308,16 +312,20 @@ Status read_id(const std::string& path, unsigned long generation, ncclUniqueId* 
   std::string text(buf, got > 0 ? static_cast<size_t>(got) : 0);
   unsigned long gen = 0;
   if (!parse_id_text(text, &gen, id))
-    return MC_ERROR(ncclInvalidUsage, "meshcclCommInitFromEnv: %s is not a meshccl id file (remove it, or point "
-                    "MESHCCL_COMM_FILE elsewhere)", path.c_str());
+    return MC_ERROR(ncclInvalidUsage,
+                    "meshcclCommInitFromEnv: %s is not a meshccl id file (remove it, or point "
+                    "MESHCCL_COMM_FILE elsewhere)",
+                    path.c_str());
   if (gen < generation) {
     *result = ReadResult::kStale;
     return kOk;
   }
   if (gen > generation)
-    return MC_ERROR(ncclInvalidUsage, "meshcclCommInitFromEnv: %s holds the id of communicator #%lu of this job "
+    return MC_ERROR(ncclInvalidUsage,
+                    "meshcclCommInitFromEnv: %s holds the id of communicator #%lu of this job "
                     "but this rank is creating #%lu: every rank must call meshcclCommInitFromEnv the same number "
-                    "of times", path.c_str(), gen, generation);
+                    "of times",
+                    path.c_str(), gen, generation);
   *result = ReadResult::kReady;
   return kOk;
 }
@@ -346,12 +354,13 @@ Status wait_for_id(IdLocation* loc, unsigned long generation, int rank, ncclUniq
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, max_pause);
   }
-  const std::string where = loc->search ? shared_tmp_dir() + "-XXXXXX/" + loc->name + " (a fresh private directory)"
-                                         : loc->path;
-  return MC_ERROR(ncclSystemError, "meshcclCommInitFromEnv: rank %d waited %d s (MESHCCL_TIMEOUT) for rank 0 to "
+  const std::string where =
+      loc->search ? shared_tmp_dir() + "-XXXXXX/" + loc->name + " (a fresh private directory)" : loc->path;
+  return MC_ERROR(ncclSystemError,
+                  "meshcclCommInitFromEnv: rank %d waited %d s (MESHCCL_TIMEOUT) for rank 0 to "
                   "publish the id in %s%s; is rank 0 running, and do all ranks see that path? (multi-host jobs: "
-                  "set MESHCCL_COMM_ID or a shared MESHCCL_COMM_FILE)", rank, limit, where.c_str(),
-                  stale ? " (only an earlier communicator's id was there)" : "");
+                  "set MESHCCL_COMM_ID or a shared MESHCCL_COMM_FILE)",
+                  rank, limit, where.c_str(), stale ? " (only an earlier communicator's id was there)" : "");
 }
 
 // Id files of non-blocking inits cannot be removed when the call returns (the
@@ -440,9 +449,7 @@ extern "C" __attribute__((visibility("default"))) ncclResult_t meshcclGetLaunchI
     return ncclSuccess;
   } catch (const std::bad_alloc&) {
     return MC_ERROR(ncclSystemError, "meshcclGetLaunchInfo: out of memory").code();
-  } catch (...) {
-    return MC_ERROR(ncclInternalError, "meshcclGetLaunchInfo: unexpected exception").code();
-  }
+  } catch (...) { return MC_ERROR(ncclInternalError, "meshcclGetLaunchInfo: unexpected exception").code(); }
 }
 
 extern "C" __attribute__((visibility("default"))) ncclResult_t meshcclCommInitFromEnv(ncclComm_t* comm,
@@ -451,7 +458,5 @@ extern "C" __attribute__((visibility("default"))) ncclResult_t meshcclCommInitFr
     return meshccl::comm_init_from_env(comm, config).code();
   } catch (const std::bad_alloc&) {
     return MC_ERROR(ncclSystemError, "meshcclCommInitFromEnv: out of memory").code();
-  } catch (...) {
-    return MC_ERROR(ncclInternalError, "meshcclCommInitFromEnv: unexpected exception").code();
-  }
+  } catch (...) { return MC_ERROR(ncclInternalError, "meshcclCommInitFromEnv: unexpected exception").code(); }
 }

@@ -65,11 +65,12 @@ Status shrink_exclude_list(const ncclComm* comm, const int* list, int count, std
   for (size_t i = 0; i < out->size(); ++i) {
     int r = (*out)[i];
     if (r < 0 || r >= comm->nranks)
-      return MC_ERROR(ncclInvalidArgument, "ncclCommShrink : excluded rank %d out of range (nranks %d)", r, comm->nranks);
-    if (i > 0 && (*out)[i - 1] == r)
-      return MC_ERROR(ncclInvalidArgument, "ncclCommShrink : rank %d excluded twice", r);
+      return MC_ERROR(ncclInvalidArgument, "ncclCommShrink : excluded rank %d out of range (nranks %d)", r,
+                      comm->nranks);
+    if (i > 0 && (*out)[i - 1] == r) return MC_ERROR(ncclInvalidArgument, "ncclCommShrink : rank %d excluded twice", r);
     if (r == comm->rank)
-      return MC_ERROR(ncclInvalidArgument, "ncclCommShrink : rank %d excludes itself (excluded ranks must not call it)", r);
+      return MC_ERROR(ncclInvalidArgument, "ncclCommShrink : rank %d excludes itself (excluded ranks must not call it)",
+                      r);
   }
   if (static_cast<int>(out->size()) >= comm->nranks)
     return MC_ERROR(ncclInvalidArgument, "ncclCommShrink : every rank excluded");
@@ -127,10 +128,11 @@ Status comm_shrink(ncclComm* parent, const std::vector<int>& excluded, bool abor
       if (i == crank) continue;
       Status s = parent->bootstrap->recv(members[i], tag, &all[i], sizeof(Record));
       if (!s.ok())
-        return MC_ERROR(s.code() == ncclInvalidUsage ? ncclInvalidUsage : ncclRemoteError,
-                        "ncclCommShrink : rank %d: surviving rank %d did not join the shrink (it closed its connection or "
-                        "MESHCCL_TIMEOUT passed: dead too, or told to exclude other ranks?)",
-                        parent->rank, members[i]);
+        return MC_ERROR(
+            s.code() == ncclInvalidUsage ? ncclInvalidUsage : ncclRemoteError,
+            "ncclCommShrink : rank %d: surviving rank %d did not join the shrink (it closed its connection or "
+            "MESHCCL_TIMEOUT passed: dead too, or told to exclude other ranks?)",
+            parent->rank, members[i]);
     }
   }
   for (int i = 0; i < cn; ++i) {
@@ -138,9 +140,10 @@ Status comm_shrink(ncclComm* parent, const std::vector<int>& excluded, bool abor
       return MC_ERROR(ncclInvalidUsage, "ncclCommShrink : rank %d sent a malformed shrink record (shrink #%u here)",
                       members[i], seq);
     if (all[i].exclude_hash != me.exclude_hash)
-      return MC_ERROR(ncclInvalidUsage,
-                      "ncclCommShrink : rank %d was given a different exclude list than rank %d (this rank, %d excluded)",
-                      members[i], parent->rank, static_cast<int>(excluded.size()));
+      return MC_ERROR(
+          ncclInvalidUsage,
+          "ncclCommShrink : rank %d was given a different exclude list than rank %d (this rank, %d excluded)",
+          members[i], parent->rank, static_cast<int>(excluded.size()));
   }
 
   child->rank = crank;
@@ -162,8 +165,8 @@ Status comm_shrink(ncclComm* parent, const std::vector<int>& excluded, bool abor
     if (parent->checks) child->peers[i].flags |= kPeerChecks;
     std::memcpy(&child->peers[i].bootstrap_addr, &all[i].addr, sizeof(sockaddr_storage));
   }
-  child->bootstrap = std::make_unique<Bootstrap>(crank, cn, std::move(listener), std::move(addrs), secret,
-                                                 &child->abort_flag);
+  child->bootstrap =
+      std::make_unique<Bootstrap>(crank, cn, std::move(listener), std::move(addrs), secret, &child->abort_flag);
   MC_INFO(kInit, "ncclCommShrink comm %p rank %d excluded %d%s -> rank %d of %d", static_cast<void*>(parent),
           parent->rank, static_cast<int>(excluded.size()), abort_parent ? " (parent aborted)" : "", crank, cn);
   return comm_finish_setup(child);

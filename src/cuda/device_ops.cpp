@@ -180,7 +180,8 @@ class CommDevice {
         used[s].push_back(slot);
         auto* h = static_cast<unsigned char*>(slot->host);
         MC_CU(d->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(h), reinterpret_cast<CUdeviceptr>(lo),
-                               static_cast<size_t>(hi - lo), s), "staging in");
+                               static_cast<size_t>(hi - lo), s),
+              "staging in");
         desc.sendbuff = h + (sb - lo);
         desc.recvbuff = h + (rb - lo);
         outputs[s].push_back({rb, desc.recvbuff, e.recv});
@@ -189,8 +190,9 @@ class CommDevice {
           Slot* slot = nullptr;
           MC_TRY(acquire(e.send, &slot));
           used[s].push_back(slot);
-          MC_CU(d->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(slot->host), reinterpret_cast<CUdeviceptr>(sb), e.send, s),
-                "staging in");
+          MC_CU(
+              d->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(slot->host), reinterpret_cast<CUdeviceptr>(sb), e.send, s),
+              "staging in");
           desc.sendbuff = slot->host;
         }
         if (recv_dev) {
@@ -213,8 +215,9 @@ class CommDevice {
         Slot* slot = nullptr;
         MC_TRY(acquire(desc.elem(), &slot));
         used[s].push_back(slot);
-        MC_CU(d->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(slot->host), reinterpret_cast<CUdeviceptr>(desc.scalar_ptr),
-                               desc.elem(), s), "staging the PreMulSum scalar");
+        MC_CU(d->cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(slot->host),
+                               reinterpret_cast<CUdeviceptr>(desc.scalar_ptr), desc.elem(), s),
+              "staging the PreMulSum scalar");
         item->scalars.emplace_back(item->ops.size(), slot->host);
         desc.scalar_ptr = nullptr;
       }
@@ -341,11 +344,13 @@ class CommDevice {
         if (comm_->abort->load(std::memory_order_relaxed))
           return MC_ERROR(ncclInvalidUsage, "device operation : communicator aborted");
         if (dl.expired())
-          return MC_ERROR(ncclRemoteError, "device operation : the CUDA stream did not reach the operation within MESHCCL_TIMEOUT");
+          return MC_ERROR(ncclRemoteError,
+                          "device operation : the CUDA stream did not reach the operation within MESHCCL_TIMEOUT");
         backoff.idle();
       }
     }
-    for (auto& [index, host] : item.scalars) std::memcpy(item.ops[index].desc.scalar, host, item.ops[index].desc.elem());
+    for (auto& [index, host] : item.scalars)
+      std::memcpy(item.ops[index].desc.scalar, host, item.ops[index].desc.elem());
     if (!comm_->engine->fatal().ok()) return comm_->engine->fatal();
     return launch(item.ops);
   }

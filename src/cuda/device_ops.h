@@ -19,8 +19,8 @@
 namespace meshccl::cuda {
 
 struct DeviceOp {
-  PendingOp op;          // op.stream is null: the proxy runs it on its own thread
-  CUstream stream;       // the user's CUDA stream (0, CU_STREAM_LEGACY or _PER_THREAD included)
+  PendingOp op;           // op.stream is null: the proxy runs it on its own thread
+  CUstream stream;        // the user's CUDA stream (0, CU_STREAM_LEGACY or _PER_THREAD included)
   bool on_stream = true;  // false: a host op routed through the proxy to keep call order; the caller waits
 };
 

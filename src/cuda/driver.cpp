@@ -31,11 +31,11 @@ Loaded* load() {
     return l;
   }
   Driver& d = l->drv;
-#define MESHCCL_CU_FN(name)                                                     \
-  d.name = reinterpret_cast<decltype(d.name)>(dlsym(h, MC_STR(name)));         \
-  if (d.name == nullptr) {                                                      \
-    l->why = std::string("the CUDA driver lacks ") + MC_STR(name);              \
-    return l;                                                                   \
+#define MESHCCL_CU_FN(name)                                            \
+  d.name = reinterpret_cast<decltype(d.name)>(dlsym(h, MC_STR(name))); \
+  if (d.name == nullptr) {                                             \
+    l->why = std::string("the CUDA driver lacks ") + MC_STR(name);     \
+    return l;                                                          \
   }
 #include "cuda/driver_fns.def"
 #undef MESHCCL_CU_FN
@@ -77,8 +77,8 @@ Status cu_status(CUresult r, const char* what) {
     d->cuGetErrorName(r, &name);
     d->cuGetErrorString(r, &text);
   }
-  return MC_ERROR(ncclUnhandledCudaError, "%s : CUDA error %d %s (%s)", what, static_cast<int>(r),
-                  name ? name : "?", text ? text : "?");
+  return MC_ERROR(ncclUnhandledCudaError, "%s : CUDA error %d %s (%s)", what, static_cast<int>(r), name ? name : "?",
+                  text ? text : "?");
 }
 
 int runtime_version() {

@@ -36,8 +36,8 @@ int runtime_version();
 
 }  // namespace meshccl::cuda
 
-#define MC_CU(call, what)                                               \
-  do {                                                                  \
-    CUresult mc_cu_r_ = (call);                                         \
+#define MC_CU(call, what)                                                            \
+  do {                                                                               \
+    CUresult mc_cu_r_ = (call);                                                      \
     if (mc_cu_r_ != CUDA_SUCCESS) return ::meshccl::cuda::cu_status(mc_cu_r_, what); \
   } while (0)

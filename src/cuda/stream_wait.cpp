@@ -52,8 +52,7 @@ double measure(const Driver* d, WaitMode mode) {
       raise_flag(flag, i);
       // Bounded: 1 s is ages for a wait that takes microseconds.
       CUresult r;
-      while ((r = d->cuEventQuery(ev)) == CUDA_ERROR_NOT_READY && now_us() - t0 < 1e6) {
-      }
+      while ((r = d->cuEventQuery(ev)) == CUDA_ERROR_NOT_READY && now_us() - t0 < 1e6) {}
       if (r != CUDA_SUCCESS) goto out;
       if (i > 2) total += now_us() - t0;  // the first rounds warm up
     }
@@ -74,8 +73,7 @@ const char* wait_mode_name(WaitMode m) { return m == WaitMode::MemOps ? "memops"
 
 void raise_flag(volatile uint32_t* flag, uint32_t value) { __atomic_store_n(flag, value, __ATOMIC_RELEASE); }
 
-Status stream_wait_flag(CUstream stream, WaitMode mode, volatile uint32_t* flag, CUdeviceptr dev_flag,
-                        uint32_t value) {
+Status stream_wait_flag(CUstream stream, WaitMode mode, volatile uint32_t* flag, CUdeviceptr dev_flag, uint32_t value) {
   const Driver* d = driver();
   if (mode == WaitMode::MemOps) {
     MC_CU(d->cuStreamWaitValue32(stream, dev_flag, value, CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32");

@@ -23,8 +23,7 @@ const char* wait_mode_name(WaitMode m);
 // Queues on stream: wait until *flag >= value. dev_flag is the device address
 // of the pinned host word flag. `abort` (may be null) ends a host-callback
 // wait early. The flag is raised by the host with raise_flag.
-Status stream_wait_flag(CUstream stream, WaitMode mode, volatile uint32_t* flag, CUdeviceptr dev_flag,
-                        uint32_t value);
+Status stream_wait_flag(CUstream stream, WaitMode mode, volatile uint32_t* flag, CUdeviceptr dev_flag, uint32_t value);
 void raise_flag(volatile uint32_t* flag, uint32_t value);
 
 }  // namespace meshccl::cuda

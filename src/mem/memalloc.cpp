@@ -76,7 +76,8 @@ Status mem_free(void* ptr) {
     std::lock_guard<std::mutex> lock(r.mu);
     auto it = r.blocks.find(reinterpret_cast<uintptr_t>(ptr));
     if (it == r.blocks.end())
-      return MC_ERROR(ncclInvalidArgument, "ncclMemFree : %p was not returned by ncclMemAlloc (or was already freed)", ptr);
+      return MC_ERROR(ncclInvalidArgument, "ncclMemFree : %p was not returned by ncclMemAlloc (or was already freed)",
+                      ptr);
     b = it->second;
     r.blocks.erase(it);
   }

@@ -14,7 +14,7 @@ struct SliceState {
   std::vector<uint32_t> packs;  // ops that pack it
   Ref dst;                      // the packed slice on a receiver
   bool dst_scratch = false;
-  std::vector<uint32_t> recvs;  // ops that fill dst
+  std::vector<uint32_t> recvs;     // ops that fill dst
   std::map<size_t, uint32_t> got;  // element offset of a received chunk -> its op
 };
 
@@ -91,8 +91,8 @@ class Builder {
     }
     st.src = Ref{Buf::Scratch, scratch(box.elems() * elem_)};
     for_each_run(box, sbox_, box, [&](size_t a, size_t b, size_t n) {
-      st.packs.push_back(add(Op{StepKind::Copy, -1, 0, Ref{Buf::Scratch, st.src.off + b * elem_},
-                                Ref{Buf::Send, a * elem_}, n * elem_, {}}));
+      st.packs.push_back(add(Op{
+          StepKind::Copy, -1, 0, Ref{Buf::Scratch, st.src.off + b * elem_}, Ref{Buf::Send, a * elem_}, n * elem_, {}}));
     });
     st.packs = join(st.packs, st.src);
     return st;
@@ -207,8 +207,8 @@ class Builder {
 
 }  // namespace
 
-Status make_program(const Layout& src, const Layout& dst, const Schedule& s, int rank, size_t elem,
-                    size_t chunk_bytes, Program* out) {
+Status make_program(const Layout& src, const Layout& dst, const Schedule& s, int rank, size_t elem, size_t chunk_bytes,
+                    Program* out) {
   *out = Program{};
   Builder b(src, dst, s, rank, elem, chunk_bytes, out);
   return b.build();

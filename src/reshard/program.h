@@ -33,13 +33,13 @@ struct Program {
   std::vector<int> send_peers, recv_peers;  // ranks this one sends to / receives from, ascending
   size_t send_elems = 0, recv_elems = 0;    // this rank's source and destination tiles
   bool in_src = false, in_dst = false;
-  size_t bytes_sent = 0;                    // to other ranks, per execution
+  size_t bytes_sent = 0;  // to other ranks, per execution
 };
 
 // Program of `rank`; every rank numbers the messages of each pair alike.
 // Fails when one pair would carry more messages than step tags allow.
-Status make_program(const Layout& src, const Layout& dst, const Schedule& s, int rank, size_t elem,
-                    size_t chunk_bytes, Program* out);
+Status make_program(const Layout& src, const Layout& dst, const Schedule& s, int rank, size_t elem, size_t chunk_bytes,
+                    Program* out);
 
 // The Plan for one execution: buffers bound, steps in program order.
 void instantiate(const Program& p, const void* sendbuf, void* recvbuf, Plan* plan);

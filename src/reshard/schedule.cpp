@@ -198,7 +198,10 @@ Schedule make_schedule(const Layout& src, const Layout& dst, const Placement& pl
     case Strategy::SendRecv: schedule_send_recv(pl, balance, &s); break;
     case Strategy::LocalAllGather: schedule_allgather(pl, balance, &s); break;
     case Strategy::Broadcast:
-    case Strategy::Auto: s.strategy = Strategy::Broadcast; schedule_broadcast(pl, balance, elem, &s); break;
+    case Strategy::Auto:
+      s.strategy = Strategy::Broadcast;
+      schedule_broadcast(pl, balance, elem, &s);
+      break;
   }
   predict(dst, pl, elem, &s);
   return s;

@@ -34,8 +34,8 @@ struct Xfer {
 // The receivers of one host that got one part each: an all-gather among them.
 struct Gather {
   int slice = 0;
-  std::vector<int> group;   // group[i] received part i
-  std::vector<size_t> cuts; // part i = [cuts[i], cuts[i+1]) elements
+  std::vector<int> group;    // group[i] received part i
+  std::vector<size_t> cuts;  // part i = [cuts[i], cuts[i+1]) elements
 };
 
 // A rank that holds the slice in its source tile copies it locally.

@@ -152,8 +152,8 @@ struct Search {
 }  // namespace
 
 bool solve_search(const std::vector<Work>& works, int nworkers, long max_nodes, Solution* best, double* best_time) {
-  Search s{works, nworkers, max_nodes, std::vector<double>(nworkers, 0.0), std::vector<char>(works.size(), 0), {},
-           best, best_time};
+  Search s{works, nworkers, max_nodes, std::vector<double>(nworkers, 0.0), std::vector<char>(works.size(), 0),
+           {},    best,     best_time};
   s.cur.sender.assign(works.size(), 0);
   s.dfs(0, 0.0);
   return s.improved;

@@ -80,14 +80,16 @@ Status validate(const MeshDesc& mesh, const Spec& spec, const Shape& shape, int 
   size_t elems = 1;
   for (size_t d = 0; d < shape.size(); ++d)
     if (__builtin_mul_overflow(elems, shape[d], &elems) || elems > kMaxTensorElems)
-      return MC_ERROR(ncclInvalidArgument, "%s tensor of shape %s has more than 2^57 elements (no buffer can hold "
-                      "it)", which, shape_str(shape).c_str());
+      return MC_ERROR(ncclInvalidArgument,
+                      "%s tensor of shape %s has more than 2^57 elements (no buffer can hold "
+                      "it)",
+                      which, shape_str(shape).c_str());
   int used_by[kMaxMeshDims] = {-1, -1, -1};
   for (size_t d = 0; d < spec.size(); ++d)
     for (int a : spec[d]) {
       if (a < 0 || a >= nd)
-        return MC_ERROR(ncclInvalidArgument, "%s spec dim %zu names mesh axis %d; the %s mesh has axes 0..%d", which,
-                        d, a, mesh_str(mesh).c_str(), nd - 1);
+        return MC_ERROR(ncclInvalidArgument, "%s spec dim %zu names mesh axis %d; the %s mesh has axes 0..%d", which, d,
+                        a, mesh_str(mesh).c_str(), nd - 1);
       if (used_by[a] >= 0)
         return MC_ERROR(ncclInvalidArgument, "%s spec %s uses mesh axis %d twice (tensor dims %d and %zu)", which,
                         spec_str(spec).c_str(), a, used_by[a], d);

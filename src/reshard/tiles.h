@@ -85,9 +85,9 @@ class Layout {
 // One piece of a destination tile that comes from one source tile.
 struct Slice {
   size_t dst_tile = 0, src_tile = 0;
-  Box box;                      // global coordinates
-  std::vector<int> senders;     // communicator ranks holding src_tile
-  std::vector<int> receivers;   // communicator ranks needing dst_tile
+  Box box;                     // global coordinates
+  std::vector<int> senders;    // communicator ranks holding src_tile
+  std::vector<int> receivers;  // communicator ranks needing dst_tile
 };
 
 // Every non-empty slice, destination tiles in order, then source tiles.
@@ -96,8 +96,7 @@ std::vector<Slice> make_slices(const Layout& src, const Layout& dst);
 // Visits the contiguous runs that copy `box` between two dense row-major
 // arrays holding the boxes a and b (both contain `box`): fn(a_off, b_off, n)
 // in elements, longest runs possible, in order.
-void for_each_run(const Box& box, const Box& a, const Box& b,
-                  const std::function<void(size_t, size_t, size_t)>& fn);
+void for_each_run(const Box& box, const Box& a, const Box& b, const std::function<void(size_t, size_t, size_t)>& fn);
 // The number of runs for_each_run makes.
 size_t run_count(const Box& box, const Box& a, const Box& b);
 // Offset of box's first element in the dense array of a, in elements.

@@ -132,9 +132,8 @@ void Engine::progress_locked(bool* moved) {
   {
     std::lock_guard<std::mutex> lock(incoming_mu_);
     for (auto& r : incoming_) {
-      auto pos = std::upper_bound(active_.begin(), active_.end(), r, [](const auto& a, const auto& b) {
-        return a->priority() < b->priority();
-      });
+      auto pos = std::upper_bound(active_.begin(), active_.end(), r,
+                                  [](const auto& a, const auto& b) { return a->priority() < b->priority(); });
       active_.insert(pos, std::move(r));
     }
     incoming_.clear();

@@ -77,7 +77,7 @@ class Run {
  private:
   friend class Engine;
   int priority_ = 0;
-  double submitted_us_ = 0;  // for the trace
+  double submitted_us_ = 0;           // for the trace
   std::shared_ptr<OpHandle> handle_;  // made at submission
   Status error_;                      // set when it failed by itself
   bool let_go_ = false;               // its handle completed before it finished
@@ -147,7 +147,7 @@ class Engine {
   Links links_;      // with mu_ held
   Notices notices_;  // with mu_ held
   Probes probes_;    // with mu_ held
-  std::mutex mu_;  // held by the thread driving progress
+  std::mutex mu_;    // held by the thread driving progress
   std::mutex incoming_mu_;
   std::vector<std::unique_ptr<Run>> incoming_;
   std::vector<std::unique_ptr<Run>> active_;  // sorted by priority, then submission

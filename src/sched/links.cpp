@@ -129,7 +129,7 @@ Status Links::post_chunks(Queue& q, Dir& d, Xfer* x, bool* moved) {
     const size_t left = x->bytes - x->posted;
     size_t n = left;
     if (q.chunk > 0 && left > q.chunk) n = left >= 2 * q.chunk ? q.chunk : left;  // no runt last chunk
-    if (q.chunk == 0 && !x->chunks.empty()) break;  // FIFO: whole transfers
+    if (q.chunk == 0 && !x->chunks.empty()) break;                                // FIFO: whole transfers
     if (q.chunk > 0 && (!x->chunks.empty() || !x->exempt)) {
       // Beyond the one chunk of an exempt transfer, a chunk needs credit and
       // no more urgent waiter.

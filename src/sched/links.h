@@ -79,9 +79,9 @@ struct Xfer {
   // finishing.
   bool exempt = true;
   // Progress, written by Links.
-  size_t posted = 0;  // bytes handed to the transport
-  size_t done = 0;    // bytes completed
-  size_t got = 0;     // bytes the receives reported
+  size_t posted = 0;    // bytes handed to the transport
+  size_t done = 0;      // bytes completed
+  size_t got = 0;       // bytes the receives reported
   uint32_t nposts = 0;  // chunks handed to the transport
   Status error;         // the transport's error; the transfer is then finished
   std::string reason;   // with error: what the transport said about it ("" if nothing)
@@ -97,7 +97,7 @@ struct Xfer {
 
 // Priority scheduling settings of one engine, read at communicator creation.
 struct LinkPolicy {
-  bool priority = true;       // false: FIFO, whole transfers
+  bool priority = true;      // false: FIFO, whole transfers
   size_t credit_chunks = 2;  // chunks in flight per link beyond the exempt ones
   size_t window = 1;         // exempt transfers per run and link direction (0: every transfer)
 };
@@ -113,8 +113,7 @@ class Links {
   // Per-link configuration (at communicator creation, before any operation):
   // chunk bytes (0 = transfers go whole) and the process-wide shares of the
   // link's two directions.
-  void configure(const LinkPolicy& policy, int peer, size_t chunk_bytes, LinkShare* send_share,
-                 LinkShare* recv_share);
+  void configure(const LinkPolicy& policy, int peer, size_t chunk_bytes, LinkShare* send_share, LinkShare* recv_share);
   const LinkPolicy& policy() const { return policy_; }
   size_t chunk_bytes(int peer) const { return peer < static_cast<int>(q_.size()) ? q_[peer].chunk : 0; }
 
@@ -151,9 +150,9 @@ class Links {
   struct Dir {
     std::vector<Xfer*> xfers;  // not finished, most urgent first, then oldest
     LinkShare* share = nullptr;
-    LinkShare own;             // when the communicator names no share
+    LinkShare own;  // when the communicator names no share
     size_t inflight = 0;
-    size_t max_ahead = 0;      // see take_max_ahead (sends)
+    size_t max_ahead = 0;  // see take_max_ahead (sends)
   };
   struct Queue {
     size_t chunk = 0;

@@ -43,7 +43,7 @@ class Notices {
   Mesh* mesh_;
   bool sent_ = false;
   Notice out_{};
-  std::string relay_;  // the text of the notice poll last returned
+  std::string relay_;       // the text of the notice poll last returned
   std::vector<Notice> in_;  // per peer
   std::vector<Request> reqs_;
   std::vector<char> state_;  // 0 to post, 1 posted, 2 done or unusable, 3 received

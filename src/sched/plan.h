@@ -35,7 +35,7 @@ constexpr uint32_t kControlTag = tag::kControlStep;
 struct Step {
   StepKind kind;
   int32_t peer = -1;
-  uint32_t tag = 0;   // distinguishes messages of one operation between one pair
+  uint32_t tag = 0;     // distinguishes messages of one operation between one pair
   void* tmp = nullptr;  // RecvReduce: where the message lands before reducing
   void* dst = nullptr;
   const void* src = nullptr;
@@ -105,7 +105,7 @@ class Plan {
   ReduceOp op = ReduceOp::Sum;
   int divisor = 1;
   alignas(8) unsigned char scalar[8] = {};  // PreMulSum scalar, one element of dtype
-  const void* scalar_src = nullptr;          // read into scalar when the plan starts (OpDesc::scalar_src)
+  const void* scalar_src = nullptr;         // read into scalar when the plan starts (OpDesc::scalar_src)
 
   OpKind kind = OpKind::AllReduce;
   std::string algorithm;  // for logs and traces

@@ -173,9 +173,8 @@ class PlanRun final : public Run, public StepSink {
     }
     const auto& steps = plan_->steps();
     for (Window& w : windows_) {
-      std::stable_sort(w.order.begin(), w.order.end(), [&](uint32_t a, uint32_t b) {
-        return order_key(steps[a].tag) < order_key(steps[b].tag);
-      });
+      std::stable_sort(w.order.begin(), w.order.end(),
+                       [&](uint32_t a, uint32_t b) { return order_key(steps[a].tag) < order_key(steps[b].tag); });
       slide(w);
     }
   }
@@ -227,21 +226,11 @@ class PlanRun final : public Run, public StepSink {
         *started = true;
         return kOk;
       }
-      case StepKind::Copy:
-        exec.copy(s.dst, s.src, s.bytes);
-        break;
-      case StepKind::Reduce:
-        exec.reduce2(plan_->dtype, plan_->op, s.dst, s.src, s.src2, s.count);
-        break;
-      case StepKind::Divide:
-        exec.divide(plan_->dtype, s.dst, s.src, s.count, plan_->divisor);
-        break;
-      case StepKind::Scale:
-        exec.scale(plan_->dtype, s.dst, s.src, s.count, plan_->scalar);
-        break;
-      case StepKind::Check:
-        MC_TRY(check_signatures(links.rank()));
-        break;
+      case StepKind::Copy: exec.copy(s.dst, s.src, s.bytes); break;
+      case StepKind::Reduce: exec.reduce2(plan_->dtype, plan_->op, s.dst, s.src, s.src2, s.count); break;
+      case StepKind::Divide: exec.divide(plan_->dtype, s.dst, s.src, s.count, plan_->divisor); break;
+      case StepKind::Scale: exec.scale(plan_->dtype, s.dst, s.src, s.count, plan_->scalar); break;
+      case StepKind::Check: MC_TRY(check_signatures(links.rank())); break;
     }
     *started = true;
     complete_step(i);

@@ -103,7 +103,7 @@ struct meshcclStream {
     return wait_;
   }
 
-  std::mutex mu_;     // queue_, running_ hand-over, error_, counters' waiters
+  std::mutex mu_;        // queue_, running_ hand-over, error_, counters' waiters
   std::mutex drive_mu_;  // held by the one thread driving
   std::condition_variable cv_work_;
   std::deque<std::vector<meshccl::Launch>> queue_;

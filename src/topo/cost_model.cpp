@@ -25,9 +25,7 @@ TuneModel with_hosts(TuneModel model, std::vector<int> host) {
   return model;
 }
 
-double TuneModel::host_net_gbs(int streams) const {
-  return net.bw_gbs * std::clamp(streams, 1, std::max(rails, 1));
-}
+double TuneModel::host_net_gbs(int streams) const { return net.bw_gbs * std::clamp(streams, 1, std::max(rails, 1)); }
 
 int TuneModel::hosts() const { return host.empty() ? 1 : *std::max_element(host.begin(), host.end()) + 1; }
 

@@ -31,12 +31,12 @@ struct LinkCost {
 // ranks that talk across hosts at once share min(rails, ranks) links).
 struct TuneModel {
   int nranks = 1;
-  bool network = false;  // some pair of ranks talks over a network transport
+  bool network = false;           // some pair of ranks talks over a network transport
   bool cross_numa_links = false;  // some pair of ranks of one host is on different NUMA nodes
-  LinkCost shm;          // shared memory between processes of one NUMA node
-  LinkCost cross_numa;   // shared memory between NUMA nodes of one host
-  LinkCost net;          // network transports (socket, plugins): one host's link
-  double reduce_gbs = 0; // local reduction throughput, bytes of output per ns
+  LinkCost shm;                   // shared memory between processes of one NUMA node
+  LinkCost cross_numa;            // shared memory between NUMA nodes of one host
+  LinkCost net;                   // network transports (socket, plugins): one host's link
+  double reduce_gbs = 0;          // local reduction throughput, bytes of output per ns
   // Network links per host, each of net.bw_gbs: 1 where a host's ranks share
   // one NIC (the emulated clusters, most CPU hosts); one per local rank on
   // rail-optimized GPU nodes (a NIC per GPU).
@@ -56,7 +56,7 @@ struct TuneModel {
   const LinkCost& local() const { return cross_numa_links ? cross_numa : shm; }
   const LinkCost& link() const { return network ? net : local(); }
   double alpha() const { return link().alpha_us; }
-  double beta() const { return 1e-3 / link().bw_gbs; }  // us per byte
+  double beta() const { return 1e-3 / link().bw_gbs; }              // us per byte
   double gamma() const { return 1e-3 / (reduce_gbs * cpu_share); }  // us per byte
   int host_of(int rank) const { return host.empty() ? 0 : host[static_cast<size_t>(rank)]; }
   int hosts() const;

@@ -17,7 +17,7 @@ class CpuSet {
   bool test(int cpu) const;
   int count() const;
   bool empty() const { return words_.empty(); }
-  int first() const;  // -1 when empty
+  int first() const;              // -1 when empty
   void add(const CpuSet& other);  // union
   bool subset_of(const CpuSet& other) const;
   bool intersects(const CpuSet& other) const;

@@ -238,7 +238,8 @@ const HostTopo& local_host_topo() {
               host.pci.size());
     } else {
       host = discover_fallback();
-      MC_INFO(kGraph | kInit, "topology of %s without hwloc (%s): one NUMA node, %zu CPU(s) from sysconf/sched_getaffinity",
+      MC_INFO(kGraph | kInit,
+              "topology of %s without hwloc (%s): one NUMA node, %zu CPU(s) from sysconf/sched_getaffinity",
               host.name.c_str(), why.c_str(), host.cores.size());
     }
   });

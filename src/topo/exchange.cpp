@@ -54,8 +54,8 @@ Status topo_local(int rank, const std::vector<PeerInfo>& peers, int cuda_dev, co
       real_hosts.push_back(peers[r].host_hash);
     if (r < rank && peers[r].host_hash == peers[rank].host_hash) ++local_index;
   }
-  const int my_host = static_cast<int>(std::find(real_hosts.begin(), real_hosts.end(), peers[rank].host_hash) -
-                                       real_hosts.begin());
+  const int my_host =
+      static_cast<int>(std::find(real_hosts.begin(), real_hosts.end(), peers[rank].host_hash) - real_hosts.begin());
   LocalTopo t;
   t.place.cpus = binding;
   t.place.ifname = ifname;
@@ -126,8 +126,8 @@ Status topo_init(int rank, Bootstrap& bootstrap, const std::vector<PeerInfo>& pe
   size_t block = 0;
   for (int r = 0; r < nranks; ++r) {
     if (wires[r].from_file != w.from_file)
-      return MC_ERROR(ncclInvalidUsage, "rank %d %s MESHCCL_TOPO_FILE but rank %d %s: set it on every rank or none",
-                      r, wires[r].from_file ? "reads" : "does not read", rank, w.from_file ? "does" : "does not");
+      return MC_ERROR(ncclInvalidUsage, "rank %d %s MESHCCL_TOPO_FILE but rank %d %s: set it on every rank or none", r,
+                      wires[r].from_file ? "reads" : "does not read", rank, w.from_file ? "does" : "does not");
     const bool lead = leader.emplace(wires[r].host_key, r).second;
     block = std::max<size_t>(block, wires[r].cpus_len + 1 + (lead ? wires[r].host_len : 0));
   }
@@ -191,8 +191,8 @@ Status topo_publish(int rank, const SystemGraph& g, uint64_t comm_hash, bool fro
       }
     } else {
       const RankPlace& p = g.ranks[rank];
-      MC_INFO(kGraph, "Topology rank %d: host %s, numa %d, cpus %s, if %s", rank, g.hosts[p.host].name.c_str(),
-              p.numa, p.cpus.to_list().c_str(), p.ifname.c_str());
+      MC_INFO(kGraph, "Topology rank %d: host %s, numa %d, cpus %s, if %s", rank, g.hosts[p.host].name.c_str(), p.numa,
+              p.cpus.to_list().c_str(), p.ifname.c_str());
     }
   }
   if (rank != 0) return kOk;

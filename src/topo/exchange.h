@@ -20,7 +20,7 @@ struct PeerInfo;
 // What one rank brings to the graph.
 struct LocalTopo {
   HostTopo host;
-  RankPlace place;     // .host unused here
+  RankPlace place;        // .host unused here
   uint64_t host_key = 0;  // equal on ranks of one (described) host
   bool from_file = false;
 };

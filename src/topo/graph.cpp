@@ -48,7 +48,8 @@ int HostTopo::cpu_count() const {
 }
 
 int HostTopo::gpu_count() const {
-  return static_cast<int>(std::count_if(pci.begin(), pci.end(), [](const TopoPci& p) { return p.kind == TopoPci::Kind::kGpu; }));
+  return static_cast<int>(
+      std::count_if(pci.begin(), pci.end(), [](const TopoPci& p) { return p.kind == TopoPci::Kind::kGpu; }));
 }
 
 const TopoNuma* HostTopo::find_numa(int id) const {
@@ -98,7 +99,8 @@ std::string describe_host(const HostTopo& h) {
   std::string s = "host " + h.name + " (" + h.source + "): " + std::to_string(h.packages.size()) + " package(s), " +
                   std::to_string(h.numa.size()) + " NUMA node(s), " + std::to_string(h.cores.size()) + " core(s), " +
                   std::to_string(h.cpu_count()) + " CPU(s)\n";
-  for (const TopoPackage& p : h.packages) s += "  package " + std::to_string(p.id) + ": cpus " + p.cpus.to_list() + "\n";
+  for (const TopoPackage& p : h.packages)
+    s += "  package " + std::to_string(p.id) + ": cpus " + p.cpus.to_list() + "\n";
   for (const TopoNuma& n : h.numa) {
     s += "  numa " + std::to_string(n.id) + ": package " + std::to_string(n.package) + ", cpus " + n.cpus.to_list();
     if (n.memory_mb) s += ", " + std::to_string(n.memory_mb) + " MiB";

@@ -31,15 +31,15 @@ enum Cls { kClsShm, kClsXnuma, kClsNet, kClasses };
 // How a rank knows a value, weakest first.
 enum Source : int { kUnknown, kDeclared, kMeasured, kSet };
 const char* const kSourceName[] = {"built-in", "declared by the transport", "measured", "set"};
-const char* const kFieldName[kFields] = {"shm alpha", "shm bandwidth", "cross-NUMA alpha", "cross-NUMA bandwidth",
-                                         "net alpha", "net bandwidth", "reduce"};
-const Param kFieldParam[kFields] = {Param::TuneShmAlphaUs, Param::TuneShmBwGbs, Param::TuneXnumaAlphaUs,
+const char* const kFieldName[kFields] = {
+    "shm alpha", "shm bandwidth", "cross-NUMA alpha", "cross-NUMA bandwidth", "net alpha", "net bandwidth", "reduce"};
+const Param kFieldParam[kFields] = {Param::TuneShmAlphaUs, Param::TuneShmBwGbs,   Param::TuneXnumaAlphaUs,
                                     Param::TuneXnumaBwGbs, Param::TuneNetAlphaUs, Param::TuneNetBwGbs,
                                     Param::TuneReduceGbs};
 // Used when no rank knows better (no link of that class, nothing measured);
 // the cross-NUMA ones (0) are derived from the same-NUMA ones instead.
 const double kFallback[kFields] = {kBuiltinShm.alpha_us, kBuiltinShm.bw_gbs, 0, 0, kBuiltinNet.alpha_us,
-                                   kBuiltinNet.bw_gbs, kBuiltinReduceGbs};
+                                   kBuiltinNet.bw_gbs,   kBuiltinReduceGbs};
 bool is_alpha(int f) { return f == kShmAlpha || f == kXnumaAlpha || f == kNetAlpha; }
 
 bool is_shm(const std::string& transport) { return transport == "shm"; }
@@ -78,7 +78,6 @@ int pairs_per_host(const std::vector<int>& match, const std::vector<int>& host) 
     if (match[r] >= 0) most = std::max(most, ++per[static_cast<size_t>(host[r])]);
   return most;
 }
-
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -281,7 +280,9 @@ Status tune_init(int rank, Bootstrap& bs, Mesh& mesh, Engine& engine, const std:
     out->cross_numa_links = xnuma;
     if (graph.nranks() == n) out->cpu_share = cpu_share_of(graph);
     if (rank == 0)
-      MC_INFO(kTune, "cost model on %d ranks, %d host(s): the parent communicator's link constants (shm %.3g us %.3g GB/s, net %.3g us %.3g GB/s, reduce %.3g GB/s)",
+      MC_INFO(kTune,
+              "cost model on %d ranks, %d host(s): the parent communicator's link constants (shm %.3g us %.3g GB/s, "
+              "net %.3g us %.3g GB/s, reduce %.3g GB/s)",
               n, out->hosts(), out->shm.alpha_us, out->shm.bw_gbs, out->net.alpha_us, out->net.bw_gbs, out->reduce_gbs);
     return kOk;
   }
@@ -307,9 +308,11 @@ Status tune_init(int rank, Bootstrap& bs, Mesh& mesh, Engine& engine, const std:
     know(kReduce, measure_reduce(), kMeasured);
   }
   for (int f = 0; f < kFields; ++f) know(f, param_double(kFieldParam[f], 0), kSet);
-  MC_TRACE(kTune, "rank %d knows: shm %.3g us %.3g GB/s, cross-NUMA %.3g us %.3g GB/s, net %.3g us %.3g GB/s, reduce %.3g GB/s",
-           rank, mine.value[kShmAlpha], mine.value[kShmBw], mine.value[kXnumaAlpha], mine.value[kXnumaBw],
-           mine.value[kNetAlpha], mine.value[kNetBw], mine.value[kReduce]);
+  MC_TRACE(
+      kTune,
+      "rank %d knows: shm %.3g us %.3g GB/s, cross-NUMA %.3g us %.3g GB/s, net %.3g us %.3g GB/s, reduce %.3g GB/s",
+      rank, mine.value[kShmAlpha], mine.value[kShmBw], mine.value[kXnumaAlpha], mine.value[kXnumaBw],
+      mine.value[kNetAlpha], mine.value[kNetBw], mine.value[kReduce]);
 
   std::vector<Known> all(n);
   all[rank] = mine;
@@ -342,7 +345,11 @@ Status tune_init(int rank, Bootstrap& bs, Mesh& mesh, Engine& engine, const std:
       consts += buf;
     }
     MC_INFO(kTune, "cost model on %d ranks, %d host(s), %s links: %s; CPU share per rank %.3g (topology)", n,
-            out->hosts(), network ? "network" : xnuma ? "cross-NUMA" : "shared-memory", consts.c_str(), out->cpu_share);
+            out->hosts(),
+            network ? "network"
+            : xnuma ? "cross-NUMA"
+                    : "shared-memory",
+            consts.c_str(), out->cpu_share);
   }
   return kOk;
 }

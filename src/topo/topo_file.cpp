@@ -90,8 +90,8 @@ bool parse_host(const XmlElement& el, HostTopo* h, XmlError* err) {
       TopoCache cache;
       int64_t size = 0;
       if (!xml_known_attrs(c, k, err) || !int_attr(c, "level", 1, 5, true, &cache.level, err) ||
-          !xml_string(c, "kind", true, &cache.kind, err) || !xml_int(c, "size_kb", 0, int64_t{1} << 40, true, &size, err) ||
-          !cpus_attr(c, true, &cache.cpus, err))
+          !xml_string(c, "kind", true, &cache.kind, err) ||
+          !xml_int(c, "size_kb", 0, int64_t{1} << 40, true, &size, err) || !cpus_attr(c, true, &cache.cpus, err))
         return false;
       if (cache.kind != "data" && cache.kind != "instruction" && cache.kind != "unified")
         return fail(err, c, "bad cache kind '" + cache.kind + "' (want data, instruction or unified)");
@@ -119,8 +119,9 @@ bool parse_host(const XmlElement& el, HostTopo* h, XmlError* err) {
   if (h->numa.empty()) return fail(err, el, "<host name=\"" + h->name + "\"> has no <numa> node");
   for (const TopoPci& p : h->pci)
     if (p.numa >= 0 && numa_ids.count(p.numa) == 0)
-      return fail(err, el, "a PCI device of host " + h->name + " names NUMA node " + std::to_string(p.numa) +
-                               ", which the host does not have");
+      return fail(err, el,
+                  "a PCI device of host " + h->name + " names NUMA node " + std::to_string(p.numa) +
+                      ", which the host does not have");
   return true;
 }
 
@@ -130,8 +131,9 @@ bool parse_meshccl(const XmlElement& root, TopoFile* out, XmlError* err) {
   if (!xml_known_attrs(root, kRootAttrs, err) || !xml_int(root, "version", 0, 1 << 20, true, &version, err))
     return false;
   if (version != kFormatVersion)
-    return fail(err, root, "unsupported meshccl_topology version " + std::to_string(version) + " (this build reads " +
-                               std::to_string(kFormatVersion) + ")");
+    return fail(err, root,
+                "unsupported meshccl_topology version " + std::to_string(version) + " (this build reads " +
+                    std::to_string(kFormatVersion) + ")");
   struct LinkDecl {
     int a, b, line;
     LinkClass cls;
@@ -151,19 +153,22 @@ bool parse_meshccl(const XmlElement& root, TopoFile* out, XmlError* err) {
       RankPlace p;
       int id = -1;
       if (!xml_known_attrs(c, k, err) || !int_attr(c, "id", 0, 1 << 30, true, &id, err) ||
-          !int_attr(c, "host", 0, 1 << 20, true, &p.host, err) || !int_attr(c, "numa", -1, 1 << 20, true, &p.numa, err) ||
-          !cpus_attr(c, false, &p.cpus, err) || !xml_string(c, "ifname", false, &p.ifname, err) ||
-          !xml_double(c, "net_gbs", false, &p.net_gbs, err))
+          !int_attr(c, "host", 0, 1 << 20, true, &p.host, err) ||
+          !int_attr(c, "numa", -1, 1 << 20, true, &p.numa, err) || !cpus_attr(c, false, &p.cpus, err) ||
+          !xml_string(c, "ifname", false, &p.ifname, err) || !xml_double(c, "net_gbs", false, &p.net_gbs, err))
         return false;
       if (id != static_cast<int>(out->ranks.size()))
-        return fail(err, c, "rank " + std::to_string(id) + " out of order (ranks are listed 0, 1, 2, ...; expected " +
-                                std::to_string(out->ranks.size()) + ")");
+        return fail(err, c,
+                    "rank " + std::to_string(id) + " out of order (ranks are listed 0, 1, 2, ...; expected " +
+                        std::to_string(out->ranks.size()) + ")");
       if (p.host >= static_cast<int>(out->hosts.size()))
-        return fail(err, c, "rank " + std::to_string(id) + " is on host " + std::to_string(p.host) + " but the file has " +
-                                std::to_string(out->hosts.size()) + " host(s)");
+        return fail(err, c,
+                    "rank " + std::to_string(id) + " is on host " + std::to_string(p.host) + " but the file has " +
+                        std::to_string(out->hosts.size()) + " host(s)");
       if (p.numa >= 0 && out->hosts[p.host].find_numa(p.numa) == nullptr)
-        return fail(err, c, "rank " + std::to_string(id) + " is on NUMA node " + std::to_string(p.numa) +
-                                ", which host " + out->hosts[p.host].name + " does not have");
+        return fail(err, c,
+                    "rank " + std::to_string(id) + " is on NUMA node " + std::to_string(p.numa) + ", which host " +
+                        out->hosts[p.host].name + " does not have");
       if (!c.children.empty()) return fail(err, c.children[0], "<rank> has no child elements");
       out->ranks.push_back(std::move(p));
     } else if (c.name == "link") {
@@ -193,7 +198,8 @@ bool parse_meshccl(const XmlElement& root, TopoFile* out, XmlError* err) {
     XmlElement at;
     at.line = d.line;
     if (d.a >= g.nranks() || d.b >= g.nranks())
-      return fail(err, at, "link " + std::to_string(d.a) + "-" + std::to_string(d.b) + " names a rank the file does not place");
+      return fail(err, at,
+                  "link " + std::to_string(d.a) + "-" + std::to_string(d.b) + " names a rank the file does not place");
     const Link l = g.link(d.a, d.b);
     if (l.cls != d.cls || num(l.bw_gbs) != d.bw)
       return fail(err, at,

@@ -51,8 +51,8 @@ struct TopoPci {
   Kind kind = Kind::kNic;
   std::string busid;  // "0000:3b:00.0"; may be empty
   uint32_t pci_class = 0;
-  int numa = -1;      // -1: not attached to one NUMA node
-  std::string name;   // NIC: the interface ("eth0", "mlx5_0"); GPU: ""
+  int numa = -1;         // -1: not attached to one NUMA node
+  std::string name;      // NIC: the interface ("eth0", "mlx5_0"); GPU: ""
   double speed_gbs = 0;  // NIC link speed, GB/s; 0: not known
   int gpu_dev = -1;      // GPU: its device index
   int gpu_rank = -1;     // GPU: the rank an NCCL dump placed on it
@@ -66,7 +66,7 @@ struct HostTopo {
   std::vector<TopoCore> cores;
   std::vector<TopoCache> caches;
   std::vector<TopoPci> pci;
-  double numa_gbs = kNominalNumaGbs;         // between two ranks of one NUMA node
+  double numa_gbs = kNominalNumaGbs;             // between two ranks of one NUMA node
   double cross_numa_gbs = kNominalCrossNumaGbs;  // between NUMA nodes
   std::string bw_source = "nominal";
 
@@ -79,9 +79,9 @@ struct HostTopo {
 };
 
 struct RankPlace {
-  int host = 0;    // index into SystemGraph::hosts
-  int numa = -1;   // NUMA node id on that host; -1: not bound to one
-  CpuSet cpus;     // CPUs the rank may run on
+  int host = 0;        // index into SystemGraph::hosts
+  int numa = -1;       // NUMA node id on that host; -1: not bound to one
+  CpuSet cpus;         // CPUs the rank may run on
   std::string ifname;  // network interface it uses
   double net_gbs = kNominalNetGbs;
 };

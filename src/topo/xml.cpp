@@ -30,9 +30,7 @@ const std::string* get(const XmlElement& el, const char* key, bool required, boo
   return v;
 }
 
-std::string quoted(const std::string& v) {
-  return "'" + (v.size() > 40 ? v.substr(0, 40) + "..." : v) + "'";
-}
+std::string quoted(const std::string& v) { return "'" + (v.size() > 40 ? v.substr(0, 40) + "..." : v) + "'"; }
 
 }  // namespace
 
@@ -48,10 +46,9 @@ bool xml_int(const XmlElement& el, const char* key, int64_t lo, int64_t hi, bool
   if (v->empty() || end != s + v->size() || errno != 0 || *s == ' ' || *s == '+')
     return attr_error(el, key, "bad number " + quoted(*v) + " for", err);
   if (x < lo || x > hi)
-    return attr_error(el, key,
-                      "number " + quoted(*v) + " out of range [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                          "] for",
-                      err);
+    return attr_error(
+        el, key, "number " + quoted(*v) + " out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "] for",
+        err);
   *out = x;
   return true;
 }
@@ -75,11 +72,15 @@ bool xml_hex(const XmlElement& el, const char* key, bool required, uint64_t* out
   const std::string* v = get(el, key, required, &ok, err);
   if (v == nullptr) return ok;
   size_t i = v->size() > 2 && (*v)[0] == '0' && ((*v)[1] == 'x' || (*v)[1] == 'X') ? 2 : 0;
-  if (i == v->size() || v->size() - i > 16) return attr_error(el, key, "bad hexadecimal number " + quoted(*v) + " for", err);
+  if (i == v->size() || v->size() - i > 16)
+    return attr_error(el, key, "bad hexadecimal number " + quoted(*v) + " for", err);
   uint64_t x = 0;
   for (; i < v->size(); ++i) {
     const char c = (*v)[i];
-    int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    int d = c >= '0' && c <= '9'   ? c - '0'
+            : c >= 'a' && c <= 'f' ? c - 'a' + 10
+            : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                   : -1;
     if (d < 0) return attr_error(el, key, "bad hexadecimal number " + quoted(*v) + " for", err);
     x = (x << 4) | static_cast<uint64_t>(d);
   }

@@ -45,7 +45,8 @@ bool xml_parse(const char* data, size_t size, XmlElement* root, XmlError* err, c
 // attribute and element and carry the element's line.
 bool xml_int(const XmlElement& el, const char* key, int64_t lo, int64_t hi, bool required, int64_t* out, XmlError* err);
 bool xml_double(const XmlElement& el, const char* key, bool required, double* out, XmlError* err);  // finite, >= 0
-bool xml_hex(const XmlElement& el, const char* key, bool required, uint64_t* out, XmlError* err);  // "0x20000" or "20000"
+bool xml_hex(const XmlElement& el, const char* key, bool required, uint64_t* out,
+             XmlError* err);  // "0x20000" or "20000"
 bool xml_string(const XmlElement& el, const char* key, bool required, std::string* out, XmlError* err);
 // Fails on the first attribute not in `known` (nullptr-terminated).
 bool xml_known_attrs(const XmlElement& el, const char* const* known, XmlError* err);

@@ -42,8 +42,8 @@ std::string Mesh::transport_for(const std::vector<PeerInfo>& peers, int a, int b
   return choose_transport(peers, a, b);
 }
 
-Status Mesh::connect_all(Bootstrap& bs, const std::vector<PeerInfo>& peers,
-                         const std::atomic<bool>* abort, std::unique_ptr<Mesh>* out) {
+Status Mesh::connect_all(Bootstrap& bs, const std::vector<PeerInfo>& peers, const std::atomic<bool>* abort,
+                         std::unique_ptr<Mesh>* out) {
   const int n = bs.nranks(), me = bs.rank();
   std::unique_ptr<Mesh> mesh(new Mesh());
   mesh->links_.resize(n);
@@ -69,7 +69,8 @@ Status Mesh::connect_all(Bootstrap& bs, const std::vector<PeerInfo>& peers,
     if (p == me) continue;
     const std::string name = transport_for(peers, me, p);
     if (name == "shm" && peers[p].machine_hash != peers[me].machine_hash)
-      return MC_ERROR(ncclInvalidUsage, "MESHCCL_TRANSPORT=shm but rank %d runs on another machine (%s)", p, peers[p].host_id);
+      return MC_ERROR(ncclInvalidUsage, "MESHCCL_TRANSPORT=shm but rank %d runs on another machine (%s)", p,
+                      peers[p].host_id);
     Transport** slot = name == "shm" ? &shm : &net;
     MC_TRY(get(name, slot));
     mesh->links_[p].transport = *slot;
@@ -109,7 +110,8 @@ Status Mesh::connect_all(Bootstrap& bs, const std::vector<PeerInfo>& peers,
     }
     if (!st.ok()) break;
     if (abort != nullptr && abort->load()) st = MC_ERROR(ncclInvalidUsage, "connection setup aborted");
-    else if (dl.expired()) st = MC_ERROR(ncclRemoteError, "rank %d: connections to peers not established within MESHCCL_TIMEOUT", me);
+    else if (dl.expired())
+      st = MC_ERROR(ncclRemoteError, "rank %d: connections to peers not established within MESHCCL_TIMEOUT", me);
     moved ? backoff.progress() : backoff.idle();
   }
   for (int p = 0; p < n; ++p)

@@ -22,15 +22,13 @@ class Mesh {
  public:
   ~Mesh();
   // Collective over the communicator: builds every connection, in bounded time.
-  static Status connect_all(Bootstrap& bootstrap, const std::vector<PeerInfo>& peers,
-                            const std::atomic<bool>* abort, std::unique_ptr<Mesh>* out);
+  static Status connect_all(Bootstrap& bootstrap, const std::vector<PeerInfo>& peers, const std::atomic<bool>* abort,
+                            std::unique_ptr<Mesh>* out);
 
   // r->handle == nullptr after success means "busy, retry".
   Status isend(int peer, const void* data, size_t size, uint64_t tag, Request* r);
   Status irecv(int peer, void* data, size_t size, uint64_t tag, Request* r);
-  static Status test(Request& r, bool* done, size_t* size) {
-    return r.transport->test(r.handle, done, size);
-  }
+  static Status test(Request& r, bool* done, size_t* size) { return r.transport->test(r.handle, done, size); }
   const char* transport_name(int peer) const;
   // The declared properties of the transport to peer (nullptr for self).
   const meshccl_transport_props_v1_t* props(int peer) const;

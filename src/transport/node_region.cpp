@@ -70,8 +70,13 @@ Status NodeRegion::create(Bootstrap& bs, const std::vector<PeerInfo>& peers, con
     struct stat st {};
     if (region->fd_ >= 0 && ftruncate(region->fd_, static_cast<off_t>(region->map_bytes_)) == 0 &&
         fstat(region->fd_, &st) == 0 && (region->bases_[me] = map_file(region->fd_, region->map_bytes_)) != nullptr) {
-      mine = Desc{1, static_cast<int32_t>(getpid()), region->fd_, 0, static_cast<uint64_t>(st.st_ino),
-                  static_cast<uint64_t>(st.st_dev), region->map_bytes_};
+      mine = Desc{1,
+                  static_cast<int32_t>(getpid()),
+                  region->fd_,
+                  0,
+                  static_cast<uint64_t>(st.st_ino),
+                  static_cast<uint64_t>(st.st_dev),
+                  region->map_bytes_};
     } else {
       MC_WARN("rank %d: no shared region for the direct algorithms: %s", me, strerror(errno));
     }
@@ -92,7 +97,8 @@ Status NodeRegion::create(Bootstrap& bs, const std::vector<PeerInfo>& peers, con
     int fd = open(path, O_RDWR | O_CLOEXEC);
     struct stat st {};
     if (fd < 0 || fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_ino) != all[p].ino ||
-        static_cast<uint64_t>(st.st_dev) != all[p].dev || (region->bases_[p] = map_file(fd, region->map_bytes_)) == nullptr) {
+        static_cast<uint64_t>(st.st_dev) != all[p].dev ||
+        (region->bases_[p] = map_file(fd, region->map_bytes_)) == nullptr) {
       MC_WARN("rank %d: cannot map rank %d's shared region (%s): %s; direct algorithms off", me, p, path,
               strerror(errno));
       mapped = 0;
@@ -148,7 +154,8 @@ const char* NodeRegion::map_peer_buffer(int lane, int peer, const BufferRef& ref
   if (fd < 0) return nullptr;
   struct stat st {};
   char* base = nullptr;
-  if (fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_ino) == ref.ino && static_cast<uint64_t>(st.st_dev) == ref.dev) {
+  if (fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_ino) == ref.ino &&
+      static_cast<uint64_t>(st.st_dev) == ref.dev) {
     void* p = mmap(nullptr, ref.file_size, PROT_READ, MAP_SHARED, fd, 0);
     if (p != MAP_FAILED) base = static_cast<char*>(p);
   }

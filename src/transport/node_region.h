@@ -96,8 +96,8 @@ class NodeRegion {
   // no rank uses the region. lanes: 1 (FIFO) or kPriorityLanes, the same on
   // every rank (agreed by the caller); slot_bytes and lanes that differ
   // across ranks leave every rank without a region.
-  static Status create(Bootstrap& bootstrap, const std::vector<PeerInfo>& peers, const Mesh& mesh,
-                       size_t slot_bytes, int lanes, std::unique_ptr<NodeRegion>* out);
+  static Status create(Bootstrap& bootstrap, const std::vector<PeerInfo>& peers, const Mesh& mesh, size_t slot_bytes,
+                       int lanes, std::unique_ptr<NodeRegion>* out);
 
   int rank() const { return rank_; }
   int nranks() const { return static_cast<int>(bases_.size()); }
@@ -141,9 +141,7 @@ class NodeRegion {
   const char* map_peer_buffer(int lane, int peer, const BufferRef& ref);
 
   // No reserved round of the lane is pending: its next reservation can run at once.
-  bool idle(int lane) const {
-    return lane_[lane].finished.load(std::memory_order_acquire) == lane_[lane].next_round;
-  }
+  bool idle(int lane) const { return lane_[lane].finished.load(std::memory_order_acquire) == lane_[lane].next_round; }
 
  private:
   struct Mapping {
@@ -154,9 +152,9 @@ class NodeRegion {
   struct Lane {
     uint64_t next_round = 0;
     std::atomic<uint64_t> finished{0};
-    std::vector<Mapping> buffers;  // most recent last
-    std::mutex active_mu;          // activate() may run on an engine's thread or a caller's
-    uint64_t active_upto = 0;      // what `announced` says
+    std::vector<Mapping> buffers;                             // most recent last
+    std::mutex active_mu;                                     // activate() may run on an engine's thread or a caller's
+    uint64_t active_upto = 0;                                 // what `announced` says
     std::vector<std::pair<uint64_t, uint64_t>> active_later;  // driven, past a gap
   };
 
@@ -171,8 +169,8 @@ class NodeRegion {
   int lanes_ = 1;
   size_t slot_bytes_ = 0;
   size_t map_bytes_ = 0;
-  int fd_ = -1;                // own region, kept open so peers can attach
-  std::vector<char*> bases_;   // every rank's region as mapped here
+  int fd_ = -1;               // own region, kept open so peers can attach
+  std::vector<char*> bases_;  // every rank's region as mapped here
   std::unique_ptr<Lane[]> lane_;
   uint32_t calls_ = 0;
 };

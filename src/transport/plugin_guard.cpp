@@ -33,7 +33,7 @@ std::string signal_name(int s) {
 // "" when nobody but this user or root can have put files into the
 // working directory.
 std::string cwd_open_to_others() {
-  struct stat st{};
+  struct stat st {};
   if (::stat(".", &st) != 0) return std::string("it cannot be examined: ") + std::strerror(errno);
   if ((st.st_mode & S_IWOTH) != 0) return "other users can write it";
   if (st.st_uid != 0 && st.st_uid != ::geteuid()) return "it belongs to another user";
@@ -83,9 +83,7 @@ bool run_in_root_dir(const std::function<void()>& fn, std::string* why) {
       ran = true;
     });
     t.join();
-  } catch (const std::system_error& e) {
-    err = e.code().value();
-  }
+  } catch (const std::system_error& e) { err = e.code().value(); }
   if (ran) return true;
   const std::string open = cwd_open_to_others();
   if (!open.empty()) {

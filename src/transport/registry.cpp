@@ -54,7 +54,7 @@ const meshccl_transport_v1_t* const kBuiltin[] = {&meshccl_transport_shm, &meshc
 // library writable by others (world-writable, sticky /tmp included) could
 // hold anyone's code. "" when path may be loaded (or does not exist).
 std::string unsafe_to_load(const std::string& dir, const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return "";  // dlopen reports it missing
   if ((st.st_mode & S_IWOTH) != 0) return "the library is writable by other users";
   if (st.st_uid != 0 && st.st_uid != ::geteuid()) return "the library belongs to another user";
@@ -73,8 +73,10 @@ std::string unsafe_to_load(const std::string& dir, const std::string& path) {
 std::string this_library_dir() {
   Dl_info info{};
   link_map* map = nullptr;
-  if (dladdr1(reinterpret_cast<void*>(&host_log), &info, reinterpret_cast<void**>(&map), RTLD_DL_LINKMAP) == 0) return "";
-  const char* file = map != nullptr && map->l_name != nullptr && map->l_name[0] != '\0' ? map->l_name : "/proc/self/exe";
+  if (dladdr1(reinterpret_cast<void*>(&host_log), &info, reinterpret_cast<void**>(&map), RTLD_DL_LINKMAP) == 0)
+    return "";
+  const char* file =
+      map != nullptr && map->l_name != nullptr && map->l_name[0] != '\0' ? map->l_name : "/proc/self/exe";
   char* real = realpath(file, nullptr);
   if (real == nullptr) return "";
   std::string dir = real;
@@ -102,7 +104,8 @@ std::vector<std::string> plugin_dirs() {
   if (!g_library_dir.empty()) {
     dirs.push_back(g_library_dir + "/meshccl");
     const std::string bin = "/" MESHCCL_BINDIR;
-    if (g_library_dir.size() > bin.size() && g_library_dir.compare(g_library_dir.size() - bin.size(), bin.size(), bin) == 0)
+    if (g_library_dir.size() > bin.size() &&
+        g_library_dir.compare(g_library_dir.size() - bin.size(), bin.size(), bin) == 0)
       dirs.push_back(g_library_dir.substr(0, g_library_dir.size() - bin.size()) + "/" MESHCCL_LIBDIR "/meshccl");
     dirs.push_back(g_library_dir + "/plugins");
     size_t up = g_library_dir.rfind('/');
@@ -243,7 +246,8 @@ std::vector<TransportInfo> transport_inventory() {
         std::lock_guard<std::mutex> lock(g_mu);
         info.path = g_loaded()[name].path;
         void* h = dlopen(info.path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
-        auto* describe = h != nullptr ? reinterpret_cast<const char* (*)()>(dlsym(h, "meshccl_transport_v1_describe")) : nullptr;
+        auto* describe =
+            h != nullptr ? reinterpret_cast<const char* (*)()>(dlsym(h, "meshccl_transport_v1_describe")) : nullptr;
         info.version = describe != nullptr ? describe() : "interface v1";
         if (h != nullptr) dlclose(h);  // drops only the NOLOAD reference
       }
@@ -254,10 +258,9 @@ std::vector<TransportInfo> transport_inventory() {
   return all;
 }
 
-Status Transport::open(const meshccl_transport_v1_t* api, int rank, int nranks,
-                       std::unique_ptr<Transport>* out) {
-  static meshccl_transport_host_v1_t host_template = {
-      MESHCCL_TRANSPORT_V1, host_log, host_get_param, host_find_shared, 0, 0};
+Status Transport::open(const meshccl_transport_v1_t* api, int rank, int nranks, std::unique_ptr<Transport>* out) {
+  static meshccl_transport_host_v1_t host_template = {MESHCCL_TRANSPORT_V1, host_log, host_get_param,
+                                                      host_find_shared,     0,        0};
   // The plugin keeps the pointer until finalize: one static per (rank,nranks)
   // would race across communicators, so each context gets its own copy.
   auto* host = new meshccl_transport_host_v1_t(host_template);
@@ -298,7 +301,9 @@ Status Transport::check(int rc, const char* what) const {
 }
 
 Status Transport::listen(void* handle, void** lc) { return check(api_->listen(ctx_, 0, handle, lc), "listen"); }
-Status Transport::connect(const void* handle, void** sc) { return check(api_->connect(ctx_, 0, handle, sc), "connect"); }
+Status Transport::connect(const void* handle, void** sc) {
+  return check(api_->connect(ctx_, 0, handle, sc), "connect");
+}
 Status Transport::accept(void* lc, void** rc) { return check(api_->accept(lc, rc), "accept"); }
 Status Transport::isend(void* sc, const void* data, size_t size, uint64_t tag, void** req) {
   t_warning.clear();
@@ -319,8 +324,14 @@ Status Transport::test(void* req, bool* done, size_t* size) {
 }
 const std::string& transport_warning() { return t_warning; }
 
-void Transport::close_send(void* c) { if (c) api_->close_send(c); }
-void Transport::close_recv(void* c) { if (c) api_->close_recv(c); }
-void Transport::close_listen(void* c) { if (c) api_->close_listen(c); }
+void Transport::close_send(void* c) {
+  if (c) api_->close_send(c);
+}
+void Transport::close_recv(void* c) {
+  if (c) api_->close_recv(c);
+}
+void Transport::close_listen(void* c) {
+  if (c) api_->close_listen(c);
+}
 
 }  // namespace meshccl

@@ -23,8 +23,7 @@ class Transport {
   Transport& operator=(const Transport&) = delete;
 
   // Creates the plugin context for one communicator.
-  static Status open(const meshccl_transport_v1_t* api, int rank, int nranks,
-                     std::unique_ptr<Transport>* out);
+  static Status open(const meshccl_transport_v1_t* api, int rank, int nranks, std::unique_ptr<Transport>* out);
 
   const char* name() const { return api_->name; }
   const meshccl_transport_props_v1_t& props() const { return props_; }

@@ -113,17 +113,22 @@ std::string transports_of(const PeerInfo& p) {
 Status check_transport_request(const std::vector<PeerInfo>& peers, int me) {
   const PeerInfo& first = peers[0];
   for (const PeerInfo& p : peers) {
-    if (p.transport_scope != first.transport_scope || std::strncmp(p.transport, first.transport, sizeof(p.transport)) != 0)
-      return MC_ERROR(ncclInvalidUsage, "ranks ask for different transports: rank 0 (%s) %s=\"%s\", rank %d (%s) %s=\"%s\"",
+    if (p.transport_scope != first.transport_scope ||
+        std::strncmp(p.transport, first.transport, sizeof(p.transport)) != 0)
+      return MC_ERROR(ncclInvalidUsage,
+                      "ranks ask for different transports: rank 0 (%s) %s=\"%s\", rank %d (%s) %s=\"%s\"",
                       first.host_id, first.transport_scope ? request_source(first) : "automatic", first.transport,
                       p.rank, p.host_id, p.transport_scope ? request_source(p) : "automatic", p.transport);
   }
   if (first.transport_scope == 0) return kOk;
   const std::string name = first.transport;
   if (name.size() >= sizeof(first.transport) - 1)
-    return MC_ERROR(ncclInvalidUsage, "%s names a transport \"%s...\" longer than any known", request_source(first), first.transport);
+    return MC_ERROR(ncclInvalidUsage, "%s names a transport \"%s...\" longer than any known", request_source(first),
+                    first.transport);
   if (name == "shm") {
-    if (first.transport_scope == 2) return MC_ERROR(ncclInvalidUsage, "NCCL_NET/netName=shm: shm is not a network transport; use MESHCCL_TRANSPORT=shm");
+    if (first.transport_scope == 2)
+      return MC_ERROR(ncclInvalidUsage,
+                      "NCCL_NET/netName=shm: shm is not a network transport; use MESHCCL_TRANSPORT=shm");
     return kOk;  // built in; Mesh::connect_all refuses pairs on different machines
   }
   for (const PeerInfo& p : peers) {
@@ -133,8 +138,8 @@ Status check_transport_request(const std::vector<PeerInfo>& peers, int me) {
       std::string why;
       if (!needs_network(peers)) transport_exists(name, &why);
       else load_transport(name, &api, &why);  // what it said (remembered: nothing is loaded again)
-      return MC_ERROR(ncclInvalidUsage, "%s=%s is not available on rank %d (%s): %s; available there: %s", request_source(p),
-                      name.c_str(), p.rank, p.host_id, why.c_str(), transports_of(p).c_str());
+      return MC_ERROR(ncclInvalidUsage, "%s=%s is not available on rank %d (%s): %s; available there: %s",
+                      request_source(p), name.c_str(), p.rank, p.host_id, why.c_str(), transports_of(p).c_str());
     }
     return MC_ERROR(ncclInvalidUsage, "%s=%s is not available on rank %d (%s); available there: %s", request_source(p),
                     name.c_str(), p.rank, p.host_id, transports_of(p).c_str());

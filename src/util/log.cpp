@@ -41,7 +41,7 @@ LogState& state() {
 
 thread_local std::string t_last_error;
 thread_local bool t_in_log = false;  // this thread holds the log lock (settings are read under it)
-std::atomic<int> g_level{-1};  // cached level; -1 = not initialized
+std::atomic<int> g_level{-1};        // cached level; -1 = not initialized
 std::atomic<uint32_t> g_subsys{0};
 
 struct SubsysName {
@@ -49,9 +49,9 @@ struct SubsysName {
   uint32_t bit;
 };
 constexpr SubsysName kSubsysNames[] = {
-    {"INIT", kInit}, {"COLL", kColl}, {"P2P", kP2P}, {"SHM", kShm}, {"NET", kNet},
-    {"GRAPH", kGraph}, {"TUNE", kTune}, {"TUNING", kTune}, {"ENV", kEnv}, {"ALLOC", kAlloc},
-    {"CALL", kCall}, {"BOOTSTRAP", kBootstrap}, {"REG", kReg}, {"SCHED", kSched}, {"ALL", kAllSubsys},
+    {"INIT", kInit},   {"COLL", kColl},           {"P2P", kP2P},     {"SHM", kShm},     {"NET", kNet},
+    {"GRAPH", kGraph}, {"TUNE", kTune},           {"TUNING", kTune}, {"ENV", kEnv},     {"ALLOC", kAlloc},
+    {"CALL", kCall},   {"BOOTSTRAP", kBootstrap}, {"REG", kReg},     {"SCHED", kSched}, {"ALL", kAllSubsys},
 };
 
 // The mask a MESHCCL_DEBUG_SUBSYS value selects; *unknown gets the first
@@ -175,13 +175,10 @@ void log_msg(LogLevel level, uint32_t subsys, const char* file, int line, const 
     std::tm tm;
     localtime_r(&now, &tm);
     std::strftime(ts, sizeof(ts), "[%F %T] ", &tm);
-    std::fprintf(s.out, "\n%s%s:%d:%ld [0] %s:%d NCCL WARN %s\n", ts, s.host, getpid(), tid, base,
-                 line, msg);
+    std::fprintf(s.out, "\n%s%s:%d:%ld [0] %s:%d NCCL WARN %s\n", ts, s.host, getpid(), tid, base, line, msg);
   } else if (level == LogLevel::Trace) {
-    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s.start)
-                    .count();
-    std::fprintf(s.out, "%s:%d:%ld [0] %f %s:%d NCCL TRACE %s\n", s.host, getpid(), tid, ms, base,
-                 line, msg);
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s.start).count();
+    std::fprintf(s.out, "%s:%d:%ld [0] %f %s:%d NCCL TRACE %s\n", s.host, getpid(), tid, ms, base, line, msg);
   } else if (level == LogLevel::Version) {
     std::fprintf(s.out, "%s\n", msg);
   } else {

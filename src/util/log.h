@@ -64,14 +64,15 @@ class LastErrorScope {
 
 }  // namespace meshccl
 
-#define MC_WARN(...) ::meshccl::log_msg(::meshccl::LogLevel::Warn, ::meshccl::kAllSubsys, __FILE__, __LINE__, __VA_ARGS__)
-#define MC_INFO(subsys, ...)                                                          \
-  do {                                                                                \
-    if (::meshccl::log_enabled(::meshccl::LogLevel::Info, (subsys)))                  \
+#define MC_WARN(...) \
+  ::meshccl::log_msg(::meshccl::LogLevel::Warn, ::meshccl::kAllSubsys, __FILE__, __LINE__, __VA_ARGS__)
+#define MC_INFO(subsys, ...)                                                                    \
+  do {                                                                                          \
+    if (::meshccl::log_enabled(::meshccl::LogLevel::Info, (subsys)))                            \
       ::meshccl::log_msg(::meshccl::LogLevel::Info, (subsys), __FILE__, __LINE__, __VA_ARGS__); \
   } while (0)
-#define MC_TRACE(subsys, ...)                                                         \
-  do {                                                                                \
-    if (::meshccl::log_enabled(::meshccl::LogLevel::Trace, (subsys)))                 \
+#define MC_TRACE(subsys, ...)                                                                    \
+  do {                                                                                           \
+    if (::meshccl::log_enabled(::meshccl::LogLevel::Trace, (subsys)))                            \
       ::meshccl::log_msg(::meshccl::LogLevel::Trace, (subsys), __FILE__, __LINE__, __VA_ARGS__); \
   } while (0)

@@ -40,13 +40,13 @@ namespace {
 // The environment as last read. Snapshots are immutable and never freed (a
 // new one is made only when a value changed), so readers need no lock.
 struct Snapshot {
-  std::vector<std::string> raw;      // environment value, "" when unset
-  std::vector<std::string> value;    // in force: the environment value, else (unset or refused) the default
-  std::vector<char> set;             // found in the environment
-  std::vector<const char*> set_name; // the variable found (name or alias)
-  std::vector<int64_t> num;          // value as an integer (default when refused)
-  std::vector<double> dbl;           // value as a number (NaN when unset or refused)
-  std::vector<std::string> problem;  // why the value is refused, "" if it is not
+  std::vector<std::string> raw;       // environment value, "" when unset
+  std::vector<std::string> value;     // in force: the environment value, else (unset or refused) the default
+  std::vector<char> set;              // found in the environment
+  std::vector<const char*> set_name;  // the variable found (name or alias)
+  std::vector<int64_t> num;           // value as an integer (default when refused)
+  std::vector<double> dbl;            // value as a number (NaN when unset or refused)
+  std::vector<std::string> problem;   // why the value is refused, "" if it is not
 };
 
 std::atomic<const Snapshot*> g_snapshot{nullptr};
@@ -61,8 +61,8 @@ std::vector<std::unique_ptr<const Snapshot>>& kept() {
 // Variables with the MESHCCL_ prefix that are not settings: what launchers
 // set for each rank, and the build, test and cluster scripts' own.
 bool known_other(const std::string& name) {
-  static const char* const names[] = {"MESHCCL_RANK", "MESHCCL_NRANKS", "MESHCCL_LOCAL_RANK", "MESHCCL_LOCAL_SIZE",
-                                      "MESHCCL_BUILD_DIR", "MESHCCL_PACKAGES"};
+  static const char* const names[] = {"MESHCCL_RANK",       "MESHCCL_NRANKS",    "MESHCCL_LOCAL_RANK",
+                                      "MESHCCL_LOCAL_SIZE", "MESHCCL_BUILD_DIR", "MESHCCL_PACKAGES"};
   for (const char* n : names)
     if (name == n) return true;
   return name.rfind("MESHCCL_TEST_", 0) == 0 || name.rfind("MESHCCL_CLUSTER_", 0) == 0;
@@ -157,7 +157,8 @@ std::string parse_checked(const ParamInfo& info, const char* v, int64_t* num, do
       return printf_string("is not an integer (accepted: %" PRId64 "..%" PRId64 ")", lo, hi);
     if (kind == "size") {
       if (v[0] == '-' || !plugin::parse_size(v, &bytes))
-        return printf_string("is not a byte size such as 65536, 64K or 1M (accepted: %" PRId64 "..%" PRId64 ")", lo, hi);
+        return printf_string("is not a byte size such as 65536, 64K or 1M (accepted: %" PRId64 "..%" PRId64 ")", lo,
+                             hi);
       x = bytes > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(bytes);
     }
     if (x < lo || x > hi) return printf_string("is outside %" PRId64 "..%" PRId64 "%s", lo, hi, unit);
@@ -225,7 +226,8 @@ void param_refresh() {
     const ParamInfo& info = table()[i];
     const char* v = std::getenv(info.name);
     fresh->set_name[i] = info.name;
-    if (v == nullptr && info.alias != nullptr && (v = std::getenv(info.alias)) != nullptr) fresh->set_name[i] = info.alias;
+    if (v == nullptr && info.alias != nullptr && (v = std::getenv(info.alias)) != nullptr)
+      fresh->set_name[i] = info.alias;
     fresh->set[i] = v != nullptr;
     fresh->raw[i] = v != nullptr ? v : "";
     fresh->value[i] = v != nullptr ? v : info.default_value;
@@ -327,7 +329,8 @@ std::string param_accepts(const ParamInfo& info) {
 
 const std::vector<IgnoredNcclParam>& ignored_nccl_params() {
   static const std::vector<IgnoredNcclParam> v = {
-      {"NCCL_P2P_DISABLE", "no GPU peer-to-peer transport: ranks on one host always use shared memory unless MESHCCL_SHM_DISABLE=1"},
+      {"NCCL_P2P_DISABLE",
+       "no GPU peer-to-peer transport: ranks on one host always use shared memory unless MESHCCL_SHM_DISABLE=1"},
       {"NCCL_P2P_LEVEL", "no GPU peer-to-peer transport"},
       {"NCCL_PROTO", "one protocol per transport; MESHCCL_ALGO chooses algorithms"},
       {"NCCL_NTHREADS", "no GPU kernels with thread counts"},

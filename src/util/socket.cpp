@@ -79,7 +79,8 @@ Status pick_interface(SockAddr* out, std::string* ifname) {
     // not the network, is what failed.
     int probe = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (probe < 0 && (errno == EMFILE || errno == ENFILE))
-      return MC_ERROR(ncclSystemError, "cannot list network interfaces: %s (out of file descriptors?)", strerror(errno));
+      return MC_ERROR(ncclSystemError, "cannot list network interfaces: %s (out of file descriptors?)",
+                      strerror(errno));
     if (probe >= 0) ::close(probe);
   }
   if (i < 0)
@@ -178,7 +179,8 @@ Status socket_connect(const SockAddr& to, Deadline dl, AbortFlag abort, Socket* 
     if (rc != 0 && errno == EINPROGRESS) {
       Deadline attempt = Deadline::after(std::min(dl.seconds_left(), kConnectAttemptS));
       if (!wait_fd(fd, POLLOUT, attempt, abort, "connect").ok()) {
-        if (abort != nullptr && abort->load()) return MC_ERROR(ncclInvalidUsage, "connect interrupted: communicator aborted");
+        if (abort != nullptr && abort->load())
+          return MC_ERROR(ncclInvalidUsage, "connect interrupted: communicator aborted");
         if (dl.expired() || dl.seconds_left() <= 0)
           return MC_ERROR(ncclRemoteError, "connect to %s timed out after MESHCCL_TIMEOUT=%.0f s", to.str().c_str(),
                           timeout_seconds());
@@ -200,9 +202,11 @@ Status socket_connect(const SockAddr& to, Deadline dl, AbortFlag abort, Socket* 
     int e = errno;
     if (e != ECONNREFUSED && e != ETIMEDOUT && e != ENETUNREACH && e != EHOSTUNREACH && e != ECONNRESET)
       return MC_ERROR(ncclSystemError, "connect to %s failed: %s", to.str().c_str(), strerror(e));
-    if (abort != nullptr && abort->load()) return MC_ERROR(ncclInvalidUsage, "connect interrupted: communicator aborted");
+    if (abort != nullptr && abort->load())
+      return MC_ERROR(ncclInvalidUsage, "connect interrupted: communicator aborted");
     if (dl.expired())
-      return MC_ERROR(ncclRemoteError, "connect to %s failed (%s) until MESHCCL_TIMEOUT=%.0f s", to.str().c_str(), strerror(e), timeout_seconds());
+      return MC_ERROR(ncclRemoteError, "connect to %s failed (%s) until MESHCCL_TIMEOUT=%.0f s", to.str().c_str(),
+                      strerror(e), timeout_seconds());
     usleep(delay_ms * 1000);
     if (delay_ms < 100) delay_ms *= 2;
   }

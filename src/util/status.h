@@ -32,8 +32,8 @@ Status error_at(const char* file, int line, ncclResult_t code, const char* fmt, 
 #define MC_ERROR(code, ...) ::meshccl::error_at(__FILE__, __LINE__, (code), __VA_ARGS__)
 
 // Propagate a failed Status to the caller. Never hides control flow beyond a return.
-#define MC_TRY(expr)                         \
-  do {                                       \
-    ::meshccl::Status mc_try_s_ = (expr);    \
-    if (!mc_try_s_.ok()) return mc_try_s_;   \
+#define MC_TRY(expr)                       \
+  do {                                     \
+    ::meshccl::Status mc_try_s_ = (expr);  \
+    if (!mc_try_s_.ok()) return mc_try_s_; \
   } while (0)

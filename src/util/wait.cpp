@@ -37,7 +37,7 @@ WaitPolicy WaitPolicy::for_local_ranks(int local_ranks) {
   // waits yield long before sleeping unless the ranks outnumber the cores.
   p.yield = param_env(Param::YieldCount) != nullptr ? static_cast<uint32_t>(param_int(Param::YieldCount))
             : local_ranks > online_cores()          ? 200
-                                                     : 20000;
+                                                    : 20000;
   return p;
 }
 
@@ -78,8 +78,7 @@ Deadline Deadline::after(double seconds) {
   Deadline d;
   if (seconds > 0) {
     d.finite_ = true;
-    d.at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                               std::chrono::duration<double>(seconds));
+    d.at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
   }
   return d;
 }
@@ -94,9 +93,7 @@ double Deadline::seconds_left() const {
 double timeout_seconds() { return static_cast<double>(param_int(Param::Timeout)); }
 
 double now_us() {
-  return std::chrono::duration<double, std::micro>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace meshccl

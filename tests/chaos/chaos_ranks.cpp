@@ -86,8 +86,8 @@ OpSpec draw(uint64_t seed, uint64_t i) {
 }
 
 struct State {
-  int rank;                // in the current communicator
-  std::vector<int> ids;    // original rank of each member
+  int rank;              // in the current communicator
+  std::vector<int> ids;  // original rank of each member
   long wrong = 0;
 };
 
@@ -236,7 +236,8 @@ int main(int argc, char** argv) {
   ncclComm_t comm = nullptr;
   ncclResult_t res = meshcclCommInitFromEnv(&comm, nullptr);
   if (res != ncclSuccess) {
-    std::printf("chaos: rank %d ops 0 errors 1 shrinks 0 wrong 0 result init-error: %s\n", id, ncclGetLastError(nullptr));
+    std::printf("chaos: rank %d ops 0 errors 1 shrinks 0 wrong 0 result init-error: %s\n", id,
+                ncclGetLastError(nullptr));
     return 3;
   }
   State st;

@@ -43,14 +43,14 @@ int g_rank = 0, g_n = 1;
 long g_checks = 0;
 int g_failures = 0;
 
-#define NCCL_OK(call)                                                                                  \
-  do {                                                                                                 \
-    ncclResult_t res_ = (call);                                                                        \
-    if (res_ != ncclSuccess) {                                                                         \
+#define NCCL_OK(call)                                                                                \
+  do {                                                                                               \
+    ncclResult_t res_ = (call);                                                                      \
+    if (res_ != ncclSuccess) {                                                                       \
       std::fprintf(stderr, "rank %d: %s failed: %s (%s)\n", g_rank, #call, ncclGetErrorString(res_), \
-                   ncclGetLastError(nullptr));                                                         \
-      std::exit(1);                                                                                    \
-    }                                                                                                  \
+                   ncclGetLastError(nullptr));                                                       \
+      std::exit(1);                                                                                  \
+    }                                                                                                \
   } while (0)
 
 struct Type {
@@ -60,7 +60,7 @@ struct Type {
   bool is_float;
 };
 const Type kTypes[] = {
-    {ncclInt8, "int8", 1, false},       {ncclInt32, "int32", 4, false},     {ncclUint64, "uint64", 8, false},
+    {ncclInt8, "int8", 1, false},      {ncclInt32, "int32", 4, false},    {ncclUint64, "uint64", 8, false},
     {ncclFloat32, "float32", 4, true}, {ncclFloat64, "float64", 8, true}, {ncclBfloat16, "bfloat16", 2, true},
 };
 struct Op {
@@ -76,10 +76,26 @@ double pattern(int rank, size_t i) { return static_cast<double>((rank * 31 + i *
 void put(const Type& t, void* base, size_t i, double v) {
   char* p = static_cast<char*>(base) + i * t.size;
   switch (t.dt) {
-    case ncclInt8: { int8_t x = static_cast<int8_t>(v); std::memcpy(p, &x, 1); break; }
-    case ncclInt32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
-    case ncclUint64: { uint64_t x = static_cast<uint64_t>(v); std::memcpy(p, &x, 8); break; }
-    case ncclFloat32: { float x = static_cast<float>(v); std::memcpy(p, &x, 4); break; }
+    case ncclInt8: {
+      int8_t x = static_cast<int8_t>(v);
+      std::memcpy(p, &x, 1);
+      break;
+    }
+    case ncclInt32: {
+      int32_t x = static_cast<int32_t>(v);
+      std::memcpy(p, &x, 4);
+      break;
+    }
+    case ncclUint64: {
+      uint64_t x = static_cast<uint64_t>(v);
+      std::memcpy(p, &x, 8);
+      break;
+    }
+    case ncclFloat32: {
+      float x = static_cast<float>(v);
+      std::memcpy(p, &x, 4);
+      break;
+    }
     case ncclFloat64: std::memcpy(p, &v, 8); break;
     case ncclBfloat16: {  // small integers: the top half of the float is exact
       float f = static_cast<float>(v);
@@ -96,11 +112,31 @@ void put(const Type& t, void* base, size_t i, double v) {
 double get(const Type& t, const void* base, size_t i) {
   const char* p = static_cast<const char*>(base) + i * t.size;
   switch (t.dt) {
-    case ncclInt8: { int8_t x; std::memcpy(&x, p, 1); return x; }
-    case ncclInt32: { int32_t x; std::memcpy(&x, p, 4); return x; }
-    case ncclUint64: { uint64_t x; std::memcpy(&x, p, 8); return static_cast<double>(x); }
-    case ncclFloat32: { float x; std::memcpy(&x, p, 4); return x; }
-    case ncclFloat64: { double x; std::memcpy(&x, p, 8); return x; }
+    case ncclInt8: {
+      int8_t x;
+      std::memcpy(&x, p, 1);
+      return x;
+    }
+    case ncclInt32: {
+      int32_t x;
+      std::memcpy(&x, p, 4);
+      return x;
+    }
+    case ncclUint64: {
+      uint64_t x;
+      std::memcpy(&x, p, 8);
+      return static_cast<double>(x);
+    }
+    case ncclFloat32: {
+      float x;
+      std::memcpy(&x, p, 4);
+      return x;
+    }
+    case ncclFloat64: {
+      double x;
+      std::memcpy(&x, p, 8);
+      return x;
+    }
     case ncclBfloat16: {
       uint16_t x;
       std::memcpy(&x, p, 2);
@@ -138,8 +174,8 @@ struct Buf {
 
 // Compares count elements of b from offset `from` with want(i).
 template <class Want>
-void expect(const char* what, const Type& t, ncclRedOp_t op, size_t count, bool in_place, int root, Buf& b,
-            size_t from, Want want) {
+void expect(const char* what, const Type& t, ncclRedOp_t op, size_t count, bool in_place, int root, Buf& b, size_t from,
+            Want want) {
   ++g_checks;
   double tol = (op == ncclAvg && t.is_float) ? (t.dt == ncclBfloat16 ? 2e-2 : 1e-6) : 0;
   for (size_t i = 0; i < count; ++i) {
@@ -147,7 +183,12 @@ void expect(const char* what, const Type& t, ncclRedOp_t op, size_t count, bool 
     if (std::fabs(got - w) > tol * std::fabs(w)) {
       if (++g_failures <= 10)
         std::fprintf(stderr, "rank %d: %s %s count %zu %s root %d %s: element %zu is %g, want %g\n", g_rank, what,
-                     t.name, count, op == ncclSum ? "sum" : op == ncclProd ? "prod" : op == ncclMax ? "max" : op == ncclMin ? "min" : "avg",
+                     t.name, count,
+                     op == ncclSum    ? "sum"
+                     : op == ncclProd ? "prod"
+                     : op == ncclMax  ? "max"
+                     : op == ncclMin  ? "min"
+                                      : "avg",
                      root, in_place ? "in place" : "out of place", i, got, w);
       return;
     }
@@ -260,7 +301,7 @@ void run_movement(ncclComm_t comm, const Type& t, size_t count) {
 }
 
 std::string netns_name() {
-  struct stat self{};
+  struct stat self {};
   if (stat("/proc/self/ns/net", &self) != 0) return "?";
   std::string name = "netns" + std::to_string(self.st_ino);
   char path[512];
@@ -268,7 +309,7 @@ std::string netns_name() {
     const char* cl = std::getenv("CLUSTER_NAME");
     if (cl == nullptr) break;
     std::snprintf(path, sizeof path, "/run/netns/mcc-%s-h%d", cl, h);
-    struct stat st{};
+    struct stat st {};
     if (stat(path, &st) != 0) break;
     if (st.st_ino == self.st_ino && st.st_dev == self.st_dev) return std::string(path + 11);
   }
@@ -324,8 +365,8 @@ ncclResult_t allreduce_until_error(ncclComm_t comm, long* done) {
     const float per = static_cast<float>(g_n * (g_n + 1) / 2);
     for (size_t i = 0; i < c; ++i)
       if (out[i] != per * static_cast<float>(i % 97 + 1)) {
-        std::fprintf(stderr, "rank %d: WRONG allreduce %ld element %zu of %zu: %g, want %g\n", g_rank, it, i, c,
-                     out[i], per * static_cast<float>(i % 97 + 1));
+        std::fprintf(stderr, "rank %d: WRONG allreduce %ld element %zu of %zu: %g, want %g\n", g_rank, it, i, c, out[i],
+                     per * static_cast<float>(i % 97 + 1));
         ++g_failures;
         return ncclSuccess;
       }
@@ -398,8 +439,10 @@ int shrink_job(ncclComm_t comm, const std::vector<int>& victims) {
     std::fprintf(stderr, "rank %d: %d of %ld checks wrong\n", g_rank, g_failures, g_checks);
     return 1;
   }
-  std::printf("rank %d shrink ok: default -> %d/%d %ld checks; %ld allreduces, then after %.1f s %s; abort -> %d/%d %ld checks\n",
-              g_rank, crank, cn, default_checks, done, took, ncclGetErrorString(err), r, n, g_checks - default_checks);
+  std::printf(
+      "rank %d shrink ok: default -> %d/%d %ld checks; %ld allreduces, then after %.1f s %s; abort -> %d/%d %ld "
+      "checks\n",
+      g_rank, crank, cn, default_checks, done, took, ncclGetErrorString(err), r, n, g_checks - default_checks);
   return 0;
 }
 
@@ -461,7 +504,7 @@ int main(int argc, char** argv) {
 
   // Every rank learns every rank's namespace: ranks meshrun put on one host
   // must share it, ranks on different hosts must not.
-  struct stat self{};
+  struct stat self {};
   stat("/proc/self/ns/net", &self);
   std::vector<uint64_t> ns(g_n);
   uint64_t mine = self.st_ino;

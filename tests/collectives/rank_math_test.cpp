@@ -35,9 +35,7 @@ void check_tree(int n, const Links& links, int* root, int* depth) {
       ASSERT_LT(c, n);
       ASSERT_EQ(t[c].parent, r) << "n=" << n;
     }
-    if (t[r].child[1] >= 0) {
-      ASSERT_GE(t[r].child[0], 0);
-    }
+    if (t[r].child[1] >= 0) { ASSERT_GE(t[r].child[0], 0); }
     ASSERT_NE(t[r].child[0], t[r].child[1] >= 0 ? t[r].child[1] : -2);
   }
   ASSERT_GE(*root, 0);
@@ -62,7 +60,8 @@ TEST(RankMath, BinaryTreeIsNcclsInOrderTree) {
   EXPECT_EQ(binary_tree(14, 6).child[1], 7);
   for (int n = 1; n <= 64; ++n) {
     int root, depth;
-    check_tree(n, [n](int r) { return binary_tree(n, r); }, &root, &depth);
+    check_tree(
+        n, [n](int r) { return binary_tree(n, r); }, &root, &depth);
     EXPECT_EQ(root, 0);
     EXPECT_EQ(depth, binary_tree_depth(n)) << n;
     EXPECT_LE(binary_tree(n, 0).nchildren(), 1);
@@ -72,12 +71,12 @@ TEST(RankMath, BinaryTreeIsNcclsInOrderTree) {
 TEST(RankMath, DoubleTreeLeavesMostRanksIdleInOneTree) {
   for (int n = 1; n <= 64; ++n) {
     int root1, depth1, root0, depth0;
-    check_tree(n, [n](int r) { return double_tree(n, r, 0); }, &root0, &depth0);
-    check_tree(n, [n](int r) { return double_tree(n, r, 1); }, &root1, &depth1);
+    check_tree(
+        n, [n](int r) { return double_tree(n, r, 0); }, &root0, &depth0);
+    check_tree(
+        n, [n](int r) { return double_tree(n, r, 1); }, &root1, &depth1);
     EXPECT_EQ(depth1, binary_tree_depth(n));
-    if (n > 1) {
-      EXPECT_NE(root0, root1) << n;
-    }
+    if (n > 1) { EXPECT_NE(root0, root1) << n; }
     int both = 0;
     for (int r = 0; r < n; ++r) both += double_tree(n, r, 0).nchildren() > 0 && double_tree(n, r, 1).nchildren() > 0;
     EXPECT_LE(both, n % 2 == 0 ? 0 : 1) << "ranks inner in both trees, n=" << n;
@@ -89,7 +88,8 @@ TEST(RankMath, RootedDoubleTreeHangsBelowAnyRoot) {
     for (int root = 0; root < n; ++root) {
       for (int t = 0; t < 2; ++t) {
         int got_root, depth;
-        check_tree(n, [&](int r) { return rooted_double_tree(n, root, r, t); }, &got_root, &depth);
+        check_tree(
+            n, [&](int r) { return rooted_double_tree(n, root, r, t); }, &got_root, &depth);
         EXPECT_EQ(got_root, root);
         EXPECT_EQ(depth, rooted_tree_depth(n)) << "n=" << n << " root " << root << " tree " << t;
         EXPECT_EQ(rooted_double_tree(n, root, root, t).nchildren(), n > 1 ? 1 : 0);

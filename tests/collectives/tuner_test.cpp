@@ -158,9 +158,10 @@ TEST(Tuner, ForcedByEnvironment) {
 TEST(Tuner, BadForcingIsInvalidArgument) {
   const TuneModel t = fast(4);
   const Algorithm* a = nullptr;
-  for (const char* spec : {"allgather:tree", "nosuchalgo", "allreduce:ring;tree", "broadcast:^chain,tree,direct_shm,hier"}) {
+  for (const char* spec :
+       {"allgather:tree", "nosuchalgo", "allreduce:ring;tree", "broadcast:^chain,tree,direct_shm,hier"}) {
     ScopedEnv e("MESHCCL_ALGO", spec);
-    OpKind kind = std::string(spec).rfind("broadcast", 0) == 0 ? OpKind::Broadcast
+    OpKind kind = std::string(spec).rfind("broadcast", 0) == 0   ? OpKind::Broadcast
                   : std::string(spec).rfind("allgather", 0) == 0 ? OpKind::AllGather
                                                                  : OpKind::AllReduce;
     EXPECT_EQ(choose_algorithm(t, op_of(kind, 4, 64), &a).code(), ncclInvalidArgument) << spec;
@@ -193,7 +194,8 @@ TEST(Tuner, RingPaysEveryEdgeThatLeavesAHost) {
   const OpDesc op = op_of(OpKind::AllReduce, 4, 64 << 20);
   const TuneModel blocked = across_hosts(4, 2, true), rr = across_hosts(4, 2, false);
   EXPECT_DOUBLE_EQ(detail::ring_beta(BuildCtx::whole(rr, op)), 2 * detail::ring_beta(BuildCtx::whole(blocked, op)));
-  EXPECT_GT(cost_ring_allreduce(BuildCtx::whole(rr, op), op), 1.9 * cost_ring_allreduce(BuildCtx::whole(blocked, op), op) - 1000);
+  EXPECT_GT(cost_ring_allreduce(BuildCtx::whole(rr, op), op),
+            1.9 * cost_ring_allreduce(BuildCtx::whole(blocked, op), op) - 1000);
 }
 
 // Host-aware costs: each step at the rates of the links its pairs cross.
@@ -204,7 +206,7 @@ TEST(Tuner, HalvingDoublingCostsEachStepAtItsLinks) {
   const TuneModel t = across_hosts(8, 2, true);  // shm 1 us 10 GB/s, net 20 us 1.25 GB/s, reduce 10 GB/s
   const double bytes = 64 << 20;
   const OpDesc op = op_of(OpKind::AllReduce, 8, 64 << 20);
-  const double net = 20 + bytes / 2 * 4 * 1e-3 / 1.25;          // 4 streams share the host's link
+  const double net = 20 + bytes / 2 * 4 * 1e-3 / 1.25;  // 4 streams share the host's link
   const double local = (1 + bytes / 4 * 1e-3 / 10) + (1 + bytes / 8 * 1e-3 / 10);
   const double gamma = bytes * 7 / 8 * 1e-3 / 10;
   EXPECT_NEAR(cost_halving_doubling_allreduce(BuildCtx::whole(t, op), op), 2 * (net + local) + gamma, 1e-6 * bytes);
@@ -400,12 +402,16 @@ TEST(Tuner, RailsBoundTheHierarchicalAllReduce) {
     // The inter-host phase of each channel (one rank per host, 1/8 of the
     // data) is bounded by one NIC: its bus bandwidth stays at or below 50.
     const double channel_bytes = bytes / 8.0;
-    const double inter_busbw = channel_bytes * 1e-3 / predicted_us(
-        with_hosts(make_tune_model(hosts, true, {1, 450}, {5, rails.host_net_gbs(8) / 8}, 1100), [&] {
-          std::vector<int> v(static_cast<size_t>(hosts));
-          for (int i = 0; i < hosts; ++i) v[i] = i;
-          return v;
-        }()), "ring", bytes / 8) * 2 * (h - 1) / h;
+    const double inter_busbw =
+        channel_bytes * 1e-3 /
+        predicted_us(with_hosts(make_tune_model(hosts, true, {1, 450}, {5, rails.host_net_gbs(8) / 8}, 1100),
+                                [&] {
+                                  std::vector<int> v(static_cast<size_t>(hosts));
+                                  for (int i = 0; i < hosts; ++i) v[i] = i;
+                                  return v;
+                                }()),
+                     "ring", bytes / 8) *
+        2 * (h - 1) / h;
     EXPECT_LE(inter_busbw, 50.0) << hosts;
     // The flat ring, host-major, leaves each host through one rank's NIC
     // either way: its bus bandwidth stays at or below one NIC's.

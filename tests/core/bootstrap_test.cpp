@@ -140,7 +140,7 @@ TEST(Greeting, ProvesTheKeyWithoutCarryingIt) {
   EXPECT_EQ(greeting_sender(g.data(), g.size(), key, 4, 1), 2);
   EXPECT_NE(g, h) << "two greetings must differ (fresh nonces)";
   EXPECT_EQ(std::string(g.begin(), g.end()).find(std::string(key, key + kSecretBytes)), std::string::npos);
-  EXPECT_EQ(greeting_sender(g.data(), g.size(), key, 4, 0), -1);   // sent to rank 1, not 0
+  EXPECT_EQ(greeting_sender(g.data(), g.size(), key, 4, 0), -1);  // sent to rank 1, not 0
   EXPECT_EQ(greeting_sender(g.data(), g.size() - 1, key, 4, 1), -1);
   for (size_t i = 0; i < g.size(); ++i) {
     std::vector<char> bad = g;

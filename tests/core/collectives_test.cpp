@@ -25,7 +25,7 @@ using namespace meshccl_test;
 
 namespace {
 
-const ncclDataType_t kTypes[] = {ncclInt8,   ncclUint8,   ncclInt32,    ncclUint32,    ncclInt64,     ncclUint64,
+const ncclDataType_t kTypes[] = {ncclInt8,    ncclUint8,   ncclInt32,   ncclUint32,   ncclInt64,      ncclUint64,
                                  ncclFloat16, ncclFloat32, ncclFloat64, ncclBfloat16, ncclFloat8e4m3, ncclFloat8e5m2};
 enum Red { kSum, kProd, kMax, kMin, kAvg, kPreMul };
 const Red kReds[] = {kSum, kProd, kMax, kMin, kAvg, kPreMul};
@@ -89,8 +89,8 @@ std::vector<std::pair<ncclDataType_t, Red>> type_ops(int n) {
   const bool full = n <= 5;
   for (ncclDataType_t dt : kTypes)
     for (Red red : kReds) {
-      const bool family_rep = dt == ncclInt8 || dt == ncclUint64 || dt == ncclFloat32 || dt == ncclBfloat16 ||
-                              dt == ncclFloat8e4m3;
+      const bool family_rep =
+          dt == ncclInt8 || dt == ncclUint64 || dt == ncclFloat32 || dt == ncclBfloat16 || dt == ncclFloat8e4m3;
       if (full || family_rep || red == kSum) out.emplace_back(dt, red);
     }
   return out;
@@ -136,7 +136,8 @@ void check_reduce_scatter(ncclComm_t comm, int n, int rank, bool in_place) {
         for (size_t i = 0; i < rc * n; ++i) send.set(i, input(red, dt, rank, i));
         void* out = in_place ? send.ptr(rank * rc) : recv.ptr();
         ncclRedOp_t op = make_op(red, dt, rank, comm);
-        ASSERT_EQ(ncclReduceScatter(send.ptr(), out, rc, dt, op, comm, nullptr), ncclSuccess) << ncclGetLastError(nullptr);
+        ASSERT_EQ(ncclReduceScatter(send.ptr(), out, rc, dt, op, comm, nullptr), ncclSuccess)
+            << ncclGetLastError(nullptr);
         if (red == kPreMul) ASSERT_EQ(ncclRedOpDestroy(op, comm), ncclSuccess);
         const Buf& ob = in_place ? send : recv;
         size_t off = in_place ? rank * rc : 0;
@@ -330,8 +331,8 @@ std::string write_hosts_file(const std::string& name, const std::vector<int>& ho
     xml += "  <rank id=\"" + std::to_string(r) + "\" host=\"" + std::to_string(host[r]) + "\" numa=\"0\"/>\n";
   xml += "</meshccl_topology>\n";
   const char* dir = std::getenv("TMPDIR");
-  const std::string path = std::string(dir != nullptr ? dir : "/tmp") + "/meshccl_hosts_" + name + "_" +
-                           std::to_string(getpid()) + ".xml";
+  const std::string path =
+      std::string(dir != nullptr ? dir : "/tmp") + "/meshccl_hosts_" + name + "_" + std::to_string(getpid()) + ".xml";
   FILE* f = std::fopen(path.c_str(), "w");
   EXPECT_NE(f, nullptr) << path;
   if (f != nullptr) {

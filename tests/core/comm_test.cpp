@@ -146,7 +146,8 @@ TEST(Split, ColorsKeysAndNoColor) {
     for (int r = 0; r < n - 1; ++r)
       if (r % 2 == color) members.push_back(r);
     EXPECT_EQ(sn, static_cast<int>(members.size()));
-    EXPECT_EQ(sr, static_cast<int>(members.size()) - 1 - static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin()));
+    EXPECT_EQ(sr, static_cast<int>(members.size()) - 1 -
+                      static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin()));
     int v = rank, sum = 0;
     ASSERT_EQ(ncclAllReduce(&v, &sum, 1, ncclInt, ncclSum, sub, nullptr), ncclSuccess);
     EXPECT_EQ(sum, std::accumulate(members.begin(), members.end(), 0));
@@ -231,7 +232,8 @@ TEST(Errors, ArgumentChecks) {
     EXPECT_EQ(ncclSend(&x, 1, ncclInt, 5, comm, nullptr), ncclInvalidArgument);
     EXPECT_EQ(ncclRecv(nullptr, 1, ncclInt, 0, comm, nullptr), ncclInvalidArgument);
     EXPECT_EQ(ncclAllReduce(&x, &x, 1, ncclInt, ncclSum, nullptr, nullptr), ncclInvalidArgument);
-    EXPECT_EQ(ncclAllReduce(&x, &x, 1, ncclInt, ncclSum, comm, reinterpret_cast<cudaStream_t>(0x1234)), ncclInvalidArgument);
+    EXPECT_EQ(ncclAllReduce(&x, &x, 1, ncclInt, ncclSum, comm, reinterpret_cast<cudaStream_t>(0x1234)),
+              ncclInvalidArgument);
     // AlltoAll in place is accepted, as by NCCL, and correct.
     int a2a[2] = {rank * 100, rank * 100 + 1};
     EXPECT_EQ(ncclAlltoAll(a2a, a2a, 1, ncclInt, comm, nullptr), ncclSuccess);
@@ -308,7 +310,8 @@ TEST(Streams, AsyncInStreamOrderWithPriorities) {
     ASSERT_EQ(meshcclStreamCreateWithPriority(&hi, greatest), ncclSuccess);
     std::vector<std::vector<float>> grads(6, std::vector<float>(50000, float(rank)));
     for (auto& g : grads)
-      ASSERT_EQ(ncclAllReduce(g.data(), g.data(), g.size(), ncclFloat, ncclSum, comm, meshcclStreamAsCuda(lo)), ncclSuccess);
+      ASSERT_EQ(ncclAllReduce(g.data(), g.data(), g.size(), ncclFloat, ncclSum, comm, meshcclStreamAsCuda(lo)),
+                ncclSuccess);
     std::vector<int> act(100, rank), got(100, -1);
     ASSERT_EQ(ncclGroupStart(), ncclSuccess);
     ASSERT_EQ(ncclSend(act.data(), 100, ncclInt, (rank + 1) % 3, comm, meshcclStreamAsCuda(hi)), ncclSuccess);
@@ -387,8 +390,7 @@ TEST(Streams, SynchronizeLeavesTheIdleWorkerAsleep) {
     // Some work between calls (busy, so this thread never blocks): time for
     // a worker woken by the call to run and go back to waiting.
     const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
-    while (std::chrono::steady_clock::now() < until) {
-    }
+    while (std::chrono::steady_clock::now() < until) {}
   }
   getrusage(RUSAGE_SELF, &after);
   EXPECT_LT(after.ru_nvcsw - before.ru_nvcsw, calls / 4);

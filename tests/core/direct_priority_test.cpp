@@ -60,8 +60,7 @@ TEST_P(DirectOvertake, EveryCollectiveExact) {
     Streams s;
     std::vector<int> bulk(size_t{1} << 20), bulk_out(bulk.size(), -1);
     for (size_t i = 0; i < bulk.size(); ++i) bulk[i] = value(rank, i);
-    ASSERT_EQ(ncclAllReduce(bulk.data(), bulk_out.data(), bulk.size(), ncclInt, ncclSum, comm, cu(s.lo)),
-              ncclSuccess);
+    ASSERT_EQ(ncclAllReduce(bulk.data(), bulk_out.data(), bulk.size(), ncclInt, ncclSum, comm, cu(s.lo)), ncclSuccess);
     auto hi = cu(s.hi);
     auto sync = [&] { ASSERT_EQ(meshcclStreamSynchronize(s.hi), ncclSuccess) << ncclGetLastError(comm); };
     const int root = n - 1;
@@ -296,8 +295,7 @@ TEST(DirectPriority, PriorityDifferingAcrossRanksIsReported) {
     // first one (on the urgent stream) ends with the failure.
     if (rank == 0)
       EXPECT_NE(ncclAllReduce(b.data(), b.data(), b.size(), ncclFloat, ncclSum, comm, cu(s.hi)), ncclSuccess);
-    else
-      EXPECT_NE(meshcclStreamSynchronize(s.hi), ncclSuccess);
+    else EXPECT_NE(meshcclStreamSynchronize(s.hi), ncclSuccess);
   });
   EXPECT_GE(named.load(), 1);
 }

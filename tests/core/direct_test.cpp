@@ -245,8 +245,11 @@ TEST(Direct, MismatchedCallsFailEveryRank) {
     const char* what;
     const char* expect;  // in the message
   };
-  const Case cases[] = {{"count", "65 on rank 1"}, {"dtype", "int32 on rank 1"}, {"op", "max on rank 1"},
-                        {"root", "2 on rank 1"}, {"collective", "Broadcast on rank 1"}};
+  const Case cases[] = {{"count", "65 on rank 1"},
+                        {"dtype", "int32 on rank 1"},
+                        {"op", "max on rank 1"},
+                        {"root", "2 on rank 1"},
+                        {"collective", "Broadcast on rank 1"}};
   for (const Case& c : cases) {
     const int n = 3;
     run_ranks(n, [&c](ncclComm_t comm, int rank) {
@@ -263,9 +266,8 @@ TEST(Direct, MismatchedCallsFailEveryRank) {
       if (odd && w == "root") root = 2;
       ncclResult_t res;
       if (w == "root" || w == "collective") {
-        res = odd && w == "collective"
-                  ? ncclBroadcast(buf.data(), buf.data(), count, dt, root, comm, nullptr)
-                  : ncclReduce(buf.data(), buf.data(), count, dt, op, root, comm, nullptr);
+        res = odd && w == "collective" ? ncclBroadcast(buf.data(), buf.data(), count, dt, root, comm, nullptr)
+                                       : ncclReduce(buf.data(), buf.data(), count, dt, op, root, comm, nullptr);
       } else {
         res = ncclAllReduce(buf.data(), buf.data(), count, dt, op, comm, nullptr);
       }

@@ -109,8 +109,7 @@ TEST(Groups, DestroyOrAbortWithOperationsPendingInTheGroup) {
     ASSERT_EQ(ncclAllReduce(&x, &y, 1, ncclInt, ncclSum, c[0], nullptr), ncclSuccess);
     ASSERT_EQ(abort ? ncclCommAbort(c[0]) : ncclCommDestroy(c[0]), ncclSuccess);
     EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
-    EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("destroyed"), std::string::npos)
-        << ncclGetLastError(nullptr);
+    EXPECT_NE(std::string(ncclGetLastError(nullptr)).find("destroyed"), std::string::npos) << ncclGetLastError(nullptr);
     EXPECT_EQ(y, 0);
   }
 }

@@ -140,7 +140,8 @@ TEST(Leaks, ThousandCommunicatorsAsProcesses) {
   for (int left = 2; left > 0;) {
     for (int r = 0; r < 2; ++r)
       if (status[r] == -1 && waitpid(kids[r], &status[r], WNOHANG) == kids[r]) --left;
-      else if (status[r] == -1 && std::chrono::steady_clock::now() - t0 > std::chrono::seconds(240)) kill(kids[r], SIGKILL);
+      else if (status[r] == -1 && std::chrono::steady_clock::now() - t0 > std::chrono::seconds(240))
+        kill(kids[r], SIGKILL);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   for (int r = 0; r < 2; ++r) {

@@ -92,7 +92,7 @@ void expect_all_ok(const std::vector<Child>& kids, SharedSlots& slots) {
 struct LoadCase {
   const char* name;
   bool two_hosts;
-  const char* var;    // an environment variable for every rank, or nullptr
+  const char* var;  // an environment variable for every rank, or nullptr
   const char* value;
   const char* needs;  // a plugin the case needs built, or nullptr
   std::set<std::string> loaded;
@@ -132,7 +132,11 @@ INSTANTIATE_TEST_SUITE_P(
                       LoadCase{"forced_shm", false, "MESHCCL_TRANSPORT", "shm", nullptr, {}},
                       LoadCase{"one_host_net_ucx", false, "NCCL_NET", "ucx", "ucx", {}},
                       LoadCase{"two_hosts_forced_socket", true, "MESHCCL_TRANSPORT", "socket", nullptr, {}},
-                      LoadCase{"two_hosts_net_ofi", true, "NCCL_NET", "ofi", "ofi",
+                      LoadCase{"two_hosts_net_ofi",
+                               true,
+                               "NCCL_NET",
+                               "ofi",
+                               "ofi",
                                {"libmeshccl-transport-", "libfabric.", "libinfinipath."}}),
     [](const auto& info) { return std::string(info.param.name); });
 
@@ -251,7 +255,8 @@ class Sigterm : public ::testing::TestWithParam<std::tuple<const char*, When>> {
 TEST_P(Sigterm, EndsTheRankAtOnce) {
   const std::string transport = std::get<0>(GetParam());
   const When when = std::get<1>(GetParam());
-  if ((transport == "ucx" || transport == "ofi") && !plugin_built(transport)) GTEST_SKIP() << transport << " plugin not built";
+  if ((transport == "ucx" || transport == "ofi") && !plugin_built(transport))
+    GTEST_SKIP() << transport << " plugin not built";
   SharedArray<SharedId> sid(1);
   SharedArray<Stage> stage(1);
   SharedArray<double> took(1);
@@ -278,7 +283,8 @@ TEST_P(Sigterm, EndsTheRankAtOnce) {
   });
   ASSERT_EQ(kids.size(), 3u);
   const Child& victim = kids[0];
-  const bool died_of_sigterm = !victim.killed_at_deadline && WIFSIGNALED(victim.status) && WTERMSIG(victim.status) == SIGTERM;
+  const bool died_of_sigterm =
+      !victim.killed_at_deadline && WIFSIGNALED(victim.status) && WTERMSIG(victim.status) == SIGTERM;
   EXPECT_TRUE(died_of_sigterm) << describe(victim);
   EXPECT_GE(took[0], 0) << describe(kids[2]);
   EXPECT_LT(took[0], 3.0) << "seconds from SIGTERM until rank 0 was gone";
@@ -287,15 +293,15 @@ TEST_P(Sigterm, EndsTheRankAtOnce) {
 INSTANTIATE_TEST_SUITE_P(Transports, Signals, ::testing::ValuesIn(kTransports),
                          [](const auto& info) { return std::string(info.param); });
 
-INSTANTIATE_TEST_SUITE_P(
-    Transports, Sigterm,
-    ::testing::Combine(::testing::ValuesIn(kTransports),
-                       ::testing::Values(When::kIdle, When::kInCollective, When::kExiting)),
-    [](const auto& info) {
-      const When w = std::get<1>(info.param);
-      return std::string(std::get<0>(info.param)) +
-             (w == When::kIdle ? "_idle" : w == When::kInCollective ? "_in_collective" : "_exiting");
-    });
+INSTANTIATE_TEST_SUITE_P(Transports, Sigterm,
+                         ::testing::Combine(::testing::ValuesIn(kTransports),
+                                            ::testing::Values(When::kIdle, When::kInCollective, When::kExiting)),
+                         [](const auto& info) {
+                           const When w = std::get<1>(info.param);
+                           return std::string(std::get<0>(info.param)) + (w == When::kIdle           ? "_idle"
+                                                                          : w == When::kInCollective ? "_in_collective"
+                                                                                                     : "_exiting");
+                         });
 
 // ---------------------------------------------------------------------------
 

@@ -47,8 +47,11 @@ class LinkOrder : public ::testing::TestWithParam<std::string> {};
 // urgent one finishes first.
 TEST_P(LinkOrder, UrgentOvertakesBulkChunkByChunk) {
   // The network's bandwidth is pinned: the smallest chunk must not depend on a measurement.
-  ScopedEnv env({{"MESHCCL_TRANSPORT", GetParam()}, {"MESHCCL_CHUNK_US", "1"}, {"MESHCCL_LINK_CREDIT", "4"},
-                 {"MESHCCL_PRIORITY", "1"}, {"MESHCCL_TUNE_NET_BW_GBS", "1"}});
+  ScopedEnv env({{"MESHCCL_TRANSPORT", GetParam()},
+                 {"MESHCCL_CHUNK_US", "1"},
+                 {"MESHCCL_LINK_CREDIT", "4"},
+                 {"MESHCCL_PRIORITY", "1"},
+                 {"MESHCCL_TUNE_NET_BW_GBS", "1"}});
   constexpr uint64_t kBulkTag = (uint64_t{1} << 61) | 1, kUrgentTag = (uint64_t{1} << 61) | 2;
   run_ranks(2, [&](ncclComm_t comm, int rank) {
     meshccl::Links& links = comm->engine->links();
@@ -132,7 +135,9 @@ TEST(Priority, BulkProgressesUnderEndlessUrgentTraffic) {
 // urgent message (communicator B) before it even posts the bulk receive
 // (communicator A) that rank 0 has been sending all along.
 TEST(Priority, NoCreditDeadlockAcrossCommunicators) {
-  ScopedEnv env({{"MESHCCL_DIRECT_SLOT_BYTES", "0"}, {"MESHCCL_CHUNK_US", "1"}, {"MESHCCL_LINK_CREDIT", "1"},
+  ScopedEnv env({{"MESHCCL_DIRECT_SLOT_BYTES", "0"},
+                 {"MESHCCL_CHUNK_US", "1"},
+                 {"MESHCCL_LINK_CREDIT", "1"},
                  {"MESHCCL_PRIORITY", "1"}});
   run_ranks(2, [](ncclComm_t a, int rank) {
     ncclComm_t b = nullptr;
@@ -186,21 +191,20 @@ std::string two_hosts_file(int n) {
 TEST_P(Preemption, EveryCollectiveOvertakingBulk) {
   const auto [n, transport, priority, algo] = GetParam();
   const bool hier = algo == "hier";
-  ScopedEnv env({{"MESHCCL_DIRECT_SLOT_BYTES", "0"},
-                 {"MESHCCL_CHUNK_US", "1"},
-                 {"MESHCCL_TRANSPORT", transport},
-                 {"MESHCCL_PRIORITY", priority},
-                 {"MESHCCL_ALGO", hier ? "allreduce:hier;allgather:hier;reducescatter:hier;broadcast:hier;reduce:hier"
-                                       : algo},
-                 {"MESHCCL_TOPO_FILE", hier ? two_hosts_file(n) : std::string()}});
+  ScopedEnv env(
+      {{"MESHCCL_DIRECT_SLOT_BYTES", "0"},
+       {"MESHCCL_CHUNK_US", "1"},
+       {"MESHCCL_TRANSPORT", transport},
+       {"MESHCCL_PRIORITY", priority},
+       {"MESHCCL_ALGO", hier ? "allreduce:hier;allgather:hier;reducescatter:hier;broadcast:hier;reduce:hier" : algo},
+       {"MESHCCL_TOPO_FILE", hier ? two_hosts_file(n) : std::string()}});
   run_ranks(n, [n = n](ncclComm_t comm, int rank) {
     Streams s;
     // Bulk: 1 MiB of int32 per rank (64 chunks of 16 KiB), low priority.
     std::vector<int> bulk(1 << 18);
     std::iota(bulk.begin(), bulk.end(), rank);
     std::vector<int> bulk_out(bulk.size(), -1);
-    ASSERT_EQ(ncclAllReduce(bulk.data(), bulk_out.data(), bulk.size(), ncclInt, ncclSum, comm, cu(s.lo)),
-              ncclSuccess);
+    ASSERT_EQ(ncclAllReduce(bulk.data(), bulk_out.data(), bulk.size(), ncclInt, ncclSum, comm, cu(s.lo)), ncclSuccess);
     const int sum_ranks = n * (n - 1) / 2;
     // Urgent, each larger than two chunks somewhere and prime-sized.
     for (size_t count : {size_t{0}, size_t{1}, size_t{1009}, size_t{12289}}) {
@@ -239,8 +243,7 @@ TEST_P(Preemption, EveryCollectiveOvertakingBulk) {
           for (size_t i = 0; i < count; ++i) ASSERT_EQ(out[r * count + i], static_cast<int>(i % 9973) + r * 3);
       ASSERT_EQ(ncclScatter(in.data(), small.data(), count, ncclInt, root, comm, hi), ncclSuccess);
       ASSERT_EQ(meshcclStreamSynchronize(s.hi), ncclSuccess);
-      for (size_t i = 0; i < count; ++i)
-        ASSERT_EQ(small[i], static_cast<int>((rank * count + i) % 9973) + root * 3);
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(small[i], static_cast<int>((rank * count + i) % 9973) + root * 3);
       ASSERT_EQ(ncclGroupStart(), ncclSuccess);
       ASSERT_EQ(ncclSend(in.data(), count, ncclInt, (rank + 1) % n, comm, hi), ncclSuccess);
       ASSERT_EQ(ncclRecv(small.data(), count, ncclInt, (rank + n - 1) % n, comm, hi), ncclSuccess);
@@ -262,12 +265,15 @@ INSTANTIATE_TEST_SUITE_P(Ranks, Preemption,
 // Every algorithm forced, for the bulk all-reduce and the urgent collectives
 // alike: the two-tree all-reduce (whose two ends make transfers ready in
 // different orders), ring/chain, halving-doubling, the hierarchical ones.
-INSTANTIATE_TEST_SUITE_P(
-    Algorithms, Preemption,
-    ::testing::Values(std::make_tuple(3, "shm", "1", "tree"), std::make_tuple(4, "shm", "1", "tree"),
-                      std::make_tuple(5, "socket", "1", "tree"), std::make_tuple(4, "socket", "1", "ring;broadcast:chain;reduce:chain"),
-                      std::make_tuple(4, "shm", "1", "halving_doubling"), std::make_tuple(3, "shm", "1", "halving_doubling"),
-                      std::make_tuple(4, "shm", "1", "hier"), std::make_tuple(5, "socket", "1", "hier")));
+INSTANTIATE_TEST_SUITE_P(Algorithms, Preemption,
+                         ::testing::Values(std::make_tuple(3, "shm", "1", "tree"),
+                                           std::make_tuple(4, "shm", "1", "tree"),
+                                           std::make_tuple(5, "socket", "1", "tree"),
+                                           std::make_tuple(4, "socket", "1", "ring;broadcast:chain;reduce:chain"),
+                                           std::make_tuple(4, "shm", "1", "halving_doubling"),
+                                           std::make_tuple(3, "shm", "1", "halving_doubling"),
+                                           std::make_tuple(4, "shm", "1", "hier"),
+                                           std::make_tuple(5, "socket", "1", "hier")));
 
 // The window bounds what an urgent transfer finds ahead of it on a link: a
 // pipelined bulk all-reduce makes many transfers to the same peer ready at

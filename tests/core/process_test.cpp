@@ -351,8 +351,8 @@ void survivors_name_the_killed_rank(const char* transport, bool two_hosts) {
     const Slot& s = slots[k.rank];
     EXPECT_EQ(s.result, ncclRemoteError) << "rank " << k.rank << ": " << s.message;
     EXPECT_TRUE(mentions(s.message, "rank 2 failed first")) << "rank " << k.rank << ": " << s.message;
-    std::printf("[ killed ] %s%s: rank %d: %s\n", transport ? transport : "shm", two_hosts ? ", two hosts" : "",
-                k.rank, s.message);
+    std::printf("[ killed ] %s%s: rank %d: %s\n", transport ? transport : "shm", two_hosts ? ", two hosts" : "", k.rank,
+                s.message);
   }
 }
 
@@ -570,7 +570,8 @@ TEST(ProcessFailure, FailedShmTransferFailsTheCommunicator) {
     res = ncclCommInitRank(&comm, n, id, rank);
     if (res != ncclSuccess) return fail(10, rank, "ncclCommInitRank", res);
     const auto wait_for = [&](int i) {
-      while (__atomic_load_n(&sync[i], __ATOMIC_SEQ_CST) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      while (__atomic_load_n(&sync[i], __ATOMIC_SEQ_CST) == 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
     };
     if (rank == 0) {
       __atomic_store_n(&sync[0], static_cast<int>(getpid()), __ATOMIC_SEQ_CST);
@@ -800,9 +801,9 @@ void unchecked_size_mismatch(const char* transport, bool abort_at_once) {
     const Slot& s = slots[k.rank];
     EXPECT_EQ(s.result, ncclInvalidUsage) << "rank " << k.rank << ": " << s.message;
     EXPECT_TRUE(mentions(s.message, "mismatched calls")) << "rank " << k.rank << ": " << s.message;
-    std::printf("[mismatch] %s, no checks, count, %s: rank %d -> %s after %.3f s: %s\n",
-                transport ? transport : "shm", abort_at_once ? "abort at once" : "abort later", k.rank,
-                ncclGetErrorString(ncclResult_t(s.result)), s.seconds, s.message);
+    std::printf("[mismatch] %s, no checks, count, %s: rank %d -> %s after %.3f s: %s\n", transport ? transport : "shm",
+                abort_at_once ? "abort at once" : "abort later", k.rank, ncclGetErrorString(ncclResult_t(s.result)),
+                s.seconds, s.message);
   }
 }
 
@@ -921,7 +922,10 @@ void default_mismatch(const char* transport, bool two_hosts, bool plans) {
       EXPECT_TRUE(mentions(s.message, "mismatched")) << "case " << field << ", rank " << r << ": " << s.message;
       if (r == 0)
         std::printf("[mismatch] default, %s%s, %s: rank 0: %s\n", transport ? transport : "shm",
-                    two_hosts ? ", two hosts" : plans ? ", plans" : "", field, s.message);
+                    two_hosts ? ", two hosts"
+                    : plans   ? ", plans"
+                              : "",
+                    field, s.message);
     }
 }
 

@@ -38,8 +38,8 @@ struct Slot {
 struct Child {
   int rank;
   pid_t pid;
-  int status = -1;          // waitpid status; -1 while running
-  double seconds = 0;       // from fork to exit
+  int status = -1;     // waitpid status; -1 while running
+  double seconds = 0;  // from fork to exit
   bool killed_at_deadline = false;
 };
 
@@ -103,9 +103,7 @@ inline std::vector<Child> run_procs(int n, double deadline_s, const std::functio
       int code = 99;
       try {
         code = body(r);
-      } catch (...) {
-        code = 98;
-      }
+      } catch (...) { code = 98; }
       std::fflush(stdout);
       std::fflush(stderr);
       _exit(code);
@@ -142,12 +140,13 @@ inline std::string describe(const Child& k) {
     std::snprintf(buf, sizeof(buf), "rank %d exited %d after %.2f s", k.rank, WEXITSTATUS(k.status), k.seconds);
   else if (WIFSIGNALED(k.status))
     std::snprintf(buf, sizeof(buf), "rank %d died of signal %d after %.2f s", k.rank, WTERMSIG(k.status), k.seconds);
-  else
-    std::snprintf(buf, sizeof(buf), "rank %d status 0x%x", k.rank, k.status);
+  else std::snprintf(buf, sizeof(buf), "rank %d status 0x%x", k.rank, k.status);
   return buf;
 }
 
-inline bool exited_ok(const Child& k) { return !k.killed_at_deadline && WIFEXITED(k.status) && WEXITSTATUS(k.status) == 0; }
+inline bool exited_ok(const Child& k) {
+  return !k.killed_at_deadline && WIFEXITED(k.status) && WEXITSTATUS(k.status) == 0;
+}
 
 // Child-side failure report: prints and yields the exit code.
 inline int fail(int code, int rank, const char* what, ncclResult_t res) {

@@ -141,8 +141,8 @@ TEST(Settings, EnvSubsystemEchoesEverySettingUnderItsName) {
   meshccl::param_refresh();
   meshccl::log_reset();
   make_comm();
-  for (const char* v : {"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "MESHCCL_DEBUG_FILE", "NCCL_PROTO", "NCCL_BUFFSIZE",
-                        "MESHCCL_SPIN_COUNT"})
+  for (const char* v :
+       {"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "MESHCCL_DEBUG_FILE", "NCCL_PROTO", "NCCL_BUFFSIZE", "MESHCCL_SPIN_COUNT"})
     unsetenv(v);
   meshccl::param_refresh();
   meshccl::log_reset();

@@ -23,9 +23,9 @@ using namespace meshccl_test;
 constexpr double kChildDeadline = 60;  // MESHCCL_TIMEOUT is 10 (meson.build)
 
 struct Report {
-  int ops_before = -1;   // collectives that completed (and were checked) on the parent
-  int error = -1;        // what the failing collective returned
-  int shrink = -1;       // ncclCommShrink's result
+  int ops_before = -1;  // collectives that completed (and were checked) on the parent
+  int error = -1;       // what the failing collective returned
+  int shrink = -1;      // ncclCommShrink's result
   int new_rank = -1, new_size = -1;
   char message[200] = {};
 };
@@ -176,15 +176,14 @@ TEST_P(ShrinkAfterKill, SurvivorsComputeCorrectly) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Kill, ShrinkAfterKill,
-    ::testing::Values(KillCase{"n3_shm_direct", 3, {1}, nullptr, false, false},
-                      KillCase{"n4_shm_plans", 4, {0}, nullptr, false, true},
-                      KillCase{"n5_socket_two", 5, {1, 4}, "socket", false, false},
-                      KillCase{"n6_hosts", 6, {2}, nullptr, true, false},
-                      KillCase{"n8_shm_three", 8, {0, 3, 7}, nullptr, false, false},
-                      KillCase{"n7_socket_plans", 7, {6}, "socket", false, true}),
-    [](const ::testing::TestParamInfo<KillCase>& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Kill, ShrinkAfterKill,
+                         ::testing::Values(KillCase{"n3_shm_direct", 3, {1}, nullptr, false, false},
+                                           KillCase{"n4_shm_plans", 4, {0}, nullptr, false, true},
+                                           KillCase{"n5_socket_two", 5, {1, 4}, "socket", false, false},
+                                           KillCase{"n6_hosts", 6, {2}, nullptr, true, false},
+                                           KillCase{"n8_shm_three", 8, {0, 3, 7}, nullptr, false, false},
+                                           KillCase{"n7_socket_plans", 7, {6}, "socket", false, true}),
+                         [](const ::testing::TestParamInfo<KillCase>& info) { return std::string(info.param.name); });
 
 // NCCL_SHRINK_DEFAULT on a healthy communicator: the excluded ranks (alive)
 // do not call it; the parent stays usable by the survivors afterwards for

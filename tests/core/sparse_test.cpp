@@ -31,7 +31,8 @@ Input make_input(int r, size_t rows, size_t row_len, int lo, int hi, unsigned se
   const size_t nnz = r == 1 ? 0 : (static_cast<size_t>(r) * 3 + 1) % (rows + 2);
   for (size_t k = 0; k < nnz; ++k) in.idx.push_back(static_cast<int64_t>(g() % rows));
   if (nnz >= 2) in.idx.back() = in.idx.front();  // a duplicate
-  for (size_t k = 0; k < nnz * row_len; ++k) in.vals.push_back(lo + static_cast<int>(g() % static_cast<unsigned>(hi - lo + 1)));
+  for (size_t k = 0; k < nnz * row_len; ++k)
+    in.vals.push_back(lo + static_cast<int>(g() % static_cast<unsigned>(hi - lo + 1)));
   return in;
 }
 
@@ -84,7 +85,7 @@ void run_case(int n, ncclDataType_t dt, ncclRedOp_t op, size_t rows, size_t row_
   });
 }
 
-const ncclDataType_t kTypes[] = {ncclInt8,  ncclUint8,  ncclInt32,    ncclUint32,     ncclInt64,     ncclUint64,
+const ncclDataType_t kTypes[] = {ncclInt8,    ncclUint8,   ncclInt32,   ncclUint32,   ncclInt64,      ncclUint64,
                                  ncclFloat16, ncclFloat32, ncclFloat64, ncclBfloat16, ncclFloat8e4m3, ncclFloat8e5m2};
 
 }  // namespace
@@ -102,13 +103,16 @@ TEST(SparseAllReduce, EveryTypeAndOpMatchesDense) {
       run_case(n, dt, op, 7, 3, prod ? 1 : -3, prod ? 2 : 3, "gather", &sg, &rg);
       for (int r = 0; r < n; ++r) {
         const bool unsig = dt == ncclUint8 || dt == ncclUint32 || dt == ncclUint64;
-        if (unsig && (op == ncclMax || op == ncclMin)) continue;  // wrapped negatives: the reference's max is not theirs
+        if (unsig && (op == ncclMax || op == ncclMin))
+          continue;  // wrapped negatives: the reference's max is not theirs
         const bool fp8 = dt == ncclFloat8e4m3 || dt == ncclFloat8e5m2;
         if (fp8 && (op == ncclSum || op == ncclAvg)) continue;  // partial sums round: orders differ
-        EXPECT_EQ(sd[static_cast<size_t>(r)], rd[static_cast<size_t>(r)]) << "dtype " << dt << " op " << op << " rank " << r;
+        EXPECT_EQ(sd[static_cast<size_t>(r)], rd[static_cast<size_t>(r)])
+            << "dtype " << dt << " op " << op << " rank " << r;
       }
       for (int r = 0; r < n; ++r) {
-        EXPECT_EQ(sd[static_cast<size_t>(r)], sg[static_cast<size_t>(r)]) << "dtype " << dt << " op " << op << " rank " << r;
+        EXPECT_EQ(sd[static_cast<size_t>(r)], sg[static_cast<size_t>(r)])
+            << "dtype " << dt << " op " << op << " rank " << r;
         EXPECT_EQ(sd[static_cast<size_t>(r)], sd[0]) << "rank " << r;
       }
     }
@@ -129,14 +133,15 @@ TEST(SparseAllReduce, FloatIsTheRankOrderFold) {
         ins[static_cast<size_t>(r)] = make_input(r, rows, row_len, 0, 1, 99);
         std::mt19937 g(static_cast<unsigned>(r) + 5);
         std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-        for (size_t k = 0; k < ins[static_cast<size_t>(r)].idx.size() * row_len; ++k) vals[static_cast<size_t>(r)].push_back(u(g) * 1e3f);
+        for (size_t k = 0; k < ins[static_cast<size_t>(r)].idx.size() * row_len; ++k)
+          vals[static_cast<size_t>(r)].push_back(u(g) * 1e3f);
       }
       run_ranks(n, [&](ncclComm_t comm, int r) {
         auto& out = outs[static_cast<size_t>(r)];
         out.assign(rows * row_len, 7.0f);
         const auto& in = ins[static_cast<size_t>(r)];
-        ASSERT_EQ(meshcclSparseAllReduce(vals[static_cast<size_t>(r)].data(), in.idx.data(), in.idx.size(), out.data(), rows,
-                                         row_len, ncclFloat32, ncclSum, comm, nullptr),
+        ASSERT_EQ(meshcclSparseAllReduce(vals[static_cast<size_t>(r)].data(), in.idx.data(), in.idx.size(), out.data(),
+                                         rows, row_len, ncclFloat32, ncclSum, comm, nullptr),
                   ncclSuccess);
       });
       std::vector<float> want(rows * row_len, 0.0f);
@@ -168,7 +173,8 @@ TEST(SparseAllReduce, NegativeZeroLikeDense) {
       float v = -0.0f;
       int64_t idx = 1;
       float out[2] = {5, 5};
-      ASSERT_EQ(meshcclSparseAllReduce(&v, &idx, r == 2 ? 1 : 0, out, 2, 1, ncclFloat32, ncclSum, comm, nullptr), ncclSuccess);
+      ASSERT_EQ(meshcclSparseAllReduce(&v, &idx, r == 2 ? 1 : 0, out, 2, 1, ncclFloat32, ncclSum, comm, nullptr),
+                ncclSuccess);
       EXPECT_FALSE(std::signbit(out[1])) << algo;
       EXPECT_EQ(out[0], 0.0f);
     });
@@ -189,7 +195,8 @@ TEST(SparseAllReduce, PreMulSum) {
       std::vector<int64_t> idx = {3, 0, 3};
       std::vector<float> v = {1, 2, 3, 4, 5, 6};
       std::vector<float> dense = {3, 4, 0, 0, 0, 0, 1 + 5, 2 + 6}, out(8);
-      ASSERT_EQ(meshcclSparseAllReduce(v.data(), idx.data(), 3, out.data(), 4, 2, ncclFloat32, op, comm, nullptr), ncclSuccess);
+      ASSERT_EQ(meshcclSparseAllReduce(v.data(), idx.data(), 3, out.data(), 4, 2, ncclFloat32, op, comm, nullptr),
+                ncclSuccess);
       std::vector<float> ref(8);
       ASSERT_EQ(ncclAllReduce(dense.data(), ref.data(), 8, ncclFloat32, op, comm, nullptr), ncclSuccess);
       EXPECT_EQ(out, ref);
@@ -209,8 +216,10 @@ TEST(SparseAllReduce, SmallCounts) {
     EXPECT_EQ(out, 6.0f);
     ASSERT_EQ(meshcclSparseAllReduce(&v, &idx, 0, &out, 1, 1, ncclFloat32, ncclMax, comm, nullptr), ncclSuccess);
     EXPECT_EQ(out, 0.0f);
-    EXPECT_EQ(meshcclSparseAllReduce(nullptr, nullptr, 0, nullptr, 0, 4, ncclFloat32, ncclSum, comm, nullptr), ncclSuccess);
-    EXPECT_EQ(meshcclSparseAllReduce(nullptr, nullptr, 5, nullptr, 9, 0, ncclFloat32, ncclSum, comm, nullptr), ncclSuccess);
+    EXPECT_EQ(meshcclSparseAllReduce(nullptr, nullptr, 0, nullptr, 0, 4, ncclFloat32, ncclSum, comm, nullptr),
+              ncclSuccess);
+    EXPECT_EQ(meshcclSparseAllReduce(nullptr, nullptr, 5, nullptr, 9, 0, ncclFloat32, ncclSum, comm, nullptr),
+              ncclSuccess);
   });
 }
 
@@ -225,17 +234,21 @@ TEST(SparseAllReduce, BadArgumentsFailEverywhere) {
       if (r == 1) idx[1] = 4;  // rows is 4
       EXPECT_EQ(meshcclSparseAllReduce(v.data(), idx.data(), 2, out.data(), 4, 2, ncclFloat32, ncclSum, comm, nullptr),
                 ncclInvalidArgument);
-      EXPECT_NE(std::string(ncclGetLastError(comm)).find("rank 1: indices[1] = 4"), std::string::npos) << ncclGetLastError(comm);
+      EXPECT_NE(std::string(ncclGetLastError(comm)).find("rank 1: indices[1] = 4"), std::string::npos)
+          << ncclGetLastError(comm);
       idx = {r == 2 ? int64_t{-1} : 0, 1};
       EXPECT_EQ(meshcclSparseAllReduce(v.data(), idx.data(), 2, out.data(), 4, 2, ncclFloat32, ncclSum, comm, nullptr),
                 ncclInvalidArgument);
       idx = {0, 1};
-      EXPECT_EQ(meshcclSparseAllReduce(v.data(), idx.data(), 2, out.data(), r == 0 ? 3 : 4, 2, ncclFloat32, ncclSum, comm, nullptr),
+      EXPECT_EQ(meshcclSparseAllReduce(v.data(), idx.data(), 2, out.data(), r == 0 ? 3 : 4, 2, ncclFloat32, ncclSum,
+                                       comm, nullptr),
                 ncclInvalidArgument);
       EXPECT_NE(std::string(ncclGetLastError(comm)).find("disagree"), std::string::npos) << ncclGetLastError(comm);
-      EXPECT_EQ(meshcclSparseAllReduce(out.data(), idx.data(), 2, out.data(), 4, 2, ncclFloat32, ncclSum, comm, nullptr),
-                ncclInvalidArgument);
-      ASSERT_EQ(meshcclSparseAllReduce(v.data(), idx.data(), 2, out.data(), 4, 2, ncclFloat32, ncclSum, comm, nullptr), ncclSuccess);
+      EXPECT_EQ(
+          meshcclSparseAllReduce(out.data(), idx.data(), 2, out.data(), 4, 2, ncclFloat32, ncclSum, comm, nullptr),
+          ncclInvalidArgument);
+      ASSERT_EQ(meshcclSparseAllReduce(v.data(), idx.data(), 2, out.data(), 4, 2, ncclFloat32, ncclSum, comm, nullptr),
+                ncclSuccess);
       EXPECT_EQ(out[0], 3.0f);
       EXPECT_EQ(out[7], 0.0f);
     });
@@ -247,9 +260,11 @@ TEST(SparseAllReduce, BadArgumentsFailEverywhere) {
               ncclInvalidArgument);
     EXPECT_EQ(meshcclSparseAllReduce(&v, &idx, 1, out, 2, 1, ncclFloat32, static_cast<ncclRedOp_t>(77), comm, nullptr),
               ncclInvalidArgument);
-    EXPECT_EQ(meshcclSparseAllReduce(nullptr, &idx, 1, out, 2, 1, ncclFloat32, ncclSum, comm, nullptr), ncclInvalidArgument);
+    EXPECT_EQ(meshcclSparseAllReduce(nullptr, &idx, 1, out, 2, 1, ncclFloat32, ncclSum, comm, nullptr),
+              ncclInvalidArgument);
     EXPECT_EQ(meshcclSparseAllReduce(&v, &idx, 1, out, 0, 1, ncclFloat32, ncclSum, comm, nullptr), ncclInvalidArgument);
-    EXPECT_EQ(meshcclSparseAllReduce(&v, &idx, 1, out, 2, 1, ncclFloat32, ncclSum, nullptr, nullptr), ncclInvalidArgument);
+    EXPECT_EQ(meshcclSparseAllReduce(&v, &idx, 1, out, 2, 1, ncclFloat32, ncclSum, nullptr, nullptr),
+              ncclInvalidArgument);
   });
 }
 
@@ -262,11 +277,13 @@ TEST(SparseAllReduce, HostStreamAndGroup) {
     std::vector<int64_t> idx = {static_cast<int64_t>(r), 5};
     std::vector<int32_t> out1(6), out2(6), d = {1, 2}, dout(2);
     ASSERT_EQ(ncclGroupStart(), ncclSuccess);
-    ASSERT_EQ(meshcclSparseAllReduce(v.data(), idx.data(), 2, out1.data(), 6, 1, ncclInt32, ncclSum, comm, meshcclStreamAsCuda(s)),
+    ASSERT_EQ(meshcclSparseAllReduce(v.data(), idx.data(), 2, out1.data(), 6, 1, ncclInt32, ncclSum, comm,
+                                     meshcclStreamAsCuda(s)),
               ncclSuccess);
     ASSERT_EQ(ncclAllReduce(d.data(), dout.data(), 2, ncclInt32, ncclSum, comm, meshcclStreamAsCuda(s)), ncclSuccess);
     ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
-    ASSERT_EQ(meshcclSparseAllReduce(v.data(), idx.data(), 2, out2.data(), 6, 1, ncclInt32, ncclMax, comm, meshcclStreamAsCuda(s)),
+    ASSERT_EQ(meshcclSparseAllReduce(v.data(), idx.data(), 2, out2.data(), 6, 1, ncclInt32, ncclMax, comm,
+                                     meshcclStreamAsCuda(s)),
               ncclSuccess);
     ASSERT_EQ(meshcclStreamSynchronize(s), ncclSuccess);
     EXPECT_EQ(out1, (std::vector<int32_t>{0, 1, 2, 3, 0, 60}));

@@ -18,18 +18,65 @@ inline void encode(ncclDataType_t dt, double v, void* out) {
   using namespace meshccl::kernels;
   int64_t iv = static_cast<int64_t>(v);
   switch (dt) {
-    case ncclInt8: { int8_t x = static_cast<int8_t>(iv); std::memcpy(out, &x, 1); break; }
-    case ncclUint8: { uint8_t x = static_cast<uint8_t>(iv); std::memcpy(out, &x, 1); break; }
-    case ncclInt32: { int32_t x = static_cast<int32_t>(iv); std::memcpy(out, &x, 4); break; }
-    case ncclUint32: { uint32_t x = static_cast<uint32_t>(iv); std::memcpy(out, &x, 4); break; }
-    case ncclInt64: { int64_t x = iv; std::memcpy(out, &x, 8); break; }
-    case ncclUint64: { uint64_t x = static_cast<uint64_t>(iv); std::memcpy(out, &x, 8); break; }
-    case ncclFloat16: { uint16_t x = float_to_half(static_cast<float>(v)); std::memcpy(out, &x, 2); break; }
-    case ncclFloat32: { float x = static_cast<float>(v); std::memcpy(out, &x, 4); break; }
-    case ncclFloat64: { std::memcpy(out, &v, 8); break; }
-    case ncclBfloat16: { uint16_t x = float_to_bf16(static_cast<float>(v)); std::memcpy(out, &x, 2); break; }
-    case ncclFloat8e4m3: { uint8_t x = float_to_e4m3(static_cast<float>(v)); std::memcpy(out, &x, 1); break; }
-    case ncclFloat8e5m2: { uint8_t x = float_to_e5m2(static_cast<float>(v)); std::memcpy(out, &x, 1); break; }
+    case ncclInt8: {
+      int8_t x = static_cast<int8_t>(iv);
+      std::memcpy(out, &x, 1);
+      break;
+    }
+    case ncclUint8: {
+      uint8_t x = static_cast<uint8_t>(iv);
+      std::memcpy(out, &x, 1);
+      break;
+    }
+    case ncclInt32: {
+      int32_t x = static_cast<int32_t>(iv);
+      std::memcpy(out, &x, 4);
+      break;
+    }
+    case ncclUint32: {
+      uint32_t x = static_cast<uint32_t>(iv);
+      std::memcpy(out, &x, 4);
+      break;
+    }
+    case ncclInt64: {
+      int64_t x = iv;
+      std::memcpy(out, &x, 8);
+      break;
+    }
+    case ncclUint64: {
+      uint64_t x = static_cast<uint64_t>(iv);
+      std::memcpy(out, &x, 8);
+      break;
+    }
+    case ncclFloat16: {
+      uint16_t x = float_to_half(static_cast<float>(v));
+      std::memcpy(out, &x, 2);
+      break;
+    }
+    case ncclFloat32: {
+      float x = static_cast<float>(v);
+      std::memcpy(out, &x, 4);
+      break;
+    }
+    case ncclFloat64: {
+      std::memcpy(out, &v, 8);
+      break;
+    }
+    case ncclBfloat16: {
+      uint16_t x = float_to_bf16(static_cast<float>(v));
+      std::memcpy(out, &x, 2);
+      break;
+    }
+    case ncclFloat8e4m3: {
+      uint8_t x = float_to_e4m3(static_cast<float>(v));
+      std::memcpy(out, &x, 1);
+      break;
+    }
+    case ncclFloat8e5m2: {
+      uint8_t x = float_to_e5m2(static_cast<float>(v));
+      std::memcpy(out, &x, 1);
+      break;
+    }
     default: break;
   }
 }
@@ -37,18 +84,66 @@ inline void encode(ncclDataType_t dt, double v, void* out) {
 inline double decode(ncclDataType_t dt, const void* in) {
   using namespace meshccl::kernels;
   switch (dt) {
-    case ncclInt8: { int8_t x; std::memcpy(&x, in, 1); return x; }
-    case ncclUint8: { uint8_t x; std::memcpy(&x, in, 1); return x; }
-    case ncclInt32: { int32_t x; std::memcpy(&x, in, 4); return x; }
-    case ncclUint32: { uint32_t x; std::memcpy(&x, in, 4); return x; }
-    case ncclInt64: { int64_t x; std::memcpy(&x, in, 8); return static_cast<double>(x); }
-    case ncclUint64: { uint64_t x; std::memcpy(&x, in, 8); return static_cast<double>(x); }
-    case ncclFloat16: { uint16_t x; std::memcpy(&x, in, 2); return half_to_float(x); }
-    case ncclFloat32: { float x; std::memcpy(&x, in, 4); return x; }
-    case ncclFloat64: { double x; std::memcpy(&x, in, 8); return x; }
-    case ncclBfloat16: { uint16_t x; std::memcpy(&x, in, 2); return bf16_to_float(x); }
-    case ncclFloat8e4m3: { uint8_t x; std::memcpy(&x, in, 1); return e4m3_to_float(x); }
-    case ncclFloat8e5m2: { uint8_t x; std::memcpy(&x, in, 1); return e5m2_to_float(x); }
+    case ncclInt8: {
+      int8_t x;
+      std::memcpy(&x, in, 1);
+      return x;
+    }
+    case ncclUint8: {
+      uint8_t x;
+      std::memcpy(&x, in, 1);
+      return x;
+    }
+    case ncclInt32: {
+      int32_t x;
+      std::memcpy(&x, in, 4);
+      return x;
+    }
+    case ncclUint32: {
+      uint32_t x;
+      std::memcpy(&x, in, 4);
+      return x;
+    }
+    case ncclInt64: {
+      int64_t x;
+      std::memcpy(&x, in, 8);
+      return static_cast<double>(x);
+    }
+    case ncclUint64: {
+      uint64_t x;
+      std::memcpy(&x, in, 8);
+      return static_cast<double>(x);
+    }
+    case ncclFloat16: {
+      uint16_t x;
+      std::memcpy(&x, in, 2);
+      return half_to_float(x);
+    }
+    case ncclFloat32: {
+      float x;
+      std::memcpy(&x, in, 4);
+      return x;
+    }
+    case ncclFloat64: {
+      double x;
+      std::memcpy(&x, in, 8);
+      return x;
+    }
+    case ncclBfloat16: {
+      uint16_t x;
+      std::memcpy(&x, in, 2);
+      return bf16_to_float(x);
+    }
+    case ncclFloat8e4m3: {
+      uint8_t x;
+      std::memcpy(&x, in, 1);
+      return e4m3_to_float(x);
+    }
+    case ncclFloat8e5m2: {
+      uint8_t x;
+      std::memcpy(&x, in, 1);
+      return e5m2_to_float(x);
+    }
     default: return 0;
   }
 }

@@ -106,14 +106,16 @@ TEST(Sha256, FipsTestVectors) {
   EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
   EXPECT_EQ(sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
             "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
-  EXPECT_EQ(sha256_hex("abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmnopjklmnopqklmnopqrlmnopqrs"
-                       "mnopqrstnopqrstu"),
-            "cf5b16a778af8380036ce59e7b0492370b249b11e8f07a51afac45037afee9d1");
+  EXPECT_EQ(
+      sha256_hex("abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmnopjklmnopqklmnopqrlmnopqrs"
+                 "mnopqrstnopqrstu"),
+      "cf5b16a778af8380036ce59e7b0492370b249b11e8f07a51afac45037afee9d1");
   const std::string million(1000000, 'a');
   EXPECT_EQ(sha256_hex(million), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
   for (size_t piece : {1, 7, 63, 64, 65, 1000}) {
     Sha256 h;
-    for (size_t at = 0; at < million.size(); at += piece) h.update(million.data() + at, std::min(piece, million.size() - at));
+    for (size_t at = 0; at < million.size(); at += piece)
+      h.update(million.data() + at, std::min(piece, million.size() - at));
     EXPECT_EQ(hex(h.finish()), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0") << piece;
   }
 }
@@ -134,7 +136,8 @@ TEST(Sha256, HmacRfc4231TestVectors) {
             "773ea91e36800e46854db8ebd09181a72959098b3ef8c122d9635514ced565fe");
   std::string key4;
   for (int i = 1; i <= 25; ++i) key4.push_back(static_cast<char>(i));
-  EXPECT_EQ(hmac_hex(key4, std::string(50, '\xcd')), "82558a389a443c0ea4cc819899f2083a85f0faa3e578f8077a2e3ff46729665b");
+  EXPECT_EQ(hmac_hex(key4, std::string(50, '\xcd')),
+            "82558a389a443c0ea4cc819899f2083a85f0faa3e578f8077a2e3ff46729665b");
   EXPECT_EQ(hmac_hex(std::string(131, '\xaa'), "Test Using Larger Than Block-Size Key - Hash Key First"),
             "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
   EXPECT_EQ(hmac_hex(std::string(131, '\xaa'),

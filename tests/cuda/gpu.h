@@ -11,10 +11,9 @@
 
 namespace meshccl_test {
 
-#define SKIP_WITHOUT_GPU()                                                              \
-  do {                                                                                  \
-    if (!meshccl::cuda::available())                                                    \
-      GTEST_SKIP() << "no GPU: " << meshccl::cuda::why_unavailable();                   \
+#define SKIP_WITHOUT_GPU()                                                                           \
+  do {                                                                                               \
+    if (!meshccl::cuda::available()) GTEST_SKIP() << "no GPU: " << meshccl::cuda::why_unavailable(); \
   } while (0)
 
 inline const meshccl::cuda::Driver& cu() { return *meshccl::cuda::driver(); }
@@ -31,15 +30,15 @@ inline void use_device(int dev) {
 // Device memory holding bytes, freed at scope end.
 class DevBuf {
  public:
-  explicit DevBuf(size_t bytes) : bytes_(bytes) {
-    EXPECT_EQ(cu().cuMemAlloc(&p_, bytes ? bytes : 1), CUDA_SUCCESS);
-  }
+  explicit DevBuf(size_t bytes) : bytes_(bytes) { EXPECT_EQ(cu().cuMemAlloc(&p_, bytes ? bytes : 1), CUDA_SUCCESS); }
   ~DevBuf() { cu().cuMemFree(p_); }
   DevBuf(const DevBuf&) = delete;
   DevBuf& operator=(const DevBuf&) = delete;
   void* get() const { return reinterpret_cast<void*>(p_); }
   template <class T>
-  T* as() const { return reinterpret_cast<T*>(p_); }
+  T* as() const {
+    return reinterpret_cast<T*>(p_);
+  }
   void put(const void* host, size_t bytes) {
     ASSERT_EQ(cu().cuMemcpy(p_, reinterpret_cast<CUdeviceptr>(host), bytes), CUDA_SUCCESS);
   }

@@ -25,8 +25,8 @@ using meshccl::ReduceOp;
 using meshccl::cuda::DeviceExecutor;
 using namespace meshccl_test;
 
-constexpr ncclDataType_t kTypes[] = {ncclInt8,    ncclUint8,   ncclInt32,    ncclUint32,
-                                     ncclInt64,   ncclUint64,  ncclFloat16,  ncclFloat32,
+constexpr ncclDataType_t kTypes[] = {ncclInt8,    ncclUint8,    ncclInt32,      ncclUint32,
+                                     ncclInt64,   ncclUint64,   ncclFloat16,    ncclFloat32,
                                      ncclFloat64, ncclBfloat16, ncclFloat8e4m3, ncclFloat8e5m2};
 constexpr ReduceOp kOps[] = {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min};
 
@@ -42,12 +42,24 @@ std::vector<unsigned char> values(ncclDataType_t dt, size_t count, uint32_t seed
     const float f = static_cast<float>(static_cast<int>(rng() % 33) - 16) * 0.375f;
     unsigned char* p = out.data() + i * es;
     switch (dt) {
-      case ncclFloat16: { uint16_t v = k::float_to_half(f); std::memcpy(p, &v, 2); break; }
-      case ncclBfloat16: { uint16_t v = k::float_to_bf16(f); std::memcpy(p, &v, 2); break; }
+      case ncclFloat16: {
+        uint16_t v = k::float_to_half(f);
+        std::memcpy(p, &v, 2);
+        break;
+      }
+      case ncclBfloat16: {
+        uint16_t v = k::float_to_bf16(f);
+        std::memcpy(p, &v, 2);
+        break;
+      }
       case ncclFloat8e4m3: *p = k::float_to_e4m3(f); break;
       case ncclFloat8e5m2: *p = k::float_to_e5m2(f); break;
       case ncclFloat32: std::memcpy(p, &f, 4); break;
-      case ncclFloat64: { double d = static_cast<double>(f) * 1.0000001; std::memcpy(p, &d, 8); break; }
+      case ncclFloat64: {
+        double d = static_cast<double>(f) * 1.0000001;
+        std::memcpy(p, &d, 8);
+        break;
+      }
       default:
         for (size_t b = 0; b < es; ++b) p[b] = static_cast<unsigned char>(rng());
     }

@@ -18,25 +18,59 @@ inline bool is_int(ncclDataType_t dt) { return dt <= ncclUint64; }
 inline bool is_signed_int(ncclDataType_t dt) { return dt == ncclInt8 || dt == ncclInt32 || dt == ncclInt64; }
 inline size_t size_of(ncclDataType_t dt) {
   switch (dt) {
-    case ncclInt8: case ncclUint8: case ncclFloat8e4m3: case ncclFloat8e5m2: return 1;
-    case ncclFloat16: case ncclBfloat16: return 2;
-    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
+    case ncclInt8:
+    case ncclUint8:
+    case ncclFloat8e4m3:
+    case ncclFloat8e5m2: return 1;
+    case ncclFloat16:
+    case ncclBfloat16: return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32: return 4;
     default: return 8;
   }
 }
 
-inline float fbits(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
-inline uint32_t ubits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+inline float fbits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint32_t ubits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
 
 // Decoding straight from the format definitions.
 inline double decode_narrow(ncclDataType_t dt, uint32_t code) {
   int ebits, mbits, bias;
   bool has_inf;
   switch (dt) {
-    case ncclFloat16: ebits = 5; mbits = 10; bias = 15; has_inf = true; break;
-    case ncclBfloat16: ebits = 8; mbits = 7; bias = 127; has_inf = true; break;
-    case ncclFloat8e4m3: ebits = 4; mbits = 3; bias = 7; has_inf = false; break;
-    default: ebits = 5; mbits = 2; bias = 15; has_inf = true; break;
+    case ncclFloat16:
+      ebits = 5;
+      mbits = 10;
+      bias = 15;
+      has_inf = true;
+      break;
+    case ncclBfloat16:
+      ebits = 8;
+      mbits = 7;
+      bias = 127;
+      has_inf = true;
+      break;
+    case ncclFloat8e4m3:
+      ebits = 4;
+      mbits = 3;
+      bias = 7;
+      has_inf = false;
+      break;
+    default:
+      ebits = 5;
+      mbits = 2;
+      bias = 15;
+      has_inf = true;
+      break;
   }
   const uint32_t sign = code >> (ebits + mbits) & 1;
   const uint32_t e = code >> mbits & ((1u << ebits) - 1);
@@ -90,7 +124,10 @@ class Encoder {
   }
 
  private:
-  struct Entry { double v; uint32_t code; };
+  struct Entry {
+    double v;
+    uint32_t code;
+  };
   uint32_t nan_code() const { return dt_ == ncclFloat16 ? 0x7e00 : dt_ == ncclBfloat16 ? 0x7fc0 : 0x7f; }
   uint32_t inf_code() const { return dt_ == ncclFloat16 ? 0x7c00 : 0x7f80; }
   ncclDataType_t dt_;
@@ -103,7 +140,11 @@ const Encoder& encoder(ncclDataType_t dt);
 inline bool is_nan_code(ncclDataType_t dt, uint64_t bits) {
   switch (dt) {
     case ncclFloat32: return std::isnan(fbits(static_cast<uint32_t>(bits)));
-    case ncclFloat64: { double d; std::memcpy(&d, &bits, 8); return std::isnan(d); }
+    case ncclFloat64: {
+      double d;
+      std::memcpy(&d, &bits, 8);
+      return std::isnan(d);
+    }
     default: return std::isnan(decode_narrow(dt, static_cast<uint32_t>(bits)));
   }
 }
@@ -174,8 +215,12 @@ inline uint64_t reduce_elem(ncclDataType_t dt, ReduceOp op, const uint64_t* v, i
   if (dt == ncclFloat64) {
     double acc, x;
     std::memcpy(&acc, &v[0], 8);
-    for (int k = 1; k < n; ++k) { std::memcpy(&x, &v[k], 8); acc = float_op(op, acc, x); }
-    uint64_t r; std::memcpy(&r, &acc, 8);
+    for (int k = 1; k < n; ++k) {
+      std::memcpy(&x, &v[k], 8);
+      acc = float_op(op, acc, x);
+    }
+    uint64_t r;
+    std::memcpy(&r, &acc, 8);
     return r;
   }
   auto widen = [&](uint64_t bits) {

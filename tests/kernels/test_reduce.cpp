@@ -36,8 +36,8 @@ const Encoder& encoder(ncclDataType_t dt) {
 
 namespace {
 
-constexpr ncclDataType_t kTypes[] = {ncclInt8,    ncclUint8,   ncclInt32,   ncclUint32,
-                                     ncclInt64,   ncclUint64,  ncclFloat16, ncclFloat32,
+constexpr ncclDataType_t kTypes[] = {ncclInt8,    ncclUint8,    ncclInt32,      ncclUint32,
+                                     ncclInt64,   ncclUint64,   ncclFloat16,    ncclFloat32,
                                      ncclFloat64, ncclBfloat16, ncclFloat8e4m3, ncclFloat8e5m2};
 constexpr ReduceOp kOps[] = {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min};
 constexpr size_t kSizes[] = {0, 1, 2, 3, 7, 15, 16, 17, 31, 33, 63, 65, 1000, 4099};
@@ -69,8 +69,7 @@ uint64_t random_elem(ncclDataType_t dt, std::mt19937_64& rng) {
       // Half the time a value near 1 so that sums round in interesting ways.
       if (r & 1) return (r >> 1) & 0xffff;
       return kref::encoder(dt).encode(static_cast<float>(static_cast<int32_t>(r >> 32)) / 1e9f);
-    default:
-      return r & kref::mask(dt);
+    default: return r & kref::mask(dt);
   }
 }
 
@@ -90,8 +89,7 @@ std::string hex(uint64_t v) {
 // Checks count elements of got against want(i), reporting only the first
 // mismatch so one bug does not flood the log.
 template <class Want>
-void expect_elems(ncclDataType_t dt, ReduceOp op, const void* got, size_t count, Want want,
-                  const std::string& what) {
+void expect_elems(ncclDataType_t dt, ReduceOp op, const void* got, size_t count, Want want, const std::string& what) {
   for (size_t i = 0; i < count; ++i) {
     const uint64_t w = want(i);
     const uint64_t g = kref::get(dt, got, i);
@@ -167,8 +165,8 @@ TEST_P(KernelTest, ReduceNOneToEightInputs) {
       for (int n = 1; n <= 8; ++n) {
         for (size_t count : sizes) {
           const size_t off = (count + n) % 3 == 0 ? 1 : kref::size_of(dt) * (n % 3);
-          const std::string what = std::string(meshccl::dtype_name(dt)) + " " + kOpNames[static_cast<int>(op)] +
-                                   " n " + std::to_string(n) + " count " + std::to_string(count) + " offset " +
+          const std::string what = std::string(meshccl::dtype_name(dt)) + " " + kOpNames[static_cast<int>(op)] + " n " +
+                                   std::to_string(n) + " count " + std::to_string(count) + " offset " +
                                    std::to_string(off);
           std::vector<std::vector<unsigned char>> bufs;
           std::vector<const void*> srcs;
@@ -328,7 +326,7 @@ TEST_P(KernelTest, ScaleMultipliesByOneElementOfTheType) {
         auto k = random_buffer(dt, 1, rng);
         if (trial == 0 && !kref::is_int(dt)) {
           // A scalar of 0.5 exactly, the Avg-style case.
-          const uint64_t half_code = dt == ncclFloat32 ? kref::ubits(0.5f)
+          const uint64_t half_code = dt == ncclFloat32   ? kref::ubits(0.5f)
                                      : dt == ncclFloat64 ? 0x3fe0000000000000ull
                                                          : kref::encoder(dt).encode(0.5f);
           kref::put(dt, k.data(), 0, half_code);
@@ -342,8 +340,9 @@ TEST_P(KernelTest, ScaleMultipliesByOneElementOfTheType) {
         expect_elems(dt, ReduceOp::Prod, d.data() + 3, count, want, std::string(meshccl::dtype_name(dt)) + " scale");
         // In place.
         mk::scale(dt, s.data(), s.data(), count, k.data());
-        expect_elems(dt, ReduceOp::Prod, s.data(), count, [&](size_t i) { return kref::get(dt, d.data() + 3, i); },
-                     std::string(meshccl::dtype_name(dt)) + " scale in place");
+        expect_elems(
+            dt, ReduceOp::Prod, s.data(), count, [&](size_t i) { return kref::get(dt, d.data() + 3, i); },
+            std::string(meshccl::dtype_name(dt)) + " scale in place");
       }
     }
   }
@@ -427,14 +426,13 @@ TEST_P(KernelTest, ChosenEdgeCases) {
   for (int i = 0; i < 40; ++i) EXPECT_EQ(ed[i], 0xfe) << i;
   std::memset(e1, 0x7b, sizeof e1);
   std::memset(e2, 0x40, sizeof e2);  // 2.0
-  e2[39] = 0x7c;                      // inf
+  e2[39] = 0x7c;                     // inf
   mk::reduce2(ncclFloat8e5m2, ReduceOp::Prod, ed, e1, e2, 40);
   for (int i = 0; i < 40; ++i) EXPECT_EQ(ed[i], 0x7b) << i;
   std::memset(e1, 0x7f, sizeof e1);  // NaN in both fp8 formats
   mk::reduce2(ncclFloat8e4m3, ReduceOp::Sum, ed, e1, e2, 40);
   for (int i = 0; i < 40; ++i) EXPECT_TRUE(std::isnan(mk::e4m3_to_float(ed[i]))) << i;
 }
-
 
 // ---- the fast paths against the portable path ------------------------------------
 // The vector code for the narrow types (bfloat16 by halves of a float, fp8 in
@@ -501,12 +499,13 @@ void check_fp8_every_pair(const char* isa, const std::string& mode) {
       expect_same_as_portable(dt, op, want.data(), got.data(), n, what + " reduce2");
       mk::reduce_n(dt, op, got_n.data(), srcs, 2, n);
       expect_same_as_portable(dt, op, want_n.data(), got_n.data(), n, what + " reduce_n");
-      expect_elems(dt, op, got.data(), n,
-                   [&](size_t i) {
-                     const uint64_t v[2] = {p.a[i], p.b[i]};
-                     return kref::reduce_elem(dt, op, v, 2);
-                   },
-                   what + " reduce2 vs reference");
+      expect_elems(
+          dt, op, got.data(), n,
+          [&](size_t i) {
+            const uint64_t v[2] = {p.a[i], p.b[i]};
+            return kref::reduce_elem(dt, op, v, 2);
+          },
+          what + " reduce2 vs reference");
       std::vector<unsigned char> in_place = p.a;
       mk::reduce2(dt, op, in_place.data(), in_place.data(), p.b.data(), n);
       expect_same_as_portable(dt, op, want.data(), in_place.data(), n, what + " reduce2 dst==a");
@@ -528,8 +527,10 @@ TEST_P(KernelTest, Fp8ManyInputs) {
     ncclDataType_t dt;
     float v[3];
   };
-  const Case cases[] = {{ncclFloat8e4m3, {256.0f, 16.0f, 0x1p-9f}}, {ncclFloat8e4m3, {1.0f, 0.0625f, 0x1p-9f}},
-                        {ncclFloat8e5m2, {16.0f, 2.0f, 0x1p-16f}}, {ncclFloat8e5m2, {1024.0f, 128.0f, 0x1p-16f}}};
+  const Case cases[] = {{ncclFloat8e4m3, {256.0f, 16.0f, 0x1p-9f}},
+                        {ncclFloat8e4m3, {1.0f, 0.0625f, 0x1p-9f}},
+                        {ncclFloat8e5m2, {16.0f, 2.0f, 0x1p-16f}},
+                        {ncclFloat8e5m2, {1024.0f, 128.0f, 0x1p-16f}}};
   for (const Case& c : cases) {
     const size_t n = 256;
     std::vector<unsigned char> in[3];
@@ -544,13 +545,15 @@ TEST_P(KernelTest, Fp8ManyInputs) {
     std::vector<unsigned char> want(n), got(n);
     on_portable(GetParam(), [&] { mk::reduce_n(c.dt, ReduceOp::Sum, want.data(), srcs, 3, n); });
     mk::reduce_n(c.dt, ReduceOp::Sum, got.data(), srcs, 3, n);
-    expect_same_as_portable(c.dt, ReduceOp::Sum, want.data(), got.data(), n, std::string(meshccl::dtype_name(c.dt)) + " triple");
-    expect_elems(c.dt, ReduceOp::Sum, got.data(), n,
-                 [&](size_t i) {
-                   const uint64_t v[3] = {in[0][i], in[1][i], in[2][i]};
-                   return kref::reduce_elem(c.dt, ReduceOp::Sum, v, 3);
-                 },
-                 std::string(meshccl::dtype_name(c.dt)) + " triple vs reference");
+    expect_same_as_portable(c.dt, ReduceOp::Sum, want.data(), got.data(), n,
+                            std::string(meshccl::dtype_name(c.dt)) + " triple");
+    expect_elems(
+        c.dt, ReduceOp::Sum, got.data(), n,
+        [&](size_t i) {
+          const uint64_t v[3] = {in[0][i], in[1][i], in[2][i]};
+          return kref::reduce_elem(c.dt, ReduceOp::Sum, v, 3);
+        },
+        std::string(meshccl::dtype_name(c.dt)) + " triple vs reference");
   }
   std::mt19937_64 rng(17);
   for (ncclDataType_t dt : {ncclFloat8e4m3, ncclFloat8e5m2}) {
@@ -561,16 +564,17 @@ TEST_P(KernelTest, Fp8ManyInputs) {
         std::vector<const void*> srcs;
         for (auto& v : in) {
           for (auto& c : v) {
-            do c = static_cast<unsigned char>(rng()); while (!std::isfinite(kref::decode_narrow(dt, c)));
+            do c = static_cast<unsigned char>(rng());
+            while (!std::isfinite(kref::decode_narrow(dt, c)));
           }
           srcs.push_back(v.data());
         }
         std::vector<unsigned char> want(n), got(n);
         on_portable(GetParam(), [&] { mk::reduce_n(dt, op, want.data(), srcs.data(), nsrc, n); });
         mk::reduce_n(dt, op, got.data(), srcs.data(), nsrc, n);
-        expect_same_as_portable(dt, op, want.data(), got.data(), n,
-                                std::string(meshccl::dtype_name(dt)) + " " + kOpNames[static_cast<int>(op)] + " n " +
-                                    std::to_string(nsrc));
+        expect_same_as_portable(
+            dt, op, want.data(), got.data(), n,
+            std::string(meshccl::dtype_name(dt)) + " " + kOpNames[static_cast<int>(op)] + " n " + std::to_string(nsrc));
       }
     }
   }
@@ -597,8 +601,8 @@ TEST_P(KernelTest, Bf16AndHalfEveryCodeAgainstEdgeValues) {
     for (ReduceOp op : kOps) {
       for (int e = 0; e < 16; ++e) {
         for (auto& v : other) v = edges[e];
-        const std::string what = std::string(meshccl::dtype_name(dt)) + " " + kOpNames[static_cast<int>(op)] +
-                                 " with " + hex(edges[e]);
+        const std::string what =
+            std::string(meshccl::dtype_name(dt)) + " " + kOpNames[static_cast<int>(op)] + " with " + hex(edges[e]);
         std::vector<uint16_t> want(n), got(n), want3(n), got3(n);
         const void* srcs[3] = {all.data(), other.data(), third.data()};
         on_portable(GetParam(), [&] {
@@ -683,23 +687,15 @@ TEST(KernelConvert, EncodeRoundsToNearestEven) {
   // Round trips of every code.
   for (uint32_t c = 0; c < 0x10000; ++c) {
     const float h = mk::half_to_float(static_cast<uint16_t>(c));
-    if (!std::isnan(h)) {
-      EXPECT_EQ(mk::float_to_half(h), c) << c;
-    }
+    if (!std::isnan(h)) { EXPECT_EQ(mk::float_to_half(h), c) << c; }
     const float b = mk::bf16_to_float(static_cast<uint16_t>(c));
-    if (!std::isnan(b)) {
-      EXPECT_EQ(mk::float_to_bf16(b), c) << c;
-    }
+    if (!std::isnan(b)) { EXPECT_EQ(mk::float_to_bf16(b), c) << c; }
   }
   for (uint32_t c = 0; c < 0x100; ++c) {
     const float f4 = mk::e4m3_to_float(static_cast<uint8_t>(c));
-    if (!std::isnan(f4)) {
-      EXPECT_EQ(mk::float_to_e4m3(f4), c) << c;
-    }
+    if (!std::isnan(f4)) { EXPECT_EQ(mk::float_to_e4m3(f4), c) << c; }
     const float f5 = mk::e5m2_to_float(static_cast<uint8_t>(c));
-    if (std::isfinite(f5)) {
-      EXPECT_EQ(mk::float_to_e5m2(f5), c) << c;
-    }
+    if (std::isfinite(f5)) { EXPECT_EQ(mk::float_to_e5m2(f5), c) << c; }
   }
   // Many floats of every magnitude against the nearest-value search.
   std::mt19937 rng(1);
@@ -797,9 +793,7 @@ TEST(KernelApi, SelectIsa) {
   EXPECT_FALSE(mk::select_isa(nullptr));
   EXPECT_TRUE(mk::select_isa("portable"));
   EXPECT_STREQ(mk::isa_name(), "portable");
-  for (const char* isa : {"avx2", "avx512"}) {
-    EXPECT_EQ(mk::select_isa(isa), mk::isa_supported(isa));
-  }
+  for (const char* isa : {"avx2", "avx512"}) { EXPECT_EQ(mk::select_isa(isa), mk::isa_supported(isa)); }
 }
 
 }  // namespace

@@ -34,11 +34,28 @@ std::string g_env_helper;
 // Every variable meshcclGetLaunchInfo / meshcclCommInitFromEnv look at; the
 // fixture clears them so the tests mean the same under any launcher.
 const char* const kLaunchVars[] = {
-    "MESHCCL_RANK", "MESHCCL_NRANKS", "MESHCCL_LOCAL_RANK", "MESHCCL_LOCAL_SIZE",
-    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_MCA_ess_base_jobid",
-    "PMIX_NAMESPACE", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID",
-    "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_ID", "SLURM_STEP_ID",
-    "MESHCCL_COMM_FILE", "MESHCCL_COMM_ID", "NCCL_COMM_ID", "MESHCCL_TIMEOUT", "XDG_RUNTIME_DIR",
+    "MESHCCL_RANK",
+    "MESHCCL_NRANKS",
+    "MESHCCL_LOCAL_RANK",
+    "MESHCCL_LOCAL_SIZE",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_MCA_ess_base_jobid",
+    "PMIX_NAMESPACE",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "MPI_LOCALRANKID",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "SLURM_JOB_ID",
+    "SLURM_STEP_ID",
+    "MESHCCL_COMM_FILE",
+    "MESHCCL_COMM_ID",
+    "NCCL_COMM_ID",
+    "MESHCCL_TIMEOUT",
+    "XDG_RUNTIME_DIR",
 };
 
 class LaunchEnv : public ::testing::Test {
@@ -82,10 +99,10 @@ TEST_F(LaunchEnv, ReadsEachLauncher) {
   struct Case {
     const char *rank, *size, *local;
   };
-  for (Case c : {Case{"MESHCCL_RANK", "MESHCCL_NRANKS", "MESHCCL_LOCAL_RANK"},
-                 Case{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
-                 Case{"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"},
-                 Case{"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"}}) {
+  for (Case c :
+       {Case{"MESHCCL_RANK", "MESHCCL_NRANKS", "MESHCCL_LOCAL_RANK"},
+        Case{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
+        Case{"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"}, Case{"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"}}) {
     set(c.rank, "5");
     set(c.size, "8");
     set(c.local, "1");
@@ -133,8 +150,7 @@ TEST_F(LaunchEnv, RejectsInconsistentVariables) {
     if (c.local) set("MESHCCL_LOCAL_RANK", c.local);
     Info i = info();
     EXPECT_EQ(i.res, ncclInvalidUsage) << c.mentions;
-    EXPECT_NE(std::string(ncclGetLastError(nullptr)).find(c.mentions), std::string::npos)
-        << ncclGetLastError(nullptr);
+    EXPECT_NE(std::string(ncclGetLastError(nullptr)).find(c.mentions), std::string::npos) << ncclGetLastError(nullptr);
     ncclComm_t comm = reinterpret_cast<ncclComm_t>(0x1);
     EXPECT_EQ(meshcclCommInitFromEnv(&comm, nullptr), ncclInvalidUsage);
     EXPECT_EQ(comm, nullptr);
@@ -233,7 +249,7 @@ TEST_F(IdFile, DefaultDirectoryIsPrivate) {
   const std::string dir = "/tmp/meshccl-" + std::to_string(::geteuid());
   EXPECT_EQ(init(), ncclSystemError);  // nobody publishes: times out
   EXPECT_NE(last_error().find(dir + "/"), std::string::npos) << last_error();
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(::lstat(dir.c_str(), &st), 0);
   EXPECT_TRUE(S_ISDIR(st.st_mode));
   EXPECT_EQ(st.st_mode & 0777, 0700u);
@@ -306,7 +322,8 @@ TEST_F(Job, DefaultIdFileIsPerJobAndRemoved) {
   Meshrun m({"-n", "3", "-x", "MESHCCL_COMM_FILE=", g_env_helper, "allreduce"});
   Result r = m.wait();
   expect_ok(r, 3, "default id file");
-  EXPECT_TRUE(glob_files("/tmp/meshccl-" + std::to_string(::geteuid()) + "/ppid-" + std::to_string(m.pid()) + "-*").empty());
+  EXPECT_TRUE(
+      glob_files("/tmp/meshccl-" + std::to_string(::geteuid()) + "/ppid-" + std::to_string(m.pid()) + "-*").empty());
 }
 
 int free_port() {
@@ -331,8 +348,8 @@ TEST_F(Job, FixedRootAddressNeedsNoFile) {
   // No rank may touch the file when the address is fixed: point it somewhere
   // that cannot be written.
   std::string id = "MESHCCL_COMM_ID=127.0.0.1:" + std::to_string(port);
-  Result r = run({"-n", "3", "-x", id, "-x", "MESHCCL_COMM_FILE=" + dir.path() + "/none/x.id", g_env_helper,
-                  "allreduce"});
+  Result r =
+      run({"-n", "3", "-x", id, "-x", "MESHCCL_COMM_FILE=" + dir.path() + "/none/x.id", g_env_helper, "allreduce"});
   expect_ok(r, 3, id);
 }
 
@@ -370,8 +387,9 @@ struct TwoStrangers {
     std::vector<std::string> dirs = glob_files(shared_dir() + "-*");
     dirs.push_back(shared_dir());
     for (const std::string& d : dirs)
-      ::nftw(d.c_str(), [](const char* p, const struct stat*, int, FTW*) { return ::remove(p); }, 16,
-             FTW_DEPTH | FTW_PHYS);
+      ::nftw(
+          d.c_str(), [](const char* p, const struct stat*, int, FTW*) { return ::remove(p); }, 16,
+          FTW_DEPTH | FTW_PHYS);
   }
   std::string shared_dir() const { return "/tmp/meshccl-" + std::to_string(owner); }
   // Runs fn as the stranger in a child process; false when it cannot be him.
@@ -421,12 +439,13 @@ TEST_F(Job, AnotherUsersDirectoryCannotBlockInit) {
   if (r.status == 77) GTEST_SKIP() << "the ranks cannot become uid " << users.owner << ": " << r.err;
   expect_ok(r, 2, "a job whose /tmp/meshccl-<uid> another user made");
   EXPECT_NE(r.err.find(squat + " belongs to another user (uid " + std::to_string(users.stranger) + ")"),
-            std::string::npos) << r.err;
+            std::string::npos)
+      << r.err;
   EXPECT_EQ(glob_files(squat + "-*").size(), 0u) << "a fresh directory was left behind";
   r = users.job({}, {"nonblocking"});
   expect_ok(r, 2, "a non-blocking init, the same");
   EXPECT_EQ(glob_files(squat + "-*").size(), 0u) << "a fresh directory was left behind at exit";
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(::lstat(squat.c_str(), &st), 0);
   EXPECT_EQ(st.st_uid, users.stranger);
 
@@ -454,8 +473,7 @@ TEST_F(Job, RefusedOutputFilesAreNamedWithTheReason) {
   env.push_back("MESHCCL_DEBUG=WARN");
   r = Process(g_env_helper, {"allreduce"}, env).wait();
   EXPECT_EQ(r.status, 0) << r.err;
-  EXPECT_NE(r.err.find("MESHCCL_DEBUG_FILE " + link + " refused: it is a symbolic link"), std::string::npos)
-      << r.err;
+  EXPECT_NE(r.err.find("MESHCCL_DEBUG_FILE " + link + " refused: it is a symbolic link"), std::string::npos) << r.err;
   EXPECT_NE(::access(target.c_str(), F_OK), 0) << "written through the link";
 }
 
@@ -477,15 +495,15 @@ TEST_F(Job, PmiVariables) {
                                     "MPI_LOCALRANKID=" + std::to_string(i)};
   });
   expect_ok(r, 2, "PMI");
-  EXPECT_TRUE(glob_files("/tmp/meshccl-" + std::to_string(::geteuid()) + "/ppid-" + std::to_string(::getpid()) + "-*").empty());
+  EXPECT_TRUE(
+      glob_files("/tmp/meshccl-" + std::to_string(::geteuid()) + "/ppid-" + std::to_string(::getpid()) + "-*").empty());
 }
 
 TEST_F(Job, SlurmVariables) {
   std::string job = std::to_string(::getpid());
   Result r = run_as(3, [&](int i) {
     return std::vector<std::string>{"SLURM_PROCID=" + std::to_string(i), "SLURM_NTASKS=3",
-                                    "SLURM_LOCALID=" + std::to_string(i), "SLURM_JOB_ID=" + job,
-                                    "SLURM_STEP_ID=4"};
+                                    "SLURM_LOCALID=" + std::to_string(i), "SLURM_JOB_ID=" + job, "SLURM_STEP_ID=4"};
   });
   expect_ok(r, 3, "Slurm");
   EXPECT_TRUE(glob_files("/tmp/meshccl-" + std::to_string(::geteuid()) + "/slurm-" + job + ".4*").empty());

@@ -130,8 +130,8 @@ int main(int argc, char** argv) {
     std::string dir = comm.substr(0, comm.rfind('/'));
     std::printf("rank=%s nranks=%s local_rank=%s local_size=%s hostid=%s commdir=%s commdir_exists=%d cpus=%s\n",
                 env_str("MESHCCL_RANK"), env_str("MESHCCL_NRANKS"), env_str("MESHCCL_LOCAL_RANK"),
-                env_str("MESHCCL_LOCAL_SIZE"), env_str("MESHCCL_HOSTID"), dir.c_str(),
-                static_cast<int>(exists(dir)), allowed_cpus().c_str());
+                env_str("MESHCCL_LOCAL_SIZE"), env_str("MESHCCL_HOSTID"), dir.c_str(), static_cast<int>(exists(dir)),
+                allowed_cpus().c_str());
     for (int i = 2; i < argc; ++i) std::printf("%s=%s\n", argv[i], env_str(argv[i]));
     return 0;
   }

@@ -54,8 +54,8 @@ std::string parse(std::vector<std::string> args, meshrun::Options* opt) {
 
 TEST(MeshrunOptions, ParsesEveryOption) {
   meshrun::Options o;
-  ASSERT_EQ(parse({"-n", "4", "--hostid-per-rank", "2", "--timeout", "1.5", "-x", "A=1", "-xB=x=y",
-                   "--tag-output", "--no-prefix", "prog", "-n", "9"},
+  ASSERT_EQ(parse({"-n", "4", "--hostid-per-rank", "2", "--timeout", "1.5", "-x", "A=1", "-xB=x=y", "--tag-output",
+                   "--no-prefix", "prog", "-n", "9"},
                   &o),
             "");
   EXPECT_EQ(o.nranks, 4);
@@ -154,8 +154,8 @@ TEST(MeshrunPlacement, RoundRobinAndBlocked) {
   std::vector<meshrun::Placement> p;
   ASSERT_EQ(meshrun::place_ranks(5, 2, 0, &p), "");  // round-robin: 0 2 4 | 1 3
   std::vector<int> host, local, size, slot;
-  for (auto& x : p) host.push_back(x.host), local.push_back(x.local_rank), size.push_back(x.local_size),
-      slot.push_back(x.slot);
+  for (auto& x : p)
+    host.push_back(x.host), local.push_back(x.local_rank), size.push_back(x.local_size), slot.push_back(x.slot);
   EXPECT_EQ(host, (std::vector<int>{0, 1, 0, 1, 0}));
   EXPECT_EQ(local, (std::vector<int>{0, 0, 1, 1, 2}));
   EXPECT_EQ(size, (std::vector<int>{3, 2, 3, 2, 3}));
@@ -163,8 +163,8 @@ TEST(MeshrunPlacement, RoundRobinAndBlocked) {
 
   ASSERT_EQ(meshrun::place_ranks(4, 2, 3, &p), "");  // blocked 3 + 1
   host.clear(), local.clear(), size.clear(), slot.clear();
-  for (auto& x : p) host.push_back(x.host), local.push_back(x.local_rank), size.push_back(x.local_size),
-      slot.push_back(x.slot);
+  for (auto& x : p)
+    host.push_back(x.host), local.push_back(x.local_rank), size.push_back(x.local_size), slot.push_back(x.slot);
   EXPECT_EQ(host, (std::vector<int>{0, 0, 0, 1}));
   EXPECT_EQ(local, (std::vector<int>{0, 1, 2, 0}));
   EXPECT_EQ(size, (std::vector<int>{3, 3, 3, 1}));
@@ -272,7 +272,8 @@ TEST(Meshrun, HostIdPerRankFormsEmulatedHosts) {
     int n, k;
   };
   for (Case c : {Case{4, 2}, Case{5, 2}, Case{3, 1}}) {
-    Result r = run({"--tag-output", "-n", std::to_string(c.n), "--hostid-per-rank", std::to_string(c.k), g_helper, "env"});
+    Result r =
+        run({"--tag-output", "-n", std::to_string(c.n), "--hostid-per-rank", std::to_string(c.k), g_helper, "env"});
     ASSERT_EQ(r.status, 0) << r.err;
     auto ranks = parse_env(r.out);
     ASSERT_EQ(static_cast<int>(ranks.size()), c.n);
@@ -307,9 +308,7 @@ TEST(Meshrun, BindPinsRanksThroughHwloc) {
       objects.insert(m[3].str());
     }
     EXPECT_EQ(seen, 3) << r.err;
-    if (std::string(how) == "core") {
-      EXPECT_EQ(objects.count("0"), 1u) << "rank 0 on core 0";
-    }
+    if (std::string(how) == "core") { EXPECT_EQ(objects.count("0"), 1u) << "rank 0 on core 0"; }
   }
 #else
   Result r = run({"--tag-output", "-n", "1", "--bind", "core", g_helper, "env"});
@@ -333,8 +332,8 @@ TEST(Meshrun, HostsThatDoNotExistAreAnError) {
 }
 
 TEST(Meshrun, ExportsExtraVariables) {
-  Result r = run({"--tag-output", "-n", "2", "-x", "MESHRUN_TEST_A=hello world", "-x", "MESHRUN_TEST_B=", g_helper, "env",
-                  "MESHRUN_TEST_A", "MESHRUN_TEST_B"});
+  Result r = run({"--tag-output", "-n", "2", "-x", "MESHRUN_TEST_A=hello world", "-x", "MESHRUN_TEST_B=", g_helper,
+                  "env", "MESHRUN_TEST_A", "MESHRUN_TEST_B"});
   ASSERT_EQ(r.status, 0) << r.err;
   for (int i = 0; i < 2; ++i) {
     std::string p = "[" + std::to_string(i) + "] ";
@@ -440,7 +439,8 @@ TEST(Meshrun, FailingRankStopsTheOthersAndSetsTheStatus) {
 
 TEST(Meshrun, KeepGoingLetsTheOthersFinishAndReportsTheFailure) {
   ScratchDir dir;
-  Result r = run({"--tag-output", "--keep-going", "-n", "4", g_helper, "kill", "2", std::to_string(SIGKILL), dir.path(), "1"});
+  Result r =
+      run({"--tag-output", "--keep-going", "-n", "4", g_helper, "kill", "2", std::to_string(SIGKILL), dir.path(), "1"});
   EXPECT_EQ(r.status, 128 + SIGKILL);
   auto err = lines_of(r.err);
   ASSERT_EQ(err.size(), 1u) << r.err;
@@ -540,8 +540,7 @@ TEST(Meshrun, RanksReceiveTheForwardedSignal) {
   Result r = m.wait();
   EXPECT_EQ(r.status, 128 + SIGINT);
   for (int i = 0; i < 3; ++i)
-    EXPECT_NE(r.out.find("[" + std::to_string(i) + "] rank " + std::to_string(i) + " got SIGINT"),
-              std::string::npos)
+    EXPECT_NE(r.out.find("[" + std::to_string(i) + "] rank " + std::to_string(i) + " got SIGINT"), std::string::npos)
         << r.out;
 }
 

@@ -53,8 +53,8 @@ class Process {
  public:
   // Starts program with args; env entries are NAME=VALUE set in its
   // environment (NAME alone unsets NAME); input (if any) is its stdin.
-  Process(const std::string& program, const std::vector<std::string>& args,
-          const std::vector<std::string>& env = {}, const std::string& input = "") {
+  Process(const std::string& program, const std::vector<std::string>& args, const std::vector<std::string>& env = {},
+          const std::string& input = "") {
     int out[2], err[2], in[2];
     EXPECT_EQ(::pipe2(out, O_CLOEXEC), 0);
     EXPECT_EQ(::pipe2(err, O_CLOEXEC), 0);
@@ -68,10 +68,8 @@ class Process {
     if (pid_ == 0) {
       for (const auto& e : env) {
         auto eq = e.find('=');
-        if (eq == std::string::npos)
-          ::unsetenv(e.c_str());
-        else
-          ::setenv(e.substr(0, eq).c_str(), e.c_str() + eq + 1, 1);
+        if (eq == std::string::npos) ::unsetenv(e.c_str());
+        else ::setenv(e.substr(0, eq).c_str(), e.c_str() + eq + 1, 1);
       }
       ::dup2(in[0], 0);
       ::dup2(out[1], 1);
@@ -82,9 +80,7 @@ class Process {
     ::close(out[1]);
     ::close(err[1]);
     ::close(in[0]);
-    if (!input.empty()) {
-      EXPECT_EQ(::write(in[1], input.data(), input.size()), static_cast<ssize_t>(input.size()));
-    }
+    if (!input.empty()) { EXPECT_EQ(::write(in[1], input.data(), input.size()), static_cast<ssize_t>(input.size())); }
     ::close(in[1]);
     out_fd_ = out[0];
     err_fd_ = err[0];
@@ -132,8 +128,7 @@ class Process {
 
 class Meshrun : public Process {
  public:
-  Meshrun(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
-          const std::string& input = "")
+  Meshrun(const std::vector<std::string>& args, const std::vector<std::string>& env = {}, const std::string& input = "")
       : Process(g_meshrun, args, env, input) {}
 };
 
@@ -179,8 +174,7 @@ class ScratchDir {
   std::vector<pid_t> pids() const {
     std::vector<pid_t> out;
     for (const auto& f : files()) {
-      if ((f.rfind("pid.", 0) != 0 && f.rfind("child.", 0) != 0) || f.find(".tmp") != std::string::npos)
-        continue;
+      if ((f.rfind("pid.", 0) != 0 && f.rfind("child.", 0) != 0) || f.find(".tmp") != std::string::npos) continue;
       std::ifstream in(path_ + "/" + f);
       long pid = 0;
       if (in >> pid && pid > 0) out.push_back(static_cast<pid_t>(pid));

@@ -38,10 +38,10 @@ TEST(ParseArgs, DefaultsMatchNcclTests) {
 TEST(ParseArgs, ShortAndLongFlags) {
   Options o;
   std::string out;
-  ASSERT_EQ(Parse({"-b", "8", "-e", "128M", "-f", "2", "-t", "2", "-g", "1", "-n", "5", "-w", "0",
-                   "-c", "0", "-o", "max", "-d", "bfloat16", "-r", "-1", "-z", "1", "-a", "3",
-                   "--iters=7", "--datatype", "int32", "-m", "4", "-N", "2", "-y", "1", "-T", "9",
-                   "-u", "1", "-S", "1", "-C", "1", "-i", "0x100"},
+  ASSERT_EQ(Parse({"-b", "8",  "-e",        "128M",       "-f",    "2",   "-t", "2",        "-g",   "1",  "-n", "5",
+                   "-w", "0",  "-c",        "0",          "-o",    "max", "-d", "bfloat16", "-r",   "-1", "-z", "1",
+                   "-a", "3",  "--iters=7", "--datatype", "int32", "-m",  "4",  "-N",       "2",    "-y", "1",  "-T",
+                   "9",  "-u", "1",         "-S",         "1",     "-C",  "1",  "-i",       "0x100"},
                   &o, &out),
             ParseResult::kRun);
   EXPECT_EQ(o.min_bytes, 8u);

@@ -19,9 +19,7 @@ uint64_t Get(const std::vector<char>& b, size_t i, size_t size) {
   return v;
 }
 
-void Put(std::vector<char>& b, size_t i, size_t size, uint64_t v) {
-  std::memcpy(b.data() + i * size, &v, size);
-}
+void Put(std::vector<char>& b, size_t i, size_t size, uint64_t v) { std::memcpy(b.data() + i * size, &v, size); }
 
 int64_t Signed(uint64_t v, size_t size) {
   const int shift = 64 - 8 * static_cast<int>(size);
@@ -33,7 +31,9 @@ uint64_t Combine(const TypeInfo& t, Op op, uint64_t a, uint64_t b) {
   const uint64_t mask = t.size == 8 ? ~0ULL : (1ULL << (8 * t.size)) - 1;
   if (!t.is_float) {
     switch (op) {
-      case Op::kSum: case Op::kMulSum: case Op::kAvg: return (a + b) & mask;
+      case Op::kSum:
+      case Op::kMulSum:
+      case Op::kAvg: return (a + b) & mask;
       case Op::kProd: return (a * b) & mask;
       case Op::kMax: return t.is_signed ? (Signed(a, t.size) > Signed(b, t.size) ? a : b) : std::max(a, b);
       case Op::kMin: return t.is_signed ? (Signed(a, t.size) < Signed(b, t.size) ? a : b) : std::min(a, b);
@@ -42,7 +42,9 @@ uint64_t Combine(const TypeInfo& t, Op op, uint64_t a, uint64_t b) {
   }
   const double x = DecodeFloat(t, a), y = DecodeFloat(t, b);
   switch (op) {
-    case Op::kSum: case Op::kMulSum: case Op::kAvg: return EncodeFloat(t, x + y);
+    case Op::kSum:
+    case Op::kMulSum:
+    case Op::kAvg: return EncodeFloat(t, x + y);
     case Op::kProd: return EncodeFloat(t, x * y);
     case Op::kMax: return EncodeFloat(t, std::max(x, y));
     case Op::kMin: return EncodeFloat(t, std::min(x, y));
@@ -56,8 +58,7 @@ uint64_t Prepare(const TypeInfo& t, Op op, int rank, int n, uint64_t v) {
     const int s = rank & 1 ? 2 : 1;
     return t.is_float ? EncodeFloat(t, DecodeFloat(t, v) * s) : v * s;
   }
-  if (op == Op::kAvg && t.is_float)
-    return EncodeFloat(t, DecodeFloat(t, v) * DecodeFloat(t, EncodeFloat(t, 1.0 / n)));
+  if (op == Op::kAvg && t.is_float) return EncodeFloat(t, DecodeFloat(t, v) * DecodeFloat(t, EncodeFloat(t, 1.0 / n)));
   return v;
 }
 
@@ -75,8 +76,7 @@ std::vector<char> ReduceInOrder(const DataSpec& spec, size_t count, const std::v
   for (size_t i = 0; i < count; i++) {
     uint64_t acc = Prepare(t, spec.op, order[0], spec.nranks, Get(in[order[0]], i, t.size));
     for (size_t k = 1; k < order.size(); k++)
-      acc = Combine(t, spec.op, acc,
-                    Prepare(t, spec.op, order[k], spec.nranks, Get(in[order[k]], i, t.size)));
+      acc = Combine(t, spec.op, acc, Prepare(t, spec.op, order[k], spec.nranks, Get(in[order[k]], i, t.size)));
     Put(out, i, t.size, Finish(t, spec.op, spec.nranks, acc));
   }
   return out;
@@ -90,8 +90,7 @@ std::vector<char> ReduceTree(const DataSpec& spec, size_t count) {
   for (int r = 0; r < spec.nranks; r++) FillInput(spec, r, 0, count, in[r].data());
   for (size_t i = 0; i < count; i++) {
     std::vector<uint64_t> level;
-    for (int r = 0; r < spec.nranks; r++)
-      level.push_back(Prepare(t, spec.op, r, spec.nranks, Get(in[r], i, t.size)));
+    for (int r = 0; r < spec.nranks; r++) level.push_back(Prepare(t, spec.op, r, spec.nranks, Get(in[r], i, t.size)));
     while (level.size() > 1) {
       std::vector<uint64_t> next;
       for (size_t k = 0; k + 1 < level.size(); k += 2) next.push_back(Combine(t, spec.op, level[k], level[k + 1]));
@@ -128,11 +127,11 @@ TEST_P(ReductionOrders, EveryOrderMatchesExpected) {
       << t.name << " " << OpName(op) << " n=" << nranks << " (tree)";
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllTypesOpsRanks, ReductionOrders,
-    ::testing::Combine(::testing::Range(0, 12),
-                       ::testing::Values(Op::kSum, Op::kProd, Op::kMax, Op::kMin, Op::kAvg, Op::kMulSum),
-                       ::testing::Values(1, 2, 3, 4, 7, 8)));
+INSTANTIATE_TEST_SUITE_P(AllTypesOpsRanks, ReductionOrders,
+                         ::testing::Combine(::testing::Range(0, 12),
+                                            ::testing::Values(Op::kSum, Op::kProd, Op::kMax, Op::kMin, Op::kAvg,
+                                                              Op::kMulSum),
+                                            ::testing::Values(1, 2, 3, 4, 7, 8)));
 
 TEST(Data, InputsDependOnSeedRankAndIndexOnly) {
   const DataSpec spec{FindType("float"), Op::kSum, 4, 7};
@@ -203,8 +202,7 @@ TEST(Encode, KnownBitPatterns) {
   EXPECT_EQ(EncodeFloat(*FindType("f8e5m2"), -0.0), 0x80u);
   for (const char* name : {"half", "bfloat16", "f8e4m3", "f8e5m2", "float", "double"}) {
     const TypeInfo& t = *FindType(name);
-    for (double v : {0.5, 1.0, 3.0, -6.0, 12.0})
-      EXPECT_EQ(DecodeFloat(t, EncodeFloat(t, v)), v) << name;
+    for (double v : {0.5, 1.0, 3.0, -6.0, 12.0}) EXPECT_EQ(DecodeFloat(t, EncodeFloat(t, v)), v) << name;
   }
 }
 

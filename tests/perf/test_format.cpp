@@ -22,9 +22,7 @@ TEST(FloatStr, PicksPrecisionByIntegerDigits) {
   EXPECT_EQ(FloatStr(0.004, 6), "  0.00");
 }
 
-TEST(FloatStr, NonFiniteValuesDoNotHang) {
-  EXPECT_EQ(FloatStr(1.0 / 0.0, 7).size(), 7u);
-}
+TEST(FloatStr, NonFiniteValuesDoNotHang) { EXPECT_EQ(FloatStr(1.0 / 0.0, 7).size(), 7u); }
 
 TEST(Preamble, MatchesNcclTests) {
   PreambleInfo p;
@@ -52,10 +50,8 @@ TEST(Preamble, MatchesNcclTests) {
   p.parallel_init = true;
   const std::string s = Preamble(p);
   EXPECT_NE(s.find("step: 1048576(bytes)"), std::string::npos);
-  EXPECT_NE(s.find("# Blocking Enabled: wait for completion and barrier after each collective \n"),
-            std::string::npos);
-  EXPECT_NE(s.find("# Parallel Init Enabled: threads call into NcclInitRank concurrently \n"),
-            std::string::npos);
+  EXPECT_NE(s.find("# Blocking Enabled: wait for completion and barrier after each collective \n"), std::string::npos);
+  EXPECT_NE(s.find("# Parallel Init Enabled: threads call into NcclInitRank concurrently \n"), std::string::npos);
 }
 
 TEST(DeviceLine, MatchesNcclTests) {
@@ -66,9 +62,12 @@ TEST(DeviceLine, MatchesNcclTests) {
 TEST(TableHeader, MatchesNcclTests) {
   EXPECT_EQ(TableHeader(false, false, false),
             "#\n"
-            "#                                                              out-of-place                       in-place          \n"
-            "#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong \n"
-            "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)             (us)  (GB/s)  (GB/s)         \n");
+            "#                                                              out-of-place                       "
+            "in-place          \n"
+            "#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   "
+            "busbw  #wrong \n"
+            "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)             (us)  (GB/s)  "
+            "(GB/s)         \n");
 }
 
 TEST(TableHeader, CpuTimeAndTimestampColumns) {
@@ -79,8 +78,7 @@ TEST(TableHeader, CpuTimeAndTimestampColumns) {
 }
 
 TEST(Row, MatchesNcclTests) {
-  EXPECT_EQ(RowStart(8, 2, "float", "sum", -1) + RowBody(11.93, 0.0, 0.0, 0) +
-                RowBody(11.71, 0.0, 0.0, 0),
+  EXPECT_EQ(RowStart(8, 2, "float", "sum", -1) + RowBody(11.93, 0.0, 0.0, 0) + RowBody(11.71, 0.0, 0.0, 0),
             "           8             2     float     sum      -1    11.93    0.00    0.00       0"
             "    11.71    0.00    0.00       0");
   EXPECT_EQ(RowStart(134217728, 33554432, "float", "sum", -1) + RowBody(1110.40, 120.87, 181.31, 0) +
@@ -92,8 +90,7 @@ TEST(Row, MatchesNcclTests) {
 TEST(Row, UncheckedAndWrongCounts) {
   EXPECT_EQ(RowBody(5.0, 1.0, 2.0, -1), "     5.00    1.00    2.00    N/A");
   EXPECT_EQ(RowBody(5.0, 1.0, 2.0, 1234567), "     5.00    1.00    2.00  1.23457e+06");
-  EXPECT_EQ(RowStart(1024, 256, "bfloat16", "mulsum", 3),
-            "        1024           256  bfloat16  mulsum       3");
+  EXPECT_EQ(RowStart(1024, 256, "bfloat16", "mulsum", 3), "        1024           256  bfloat16  mulsum       3");
 }
 
 TEST(Footer, MatchesNcclTests) {

@@ -100,7 +100,7 @@ TEST(MsgEngine, BufferPoolClassesAndBudget) {
   BufferPool roomy(64u << 20);
   BufferPool::Buf c = roomy.get(3u << 20);
   roomy.put(c);
-  EXPECT_EQ(roomy.get(5u << 19).ptr, c.ptr);       // 2.5 MiB fits the kept 3 MiB buffer
+  EXPECT_EQ(roomy.get(5u << 19).ptr, c.ptr);  // 2.5 MiB fits the kept 3 MiB buffer
   roomy.put(c);
   BufferPool::Buf d = roomy.get(1u << 20 | 1);  // would waste more than half: fresh
   EXPECT_NE(d.ptr, c.ptr);

@@ -39,8 +39,8 @@ struct Pair {
 // The child sends `sizes` (content seeded by index) from `src` buffers made by
 // make_src, all at once or each after the previous completed; the parent
 // receives and checks them. Returns the child's status.
-int ReceiveFromChild(const std::vector<size_t>& sizes,
-                     const std::function<unsigned char*(size_t)>& make_src, bool one_at_a_time = false) {
+int ReceiveFromChild(const std::vector<size_t>& sizes, const std::function<unsigned char*(size_t)>& make_src,
+                     bool one_at_a_time = false) {
   Child child = spawn([&](int fd) -> int {
     void* ctx = nullptr;
     CHILD_CHECK(t->init(test_host(), &ctx) == MESHCCL_T_SUCCESS);
@@ -235,7 +235,8 @@ TEST(Shm, CloseWithdrawsPayloadsBeingRead) {
   const size_t size = 64 * kMiB;  // many copy chunks
   const long page = sysconf(_SC_PAGESIZE);
   const size_t len = (size + page - 1) / page * page;
-  auto* src = static_cast<unsigned char*>(mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  auto* src =
+      static_cast<unsigned char*>(mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   ASSERT_NE(src, MAP_FAILED);
   std::memset(src, 7, size);
   std::vector<unsigned char> dst(size);

@@ -162,8 +162,8 @@ TEST(Socket, InterfaceSelection) {
   EXPECT_EQ(ps::pick_iface(all, "eth1"), 5);    // "eth1" is a prefix of eth10
   EXPECT_EQ(ps::pick_iface(all, "=eth1"), -1);  // but not its exact name
   EXPECT_EQ(ps::pick_iface(all, "=eth10"), 5);
-  EXPECT_EQ(ps::pick_iface(all, "ib0"), -1);    // down
-  EXPECT_EQ(ps::pick_iface(all, "ib"), 6);      // only ib1 is up, IPv6 only
+  EXPECT_EQ(ps::pick_iface(all, "ib0"), -1);  // down
+  EXPECT_EQ(ps::pick_iface(all, "ib"), 6);    // only ib1 is up, IPv6 only
   EXPECT_EQ(ps::pick_iface(all, "docker,ib"), 1);
   EXPECT_EQ(ps::pick_iface(all, "^eth,docker,lo"), 6);
   EXPECT_EQ(ps::pick_iface(all, "^=eth0"), 0);  // exclusion does not imply skipping loopback
@@ -253,8 +253,7 @@ class Repeated {
     if (base == MAP_FAILED) std::abort();
     base_ = static_cast<unsigned char*>(base);
     for (size_t off = 0; off < size_; off += period) {
-      if (mmap(base_ + off, period, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd_, 0) == MAP_FAILED)
-        std::abort();
+      if (mmap(base_ + off, period, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd_, 0) == MAP_FAILED) std::abort();
     }
   }
   ~Repeated() {

@@ -74,9 +74,7 @@ const meshccl_transport_host_v1_t g_host = {
     .nranks = 2,
 };
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 }  // namespace
 
@@ -122,11 +120,13 @@ ScopedEnv::ScopedEnv(const char* name, const char* value) : name_(name) {
     had_ = true;
     old_ = old;
   }
-  if (value != nullptr) setenv(name, value, 1); else unsetenv(name);
+  if (value != nullptr) setenv(name, value, 1);
+  else unsetenv(name);
 }
 
 ScopedEnv::~ScopedEnv() {
-  if (had_) setenv(name_.c_str(), old_.c_str(), 1); else unsetenv(name_.c_str());
+  if (had_) setenv(name_.c_str(), old_.c_str(), 1);
+  else unsetenv(name_.c_str());
 }
 
 int wait_request(const meshccl_transport_v1_t* t, void* req, size_t* size, double timeout_s) {
@@ -302,9 +302,7 @@ Child spawn(const std::function<int(int fd)>& body) {
     int rc = 1;
     try {
       rc = body(sv[1]);
-    } catch (...) {
-      rc = 2;
-    }
+    } catch (...) { rc = 2; }
     std::fflush(nullptr);
     _exit(rc);
   }
@@ -344,7 +342,6 @@ int reap(Child& c, double timeout_s) {
   remove_dead_shm_regions(pid);
   return 128 + WTERMSIG(status);
 }
-
 
 bool write_all(int fd, const void* buf, size_t n) {
   auto* p = static_cast<const char*>(buf);

@@ -109,13 +109,12 @@ bool write_all(int fd, const void* buf, size_t n);
 bool read_all(int fd, void* buf, size_t n, double timeout_s = kTimeoutS);
 
 // In a child: print a message and give a non-zero code when cond fails.
-#define CHILD_CHECK(cond)                                                          \
-  do {                                                                             \
-    if (!(cond)) {                                                                 \
-      std::fprintf(stderr, "child %d: %s:%d: check failed: %s\n", (int)getpid(),   \
-                   __FILE__, __LINE__, #cond);                                     \
-      return 1;                                                                    \
-    }                                                                              \
+#define CHILD_CHECK(cond)                                                                                    \
+  do {                                                                                                       \
+    if (!(cond)) {                                                                                           \
+      std::fprintf(stderr, "child %d: %s:%d: check failed: %s\n", (int)getpid(), __FILE__, __LINE__, #cond); \
+      return 1;                                                                                              \
+    }                                                                                                        \
   } while (0)
 
 }  // namespace meshccl::test

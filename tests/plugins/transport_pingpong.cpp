@@ -146,7 +146,8 @@ int child_main(const meshccl_transport_v1_t* t, const Plan& plan, const Swap& sw
         if (t->irecv(l.rcomm, buf.data(), size, 2, nullptr, &r) != 0) return 3;
       std::vector<int> res;
       if (!wait_all(t, reqs, &res, nullptr, 120)) return 4;
-      for (int r : res) if (r != 0) return 5;
+      for (int r : res)
+        if (r != 0) return 5;
       if (!post_wait_send(l, small, 1, 3)) return 6;
     }
   }
@@ -216,7 +217,8 @@ bool measure(const meshccl_transport_v1_t* t, const Plan& plan, const Swap& swap
         if (t->isend(l.scomm, buf.data(), size, 2, nullptr, &r) != 0) return false;
       std::vector<int> res;
       if (!wait_all(t, reqs, &res, nullptr, 120)) return false;
-      for (int r : res) if (r != 0) return false;
+      for (int r : res)
+        if (r != 0) return false;
       if (!post_wait_recv(l, small, 1, 3)) return false;
     }
     double s = std::chrono::duration<double>(Clock::now() - start).count();
@@ -266,9 +268,9 @@ void default_plugin_dir() {
   ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
   if (n <= 0) return;
   std::string path(exe, static_cast<size_t>(n));
-  path = path.substr(0, path.rfind('/'));                 // build/tests/plugins
-  path = path.substr(0, path.rfind('/'));                 // build/tests
-  path = path.substr(0, path.rfind('/')) + "/plugins";    // build/plugins
+  path = path.substr(0, path.rfind('/'));               // build/tests/plugins
+  path = path.substr(0, path.rfind('/'));               // build/tests
+  path = path.substr(0, path.rfind('/')) + "/plugins";  // build/plugins
   setenv("MESHCCL_TEST_PLUGIN_DIR", path.c_str(), 1);
 }
 

@@ -35,18 +35,10 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
     ASSERT_EQ(t_->init(test_host(), &rctx_), MESHCCL_T_SUCCESS);
   }
   void TearDown() override {
-    if (scomm_ != nullptr) {
-      EXPECT_EQ(t_->close_send(scomm_), MESHCCL_T_SUCCESS);
-    }
-    if (rcomm_ != nullptr) {
-      EXPECT_EQ(t_->close_recv(rcomm_), MESHCCL_T_SUCCESS);
-    }
-    if (sctx_ != nullptr) {
-      EXPECT_EQ(t_->finalize(sctx_), MESHCCL_T_SUCCESS);
-    }
-    if (rctx_ != nullptr) {
-      EXPECT_EQ(t_->finalize(rctx_), MESHCCL_T_SUCCESS);
-    }
+    if (scomm_ != nullptr) { EXPECT_EQ(t_->close_send(scomm_), MESHCCL_T_SUCCESS); }
+    if (rcomm_ != nullptr) { EXPECT_EQ(t_->close_recv(rcomm_), MESHCCL_T_SUCCESS); }
+    if (sctx_ != nullptr) { EXPECT_EQ(t_->finalize(sctx_), MESHCCL_T_SUCCESS); }
+    if (rctx_ != nullptr) { EXPECT_EQ(t_->finalize(rctx_), MESHCCL_T_SUCCESS); }
   }
   void Connect() { ASSERT_EQ(connect_pair(t_, sctx_, rctx_, &scomm_, &rcomm_), MESHCCL_T_SUCCESS); }
   bool is_shm() const { return std::strcmp(t_->name, "shm") == 0; }
@@ -59,13 +51,9 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
     fill(src.data(), size, size + tag);
     void* sreq = nullptr;
     void* rreq = nullptr;
-    if (recv_first) {
-      ASSERT_EQ(t_->irecv(rcomm_, dst.data(), cap, tag, nullptr, &rreq), MESHCCL_T_SUCCESS);
-    }
+    if (recv_first) { ASSERT_EQ(t_->irecv(rcomm_, dst.data(), cap, tag, nullptr, &rreq), MESHCCL_T_SUCCESS); }
     ASSERT_EQ(t_->isend(scomm_, src.data(), size, tag, nullptr, &sreq), MESHCCL_T_SUCCESS);
-    if (!recv_first) {
-      ASSERT_EQ(t_->irecv(rcomm_, dst.data(), cap, tag, nullptr, &rreq), MESHCCL_T_SUCCESS);
-    }
+    if (!recv_first) { ASSERT_EQ(t_->irecv(rcomm_, dst.data(), cap, tag, nullptr, &rreq), MESHCCL_T_SUCCESS); }
     ASSERT_NE(sreq, nullptr);
     ASSERT_NE(rreq, nullptr);
     std::vector<int> res;
@@ -222,7 +210,8 @@ TEST_P(TransportTest, OutOfOrderTags) {
       EXPECT_EQ(check(rb.data(), sb, 2), SIZE_MAX);
       ASSERT_EQ(t_->irecv(rcomm_, ra.data(), sa, 0xA, nullptr, &r1), MESHCCL_T_SUCCESS);
       std::vector<void*> rest = {r1};
-      for (void* q : reqs) if (q != nullptr && q != r2) rest.push_back(q);
+      for (void* q : reqs)
+        if (q != nullptr && q != r2) rest.push_back(q);
       std::vector<int> res;
       ASSERT_TRUE(wait_all(t_, rest, &res));
       for (int r : res) EXPECT_EQ(r, MESHCCL_T_SUCCESS);
@@ -239,13 +228,9 @@ TEST_P(TransportTest, TruncationFailsTheReceiveOnly) {
       std::vector<unsigned char> src(size), dst(size / 2);
       fill(src.data(), size, 5);
       void *s, *r;
-      if (recv_first) {
-        ASSERT_EQ(t_->irecv(rcomm_, dst.data(), dst.size(), 5, nullptr, &r), MESHCCL_T_SUCCESS);
-      }
+      if (recv_first) { ASSERT_EQ(t_->irecv(rcomm_, dst.data(), dst.size(), 5, nullptr, &r), MESHCCL_T_SUCCESS); }
       ASSERT_EQ(t_->isend(scomm_, src.data(), size, 5, nullptr, &s), MESHCCL_T_SUCCESS);
-      if (!recv_first) {
-        ASSERT_EQ(t_->irecv(rcomm_, dst.data(), dst.size(), 5, nullptr, &r), MESHCCL_T_SUCCESS);
-      }
+      if (!recv_first) { ASSERT_EQ(t_->irecv(rcomm_, dst.data(), dst.size(), 5, nullptr, &r), MESHCCL_T_SUCCESS); }
       std::vector<int> res;
       ASSERT_TRUE(wait_all(t_, {s, r}, &res));
       EXPECT_EQ(res[1], MESHCCL_T_INVALID_USAGE);
@@ -279,7 +264,8 @@ TEST_P(TransportTest, SenderAndReceiverThreads) {
       if (window.size() == 16 || i == kN - 1) {
         std::vector<int> res;
         if (!wait_all(t_, window, &res)) sender_ok = false;
-        for (int r : res) if (r != MESHCCL_T_SUCCESS) sender_ok = false;
+        for (int r : res)
+          if (r != MESHCCL_T_SUCCESS) sender_ok = false;
         window.clear();
       }
     }
@@ -320,7 +306,8 @@ TEST_P(TransportTest, ForkedPeerBothDirections) {
     }
     std::vector<int> res;
     if (!wait_all(t, reqs, &res)) return 2;
-    for (int r : res) if (r != MESHCCL_T_SUCCESS) return 3;
+    for (int r : res)
+      if (r != MESHCCL_T_SUCCESS) return 3;
     return 0;
   };
   auto recv_all = [t](void* rcomm) -> int {
@@ -546,9 +533,7 @@ TEST_P(TransportTest, SendFinishedBeforeReceiverClosedSucceeds) {
   EXPECT_EQ(check(dst.data(), dst.size(), 4), SIZE_MAX);
   ASSERT_EQ(t_->close_recv(rcomm_), MESHCCL_T_SUCCESS);
   rcomm_ = nullptr;
-  if (reqs[0] != nullptr) {
-    EXPECT_EQ(wait_request(t_, reqs[0], nullptr, 10), MESHCCL_T_SUCCESS);
-  }
+  if (reqs[0] != nullptr) { EXPECT_EQ(wait_request(t_, reqs[0], nullptr, 10), MESHCCL_T_SUCCESS); }
 }
 
 // The sender closes while a large send is in flight and then frees (unmaps)
@@ -579,7 +564,8 @@ TEST_P(TransportTest, CloseWithLargeSendInFlightThenFree) {
   ASSERT_EQ(connect_peer(t_, sctx_, child.fd, &scomm_), MESHCCL_T_SUCCESS);
   char ready = 0;
   ASSERT_TRUE(read_all(child.fd, &ready, 1));
-  auto* src = static_cast<unsigned char*>(mmap(nullptr, kBig, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  auto* src =
+      static_cast<unsigned char*>(mmap(nullptr, kBig, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   ASSERT_NE(src, MAP_FAILED);
   fill(src, kBig, 7);
   void* s = nullptr;
@@ -690,7 +676,8 @@ TEST_P(TransportTest, EightProcessesAllToAll) {
         CHILD_CHECK(spins < 20'000'000);
         if (spins % 64 == 63) sched_yield();
       }
-      for (void* l : listens) if (l != nullptr) CHILD_CHECK(t->close_listen(l) == MESHCCL_T_SUCCESS);
+      for (void* l : listens)
+        if (l != nullptr) CHILD_CHECK(t->close_listen(l) == MESHCCL_T_SUCCESS);
       std::vector<std::vector<unsigned char>> out, in;
       std::vector<void*> reqs;
       for (int p = 0; p < kProcs; ++p) {

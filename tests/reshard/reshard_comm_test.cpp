@@ -25,9 +25,15 @@ using meshccl_test::ScopedEnv;
 
 size_t dtype_bytes(ncclDataType_t t) {
   switch (t) {
-    case ncclInt8: case ncclUint8: case ncclFloat8e4m3: case ncclFloat8e5m2: return 1;
-    case ncclFloat16: case ncclBfloat16: return 2;
-    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
+    case ncclInt8:
+    case ncclUint8:
+    case ncclFloat8e4m3:
+    case ncclFloat8e5m2: return 1;
+    case ncclFloat16:
+    case ncclBfloat16: return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32: return 4;
     default: return 8;
   }
 }
@@ -44,10 +50,11 @@ meshcclShardSpec_t spec(std::initializer_list<std::vector<int>> dims) {
   return s;
 }
 
-
 // Byte b of global element e, for a given round: any dtype's bits will do,
 // the data is only moved.
-unsigned char byte_of(size_t e, size_t b, int round) { return static_cast<unsigned char>(e * 131 + b * 7 + round * 29 + 1); }
+unsigned char byte_of(size_t e, size_t b, int round) {
+  return static_cast<unsigned char>(e * 131 + b * 7 + round * 29 + 1);
+}
 
 // The dense tile of (mesh, spec) on rank, filled with the global pattern.
 std::vector<unsigned char> tile(const meshcclMesh_t& m, const meshcclShardSpec_t& s, const std::vector<size_t>& shape,
@@ -122,7 +129,7 @@ std::string run_case(ncclComm_t comm, int rank, const Case& c, ncclDataType_t dt
   return err;
 }
 
-const ncclDataType_t kTypes[] = {ncclInt8, ncclUint8, ncclInt32, ncclUint32, ncclInt64, ncclUint64,
+const ncclDataType_t kTypes[] = {ncclInt8,    ncclUint8,   ncclInt32,   ncclUint32,   ncclInt64,      ncclUint64,
                                  ncclFloat16, ncclFloat32, ncclFloat64, ncclBfloat16, ncclFloat8e4m3, ncclFloat8e5m2};
 const meshcclReshardStrategy_t kStrategies[] = {meshcclReshardSendRecv, meshcclReshardSendRecvAllGather,
                                                 meshcclReshardBroadcast, meshcclReshardAuto};
@@ -146,10 +153,10 @@ TEST(ReshardComm, EveryDtypeEveryStrategyThreads) {
 TEST(ReshardComm, ReplicatedToShardedAndBackThreads) {
   // One-to-many and many-to-one, an empty tile, a 1-d mesh on 3-d.
   const std::vector<Case> cases{
-      {{1}, {2, 2}, {0}, {1, 2, 3, 4}, spec({{}, {}}), spec({{}, {}}), {33, 9}},        // one to many, replicated
-      {{2, 2}, {1}, {0, 1, 2, 3}, {4}, spec({{0, 1}, {}}), spec({{}, {}}), {3, 2}},       // an empty source tile
+      {{1}, {2, 2}, {0}, {1, 2, 3, 4}, spec({{}, {}}), spec({{}, {}}), {33, 9}},     // one to many, replicated
+      {{2, 2}, {1}, {0, 1, 2, 3}, {4}, spec({{0, 1}, {}}), spec({{}, {}}), {3, 2}},  // an empty source tile
       {{2, 2}, {2, 2}, {0, 1, 2, 3}, {4, 3, 2, 1}, spec({{1}, {0}}), spec({{0}, {1}}), {6, 10}},  // same ranks
-      {{5}, {5}, {0, 1, 2, 3, 4}, {0, 1, 2, 3, 4}, spec({{0}, {}}), spec({{}, {0}}), {11, 13}},     // all-to-all
+      {{5}, {5}, {0, 1, 2, 3, 4}, {0, 1, 2, 3, 4}, spec({{0}, {}}), spec({{}, {0}}), {11, 13}},   // all-to-all
   };
   run_ranks(5, [&](ncclComm_t comm, int rank) {
     for (size_t i = 0; i < cases.size(); ++i)
@@ -214,9 +221,9 @@ TEST(ReshardComm, BadSpecsFailOnEveryRank) {
     const meshcclMesh_t m = as_mesh({4}, r4);
     const meshcclShardSpec_t s0 = spec({{0}, {}}), s1 = spec({{}, {0}});
     meshcclReshardPlan_t plan = nullptr;
-    EXPECT_EQ(meshcclReshardPlanCreate(&m, rank == 2 ? &s1 : &s0, &m, &s1, shape.data(), ncclFloat32, comm, nullptr,
-                                       &plan),
-              ncclInvalidUsage);
+    EXPECT_EQ(
+        meshcclReshardPlanCreate(&m, rank == 2 ? &s1 : &s0, &m, &s1, shape.data(), ncclFloat32, comm, nullptr, &plan),
+        ncclInvalidUsage);
     EXPECT_EQ(meshcclReshard(nullptr, nullptr, nullptr, nullptr), ncclInvalidArgument);
   });
 }
@@ -240,7 +247,8 @@ TEST(ReshardComm, ShapesBeyondTheAddressSpaceAreRefused) {
       EXPECT_EQ(plan, nullptr);
       size_t off[2], ext[2];
       EXPECT_EQ(meshcclShardTile(&m, &s, shape.data(), rank, off, ext), ncclInvalidArgument);
-      EXPECT_EQ(std::string(ncclGetLastError(nullptr)).rfind("meshcclShardTile : ", 0), 0u) << ncclGetLastError(nullptr);
+      EXPECT_EQ(std::string(ncclGetLastError(nullptr)).rfind("meshcclShardTile : ", 0), 0u)
+          << ncclGetLastError(nullptr);
       int one = 1;
       ASSERT_EQ(ncclAllReduce(&one, &one, 1, ncclInt32, ncclSum, comm, nullptr), ncclSuccess);
     }

@@ -120,7 +120,8 @@ TEST(TopoComm, DumpPerCommunicator) {
   EXPECT_EQ(topo_dump_name("%c%c", 1, false), "00000000000000010000000000000001");
   TempDir tmp;
   const std::string dir = tmp.dir();
-  ScopedEnv env({{"MESHCCL_TOPO_FILE", TOPO_DATA_DIR "/two_numa_4ranks.xml"}, {"MESHCCL_TOPO_DUMP_FILE", dir + "/g-%c.xml"}});
+  ScopedEnv env(
+      {{"MESHCCL_TOPO_FILE", TOPO_DATA_DIR "/two_numa_4ranks.xml"}, {"MESHCCL_TOPO_DUMP_FILE", dir + "/g-%c.xml"}});
   std::string parent_file, child_file;
   run_ranks(4, [&](ncclComm_t comm, int rank) {
     ncclComm_t child = nullptr;
@@ -141,14 +142,15 @@ TEST(TopoComm, DumpPerCommunicator) {
 
 TEST(TopoComm, TwoHostsFromFile) {
   TempDir tmp;
-  const std::string file = tmp.file("hosts.xml",
-                                    "<meshccl_topology version=\"1\">\n"
-                                    "  <host name=\"a\"><numa id=\"0\" cpus=\"0-3\"/><numa id=\"1\" cpus=\"4-7\"/></host>\n"
-                                    "  <host name=\"b\"><numa id=\"0\" cpus=\"0-7\"/></host>\n"
-                                    "  <rank id=\"0\" host=\"0\" numa=\"0\" net_gbs=\"12.5\"/>\n"
-                                    "  <rank id=\"1\" host=\"0\" numa=\"1\" net_gbs=\"12.5\"/>\n"
-                                    "  <rank id=\"2\" host=\"1\" numa=\"0\" net_gbs=\"3\"/>\n"
-                                    "</meshccl_topology>\n");
+  const std::string file =
+      tmp.file("hosts.xml",
+               "<meshccl_topology version=\"1\">\n"
+               "  <host name=\"a\"><numa id=\"0\" cpus=\"0-3\"/><numa id=\"1\" cpus=\"4-7\"/></host>\n"
+               "  <host name=\"b\"><numa id=\"0\" cpus=\"0-7\"/></host>\n"
+               "  <rank id=\"0\" host=\"0\" numa=\"0\" net_gbs=\"12.5\"/>\n"
+               "  <rank id=\"1\" host=\"0\" numa=\"1\" net_gbs=\"12.5\"/>\n"
+               "  <rank id=\"2\" host=\"1\" numa=\"0\" net_gbs=\"3\"/>\n"
+               "</meshccl_topology>\n");
   ScopedEnv env({{"MESHCCL_TOPO_FILE", file}});
   run_ranks(3, [&](ncclComm_t comm, int) {
     const SystemGraph& g = comm->topo;
@@ -196,8 +198,8 @@ TEST(TopoComm, DiscoveredAcrossEmulatedHosts) {
       int code = 0;
       if (ncclCommInitRank(&comm, n, id, r) != ncclSuccess) _exit(2);
       const SystemGraph& g = comm->topo;
-      if (g.hosts.size() != 2 || g.link(0, 1).cls != LinkClass::kNetwork ||
-          g.link(2, 1).cls != LinkClass::kNetwork || g.link(0, 2).cls == LinkClass::kNetwork)
+      if (g.hosts.size() != 2 || g.link(0, 1).cls != LinkClass::kNetwork || g.link(2, 1).cls != LinkClass::kNetwork ||
+          g.link(0, 2).cls == LinkClass::kNetwork)
         code = 3;
       if (ncclCommDestroy(comm) != ncclSuccess) code = 4;
       std::fflush(stdout);

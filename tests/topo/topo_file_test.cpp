@@ -154,13 +154,12 @@ TEST(MeshcclFormat, DiscoveredHostRoundTrips) {
 TEST(MeshcclFormat, LinksMustMatchPlacements) {
   std::string text = data("two_numa_4ranks.xml");
   const size_t at = text.find("</meshccl_topology>");
-  const std::string good = text.substr(0, at) + "  <link a=\"0\" b=\"2\" class=\"cross_numa\" bw_gbs=\"8\"/>\n" +
-                           text.substr(at);
+  const std::string good =
+      text.substr(0, at) + "  <link a=\"0\" b=\"2\" class=\"cross_numa\" bw_gbs=\"8\"/>\n" + text.substr(at);
   EXPECT_EQ(error_of(good), "");
-  const std::string bad = text.substr(0, at) + "  <link a=\"0\" b=\"2\" class=\"same_numa\" bw_gbs=\"8\"/>\n" +
-                          text.substr(at);
-  EXPECT_EQ(error_of(bad),
-            "t.xml:14: link 0-2 says same_numa 8 GB/s but the rank placements give cross_numa 8 GB/s");
+  const std::string bad =
+      text.substr(0, at) + "  <link a=\"0\" b=\"2\" class=\"same_numa\" bw_gbs=\"8\"/>\n" + text.substr(at);
+  EXPECT_EQ(error_of(bad), "t.xml:14: link 0-2 says same_numa 8 GB/s but the rank placements give cross_numa 8 GB/s");
 }
 
 struct BadCase {
@@ -172,14 +171,18 @@ TEST(Malformed, ErrorsNameLineAndProblem) {
   const BadCase cases[] = {
       {"", "t.xml:1: no root element (empty file)"},
       {"<system version=\"1\">\n  <cpu numaid=\"0\">\n", "t.xml:2: <cpu> is never closed (truncated file?)"},
-      {"<system>\n<cpu numaid=\"0\" affinity=\"ff", "t.xml:2: unterminated value of attribute 'affinity' (truncated file?)"},
+      {"<system>\n<cpu numaid=\"0\" affinity=\"ff",
+       "t.xml:2: unterminated value of attribute 'affinity' (truncated file?)"},
       {"<system>\n<cpu numa", "t.xml:2: file ends inside the tag <cpu> (truncated file?)"},
       {"<system>\n\n<cpu numaid=\"zero\"/></system>", "t.xml:3: bad number 'zero' for attribute 'numaid' of <cpu>"},
-      {"<system><cpu numaid=\"-1\"/></system>", "t.xml:1: number '-1' out of range [0, 1048576] for attribute 'numaid' of <cpu>"},
-      {"<system><cpu numaid=\"99999999999999999999\"/></system>", "t.xml:1: bad number '99999999999999999999' for attribute 'numaid' of <cpu>"},
+      {"<system><cpu numaid=\"-1\"/></system>",
+       "t.xml:1: number '-1' out of range [0, 1048576] for attribute 'numaid' of <cpu>"},
+      {"<system><cpu numaid=\"99999999999999999999\"/></system>",
+       "t.xml:1: bad number '99999999999999999999' for attribute 'numaid' of <cpu>"},
       {"<system><cpu/></system>", "t.xml:1: missing attribute 'numaid' of <cpu>"},
       {"<system><cpu numaid=\"0\" affinity=\"xyz\"/></system>",
-       "t.xml:1: bad CPU mask 'xyz' (expected comma-separated groups of up to 8 hex digits) in attribute 'affinity' of <cpu>"},
+       "t.xml:1: bad CPU mask 'xyz' (expected comma-separated groups of up to 8 hex digits) in attribute 'affinity' of "
+       "<cpu>"},
       {"<system>\n<cpu numaid=\"0\">\n<gpux/>\n</cpu></system>",
        "t.xml:3: unknown element <gpux> in <cpu> (NCCL topology allows <pci>, <nic>)"},
       {"<system><cpu numaid=\"0\"><pci class=\"0x0302zz\"/></cpu></system>",
@@ -199,7 +202,8 @@ TEST(Malformed, ErrorsNameLineAndProblem) {
       {"<system>\n<!-- open", "t.xml:2: unterminated comment '<!--' (truncated file?)"},
       {"<meshccl_topology version=\"2\"/>", "t.xml:1: unsupported meshccl_topology version 2 (this build reads 1)"},
       {"<meshccl_topology version=\"1\"/>", "t.xml:1: <meshccl_topology> describes no <host>"},
-      {"<meshccl_topology version=\"1\">\n<host name=\"h\"/>\n</meshccl_topology>", "t.xml:2: <host name=\"h\"> has no <numa> node"},
+      {"<meshccl_topology version=\"1\">\n<host name=\"h\"/>\n</meshccl_topology>",
+       "t.xml:2: <host name=\"h\"> has no <numa> node"},
       {"<meshccl_topology version=\"1\">\n<host name=\"h\" color=\"red\"/>\n</meshccl_topology>",
        "t.xml:2: unknown attribute 'color' of <host>"},
       {"<meshccl_topology version=\"1\"><host name=\"h\"><numa id=\"0\" cpus=\"0-x\"/></host></meshccl_topology>",
@@ -213,12 +217,14 @@ TEST(Malformed, ErrorsNameLineAndProblem) {
       {"<meshccl_topology version=\"1\"><host name=\"h\"><numa id=\"0\" cpus=\"0\"/></host>\n"
        "<rank id=\"0\" host=\"0\" numa=\"3\"/></meshccl_topology>",
        "t.xml:2: rank 0 is on NUMA node 3, which host h does not have"},
-      {"<meshccl_topology version=\"1\"><host name=\"h\"><numa id=\"0\" cpus=\"0\"/>\n<disk/></host></meshccl_topology>",
+      {"<meshccl_topology version=\"1\"><host name=\"h\"><numa id=\"0\" "
+       "cpus=\"0\"/>\n<disk/></host></meshccl_topology>",
        "t.xml:2: unknown element <disk> in <host> (want package, numa, core, cache, gpu, nic)"},
       {"<meshccl_topology version=\"1\"><host name=\"h\"><numa id=\"0\" cpus=\"0\"/></host>\n"
        "<link a=\"0\" b=\"1\" class=\"fast\" bw_gbs=\"1\"/></meshccl_topology>",
        "t.xml:2: unknown link class 'fast' (want self, same_numa, cross_numa or network)"},
-      {"<meshccl_topology version=\"1\"><host name=\"h\" numa_gbs=\"nan\"><numa id=\"0\" cpus=\"0\"/></host></meshccl_topology>",
+      {"<meshccl_topology version=\"1\"><host name=\"h\" numa_gbs=\"nan\"><numa id=\"0\" "
+       "cpus=\"0\"/></host></meshccl_topology>",
        "t.xml:1: bad number 'nan' (want a finite number >= 0) for attribute 'numa_gbs' of <host>"},
   };
   for (const BadCase& c : cases) EXPECT_EQ(error_of(c.text), c.error) << c.text;
@@ -304,7 +310,6 @@ TEST(TopoFile, ReadErrors) {
   EXPECT_EQ(topo_read_file("/nonexistent/topo.xml", &f).code(), ncclInvalidArgument);
   EXPECT_EQ(topo_read_file(TOPO_DATA_DIR, &f).code(), ncclInvalidArgument);  // a directory
 }
-
 
 // MESHCCL_TOPO_FILE steers placement and interface choice: only a regular
 // file that no other user could have written is read (docs/security.md). A

@@ -161,8 +161,8 @@ TEST(Graph, LinkClasses) {
     p.net_gbs = net;
     return p;
   };
-  g.ranks = {place(0, 0, 12.5), place(0, 0, 12.5), place(0, 1, 12.5), place(0, -1, 12.5), place(1, -1, 3),
-             place(1, 0, 25)};
+  g.ranks = {place(0, 0, 12.5),  place(0, 0, 12.5), place(0, 1, 12.5),
+             place(0, -1, 12.5), place(1, -1, 3),   place(1, 0, 25)};
   EXPECT_EQ(g.link(0, 0).cls, LinkClass::kSelf);
   EXPECT_EQ(g.link(0, 1).cls, LinkClass::kSameNuma);
   EXPECT_EQ(g.link(0, 1).bw_gbs, 20);
@@ -172,7 +172,7 @@ TEST(Graph, LinkClasses) {
   EXPECT_EQ(g.link(4, 5).cls, LinkClass::kSameNuma);   // a 1-NUMA host
   EXPECT_EQ(g.link(4, 5).bw_gbs, 30);
   EXPECT_EQ(g.link(0, 4).cls, LinkClass::kNetwork);
-  EXPECT_EQ(g.link(0, 4).bw_gbs, 3);   // the slower NIC
+  EXPECT_EQ(g.link(0, 4).bw_gbs, 3);  // the slower NIC
   EXPECT_EQ(g.link(5, 2).bw_gbs, 12.5);
   for (int a = 0; a < g.nranks(); ++a)
     for (int b = 0; b < g.nranks(); ++b) EXPECT_EQ(g.link(a, b).cls, g.link(b, a).cls);

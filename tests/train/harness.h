@@ -15,20 +15,19 @@
 namespace meshtrain::testing {
 
 struct RunResult {
-  std::vector<float> losses;                        // per step, from rank 0
-  std::vector<float> val;                           // validation after the last step
-  std::string sample;                               // greedy text after training (rank 0)
-  std::map<std::string, std::vector<float>> params; // logical tensors
-  double comm_wait = 0, seconds = 0;                // summed over ranks
-  std::string error;                                // first rank's exception, if any
+  std::vector<float> losses;                         // per step, from rank 0
+  std::vector<float> val;                            // validation after the last step
+  std::string sample;                                // greedy text after training (rank 0)
+  std::map<std::string, std::vector<float>> params;  // logical tensors
+  double comm_wait = 0, seconds = 0;                 // summed over ranks
+  std::string error;                                 // first rank's exception, if any
 };
 
 // Builds the Comms of `rank` and keeps them alive; called on the rank's thread.
 using CommFactory = std::function<std::shared_ptr<void>(int rank, Comms* out)>;
 
-inline RunResult run_threads(const TrainConfig& cfg, const Corpus& corpus, const CommFactory& make,
-                             int start_step = 0, int stop_step = -1,
-                             const std::function<void(Engine&)>& before = {},
+inline RunResult run_threads(const TrainConfig& cfg, const Corpus& corpus, const CommFactory& make, int start_step = 0,
+                             int stop_step = -1, const std::function<void(Engine&)>& before = {},
                              const std::function<void(Engine&, int)>& after_step = {}) {
   const int n = cfg.layout.world();
   const int stop = stop_step < 0 ? cfg.steps : stop_step;

@@ -42,7 +42,8 @@ void save_step(const fs::path& dir, int step, std::vector<float>& p, std::vector
   for (int r = 0; r < kRanks; ++r) {
     remove_stale_tmp(dir.string(), r);
     fs::create_directories(dir / step_dir_name(step));
-    for (size_t i = 0; i < kParams; ++i) p[i] = value(step, r, i, 0), m[i] = value(step, r, i, 1), v[i] = value(step, r, i, 2);
+    for (size_t i = 0; i < kParams; ++i)
+      p[i] = value(step, r, i, 0), m[i] = value(step, r, i, 1), v[i] = value(step, r, i, 2);
     write_shard((dir / step_dir_name(step) / rank_file_name(r)).string(), header(r, step), p.data(), m.data(),
                 v.data());
   }
@@ -90,9 +91,7 @@ TEST(CheckpointKill, AKilledSaveLeavesThePreviousCheckpointUsable) {
     if (pid == 0) {
       try {
         save_forever(dir, last + 1);
-      } catch (...) {
-        _exit(3);
-      }
+      } catch (...) { _exit(3); }
     }
     std::this_thread::sleep_for(std::chrono::microseconds(rng() % window_us));
     kill(pid, SIGKILL);
@@ -110,9 +109,7 @@ TEST(CheckpointKill, AKilledSaveLeavesThePreviousCheckpointUsable) {
     int step = -1;
     try {
       step = read_latest(dir.string());
-    } catch (const CheckpointError& e) {
-      FAIL() << "kill " << k << ": " << e.what();
-    }
+    } catch (const CheckpointError& e) { FAIL() << "kill " << k << ": " << e.what(); }
     ASSERT_GE(step, last) << "kill " << k << ": latest went back";
     advanced += step > last;
     for (int r = 0; r < kRanks; ++r) {
@@ -130,8 +127,10 @@ TEST(CheckpointKill, AKilledSaveLeavesThePreviousCheckpointUsable) {
     }
     last = step;
   }
-  std::printf("[ ckpt-kill ] one save %.1f ms; %d kills, %d landed inside a shard or pointer write, latest advanced %d times to step %d\n",
-              save_us / 1e3, kills, mid_save, advanced, last);
+  std::printf(
+      "[ ckpt-kill ] one save %.1f ms; %d kills, %d landed inside a shard or pointer write, latest advanced %d times "
+      "to step %d\n",
+      save_us / 1e3, kills, mid_save, advanced, last);
   // The kills did land inside saves, and saves made progress between them.
   EXPECT_GT(mid_save, 0);
   EXPECT_GT(advanced, 0);

@@ -45,9 +45,7 @@ TEST(Grid, EmbedGroupsPairFirstAndLastStage) {
   for (int r = 0; r < l.world(); r++) {
     const Coords c = coords_of(r, l);
     const int color = embed_color(c, l, true);
-    if (c.pp == 1) {
-      EXPECT_EQ(color, -1);
-    }
+    if (c.pp == 1) { EXPECT_EQ(color, -1); }
     if (color >= 0) groups[color].insert(c.pp);
     EXPECT_EQ(embed_color(c, l, false), -1);
     EXPECT_EQ(embed_color(c, Layout{2, 1, 2}, true), -1);
@@ -95,8 +93,7 @@ TEST(Grid, ImpossibleLayoutsAreExplained) {
   EXPECT_EQ(check_layout(m, {2, 2, 2}, 8, 2, 2), "");
   EXPECT_NE(check_layout(m, {2, 2, 2}, 4, 2, 2).find("but the job has 4 rank(s)"), std::string::npos);
   EXPECT_NE(check_layout(m, {1, 1, 3}, 3, 2, 2).find("not divisible by tp 3"), std::string::npos);
-  EXPECT_NE(check_layout(m, {1, 5, 1}, 5, 2, 2).find("more pipeline stages than the 4 layer"),
-            std::string::npos);
+  EXPECT_NE(check_layout(m, {1, 5, 1}, 5, 2, 2).find("more pipeline stages than the 4 layer"), std::string::npos);
   EXPECT_NE(check_layout(m, {0, 1, 1}, 0, 2, 2).find("at least 1"), std::string::npos);
   EXPECT_NE(check_layout(m, {1, 1, 1}, 1, 0, 2).find("--micro-batch"), std::string::npos);
   m.heads = 5;
@@ -108,9 +105,8 @@ TEST(Grid, ImpossibleLayoutsAreExplained) {
 // over every subset of dimensions partition the world, with keys 0..size-1 in
 // the order of the group's own coordinates and members listed in key order.
 TEST(Grid, NamedGridsEveryOrderAndEveryGroup) {
-  const std::vector<std::string> perms[] = {{"tp", "pp", "dp"}, {"tp", "dp", "pp"},
-                                            {"pp", "tp", "dp"}, {"pp", "dp", "tp"},
-                                            {"dp", "tp", "pp"}, {"dp", "pp", "tp"}};
+  const std::vector<std::string> perms[] = {{"tp", "pp", "dp"}, {"tp", "dp", "pp"}, {"pp", "tp", "dp"},
+                                            {"pp", "dp", "tp"}, {"dp", "tp", "pp"}, {"dp", "pp", "tp"}};
   for (const auto& names : perms) {
     const std::string order = names[0] + "-" + names[1] + "-" + names[2];
     for (int a = 1; a <= 4; a++) {
@@ -151,9 +147,7 @@ TEST(Grid, NamedGridsEveryOrderAndEveryGroup) {
                 ASSERT_EQ(g.group_color(m, dims), color);
                 const auto cm = g.coords(m), cr = g.coords(r);
                 for (int d = 0; d < 3; d++) {
-                  if (!(mask & (1 << d))) {
-                    ASSERT_EQ(cm[d], cr[d]);
-                  }
+                  if (!(mask & (1 << d))) { ASSERT_EQ(cm[d], cr[d]); }
                 }
               }
             }
@@ -232,9 +226,7 @@ TEST(Grid, CubeAxesInThreeDMode) {
         for (int m : g.group_members(r, {cube_axis_dim(a)})) {
           const CubeCoords cm = cube_coords(coords_of(m, l).tp, 2);
           for (int b = 0; b < 3; b++) {
-            if (b != a) {
-              EXPECT_EQ(cm.axis(b), cc.axis(b));
-            }
+            if (b != a) { EXPECT_EQ(cm.axis(b), cc.axis(b)); }
           }
           EXPECT_EQ(cube_axis_color(coords_of(m, l), l, a), cube_axis_color(c, l, a));
         }

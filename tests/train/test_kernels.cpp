@@ -26,9 +26,8 @@ double dot(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // Checks analytic[i] against d loss / d x[i] for a sample of indices.
-void check_grad(std::vector<float>& x, const std::vector<float>& analytic,
-                const std::function<double()>& loss, const char* what, float eps = 1e-2f,
-                double tol = 2e-2) {
+void check_grad(std::vector<float>& x, const std::vector<float>& analytic, const std::function<double()>& loss,
+                const char* what, float eps = 1e-2f, double tol = 2e-2) {
   ASSERT_EQ(x.size(), analytic.size()) << what;
   const size_t stride = x.size() > 64 ? x.size() / 61 : 1;
   for (size_t i = 0; i < x.size(); i += stride) {
@@ -57,8 +56,7 @@ TEST(Kernels, LayerNormBackward) {
   };
   loss();
   std::vector<float> dx(N * C, 0), dw(C, 0), db(C, 0);
-  layernorm_backward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), mean.data(),
-                     rstd.data(), N, C);
+  layernorm_backward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C);
   check_grad(x, dx, loss, "ln dx");
   check_grad(w, dw, loss, "ln dw");
   check_grad(b, db, loss, "ln db");
@@ -152,7 +150,7 @@ TEST(Kernels, EmbeddingAndPositionBackward) {
 // must equal the one-slice result and give the same gradient slices.
 TEST(Kernels, CrossEntropyVocabParallelMatchesFull) {
   std::mt19937 g(6);
-  const int N = 5, V = 10, Vp = 12;  // 2 padded columns
+  const int N = 5, V = 10, Vp = 12;            // 2 padded columns
   std::vector<int32_t> tgt = {0, 9, 5, 6, 3};  // 5 and 6 sit at the slice border
   auto logits = randn(N * Vp, g, 3.0f);
   for (int n = 0; n < N; n++) logits[n * Vp + 10] = logits[n * Vp + 11] = 100.0f;  // padding must not count
@@ -177,7 +175,8 @@ TEST(Kernels, CrossEntropyVocabParallelMatchesFull) {
   }
   EXPECT_NEAR(ref, expect, 1e-4 * std::fabs(expect));
   std::vector<float> x(logits);
-  check_grad(x, dfull, [&] { return full_loss(x, nullptr); }, "ce dlogits", 1e-2f);
+  check_grad(
+      x, dfull, [&] { return full_loss(x, nullptr); }, "ce dlogits", 1e-2f);
   for (int n = 0; n < N; n++) {
     EXPECT_EQ(dfull[n * Vp + 10], 0.0f);
     EXPECT_EQ(dfull[n * Vp + 11], 0.0f);
@@ -198,8 +197,7 @@ TEST(Kernels, CrossEntropyVocabParallelMatchesFull) {
   }
   for (int k = 0; k < parts; k++) {
     const int valid = std::max(0, std::min(Vl, V - k * Vl));
-    ce_sumexp_target(pce.data(), pce.data() + N, slice[k].data(), mx.data(), tgt.data(), N, Vl,
-                     valid, k * Vl);
+    ce_sumexp_target(pce.data(), pce.data() + N, slice[k].data(), mx.data(), tgt.data(), N, Vl, valid, k * Vl);
     for (int i = 0; i < 2 * N; i++) ce[i] += pce[i];
   }
   std::vector<float> losses(N);
@@ -210,8 +208,7 @@ TEST(Kernels, CrossEntropyVocabParallelMatchesFull) {
   for (int k = 0; k < parts; k++) {
     const int valid = std::max(0, std::min(Vl, V - k * Vl));
     std::vector<float> d(N * Vl);
-    ce_backward(d.data(), slice[k].data(), mx.data(), ce.data(), tgt.data(), 1.0f, N, Vl, valid,
-                k * Vl);
+    ce_backward(d.data(), slice[k].data(), mx.data(), ce.data(), tgt.data(), 1.0f, N, Vl, valid, k * Vl);
     for (int n = 0; n < N; n++) {
       for (int j = 0; j < Vl; j++) EXPECT_NEAR(d[n * Vl + j], dfull[n * Vp + k * Vl + j], 1e-6);
     }

@@ -15,7 +15,7 @@ TEST(Optim, WarmupThenCosineToTheFloor) {
   c.total_steps = 15;
   EXPECT_FLOAT_EQ(lr_at(c, 0), 0.25f);
   EXPECT_FLOAT_EQ(lr_at(c, 3), 1.0f);
-  EXPECT_FLOAT_EQ(lr_at(c, 4), 1.0f);                       // cosine starts at the peak
+  EXPECT_FLOAT_EQ(lr_at(c, 4), 1.0f);     // cosine starts at the peak
   EXPECT_NEAR(lr_at(c, 9), 0.55f, 1e-6);  // half way: the mean of peak and floor
   EXPECT_NEAR(lr_at(c, 14), 0.1f, 1e-6);  // last step at the floor
   EXPECT_NEAR(lr_at(c, 50), 0.1f, 1e-6);

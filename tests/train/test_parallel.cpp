@@ -66,8 +66,7 @@ CommFactory meshccl_comms(const TrainConfig& cfg) {
     ncclComm_t world = nullptr;
     check_nccl(ncclCommInitRank(&world, n, id, rank), "ncclCommInitRank");
     auto rc = std::make_shared<RankComms>(split_comms(
-        world, cfg.layout, cfg.model.tied,
-        static_cast<size_t>(cfg.micro_batch) * cfg.model.seq * cfg.model.d_model));
+        world, cfg.layout, cfg.model.tied, static_cast<size_t>(cfg.micro_batch) * cfg.model.seq * cfg.model.d_model));
     set_comm_sched(*rc, cfg.comm_sched);
     *out = rc->view();
     return rc;
@@ -106,8 +105,7 @@ void expect_equivalent(const RunResult& got, const RunResult& ref, const char* w
   for (size_t s = 0; s < ref.losses.size(); s++) {
     const double rel = std::fabs(got.losses[s] - ref.losses[s]) / std::fabs(ref.losses[s]);
     worst = std::max(worst, rel);
-    EXPECT_LT(rel, kLossTol) << what << " step " << s << ": " << got.losses[s] << " vs "
-                             << ref.losses[s];
+    EXPECT_LT(rel, kLossTol) << what << " step " << s << ": " << got.losses[s] << " vs " << ref.losses[s];
   }
   EXPECT_LT(ref.losses.back(), ref.losses.front() - 0.5f) << "the reference run did not learn";
   ASSERT_EQ(got.params.size(), ref.params.size()) << what;
@@ -135,9 +133,10 @@ void expect_equivalent(const RunResult& got, const RunResult& ref, const char* w
   if (vocab == 256) EXPECT_EQ(got.sample.size(), 24u);  // 24 tokens: bytes, or words
   else EXPECT_GE(got.sample.size(), 24u);
   EXPECT_EQ(got.sample, ref.sample) << what;
-  std::printf("[ %s ] worst loss rel diff %.2e, worst param rel diff %.2e, comm wait %.0f%% of "
-              "rank time\n",
-              what, worst, worst_p, 100.0 * got.comm_wait / got.seconds);
+  std::printf(
+      "[ %s ] worst loss rel diff %.2e, worst param rel diff %.2e, comm wait %.0f%% of "
+      "rank time\n",
+      what, worst, worst_p, 100.0 * got.comm_wait / got.seconds);
 }
 
 struct LayoutCase {
@@ -150,8 +149,8 @@ struct LayoutCase {
 std::string case_name(const LayoutCase& c) {
   std::string sched = schedule_name(c.schedule);
   std::replace(sched.begin(), sched.end(), '-', '_');  // test names take no '-'
-  return std::to_string(c.layout.dp) + "x" + std::to_string(c.layout.pp) + "x" +
-         std::to_string(c.layout.tp) + "_" + sched + (c.tied ? "" : "_untied");
+  return std::to_string(c.layout.dp) + "x" + std::to_string(c.layout.pp) + "x" + std::to_string(c.layout.tp) + "_" +
+         sched + (c.tied ? "" : "_untied");
 }
 
 // --comm-sched: fifo runs meshccl's links FIFO, priority by priority (as
@@ -180,23 +179,18 @@ TEST_P(Equivalence, MatchesSingleProcess) {
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, Equivalence,
-    ::testing::Combine(::testing::Values(LayoutCase{{2, 1, 1}, PipeSchedule::OneFOneB},
-                      LayoutCase{{1, 2, 1}, PipeSchedule::OneFOneB},
-                      LayoutCase{{1, 2, 1}, PipeSchedule::GPipe},
-                      LayoutCase{{1, 3, 1}, PipeSchedule::Eager1F1B},
-                      LayoutCase{{1, 2, 2}, PipeSchedule::Eager1F1B},
-                      LayoutCase{{1, 1, 2}, PipeSchedule::OneFOneB},
-                      LayoutCase{{2, 2, 1}, PipeSchedule::GPipe},
-                      LayoutCase{{2, 1, 2}, PipeSchedule::OneFOneB},
-                      LayoutCase{{1, 2, 2}, PipeSchedule::OneFOneB},
-                      LayoutCase{{2, 2, 2}, PipeSchedule::OneFOneB},
-                      LayoutCase{{3, 1, 1}, PipeSchedule::OneFOneB},
-                      LayoutCase{{1, 3, 1}, PipeSchedule::OneFOneB},  // 4 layers on 3 stages
-                      LayoutCase{{4, 1, 1}, PipeSchedule::OneFOneB},
-                      LayoutCase{{1, 4, 1}, PipeSchedule::OneFOneB},
-                      LayoutCase{{1, 1, 4}, PipeSchedule::OneFOneB},
-                      LayoutCase{{1, 2, 2}, PipeSchedule::GPipe, false}),
-                       ::testing::Values(CommSched::Fifo, CommSched::Priority)),
+    ::testing::Combine(
+        ::testing::Values(LayoutCase{{2, 1, 1}, PipeSchedule::OneFOneB}, LayoutCase{{1, 2, 1}, PipeSchedule::OneFOneB},
+                          LayoutCase{{1, 2, 1}, PipeSchedule::GPipe}, LayoutCase{{1, 3, 1}, PipeSchedule::Eager1F1B},
+                          LayoutCase{{1, 2, 2}, PipeSchedule::Eager1F1B}, LayoutCase{{1, 1, 2}, PipeSchedule::OneFOneB},
+                          LayoutCase{{2, 2, 1}, PipeSchedule::GPipe}, LayoutCase{{2, 1, 2}, PipeSchedule::OneFOneB},
+                          LayoutCase{{1, 2, 2}, PipeSchedule::OneFOneB}, LayoutCase{{2, 2, 2}, PipeSchedule::OneFOneB},
+                          LayoutCase{{3, 1, 1}, PipeSchedule::OneFOneB},
+                          LayoutCase{{1, 3, 1}, PipeSchedule::OneFOneB},  // 4 layers on 3 stages
+                          LayoutCase{{4, 1, 1}, PipeSchedule::OneFOneB}, LayoutCase{{1, 4, 1}, PipeSchedule::OneFOneB},
+                          LayoutCase{{1, 1, 4}, PipeSchedule::OneFOneB},
+                          LayoutCase{{1, 2, 2}, PipeSchedule::GPipe, false}),
+        ::testing::Values(CommSched::Fifo, CommSched::Priority)),
     [](const ::testing::TestParamInfo<std::tuple<LayoutCase, CommSched>>& i) {
       return case_name(std::get<0>(i.param)) + "_" + comm_sched_name(std::get<1>(i.param));
     });
@@ -219,14 +213,13 @@ TEST_P(WordEquivalence, MatchesSingleProcess) {
   expect_equivalent(got, reference(lc.tied, true), ("words " + case_name(lc)).c_str(), kWordVocab);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Layouts, WordEquivalence,
-    ::testing::Values(LayoutCase{{2, 1, 1}, PipeSchedule::OneFOneB, false},
-                      LayoutCase{{3, 1, 1}, PipeSchedule::OneFOneB, false},
-                      LayoutCase{{2, 2, 1}, PipeSchedule::OneFOneB, true},
-                      LayoutCase{{2, 1, 2}, PipeSchedule::OneFOneB, false},
-                      LayoutCase{{2, 1, 1}, PipeSchedule::OneFOneB, true}),
-    [](const ::testing::TestParamInfo<LayoutCase>& i) { return case_name(i.param); });
+INSTANTIATE_TEST_SUITE_P(Layouts, WordEquivalence,
+                         ::testing::Values(LayoutCase{{2, 1, 1}, PipeSchedule::OneFOneB, false},
+                                           LayoutCase{{3, 1, 1}, PipeSchedule::OneFOneB, false},
+                                           LayoutCase{{2, 2, 1}, PipeSchedule::OneFOneB, true},
+                                           LayoutCase{{2, 1, 2}, PipeSchedule::OneFOneB, false},
+                                           LayoutCase{{2, 1, 1}, PipeSchedule::OneFOneB, true}),
+                         [](const ::testing::TestParamInfo<LayoutCase>& i) { return case_name(i.param); });
 
 // Pipeline stages with different tensor-parallel degrees: activations and
 // their gradients cross stages through meshccl reshard plans.
@@ -257,12 +250,11 @@ TEST_P(HeteroEquivalence, MatchesSingleProcess) {
   expect_equivalent(got, reference(hc.tied), name.c_str());
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    StageMeshes, HeteroEquivalence,
-    ::testing::Combine(::testing::Values(HeteroCase{1, {2, 1}, PipeSchedule::OneFOneB, false},
-                                         HeteroCase{1, {1, 2, 1}, PipeSchedule::Eager1F1B, true},
-                                         HeteroCase{2, {1, 2}, PipeSchedule::GPipe, false}),
-                       ::testing::Values(CommSched::Fifo, CommSched::Priority)));
+INSTANTIATE_TEST_SUITE_P(StageMeshes, HeteroEquivalence,
+                         ::testing::Combine(::testing::Values(HeteroCase{1, {2, 1}, PipeSchedule::OneFOneB, false},
+                                                              HeteroCase{1, {1, 2, 1}, PipeSchedule::Eager1F1B, true},
+                                                              HeteroCase{2, {1, 2}, PipeSchedule::GPipe, false}),
+                                            ::testing::Values(CommSched::Fifo, CommSched::Priority)));
 
 TEST(HeteroLayout, RefusedWithTheReason) {
   ModelConfig m = base_config().model;
@@ -293,8 +285,9 @@ TEST(ParallelResume, SameLossesAsAnUninterruptedRun) {
   const fs::path dir = fs::temp_directory_path() / ("meshtrain_presume_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   c.ckpt_dir = dir.string();
-  const RunResult first = run_threads(c, corpus(), meshccl_comms(c), 0, 4, {},
-                                      [](Engine& e, int s) { if (s == 3) e.save_checkpoint(s); });
+  const RunResult first = run_threads(c, corpus(), meshccl_comms(c), 0, 4, {}, [](Engine& e, int s) {
+    if (s == 3) e.save_checkpoint(s);
+  });
   ASSERT_EQ(first.error, "");
   for (int r = 0; r < 8; r++) {
     char name[32];
@@ -350,8 +343,8 @@ TEST(Meshrun, ImpossibleLayoutIsRejected) {
   EXPECT_NE(run_cmd(cmd, &out), 0);
   EXPECT_NE(out.find("but the job has 2 rank(s)"), std::string::npos) << out;
   out.clear();
-  EXPECT_NE(run_cmd(std::string(MESHTRAIN_BIN) + " --tp 1 --heads 3 --d-model 32 --data " +
-                        MESHTRAIN_TEST_CORPUS, &out), 0);
+  EXPECT_NE(
+      run_cmd(std::string(MESHTRAIN_BIN) + " --tp 1 --heads 3 --d-model 32 --data " + MESHTRAIN_TEST_CORPUS, &out), 0);
   EXPECT_NE(out.find("not divisible by heads"), std::string::npos) << out;
 }
 
@@ -398,8 +391,8 @@ TEST(ParallelResume, OneDamagedShardStopsEveryRank) {
   const fs::path dir = fs::temp_directory_path() / ("meshtrain_pdamage_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   c.ckpt_dir = dir.string();
-  const RunResult first = run_threads(c, corpus(), meshccl_comms(c), 0, 1, {},
-                                      [](Engine& e, int s) { e.save_checkpoint(s); });
+  const RunResult first =
+      run_threads(c, corpus(), meshccl_comms(c), 0, 1, {}, [](Engine& e, int s) { e.save_checkpoint(s); });
   ASSERT_EQ(first.error, "");
   fs::resize_file(dir / "step_00000001" / "rank_00001.bin", 100);
   std::mutex mu;
@@ -472,31 +465,33 @@ TEST_P(Cube, MatchesSingleProcess) {
   expect_equivalent(got, cube_reference(cc.tied), name.c_str());
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    ThreeD, Cube,
-    ::testing::Values(CubeCase{1, 1, PipeSchedule::OneFOneB, true, "tp-pp-dp"},
-                      CubeCase{1, 1, PipeSchedule::OneFOneB, false, "tp-pp-dp"},
-                      CubeCase{2, 1, PipeSchedule::OneFOneB, true, "tp-pp-dp"},
-                      CubeCase{1, 2, PipeSchedule::OneFOneB, true, "tp-pp-dp"},
-                      CubeCase{1, 2, PipeSchedule::GPipe, true, "pp-tp-dp"}),
-    [](const ::testing::TestParamInfo<CubeCase>& i) {
-      return std::to_string(i.param.dp) + "x" + std::to_string(i.param.pp) + "x8_" +
-             schedule_name(i.param.schedule) + (i.param.tied ? "" : "_untied") +
-             (i.param.order[0] == 'p' ? "_ppfirst" : "");
-    });
+INSTANTIATE_TEST_SUITE_P(ThreeD, Cube,
+                         ::testing::Values(CubeCase{1, 1, PipeSchedule::OneFOneB, true, "tp-pp-dp"},
+                                           CubeCase{1, 1, PipeSchedule::OneFOneB, false, "tp-pp-dp"},
+                                           CubeCase{2, 1, PipeSchedule::OneFOneB, true, "tp-pp-dp"},
+                                           CubeCase{1, 2, PipeSchedule::OneFOneB, true, "tp-pp-dp"},
+                                           CubeCase{1, 2, PipeSchedule::GPipe, true, "pp-tp-dp"}),
+                         [](const ::testing::TestParamInfo<CubeCase>& i) {
+                           return std::to_string(i.param.dp) + "x" + std::to_string(i.param.pp) + "x8_" +
+                                  schedule_name(i.param.schedule) + (i.param.tied ? "" : "_untied") +
+                                  (i.param.order[0] == 'p' ? "_ppfirst" : "");
+                         });
 
 TEST(Meshrun, EightProcessCubeTrains) {
   std::string out;
   const std::string cmd = std::string(MESHTRAIN_MESHRUN) + " -n 8 " + MESHTRAIN_BIN +
                           " --tp 8 --tp-mode 3d --layers 2 --d-model 32 --heads 4 --seq 16"
-                          " --micro-batch 4 --steps 4 --sample 8 --data " + MESHTRAIN_TEST_CORPUS;
+                          " --micro-batch 4 --steps 4 --sample 8 --data " +
+                          MESHTRAIN_TEST_CORPUS;
   ASSERT_EQ(run_cmd(cmd, &out), 0) << out;
   EXPECT_NE(out.find("tp 8 (3d"), std::string::npos) << out;
   EXPECT_NE(out.find("step     4/4"), std::string::npos) << out;
   EXPECT_NE(out.find("sample: And God said"), std::string::npos) << out;
   out.clear();
   EXPECT_NE(run_cmd(std::string(MESHTRAIN_MESHRUN) + " --tag-output -n 4 " + MESHTRAIN_BIN +
-                        " --tp-mode 3d --tp 4 --data " + MESHTRAIN_TEST_CORPUS, &out), 0);
+                        " --tp-mode 3d --tp 4 --data " + MESHTRAIN_TEST_CORPUS,
+                    &out),
+            0);
   EXPECT_NE(out.find("tp to be a cube"), std::string::npos) << out;
 }
 
@@ -514,14 +509,17 @@ TEST(GridOrder, UnevenStagesMatchSingleProcess) {
 // The planner end to end: `meshtrain plan` prints a choice; `--plan auto`
 // under meshrun plans on rank 0, every rank takes the plan, and it trains.
 TEST(Meshrun, PlannerChoosesAndTrains) {
-  const std::string model = " --layers 2 --d-model 32 --heads 4 --seq 16 --global-batch 8 --data " +
-                            std::string(MESHTRAIN_TEST_CORPUS);
+  const std::string model =
+      " --layers 2 --d-model 32 --heads 4 --seq 16 --global-batch 8 --data " + std::string(MESHTRAIN_TEST_CORPUS);
   std::string out;
   ASSERT_EQ(run_cmd(std::string(MESHTRAIN_BIN) + " plan --ranks 4" + model, &out), 0) << out;
   EXPECT_NE(out.find("plan: 4 rank(s), global batch 8"), std::string::npos) << out;
   EXPECT_NE(out.find("\n* dp "), std::string::npos) << out;
   out.clear();
-  ASSERT_EQ(run_cmd(std::string(MESHTRAIN_MESHRUN) + " --tag-output -n 4 " + MESHTRAIN_BIN + " --plan auto --steps 2" + model, &out), 0)
+  ASSERT_EQ(
+      run_cmd(std::string(MESHTRAIN_MESHRUN) + " --tag-output -n 4 " + MESHTRAIN_BIN + " --plan auto --steps 2" + model,
+              &out),
+      0)
       << out;
   EXPECT_NE(out.find("] * dp "), std::string::npos) << out;
   EXPECT_NE(out.find("meshtrain: 4 rank(s)"), std::string::npos) << out;
@@ -529,8 +527,12 @@ TEST(Meshrun, PlannerChoosesAndTrains) {
   EXPECT_NE(out.find("plan: predicted "), std::string::npos) << out;  // and what was measured
   EXPECT_NE(out.find(" ms/step, measured "), std::string::npos) << out;
   out.clear();
-  EXPECT_NE(run_cmd(std::string(MESHTRAIN_BIN) + " plan --ranks 4 --mem-limit 1 --layers 4 --d-model 128"
-                    " --heads 4 --seq 32 --global-batch 8 --data " + MESHTRAIN_TEST_CORPUS, &out), 0);
+  EXPECT_NE(run_cmd(std::string(MESHTRAIN_BIN) +
+                        " plan --ranks 4 --mem-limit 1 --layers 4 --d-model 128"
+                        " --heads 4 --seq 32 --global-batch 8 --data " +
+                        MESHTRAIN_TEST_CORPUS,
+                    &out),
+            0);
   EXPECT_NE(out.find("no layout of 4 rank(s) fits"), std::string::npos) << out;
 }
 
@@ -546,19 +548,19 @@ TEST(ParallelResume, CubeResumesAndRefusesOneD) {
   const fs::path dir = fs::temp_directory_path() / ("meshtrain_cresume_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   c.ckpt_dir = dir.string();
-  const RunResult first = run_threads(c, corpus(), meshccl_comms(c), 0, 2, {},
-                                      [](Engine& e, int s) { if (s == 1) e.save_checkpoint(s); });
+  const RunResult first = run_threads(c, corpus(), meshccl_comms(c), 0, 2, {}, [](Engine& e, int s) {
+    if (s == 1) e.save_checkpoint(s);
+  });
   ASSERT_EQ(first.error, "");
-  const RunResult second = run_threads(c, corpus(), meshccl_comms(c), 2, 4,
-                                       [](Engine& e) { EXPECT_EQ(e.load_checkpoint(), 2); });
+  const RunResult second =
+      run_threads(c, corpus(), meshccl_comms(c), 2, 4, [](Engine& e) { EXPECT_EQ(e.load_checkpoint(), 2); });
   ASSERT_EQ(second.error, "");
   for (int s = 0; s < 2; s++) EXPECT_EQ(second.losses[s], straight.losses[s + 2]) << "step " << s + 2;
   TrainConfig one = c;
   one.layout.tp_mode = TpMode::OneD;
   one.model.heads = 8;
-  const RunResult refused = run_threads(one, corpus(), meshccl_comms(one), 2, 3,
-                                        [](Engine& e) { e.load_checkpoint(); });
-  EXPECT_NE(refused.error.find("layout; this run cannot resume from it"), std::string::npos)
-      << refused.error;
+  const RunResult refused =
+      run_threads(one, corpus(), meshccl_comms(one), 2, 3, [](Engine& e) { e.load_checkpoint(); });
+  EXPECT_NE(refused.error.find("layout; this run cannot resume from it"), std::string::npos) << refused.error;
   fs::remove_all(dir);
 }

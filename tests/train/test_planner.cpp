@@ -48,8 +48,7 @@ PlanRequest request(int world, int layers = 8) {
 // per-stage forward and backward times, no communication: an op starts when
 // its stage is free and its input exists (forward of micro i on stage s-1,
 // backward of micro i on stage s+1).
-double simulate(PipeSchedule sched, int pp, int m, const std::vector<double>& F,
-                const std::vector<double>& B) {
+double simulate(PipeSchedule sched, int pp, int m, const std::vector<double>& F, const std::vector<double>& B) {
   std::vector<std::vector<PipeOp>> ops(pp);
   for (int s = 0; s < pp; s++) ops[s] = stage_ops(sched, pp, s, m);
   std::map<std::tuple<int, int, bool>, double> done;  // (stage, micro, forward) -> end
@@ -162,8 +161,8 @@ TEST(Planner, MemoryLimitAndOrder) {
   // 3D appears at 8 ranks when allowed.
   PlanRequest r8 = request(8);
   const auto with3d = search(r8, p, links);
-  EXPECT_TRUE(std::any_of(with3d.begin(), with3d.end(),
-                          [](const Candidate& c) { return c.layout.tp_mode == TpMode::ThreeD; }));
+  EXPECT_TRUE(
+      std::any_of(with3d.begin(), with3d.end(), [](const Candidate& c) { return c.layout.tp_mode == TpMode::ThreeD; }));
   r8.allow_3d = false;
   const auto without = search(r8, p, links);
   EXPECT_TRUE(std::none_of(without.begin(), without.end(),
@@ -205,9 +204,7 @@ TEST(Planner, ProfileFileRoundTripsAndRejectsJunk) {
   try {
     load_profile(path, &q, &l2);
     ADD_FAILURE() << "accepted nan";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find(":"), std::string::npos);
-  }
+  } catch (const std::runtime_error& e) { EXPECT_NE(std::string(e.what()).find(":"), std::string::npos); }
   std::remove(path.c_str());
   EXPECT_THROW(load_profile(path, &q, &l2), std::runtime_error);
 }
@@ -236,7 +233,8 @@ TEST(Planner, PredictionIsComparedWithTheMeasuredStep) {
   const std::string far = plan_check(0.110, 0.339);
   EXPECT_NE(far.find("plan: predicted 110.0 ms/step, measured 339.0 ms/step (+208%)"), std::string::npos) << far;
   EXPECT_NE(far.find("warning: the measured step time is above the plan's prediction by more than 25%"),
-            std::string::npos) << far;
+            std::string::npos)
+      << far;
   EXPECT_NE(plan_check(0.2, 0.1).find("below the plan's prediction"), std::string::npos);
   const std::string near = plan_check(0.100, 0.120);
   EXPECT_NE(near.find("(+20%)"), std::string::npos) << near;

@@ -74,8 +74,7 @@ bool groups_complete(PipeSchedule sched, int p, int m) {
         auto& other = g[q][cur[q]];
         for (size_t j = 0; j < other.size(); j++) {
           const PipeMsg& b = other[j];
-          if (!done[q][j] && b.peer == s && b.send != a.send && b.grad == a.grad &&
-              b.micro == a.micro) {
+          if (!done[q][j] && b.peer == s && b.send != a.send && b.grad == a.grad && b.micro == a.micro) {
             done[s][i] = done[q][j] = true;
             progress = true;
           }
@@ -116,9 +115,7 @@ TEST(Schedule, EachStageRunsEveryMicroBatchOnceInDependencyOrder) {
           for (int i = 0; i < m; i++) ASSERT_TRUE(f[i] == 1 && b[i] == 1);
           const int bound = sched == PipeSchedule::GPipe ? m : std::min(p - s, m);
           EXPECT_LE(max_in_flight(ops), bound) << schedule_name(sched) << " p=" << p << " s=" << s;
-          if (sched == PipeSchedule::OneFOneB) {
-            EXPECT_EQ(max_in_flight(ops), bound);
-          }
+          if (sched == PipeSchedule::OneFOneB) { EXPECT_EQ(max_in_flight(ops), bound); }
         }
       }
     }
@@ -157,9 +154,7 @@ TEST(Schedule, MakespanMatchesTheBubbleFormula) {
   EXPECT_DOUBLE_EQ(makespan(PipeSchedule::GPipe, 4, 8, 1, 2), 33.0);
   EXPECT_DOUBLE_EQ(makespan(PipeSchedule::OneFOneB, 4, 8, 1, 2), 33.0);
   for (int p = 1; p <= 6; p++) {
-    for (int m = 1; m <= 10; m++) {
-      EXPECT_DOUBLE_EQ(makespan(PipeSchedule::OneFOneB, p, m, 1, 2), (m + p - 1) * 3.0);
-    }
+    for (int m = 1; m <= 10; m++) { EXPECT_DOUBLE_EQ(makespan(PipeSchedule::OneFOneB, p, m, 1, 2), (m + p - 1) * 3.0); }
   }
 }
 
@@ -211,7 +206,8 @@ TEST(CommSched, PrioritiesFollowDependencies) {
   EXPECT_FALSE(parse_comm_sched("lifo", &s));
   const CommSched p = CommSched::Priority;
   const int pipe = comm_priority(p, CommKind::Pipeline), tensor = comm_priority(p, CommKind::Tensor);
-  const int first = comm_priority(p, CommKind::DataParallel, 0.0), last = comm_priority(p, CommKind::DataParallel, 0.99);
+  const int first = comm_priority(p, CommKind::DataParallel, 0.0),
+            last = comm_priority(p, CommKind::DataParallel, 0.99);
   const int sparse = comm_priority(p, CommKind::Sparse);
   EXPECT_LT(pipe, tensor);
   EXPECT_LT(tensor, first);

@@ -70,7 +70,8 @@ void gradient_check(bool tied, TpMode mode = TpMode::OneD) {
   Stage st(m, layout, Coords{}, B, 1);
   std::mt19937 g(9);
   std::vector<int32_t> tok(N), tgt(N);
-  for (int i = 0; i < N; i++) tok[i] = static_cast<int32_t>(g() % m.vocab), tgt[i] = static_cast<int32_t>(g() % m.vocab);
+  for (int i = 0; i < N; i++)
+    tok[i] = static_cast<int32_t>(g() % m.vocab), tgt[i] = static_cast<int32_t>(g() % m.vocab);
   // Larger weights than the 0.02 init, so every path carries signal.
   std::normal_distribution<float> d(0.0f, 0.3f);
   for (auto& p : st.params) p += d(g);
@@ -148,8 +149,7 @@ TEST(Engine, ResumeGivesTheSameLosses) {
       e.load_checkpoint();
       ADD_FAILURE() << "resumed from an empty checkpoint directory";
     } catch (const std::runtime_error& err) {
-      EXPECT_NE(std::string(err.what()).find("no checkpoint to resume from"), std::string::npos)
-          << err.what();
+      EXPECT_NE(std::string(err.what()).find("no checkpoint to resume from"), std::string::npos) << err.what();
     }
     for (int s = 0; s < 4; s++) ASSERT_EQ(e.train_step(s).loss, straight[s]);
     e.save_checkpoint(3);
@@ -210,8 +210,8 @@ TEST(Engine, CheckpointErrorsAreClear) {
         write_shard((d3 / "step_00000000" / "rank_00000.bin").string(), hw, z.data(), z.data(), z.data());
       }
       try {
-        read_shard((d3 / "step_00000000" / "rank_00000.bin").string(), make_shard_header(mc, three.layout, 0, 0, 10, 0, 3),
-                   &p, &m, &v);
+        read_shard((d3 / "step_00000000" / "rank_00000.bin").string(),
+                   make_shard_header(mc, three.layout, 0, 0, 10, 0, 3), &p, &m, &v);
         ADD_FAILURE() << "read a shard of another tokenizer";
       } catch (const CheckpointError& e) {
         EXPECT_NE(std::string(e.what()).find("another tokenizer"), std::string::npos) << e.what();
@@ -329,9 +329,9 @@ TEST(Cli, ParsesAndRejects) {
     return parse_cli(static_cast<int>(argv.size()), argv.data(), o);
   };
   CliOptions o;
-  EXPECT_EQ(parse({"--dp", "2", "--pp", "2", "--tp", "2", "--layers", "8", "--d-model", "256",
-                   "--heads", "8", "--seq", "128", "--micro-batch", "4", "--grad-accum", "4",
-                   "--steps", "200", "--schedule", "gpipe"},
+  EXPECT_EQ(parse({"--dp",         "2",   "--pp",    "2",   "--tp",       "2",    "--layers",      "8",
+                   "--d-model",    "256", "--heads", "8",   "--seq",      "128",  "--micro-batch", "4",
+                   "--grad-accum", "4",   "--steps", "200", "--schedule", "gpipe"},
                   &o),
             "");
   EXPECT_EQ(o.train.layout.world(), 8);
@@ -479,9 +479,7 @@ namespace {
 std::string error_of(const std::function<void()>& f) {
   try {
     f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
+  } catch (const std::exception& e) { return e.what(); }
   return "";
 }
 
@@ -576,8 +574,8 @@ TEST(Checkpoint, LatestPointerIsValidated) {
   Engine e(c, 0, Comms{}, corpus);
   e.prepare_checkpoints();
   e.save_checkpoint(2);
-  for (const char* bad : {"../step_00000003", "step_00000003/../../x", "/etc", "step_3",
-                          "step_0000000x", "", "step_00000003 extra"}) {
+  for (const char* bad :
+       {"../step_00000003", "step_00000003/../../x", "/etc", "step_3", "step_0000000x", "", "step_00000003 extra"}) {
     write_text(dir / "latest", std::string(bad) + "\n");
     const std::string err = error_of([&] { e.load_checkpoint(); });
     EXPECT_NE(err.find("not a checkpoint name"), std::string::npos) << bad << ": " << err;
@@ -624,9 +622,8 @@ TEST(Checkpoint, DirectoryTemporaryFilesAndRetention) {
   }
   std::sort(left.begin(), left.end());
   // Step 7 (ahead of the run, from an earlier one) is not this run's to prune.
-  EXPECT_EQ(left, (std::vector<std::string>{"latest", "step_00000004", "step_00000004/rank_00000.bin",
-                                            "step_00000005", "step_00000005/rank_00000.bin",
-                                            "step_00000007"}));
+  EXPECT_EQ(left, (std::vector<std::string>{"latest", "step_00000004", "step_00000004/rank_00000.bin", "step_00000005",
+                                            "step_00000005/rank_00000.bin", "step_00000007"}));
   EXPECT_EQ(e.load_checkpoint(), 5);
   fs::remove_all(dir);
 }
@@ -662,9 +659,7 @@ TEST(Cli, RejectsInvalidNumbers) {
     CliOptions o;
     return parse_cli(static_cast<int>(argv.size()), argv.data(), &o);
   };
-  for (const char* v : {"inf", "nan", "-inf", "1e40", "-1", "0"}) {
-    EXPECT_NE(parse({"--lr", v}), "") << "--lr " << v;
-  }
+  for (const char* v : {"inf", "nan", "-inf", "1e40", "-1", "0"}) { EXPECT_NE(parse({"--lr", v}), "") << "--lr " << v; }
   EXPECT_EQ(parse({"--lr", "1e-3"}), "");
   EXPECT_NE(parse({"--beta2", "1"}), "");
   EXPECT_NE(parse({"--beta1", "-0.1"}), "");

@@ -48,8 +48,7 @@ class Select : public ::testing::Test {
 
 TEST_F(Select, SameHostShmOtherHostsTheFirstCommonOfUcxOfiSocket) {
   std::vector<PeerInfo> peers = {peer(0, 1, kUcx | kOfi | kSocket), peer(1, 1, kUcx | kSocket),
-                                 peer(2, 2, kUcx | kOfi | kSocket), peer(3, 3, kOfi | kSocket),
-                                 peer(4, 4, kSocket)};
+                                 peer(2, 2, kUcx | kOfi | kSocket), peer(3, 3, kOfi | kSocket), peer(4, 4, kSocket)};
   EXPECT_EQ(choose_transport(peers, 0, 1), "shm");
   EXPECT_EQ(choose_transport(peers, 0, 2), "ucx");
   EXPECT_EQ(choose_transport(peers, 1, 2), "ucx");
@@ -58,9 +57,7 @@ TEST_F(Select, SameHostShmOtherHostsTheFirstCommonOfUcxOfiSocket) {
   EXPECT_EQ(choose_transport(peers, 2, 4), "socket");
   for (int a = 0; a < 5; ++a) {
     for (int b = 0; b < 5; ++b) {
-      if (a != b) {
-        EXPECT_EQ(choose_transport(peers, a, b), choose_transport(peers, b, a)) << a << " " << b;
-      }
+      if (a != b) { EXPECT_EQ(choose_transport(peers, a, b), choose_transport(peers, b, a)) << a << " " << b; }
     }
   }
   EXPECT_TRUE(check_transport_request(peers, 0).ok());

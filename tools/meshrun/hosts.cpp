@@ -24,9 +24,7 @@ bool netns_exists(const std::string& name) {
   return ::stat((std::string(kNetnsDir) + "/" + name).c_str(), &st) == 0;
 }
 
-std::string cluster_host(const std::string& cluster, int i) {
-  return "mcc-" + cluster + "-h" + std::to_string(i);
-}
+std::string cluster_host(const std::string& cluster, int i) { return "mcc-" + cluster + "-h" + std::to_string(i); }
 
 }  // namespace
 

@@ -128,8 +128,7 @@ std::vector<pid_t> child_pids() {
     char* rp = std::strrchr(buf, ')');
     char state = 0;
     int ppid = 0;
-    if (rp && std::sscanf(rp + 1, " %c %d", &state, &ppid) == 2 && ppid == self)
-      out.push_back(static_cast<pid_t>(pid));
+    if (rp && std::sscanf(rp + 1, " %c %d", &state, &ppid) == 2 && ppid == self) out.push_back(static_cast<pid_t>(pid));
   }
   ::closedir(d);
   return out;
@@ -142,10 +141,8 @@ void remove_tree(const std::string& path) {
       if (name == "." || name == "..") continue;
       std::string p = path + "/" + name;
       struct stat st {};
-      if (::lstat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
-        remove_tree(p);
-      else
-        ::unlink(p.c_str());
+      if (::lstat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) remove_tree(p);
+      else ::unlink(p.c_str());
     }
     ::closedir(d);
   }
@@ -218,10 +215,10 @@ class Job {
   Options opt_;
   double grace_s_;
   std::vector<Rank> ranks_;
-  std::vector<Placement> place_;     // per rank
-  std::vector<std::string> hosts_;   // network namespace per host; empty: none
-  std::vector<int> netns_fds_;       // open namespace per host
-  std::vector<Binding> bindings_;    // per rank; empty: not pinned
+  std::vector<Placement> place_;    // per rank
+  std::vector<std::string> hosts_;  // network namespace per host; empty: none
+  std::vector<int> netns_fds_;      // open namespace per host
+  std::vector<Binding> bindings_;   // per rank; empty: not pinned
   int running_ = 0;
   std::string tmpdir_;
   int sigfd_ = -1;
@@ -297,8 +294,8 @@ bool Job::setup() {
     rl.rlim_cur = std::min(need, rl.rlim_max);
     ::setrlimit(RLIMIT_NOFILE, &rl);
     if (rl.rlim_cur < need && opt_.prefix) {
-      note("-n " + std::to_string(opt_.nranks) + " needs " + std::to_string(need) +
-           " open files but the limit is " + std::to_string(rl.rlim_cur) + " (ulimit -n)");
+      note("-n " + std::to_string(opt_.nranks) + " needs " + std::to_string(need) + " open files but the limit is " +
+           std::to_string(rl.rlim_cur) + " (ulimit -n)");
       return false;
     }
   }
@@ -445,10 +442,8 @@ void Job::stop(int status, const std::string& message, int sig) {
     note(message);
   }
   signal_all(sig);
-  if (sig == SIGKILL)
-    kill_deadline_.reset();
-  else if (!kill_deadline_)
-    kill_deadline_ = after(grace_s_);
+  if (sig == SIGKILL) kill_deadline_.reset();
+  else if (!kill_deadline_) kill_deadline_ = after(grace_s_);
 }
 
 // Returns false at end of file or on error (the pipe is then closed).
@@ -609,8 +604,7 @@ void Job::shutdown() {
         if (fds[i].revents) read_pipe(*pipes_[i].first, pipes_[i].second);
     }
     int ws;
-    while (::waitpid(-1, &ws, WNOHANG) > 0) {
-    }
+    while (::waitpid(-1, &ws, WNOHANG) > 0) {}
   }
   // Whatever still holds a pipe open could not be killed; keep what we have.
   for (auto& r : ranks_) {

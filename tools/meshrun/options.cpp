@@ -64,8 +64,8 @@ bool is_cluster_name(const std::string& name) {
 std::string place_ranks(int nranks, int nhosts, int per_host, std::vector<Placement>* out) {
   if (nranks < 1 || nhosts < 1) return "no ranks or no hosts to place them on";
   if (per_host > 0 && static_cast<long>(per_host) * nhosts < nranks)
-    return "-n " + std::to_string(nranks) + " does not fit on " + std::to_string(nhosts) +
-           " host(s) with " + std::to_string(per_host) + " rank(s) per host";
+    return "-n " + std::to_string(nranks) + " does not fit on " + std::to_string(nhosts) + " host(s) with " +
+           std::to_string(per_host) + " rank(s) per host";
   std::vector<Placement> p(nranks);
   std::vector<int> size(nhosts, 0);
   for (int r = 0; r < nranks; ++r) {
@@ -135,8 +135,7 @@ std::string parse_options(int argc, const char* const* argv, Options* out) {
     std::string name = s.name;
     std::string value;
     bool attached = s.has_value;
-    if (!attached && (arg.rfind("-n", 0) == 0 || arg.rfind("-x", 0) == 0) && arg.size() > 2 &&
-        arg != "-np") {
+    if (!attached && (arg.rfind("-n", 0) == 0 || arg.rfind("-x", 0) == 0) && arg.size() > 2 && arg != "-np") {
       name = arg.substr(0, 2);
       value = arg.substr(2);
       attached = true;
@@ -154,8 +153,7 @@ std::string parse_options(int argc, const char* const* argv, Options* out) {
 
     if (name == "-n" || name == "-np" || name == "--np") {
       if (!parse_int(value, 1, kMaxRanks, &opt.nranks))
-        return "-n needs a number of ranks from 1 to " + std::to_string(kMaxRanks) + ", got '" +
-               value + "'";
+        return "-n needs a number of ranks from 1 to " + std::to_string(kMaxRanks) + ", got '" + value + "'";
       have_n = true;
     } else if (name == "--hostid-per-rank") {
       if (!parse_int(value, 1, kMaxRanks, &opt.hostid_per_rank))
@@ -163,7 +161,8 @@ std::string parse_options(int argc, const char* const* argv, Options* out) {
     } else if (name == "--cluster") {
       if (!is_cluster_name(value))
         return "--cluster needs the name of a cluster made by scripts/cluster (1 to 12 lower-case letters or "
-               "digits), got '" + value + "'";
+               "digits), got '" +
+               value + "'";
       opt.cluster = value;
     } else if (name == "--hosts") {
       opt.hosts.clear();

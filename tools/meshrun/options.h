@@ -17,7 +17,7 @@ enum class Bind { None, Core, Numa };
 
 struct Options {
   int nranks = 0;
-  int hostid_per_rank = 0;  // 0: no emulated hosts, all ranks share one host
+  int hostid_per_rank = 0;         // 0: no emulated hosts, all ranks share one host
   std::string cluster;             // --cluster NAME: hosts are its network namespaces
   std::vector<std::string> hosts;  // --hosts a,b,...: network namespaces (or hI of --cluster)
   int ranks_per_host = 0;          // --ranks-per-host K: blocked placement; 0: round-robin
@@ -25,7 +25,7 @@ struct Options {
   bool report_bindings = false;
   bool keep_going = false;  // --keep-going: a failed rank does not stop the others
   double timeout_s = 0;     // 0: no time limit
-  bool prefix = false;  // --tag-output
+  bool prefix = false;      // --tag-output
   bool version = false;
   bool help = false;
   std::vector<std::pair<std::string, std::string>> env;  // -x NAME=VALUE, in order

@@ -82,10 +82,15 @@ HostTopo cpu_host() {
 // 2.7-14 us per network hop, by protocol). Reduction on the GPU: about a
 // third of HBM3's 3.35 TB/s (two reads, one write per output byte).
 const Preset kPresets[] = {
-    {"dgx-h100", "nodes of 8 H100 on NVLink, 8 x 400 Gbit/s NICs each, rail-optimized fat tree", 8, dgx_h100_host,
-     {1.0, 450}, {5.0, 50}, 1100},
-    {"cpu", "hosts of 2 cores on shared memory, 10 Gbit/s network (the built-in constants)", 2, cpu_host,
-     kBuiltinShm, kBuiltinNet, kBuiltinReduceGbs},
+    {"dgx-h100",
+     "nodes of 8 H100 on NVLink, 8 x 400 Gbit/s NICs each, rail-optimized fat tree",
+     8,
+     dgx_h100_host,
+     {1.0, 450},
+     {5.0, 50},
+     1100},
+    {"cpu", "hosts of 2 cores on shared memory, 10 Gbit/s network (the built-in constants)", 2, cpu_host, kBuiltinShm,
+     kBuiltinNet, kBuiltinReduceGbs},
 };
 
 const Preset* find_preset(const std::string& spec) {
@@ -118,8 +123,8 @@ bool add_hosts(int hosts, const std::vector<std::pair<HostTopo, std::vector<Rank
   for (int h = 0; h < hosts; ++h) {
     const auto& kind = kinds[h % kinds.size()];
     c->graph.hosts.push_back(kind.first);
-    c->graph.hosts.back().name = kind.first.name.empty() || hosts > static_cast<int>(kinds.size())
-                                     ? "h" + std::to_string(h) : kind.first.name;
+    c->graph.hosts.back().name =
+        kind.first.name.empty() || hosts > static_cast<int>(kinds.size()) ? "h" + std::to_string(h) : kind.first.name;
     for (RankPlace r : kind.second) {
       r.host = h;
       c->graph.ranks.push_back(r);
@@ -178,7 +183,9 @@ std::string preset_names() {
   return s;
 }
 
-bool preset_sweeps(const std::string& spec) { return find_preset(spec) != nullptr && spec.find(':') == std::string::npos; }
+bool preset_sweeps(const std::string& spec) {
+  return find_preset(spec) != nullptr && spec.find(':') == std::string::npos;
+}
 
 int preset_ranks_per_host(const std::string& spec) {
   const Preset* p = find_preset(spec);

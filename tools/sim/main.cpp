@@ -83,8 +83,8 @@ bool parse_number(const char* s, double* out) {
 
 bool parse_kinds(const std::string& list, std::vector<OpKind>* out) {
   static const std::pair<const char*, OpKind> kNames[] = {
-      {"allreduce", OpKind::AllReduce}, {"allgather", OpKind::AllGather},   {"reducescatter", OpKind::ReduceScatter},
-      {"broadcast", OpKind::Broadcast}, {"reduce", OpKind::Reduce},         {"alltoall", OpKind::AlltoAll},
+      {"allreduce", OpKind::AllReduce}, {"allgather", OpKind::AllGather}, {"reducescatter", OpKind::ReduceScatter},
+      {"broadcast", OpKind::Broadcast}, {"reduce", OpKind::Reduce},       {"alltoall", OpKind::AlltoAll},
       {"gather", OpKind::Gather},       {"scatter", OpKind::Scatter}};
   size_t pos = 0;
   while (pos <= list.size()) {
@@ -133,10 +133,15 @@ int parse(int argc, char** argv, Options* o) {
     }
     if (i + 1 >= argc) return fail(a + " needs a value (or is unknown); see --help");
     const char* v = argv[++i];
-    double* num = a == "-b" ? &o->sizes.min_bytes : a == "-e" ? &o->sizes.max_bytes : a == "-f" ? &o->sizes.factor
-                : a == "--shm-alpha-us" ? &o->over.shm_alpha_us : a == "--shm-gbs" ? &o->over.shm_gbs
-                : a == "--net-alpha-us" ? &o->over.net_alpha_us : a == "--net-gbs" ? &o->over.net_gbs
-                : a == "--reduce-gbs" ? &o->over.reduce_gbs : nullptr;
+    double* num = a == "-b"               ? &o->sizes.min_bytes
+                  : a == "-e"             ? &o->sizes.max_bytes
+                  : a == "-f"             ? &o->sizes.factor
+                  : a == "--shm-alpha-us" ? &o->over.shm_alpha_us
+                  : a == "--shm-gbs"      ? &o->over.shm_gbs
+                  : a == "--net-alpha-us" ? &o->over.net_alpha_us
+                  : a == "--net-gbs"      ? &o->over.net_gbs
+                  : a == "--reduce-gbs"   ? &o->over.reduce_gbs
+                                          : nullptr;
     if (num != nullptr) {
       if (!parse_number(v, num)) return fail(a + " " + v + ": not a positive number");
     } else if (a == "--preset") o->preset = v;
@@ -144,7 +149,8 @@ int parse(int argc, char** argv, Options* o) {
     else if (a == "--csv") o->csv = v;
     else if (a == "--png") o->png = v;
     else if (a == "--hosts") {
-      if (!parse_hosts(v, &o->hosts)) return fail(std::string("--hosts ") + v + ": not a list of counts 1.." + std::to_string(kMaxRanks));
+      if (!parse_hosts(v, &o->hosts))
+        return fail(std::string("--hosts ") + v + ": not a list of counts 1.." + std::to_string(kMaxRanks));
     } else if (a == "--ranks-per-host") {
       std::vector<int> n;
       if (!parse_hosts(v, &n) || n.size() != 1) return fail(std::string("--ranks-per-host ") + v + ": not a count");
@@ -159,8 +165,9 @@ int parse(int argc, char** argv, Options* o) {
   if (o->sizes.factor > 1 && std::log(o->sizes.max_bytes / o->sizes.min_bytes) / std::log(o->sizes.factor) > 4096)
     return fail("more than 4096 sizes: raise -f");
   if (o->sizes.factor < 1.01 && o->sizes.min_bytes != o->sizes.max_bytes) return fail("-f must be above 1");
-  if (o->kinds.empty()) o->kinds = {OpKind::AllReduce, OpKind::AllGather, OpKind::ReduceScatter, OpKind::Broadcast,
-                                    OpKind::Reduce, OpKind::AlltoAll};
+  if (o->kinds.empty())
+    o->kinds = {OpKind::AllReduce, OpKind::AllGather, OpKind::ReduceScatter,
+                OpKind::Broadcast, OpKind::Reduce,    OpKind::AlltoAll};
   return -1;
 }
 
@@ -187,8 +194,8 @@ bool clusters_of(const Options& o, std::vector<Cluster>* out, std::string* err) 
   if (hosts.empty()) hosts.push_back(0);  // as the spec or the file says
   for (int h : hosts) {
     Cluster c;
-    const bool ok = o.preset.empty() ? file_cluster(o.topo, h, o.ranks_per_host, &c, err)
-                                     : preset_cluster(o.preset, h, &c, err);
+    const bool ok =
+        o.preset.empty() ? file_cluster(o.topo, h, o.ranks_per_host, &c, err) : preset_cluster(o.preset, h, &c, err);
     if (!ok) return false;
     apply(o.over, &c);
     out->push_back(std::move(c));
@@ -230,7 +237,8 @@ int run(const Options& o) {
         if (out != nullptr) std::fclose(out);
         return fail(err);
       }
-      slowest_ms = std::max(slowest_ms, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      slowest_ms = std::max(slowest_ms,
+                            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
       ++tables;
       if (!o.quiet) print_table(stdout, c, kind, rows);
       if (out != nullptr) write_csv(out, c, rows);
@@ -238,8 +246,8 @@ int run(const Options& o) {
   }
   if (out != nullptr && std::fclose(out) != 0) return fail("cannot write " + csv);
   std::fprintf(stderr, "meshccl_sim: %d tables, %d to %d ranks, slowest %.1f ms%s%s\n", tables,
-               clusters.front().graph.nranks(), clusters.back().graph.nranks(), slowest_ms,
-               csv.empty() ? "" : ", CSV ", csv.c_str());
+               clusters.front().graph.nranks(), clusters.back().graph.nranks(), slowest_ms, csv.empty() ? "" : ", CSV ",
+               csv.c_str());
   return o.png.empty() ? 0 : plot(csv, o.png);
 }
 

@@ -19,8 +19,8 @@ namespace meshccl::sim {
 struct Cluster {
   std::string name;  // what it was made from: "dgx-h100:4", "file x.xml"
   SystemGraph graph;
-  LinkCost shm;      // between ranks of one host
-  LinkCost net;      // between hosts, per rank
+  LinkCost shm;  // between ranks of one host
+  LinkCost net;  // between hosts, per rank
   double reduce_gbs = kBuiltinReduceGbs;
   TuneModel model() const { return tune_model_for(graph, shm, net, reduce_gbs); }
   int nhosts() const { return static_cast<int>(graph.hosts.size()); }
@@ -53,12 +53,12 @@ constexpr int kMaxRanks = 1 << 20;
 struct Row {
   OpKind kind = OpKind::AllReduce;
   int nranks = 0, nhosts = 0;
-  double bytes = 0;         // nccl-tests' size: the whole buffer
+  double bytes = 0;  // nccl-tests' size: the whole buffer
   std::string algorithm;
-  double us = 0;            // predicted time; +inf where the algorithm does not apply
+  double us = 0;  // predicted time; +inf where the algorithm does not apply
   double algbw_gbs = 0, busbw_gbs = 0;
-  bool allowed = true;      // by MESHCCL_ALGO
-  bool picked = false;      // the tuner's choice
+  bool allowed = true;  // by MESHCCL_ALGO
+  bool picked = false;  // the tuner's choice
 };
 
 struct Sizes {

@@ -95,10 +95,10 @@ void print_table(std::FILE* f, const Cluster& c, OpKind kind, const std::vector<
   const std::string nics = rails > 1 ? " per NIC, " + std::to_string(rails) + " NICs per host" : "";
   char share[64] = "";
   if (c.model().cpu_share < 1) std::snprintf(share, sizeof(share), " (%.3g of a CPU per rank)", c.model().cpu_share);
-  std::fprintf(f, "# %s on %d ranks, %d host%s (%s): shm %.3g us %.4g GB/s, net %.3g us %.4g GB/s%s, reduce %.4g GB/s%s\n",
-               op_kind_name(kind), rows.front().nranks, rows.front().nhosts, rows.front().nhosts == 1 ? "" : "s",
-               c.name.c_str(), c.shm.alpha_us, c.shm.bw_gbs, c.net.alpha_us, c.net.bw_gbs, nics.c_str(), c.reduce_gbs,
-               share);
+  std::fprintf(
+      f, "# %s on %d ranks, %d host%s (%s): shm %.3g us %.4g GB/s, net %.3g us %.4g GB/s%s, reduce %.4g GB/s%s\n",
+      op_kind_name(kind), rows.front().nranks, rows.front().nhosts, rows.front().nhosts == 1 ? "" : "s", c.name.c_str(),
+      c.shm.alpha_us, c.shm.bw_gbs, c.net.alpha_us, c.net.bw_gbs, nics.c_str(), c.reduce_gbs, share);
   std::vector<int> width;  // of each algorithm's time column
   std::fprintf(f, "# %9s", "size");
   for (const std::string& a : algos) {
