@@ -4,6 +4,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <chrono>
@@ -39,7 +40,19 @@ LogState& state() {
   return *s;
 }
 
-thread_local std::string t_last_error;
+// The calling thread's last error, in storage with no destructor: code that
+// runs after the thread's thread_local objects are destroyed (another
+// library's exit handlers destroying a communicator, say) may still set it.
+struct ThreadError {
+  char text[4096];
+  size_t len;
+  void set(const std::string& msg) {
+    len = std::min(msg.size(), sizeof(text));
+    std::memcpy(text, msg.data(), len);
+  }
+  std::string get() const { return std::string(text, len); }
+};
+thread_local ThreadError t_last_error;
 thread_local bool t_in_log = false;  // this thread holds the log lock (settings are read under it)
 std::atomic<int> g_level{-1};        // cached level; -1 = not initialized
 std::atomic<uint32_t> g_subsys{0};
@@ -163,7 +176,10 @@ void log_msg(LogLevel level, uint32_t subsys, const char* file, int line, const 
   t_in_log = true;
   init_locked(s);
   t_in_log = false;
-  if (level == LogLevel::Warn) s.last_error = t_last_error = msg;
+  if (level == LogLevel::Warn) {
+    s.last_error = msg;
+    t_last_error.set(msg);
+  }
   if (s.level < level) return;
   if (level > LogLevel::Warn && (s.subsys & subsys) == 0) return;
   const char* base = std::strrchr(file, '/');
@@ -215,16 +231,16 @@ std::string last_error() {
   return s.last_error;
 }
 
-std::string thread_last_error() { return t_last_error; }
+std::string thread_last_error() { return t_last_error.get(); }
 
 LastErrorScope::~LastErrorScope() {
-  if (saved_.empty() || saved_ == t_last_error) return;
-  t_last_error = saved_;
+  if (saved_.empty() || saved_ == t_last_error.get()) return;
+  t_last_error.set(saved_);
   set_last_error(saved_);
 }
 
 void amend_last_error(const std::string& msg) {
-  t_last_error = msg;
+  t_last_error.set(msg);
   set_last_error(msg);
 }
 
