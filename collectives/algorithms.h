@@ -80,20 +80,30 @@ Status make_plan(const TuneModel& tune, const OpDesc& op, std::unique_ptr<Plan>*
 // between the direct shared-memory algorithm (node: the communicator's shared
 // region, or null) and a plan; wait: how the communicator's waits poll.
 // Rank 0 logs the table of picks (TUNE).
+// settings: the communicator's frozen ones (null: the process's, as they are now).
 std::unique_ptr<RunMaker> make_algorithms(int rank, const TuneModel& tune, NodeRegion* node,
-                                          const WaitPolicy& wait = WaitPolicy::standalone());
+                                          const WaitPolicy& wait = WaitPolicy::standalone(),
+                                          const PlanSettings* settings = nullptr);
+// The process's plan-shaping settings as they are now (what a new
+// communicator freezes).
+PlanSettings plan_settings_from_params();
+// op's settings: its communicator's, or (op.settings null) the process's.
+const PlanSettings& settings_of(const OpDesc& op);
 // MESHCCL_ALGO / NCCL_ALGO as set now: parses for every collective and leaves
 // each an algorithm, else ncclInvalidArgument naming the variable set. Checked
 // when a communicator is made, so a bad value fails there, not in each call.
 Status check_algo_setting();
-// True unless MESHCCL_ALGO / NCCL_ALGO rules `name` out for this collective.
+// True unless the rules (MESHCCL_ALGO / NCCL_ALGO's grammar; without them:
+// the process's setting) rule `name` out for this collective.
+bool algorithm_allowed(OpKind kind, const char* name, const std::string& rules);
 bool algorithm_allowed(OpKind kind, const char* name);
-// True when MESHCCL_ALGO names `name` for this collective explicitly.
+// True when the rules name `name` for this collective explicitly.
+bool algorithm_forced(OpKind kind, const char* name, const std::string& rules);
 bool algorithm_forced(OpKind kind, const char* name);
 // The most input bytes per rank the direct shared-memory algorithm takes for
-// this collective: 0 when MESHCCL_ALGO rules it out, no limit when it names it
-// or MESHCCL_DIRECT_MAX_BYTES is 0, else that setting.
-size_t direct_max_bytes(OpKind kind);
+// this collective: 0 when the rules rule it out, no limit when they name it or
+// settings.direct_max_bytes is 0, else that.
+size_t direct_max_bytes(OpKind kind, const PlanSettings& settings);
 
 // Builders, one per file.
 Status build_p2p(const BuildCtx& ctx, const OpDesc& op, Plan* plan);

@@ -5,7 +5,6 @@
 // then, without waiting for the receive to be posted (docs/errors.md, "When
 // point-to-point can deadlock").
 #include "collectives/algorithms.h"
-#include "util/param.h"
 
 namespace meshccl {
 
@@ -16,7 +15,7 @@ Status build_p2p(const BuildCtx& /*ctx*/, const OpDesc& op, Plan* plan) {
     plan->recv(op.peer, 0, op.recvbuff, bytes);
     return kOk;
   }
-  if (bytes == 0 || bytes > static_cast<size_t>(param_int(Param::P2pEager))) {
+  if (bytes == 0 || bytes > static_cast<size_t>(settings_of(op).p2p_eager)) {
     plan->send(op.peer, 0, op.sendbuff, bytes);
     return kOk;
   }

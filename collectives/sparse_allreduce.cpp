@@ -79,8 +79,8 @@ struct Header {
   unsigned char scalar[8] = {};
 };
 
-SparseStrategy strategy_setting(bool* ok) {
-  const std::string& v = param_str(Param::SparseAlgo);
+SparseStrategy strategy_setting(const OpDesc& op, bool* ok) {
+  const std::string& v = settings_of(op).sparse_algo;
   *ok = true;
   if (v.empty() || v == "auto") return SparseStrategy::Auto;
   if (v == "dense") return SparseStrategy::Dense;
@@ -106,7 +106,7 @@ Header local_header(const OpDesc& op) {
   h.premul = op.premul;
   std::memcpy(h.scalar, op.scalar, sizeof h.scalar);
   bool ok = true;
-  h.strategy = static_cast<uint8_t>(strategy_setting(&ok));
+  h.strategy = static_cast<uint8_t>(strategy_setting(op, &ok));
   if (!ok) h.problem = kBadSetting;
   const size_t rb = op.row_len * op.elem();
   if (h.problem == kNoProblem && (overlaps(op.sendbuff, op.nnz * rb, op.recvbuff, op.rows * rb) ||

@@ -25,29 +25,28 @@ namespace meshccl {
 
 namespace {
 
-// Parsed once per setting value and collective (the setting's storage is
-// stable until the environment is read again).
+// Parsed once per rules text and collective (the last text seen, per thread
+// and collective): a communicator's frozen text parses once, not per call.
 struct Rule {
-  const std::string* spec = nullptr;  // the setting's value this was parsed from
+  bool parsed = false;
+  std::string spec;  // the text this was parsed from
   Status status;
   std::vector<std::string> names;
   bool exclude = false;
 };
 
-// Parsed once per setting value and collective (the setting's storage is
-// stable until the environment is read again); no copy per call.
-const Rule& rule_of(OpKind kind) {
+const Rule& rule_of(OpKind kind, const std::string& spec) {
   thread_local Rule cache[static_cast<int>(OpKind::SparseAllReduce) + 1];
-  const std::string& spec = param_str(Param::Algo);
   Rule& c = cache[static_cast<int>(kind)];
-  if (c.spec != &spec) {
+  if (!c.parsed || c.spec != spec) {
     static const std::vector<AlgoName> known = [] {
       std::vector<AlgoName> v;
       for (const Algorithm& a : algorithm_table()) v.push_back({a.name, a.kind});
       return v;
     }();
     c.status = parse_algo_rule(spec, kind, known, &c.names, &c.exclude, param_set_name(Param::Algo));
-    c.spec = &spec;
+    c.spec = spec;
+    c.parsed = true;
   }
   return c;
 }
@@ -59,19 +58,45 @@ bool allowed_by(const std::vector<std::string>& names, bool exclude, const char*
 
 }  // namespace
 
-bool algorithm_allowed(OpKind kind, const char* name) {
-  const Rule& r = rule_of(kind);
-  return r.status.ok() && allowed_by(r.names, r.exclude, name);
+PlanSettings plan_settings_from_params() {
+  PlanSettings s;
+  s.algo = param_str(Param::Algo);
+  s.chunk_bytes = static_cast<size_t>(param_int(Param::ChunkSize));
+  if (s.chunk_bytes == 0) s.chunk_bytes = 512 * 1024;
+  s.direct_max_bytes = param_int(Param::DirectMaxBytes);
+  s.sparse_algo = param_str(Param::SparseAlgo);
+  s.p2p_eager = param_int(Param::P2pEager);
+  return s;
 }
 
-bool algorithm_forced(OpKind kind, const char* name) {
-  const Rule& r = rule_of(kind);
+const PlanSettings& settings_of(const OpDesc& op) {
+  if (op.settings != nullptr) return *op.settings;
+  thread_local PlanSettings now;
+  thread_local uintptr_t gen = 0;
+  thread_local bool have = false;
+  if (!have || gen != param_generation()) {
+    now = plan_settings_from_params();
+    gen = param_generation();
+    have = true;
+  }
+  return now;
+}
+
+bool algorithm_allowed(OpKind kind, const char* name, const std::string& rules) {
+  const Rule& r = rule_of(kind, rules);
+  return r.status.ok() && allowed_by(r.names, r.exclude, name);
+}
+bool algorithm_allowed(OpKind kind, const char* name) { return algorithm_allowed(kind, name, param_str(Param::Algo)); }
+
+bool algorithm_forced(OpKind kind, const char* name, const std::string& rules) {
+  const Rule& r = rule_of(kind, rules);
   return r.status.ok() && !r.exclude && std::find(r.names.begin(), r.names.end(), name) != r.names.end();
 }
+bool algorithm_forced(OpKind kind, const char* name) { return algorithm_forced(kind, name, param_str(Param::Algo)); }
 
 std::vector<Candidate> estimate_candidates(const TuneModel& tune, const OpDesc& op) {
   const BuildCtx ctx = BuildCtx::whole(tune, op);
-  const Rule& rule = rule_of(op.kind);
+  const Rule& rule = rule_of(op.kind, settings_of(op).algo);
   std::vector<Candidate> out;
   for (const Algorithm& a : algorithm_table()) {
     if (a.kind != op.kind || a.build == nullptr || a.cost == nullptr) continue;
@@ -82,8 +107,8 @@ std::vector<Candidate> estimate_candidates(const TuneModel& tune, const OpDesc& 
 
 namespace {
 
-Status check_rule(OpKind kind) {
-  const Rule& rule = rule_of(kind);
+Status check_rule(OpKind kind, const std::string& rules) {
+  const Rule& rule = rule_of(kind, rules);
   MC_TRY(rule.status);
   bool any_allowed = false;  // algorithms that are not plans (direct_shm) count
   bool any = false;
@@ -93,19 +118,20 @@ Status check_rule(OpKind kind) {
   }
   if (any && !any_allowed)
     return MC_ERROR(ncclInvalidArgument, "%s=\"%s\" leaves no algorithm for %s", param_set_name(Param::Algo),
-                    param_str(Param::Algo).c_str(), op_kind_name(kind));
+                    rules.c_str(), op_kind_name(kind));
   return kOk;
 }
 
 }  // namespace
 
 Status check_algo_setting() {
-  for (int k = 0; k <= static_cast<int>(OpKind::SparseAllReduce); ++k) MC_TRY(check_rule(static_cast<OpKind>(k)));
+  for (int k = 0; k <= static_cast<int>(OpKind::SparseAllReduce); ++k)
+    MC_TRY(check_rule(static_cast<OpKind>(k), param_str(Param::Algo)));
   return kOk;
 }
 
 Status choose_algorithm(const TuneModel& tune, const OpDesc& op, const Algorithm** out, double* cost_us) {
-  MC_TRY(check_rule(op.kind));
+  MC_TRY(check_rule(op.kind, settings_of(op).algo));
   // The cheapest plan the rule allows (ties: the earlier entry); if it allows
   // only algorithms that are not plans (direct_shm, which could not take this
   // op), the cheapest plan.
@@ -167,12 +193,12 @@ Status make_plan(const TuneModel& tune, const OpDesc& op, std::unique_ptr<Plan>*
   return kOk;
 }
 
-size_t direct_max_bytes(OpKind kind) {
+size_t direct_max_bytes(OpKind kind, const PlanSettings& settings) {
   if (kind == OpKind::Send || kind == OpKind::Recv || kind == OpKind::SparseAllReduce ||
-      !algorithm_allowed(kind, kDirectShm))
+      !algorithm_allowed(kind, kDirectShm, settings.algo))
     return 0;
-  const int64_t limit = param_int(Param::DirectMaxBytes);
-  if (algorithm_forced(kind, kDirectShm) || limit <= 0) return SIZE_MAX;
+  const int64_t limit = settings.direct_max_bytes;
+  if (algorithm_forced(kind, kDirectShm, settings.algo) || limit <= 0) return SIZE_MAX;
   return static_cast<size_t>(limit);
 }
 
@@ -189,7 +215,7 @@ std::string size_str(double bytes) {
 
 // "8B-64KiB tree, 128KiB-1GiB ring": the pick for float32 data at each
 // power-of-two size, for every collective that has a choice.
-void log_picks(const TuneModel& t) {
+void log_picks(const TuneModel& t, const PlanSettings& settings) {
   for (OpKind kind : {OpKind::AllReduce, OpKind::Broadcast, OpKind::Reduce, OpKind::AllGather, OpKind::ReduceScatter}) {
     const auto& table = algorithm_table();
     if (std::count_if(table.begin(), table.end(), [&](const Algorithm& a) { return a.kind == kind && a.cost; }) < 2)
@@ -207,7 +233,8 @@ void log_picks(const TuneModel& t) {
       op.dtype = ncclFloat32;
       op.count = static_cast<size_t>(bytes) / 4;
       op.nranks = t.nranks;
-      op.chunk_bytes = static_cast<size_t>(param_int(Param::ChunkSize));
+      op.chunk_bytes = settings.chunk_bytes;
+      op.settings = &settings;
       const Algorithm* a = nullptr;
       if (!choose_algorithm(t, op, &a).ok()) return;
       if (run == nullptr || std::string(run) != a->name) {
@@ -226,8 +253,10 @@ void log_picks(const TuneModel& t) {
 // its shared region.
 class CommAlgorithms final : public RunMaker {
  public:
-  CommAlgorithms(const TuneModel& tune, NodeRegion* node, const WaitPolicy& wait)
-      : tune_(tune), node_(node), wait_(wait) {}
+  CommAlgorithms(const TuneModel& tune, NodeRegion* node, const WaitPolicy& wait, const PlanSettings& settings)
+      : tune_(tune), node_(node), wait_(wait), settings_(settings) {
+    for (size_t k = 0; k < kKinds; ++k) limits_[k] = direct_max_bytes(static_cast<OpKind>(k), settings_);
+  }
 
   // The one decision: the direct shared-memory algorithm when the
   // communicator has a shared region, the rules allow it and the operation
@@ -274,32 +303,27 @@ class CommAlgorithms final : public RunMaker {
   }
 
  private:
-  // direct_max_bytes(kind), worked out again only when the settings change
-  // (it parses MESHCCL_ALGO's rules: too slow for every small call).
-  size_t direct_limit(OpKind kind) {
-    const uintptr_t gen = param_generation();
-    if (gen != limits_gen_.load(std::memory_order_acquire)) {
-      for (size_t k = 0; k < kKinds; ++k)
-        limits_[k].store(direct_max_bytes(static_cast<OpKind>(k)), std::memory_order_relaxed);
-      limits_gen_.store(gen, std::memory_order_release);
-    }
+  // direct_max_bytes for the communicator's frozen settings, worked out once.
+  size_t direct_limit(OpKind kind) const {
     const size_t k = static_cast<size_t>(kind);
-    return k < kKinds ? limits_[k].load(std::memory_order_relaxed) : direct_max_bytes(kind);  // kinds past Recv
+    return k < kKinds ? limits_[k] : direct_max_bytes(kind, settings_);  // kinds past Recv
   }
 
   static constexpr size_t kKinds = static_cast<size_t>(OpKind::Recv) + 1;  // the collectives and point-to-point
   TuneModel tune_;
   NodeRegion* node_;
   WaitPolicy wait_;
-  std::atomic<uintptr_t> limits_gen_{0};
-  std::atomic<size_t> limits_[kKinds] = {};
+  PlanSettings settings_;
+  size_t limits_[kKinds] = {};
 };
 
 }  // namespace
 
-std::unique_ptr<RunMaker> make_algorithms(int rank, const TuneModel& tune, NodeRegion* node, const WaitPolicy& wait) {
-  if (rank == 0 && log_enabled(LogLevel::Info, kTune)) log_picks(tune);
-  return std::make_unique<CommAlgorithms>(tune, node, wait);
+std::unique_ptr<RunMaker> make_algorithms(int rank, const TuneModel& tune, NodeRegion* node, const WaitPolicy& wait,
+                                          const PlanSettings* settings) {
+  const PlanSettings s = settings != nullptr ? *settings : plan_settings_from_params();
+  if (rank == 0 && log_enabled(LogLevel::Info, kTune)) log_picks(tune, s);
+  return std::make_unique<CommAlgorithms>(tune, node, wait, s);
 }
 
 }  // namespace meshccl

@@ -56,11 +56,12 @@ c10::intrusive_ptr<c10d::ProcessGroup> create_process_group(const c10::intrusive
 
 // Collective over `parent` (a meshccl group): every rank calls it, members with
 // member=true. Returns false when `parent` is not a meshccl group.
-bool split_for_next_group(const c10::intrusive_ptr<c10d::ProcessGroup>& parent, bool member, int key) {
+bool split_for_next_group(const c10::intrusive_ptr<c10d::ProcessGroup>& parent, bool member, int key,
+                          std::chrono::milliseconds timeout) {
   auto* pg = dynamic_cast<ProcessGroupMeshccl*>(parent.get());
   if (pg == nullptr) return false;
   clear_pending_split();
-  ncclComm_t child = plain_errors([&] { return pg->split(member ? 0 : -1, key); });
+  ncclComm_t child = plain_errors([&] { return pg->split(member ? 0 : -1, key, timeout); });
   if (child == nullptr) return true;
   int rank = -1, size = 0;
   if (ncclCommUserRank(child, &rank) != ncclSuccess || ncclCommCount(child, &size) != ncclSuccess) {
@@ -89,7 +90,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("size"), py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
         "Creates a meshccl process group (the creator registered for backend \"meshccl\").");
   m.def("split_for_next_group", &meshccl_torch::split_for_next_group, py::arg("parent"), py::arg("member"),
-        py::arg("key"), py::call_guard<py::gil_scoped_release>(),
+        py::arg("key"), py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
         "ncclCommSplit of a meshccl group for the next new group; every rank of the parent calls it.");
   m.def("clear_pending_split", &meshccl_torch::clear_pending_split, py::call_guard<py::gil_scoped_release>());
   m.def("shutdown_all", &meshccl_torch::shutdown_all, py::call_guard<py::gil_scoped_release>(),

@@ -99,18 +99,15 @@ class GroupGuard {
 std::mutex g_groups_mu;
 std::vector<c10::weak_intrusive_ptr<ProcessGroupMeshccl>> g_groups;
 
-std::mutex g_timeout_mu;
-long g_timeout_set = 0;  // MESHCCL_TIMEOUT this module set (seconds), 0: none
-
 }  // namespace
 
-void raise_library_timeout(std::chrono::milliseconds timeout) {
-  std::lock_guard<std::mutex> lock(g_timeout_mu);
-  if (g_timeout_set == 0 && std::getenv("MESHCCL_TIMEOUT") != nullptr) return;  // the user's choice
-  long s = static_cast<long>(std::ceil(static_cast<double>(timeout.count()) / 1000.0)) + 1;
-  if (s <= g_timeout_set) return;
-  g_timeout_set = s;
-  setenv("MESHCCL_TIMEOUT", std::to_string(s).c_str(), 1);
+meshcclConfig_t comm_config(std::chrono::milliseconds timeout) {
+  meshcclConfig_t c;
+  meshcclConfigInit(&c);
+  if (std::getenv("MESHCCL_TIMEOUT") != nullptr) return c;  // the user's choice
+  const double s = std::ceil(static_cast<double>(timeout.count()) / 1000.0) + 1;
+  c.timeoutSeconds = static_cast<int>(std::min(std::max(s, 1.0), 31536000.0));
+  return c;
 }
 
 // ---------------------------------------------------------------- WorkMeshccl
@@ -293,7 +290,6 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkMeshccl::getFuture() {
 ProcessGroupMeshccl::ProcessGroupMeshccl(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                          std::chrono::milliseconds timeout)
     : c10d::ProcessGroup(rank, size), timeout_(timeout) {
-  raise_library_timeout(timeout);
   ncclUniqueId id;
   if (rank == 0) {
     check("ncclGetUniqueId", ncclGetUniqueId(&id));
@@ -305,13 +301,13 @@ ProcessGroupMeshccl::ProcessGroupMeshccl(const c10::intrusive_ptr<c10d::Store>& 
                 sizeof(id));
     std::memcpy(&id, v.data(), sizeof(id));
   }
-  check("ncclCommInitRank", ncclCommInitRank(&comm_, size, id, rank));
+  meshcclConfig_t config = comm_config(timeout);
+  check("ncclCommInitRankConfig", ncclCommInitRankConfig(&comm_, size, id, rank, &config.nccl));
   start();
 }
 
 ProcessGroupMeshccl::ProcessGroupMeshccl(ncclComm_t comm, int rank, int size, std::chrono::milliseconds timeout)
     : c10d::ProcessGroup(rank, size), comm_(comm), timeout_(timeout) {
-  raise_library_timeout(timeout);
   start();
 }
 
@@ -384,7 +380,7 @@ void ProcessGroupMeshccl::check_usable() {
   if (error_) std::rethrow_exception(error_);
 }
 
-ncclComm_t ProcessGroupMeshccl::split(int color, int key) {
+ncclComm_t ProcessGroupMeshccl::split(int color, int key, std::chrono::milliseconds timeout) {
   check_usable();
   uint64_t last;
   {
@@ -393,7 +389,8 @@ ncclComm_t ProcessGroupMeshccl::split(int color, int key) {
   }
   wait_for(last, Clock::now() + timeout_);
   ncclComm_t child = nullptr;
-  check("ncclCommSplit", ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, nullptr));
+  meshcclConfig_t config = comm_config(timeout);
+  check("ncclCommSplit", ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config.nccl));
   return child;
 }
 

@@ -97,9 +97,10 @@ class ProcessGroupMeshccl : public c10d::ProcessGroup {
   const std::string getBackendName() const override { return "meshccl"; }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
-  // ncclCommSplit of this group's communicator; every rank of this group must
-  // call it (color < 0: not a member, returns nullptr).
-  ncclComm_t split(int color, int key);
+  // ncclCommSplit of this group's communicator for a group with `timeout`;
+  // every rank of this group must call it (color < 0: not a member, returns
+  // nullptr).
+  ncclComm_t split(int color, int key, std::chrono::milliseconds timeout);
 
   // At interpreter exit: waits a short while for the work queued on this
   // group, then revokes the communicator, so that no thread of the library
@@ -219,8 +220,9 @@ c10::intrusive_ptr<ProcessGroupMeshccl> track(c10::intrusive_ptr<ProcessGroupMes
 // shutdown() of every live meshccl group.
 void shutdown_all();
 
-// Sets MESHCCL_TIMEOUT to at least `timeout` unless the user set it, so the
-// library's own no-progress limit never ends a wait before the group's.
-void raise_library_timeout(std::chrono::milliseconds timeout);
+// The config of a group's communicator: its library timeout a little past the
+// group's (unless the user set MESHCCL_TIMEOUT), so that the library's own
+// no-progress limit never ends a wait before the group's watchdog does.
+meshcclConfig_t comm_config(std::chrono::milliseconds timeout);
 
 }  // namespace meshccl_torch

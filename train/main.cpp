@@ -155,13 +155,16 @@ int run(const CliOptions& opts) {
   }
   const int world_size = launch_size();
   // meshccl's link scheduling follows --comm-sched (chunk by chunk, most
-  // urgent first; or whole transfers in order) unless the environment sets it.
-  setenv("MESHCCL_PRIORITY", cfg.comm_sched == CommSched::Priority ? "1" : "0", 0);
+  // urgent first; or whole transfers in order) unless the environment sets it;
+  // the communicators split from the world keep it.
+  meshcclConfig_t world_cfg;
+  meshcclConfigInit(&world_cfg);
+  if (std::getenv("MESHCCL_PRIORITY") == nullptr) world_cfg.priority = cfg.comm_sched == CommSched::Priority ? 1 : 0;
   ncclComm_t world = nullptr;
   double predicted_s = 0;  // --plan auto, on rank 0: the plan's step time
   if (o.plan_auto) {
     // Rank 0 plans (the others wait in the broadcast), then all take its plan.
-    if (world_size > 1) check_nccl(meshcclCommInitFromEnv(&world, nullptr), "meshcclCommInitFromEnv");
+    if (world_size > 1) check_nccl(meshcclCommInitFromEnv(&world, &world_cfg.nccl), "meshcclCommInitFromEnv");
     int me = 0;
     if (world) check_nccl(ncclCommUserRank(world, &me), "ncclCommUserRank", world);
     std::vector<float> v(kPlanFloats, 0.0f);
@@ -188,7 +191,7 @@ int run(const CliOptions& opts) {
   RankComms rc;
   int rank = 0;
   if (world_size > 1) {
-    if (!world) check_nccl(meshcclCommInitFromEnv(&world, nullptr), "meshcclCommInitFromEnv");
+    if (!world) check_nccl(meshcclCommInitFromEnv(&world, &world_cfg.nccl), "meshcclCommInitFromEnv");
     rc = split_comms(world, cfg.layout, cfg.model.tied,
                      static_cast<size_t>(cfg.micro_batch) * cfg.model.seq * cfg.model.d_model);
     set_comm_sched(rc, cfg.comm_sched);

@@ -48,6 +48,43 @@ ncclResult_t meshcclStreamDestroy(meshcclStream_t stream);
 static inline cudaStream_t meshcclStreamAsCuda(meshcclStream_t stream) { return (cudaStream_t)(void*)stream; }
 
 /*
+ * Per-communicator settings beyond NCCL's: a meshcclConfig_t starts with an
+ * ncclConfig_t and is passed wherever one is (ncclCommInitRankConfig,
+ * ncclCommSplit, ncclCommShrink, meshcclCommInitFromEnv) as &cfg.nccl.
+ * Start from meshcclConfigInit, which marks it with MESHCCL_CONFIG_MAGIC in
+ * nccl.magic; fields left at NCCL_CONFIG_UNDEF_INT keep the setting (or, for a
+ * split or shrink child, the parent's value).
+ *   timeoutSeconds  seconds an operation of this communicator may make no
+ *                   progress before it fails (MESHCCL_TIMEOUT for this
+ *                   communicator only); at init, also its bootstrap's waits
+ *   priority        1: priority scheduling, 0: FIFO (MESHCCL_PRIORITY for this
+ *                   communicator; 0 on any rank applies to all of it). Read at
+ *                   ncclCommInitRankConfig / meshcclCommInitFromEnv: a split or
+ *                   shrink child keeps its parent's, and a config asking a
+ *                   child for another is refused.
+ * The plan-shaping settings (MESHCCL_ALGO, MESHCCL_CHUNKSIZE,
+ * MESHCCL_DIRECT_MAX_BYTES, MESHCCL_SPARSE_ALGO, MESHCCL_P2P_EAGER) are frozen
+ * into every communicator when it is made, rank 0's for all of its ranks
+ * (docs/environment.md).
+ */
+#define MESHCCL_CONFIG_MAGIC 0x6d657368u
+typedef struct meshcclConfig_v1 {
+  ncclConfig_t nccl;  /* NCCL's fields; nccl.magic is MESHCCL_CONFIG_MAGIC */
+  size_t size;        /* sizeof(meshcclConfig_t) of the caller's header */
+  int timeoutSeconds; /* > 0, or NCCL_CONFIG_UNDEF_INT */
+  int priority;       /* 0 or 1, or NCCL_CONFIG_UNDEF_INT */
+} meshcclConfig_t;
+
+static inline void meshcclConfigInit(meshcclConfig_t* config) {
+  ncclConfig_t nccl = NCCL_CONFIG_INITIALIZER;
+  nccl.magic = MESHCCL_CONFIG_MAGIC;
+  config->nccl = nccl;
+  config->size = sizeof(meshcclConfig_t);
+  config->timeoutSeconds = NCCL_CONFIG_UNDEF_INT;
+  config->priority = NCCL_CONFIG_UNDEF_INT;
+}
+
+/*
  * Creates the world communicator of a job started by a launcher. Rank and size
  * come from MESHCCL_RANK/MESHCCL_NRANKS (meshrun), OMPI_COMM_WORLD_RANK/SIZE,
  * PMI_RANK/PMI_SIZE or SLURM_PROCID/SLURM_NTASKS. Rank 0 hosts the rendezvous:

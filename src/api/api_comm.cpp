@@ -278,19 +278,19 @@ Status teardown(const char* fn, ncclComm* comm, bool abort) {
   if (abort) comm->abort_flag.store(true);
   if (comm->async_thread.joinable()) comm->async_thread.join();
   // Implicit finalize (local part): let enqueued work finish.
-  if (!abort && !comm_wait_idle(comm, Deadline::from_timeout_param())) comm->abort_flag.store(true);
+  if (!abort && !comm_wait_idle(comm, Deadline::after(comm->timeout_s()))) comm->abort_flag.store(true);
   comm_unregister(comm);
   // Callers inside the library notice the abort flag within a poll. Should a
   // count never drop (a bug; a thread stopped in a debugger), the call still
   // returns: the communicator's memory is then kept, not freed under a user.
   Backoff backoff;
-  const Deadline dl = Deadline::after(std::min(timeout_seconds(), kTeardownWaitS));
+  const Deadline dl = Deadline::after(std::min(comm->timeout_s(), kTeardownWaitS));
   while (comm->sched.users.load() > 0 && !dl.expired()) backoff.idle();
   if (const int users = comm->sched.users.load(); users > 0) {
     MC_WARN(
         "%s : comm %p: %d call(s) or operation(s) still inside the library %g s after the %s; the "
         "communicator's memory is kept",
-        fn, static_cast<void*>(comm), users, std::min(timeout_seconds(), kTeardownWaitS), abort ? "abort" : "destroy");
+        fn, static_cast<void*>(comm), users, std::min(comm->timeout_s(), kTeardownWaitS), abort ? "abort" : "destroy");
     return kOk;
   }
   MC_INFO(kInit, "comm %p rank %d nranks %d - %s COMPLETE", static_cast<void*>(comm), comm->rank, comm->nranks,
@@ -314,7 +314,7 @@ MESHCCL_EXPORT ncclResult_t pncclCommRevoke(ncclComm_t comm, int revokeFlags) {
     if (revokeFlags != NCCL_REVOKE_DEFAULT)
       return MC_ERROR(ncclInvalidArgument, "ncclCommRevoke : revokeFlags must be 0 (got %d)", revokeFlags);
     comm->abort_flag.store(true);  // in-flight waits end; new collectives see the comm as failed
-    (void)comm_wait_idle(comm, Deadline::from_timeout_param());
+    (void)comm_wait_idle(comm, Deadline::after(comm->timeout_s()));
     comm->async_error.store(ncclInvalidUsage);
     set_last_error("communicator was revoked");
     return kOk;

@@ -177,7 +177,7 @@ MESHCCL_EXPORT ncclResult_t meshcclReshardPlanCreate(const meshcclMesh_t* srcMes
     const size_t elem = dtype_size(datatype);
     const Balance bal = static_cast<Balance>(cfg.balance);
     const Schedule sched = choose_schedule(src, dst, pl, elem, static_cast<Strategy>(cfg.strategy), bal);
-    size_t chunk = static_cast<size_t>(param_int(Param::ChunkSize));
+    size_t chunk = comm->settings.chunk_bytes;
     if (chunk == 0) chunk = 512 * 1024;
     MC_TRY(make_program(src, dst, sched, comm->rank, elem, chunk, &p->program));
     meshcclReshardInfo_t& info = p->info;

@@ -19,8 +19,8 @@ Status enqueue(ncclComm* comm, OpDesc& desc, cudaStream_t stream) {
   MC_TRY(resolve_stream(op_kind_name(desc.kind), stream, &s, &cuda_stream));
   desc.rank = comm->rank;
   desc.nranks = comm->nranks;
-  desc.chunk_bytes = static_cast<size_t>(param_int(Param::ChunkSize));
-  if (desc.chunk_bytes == 0) desc.chunk_bytes = 512 * 1024;
+  desc.chunk_bytes = comm->settings.chunk_bytes;
+  desc.settings = &comm->settings;
   MC_TRACE(
       kColl,
       "%s: opCount %llu sendbuff %p recvbuff %p count %zu datatype %d root %d peer %d comm %p [nranks=%d] stream %p",

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "base/op.h"
+#include "base/plan_settings.h"
 #include "base/signature.h"
 #include "nccl.h"
 
@@ -38,6 +39,8 @@ struct OpDesc {
   int rank = 0;
   int nranks = 1;
   size_t chunk_bytes = 512 * 1024;
+  // Its communicator's frozen settings; null: the process's (tools, tests).
+  const PlanSettings* settings = nullptr;
   bool checks = false;  // MESHCCL_CHECKS on this communicator
   int priority = 0;     // its stream's (0 least urgent, negative more urgent)
   // SparseAllReduce: sendbuff holds nnz rows of row_len elements, whose row

@@ -1,7 +1,10 @@
 #include "comm/comm.h"
 
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
 
+#include "meshccl.h"
 #include "plugins/common/plugin_util.h"
 #include "util/live_set.h"
 #include "util/log.h"
@@ -51,12 +54,46 @@ bool comm_pin(ncclComm* c, uint64_t serial) {
 }
 void comm_unpin(ncclComm* c) { --c->sched.users; }
 
+namespace {
+
+// The meshccl part of a meshcclConfig_t (in->magic is MESHCCL_CONFIG_MAGIC):
+// only what the caller's header knew about (its size).
+Status parse_meshccl_config(const ncclConfig_t* in, CommConfig* out) {
+  const auto* ext = reinterpret_cast<const meshcclConfig_t*>(in);
+  if (in->size != sizeof(ncclConfig_t))
+    return MC_ERROR(ncclInvalidArgument, "meshcclConfig_t.nccl.size = %zu: start from meshcclConfigInit", in->size);
+  meshcclConfig_t cfg;
+  meshcclConfigInit(&cfg);
+  const size_t n = std::min(ext->size, sizeof(cfg));
+  if (n < offsetof(meshcclConfig_t, timeoutSeconds))
+    return MC_ERROR(ncclInvalidArgument, "meshcclConfig_t.size %zu is too small", ext->size);
+  std::memcpy(reinterpret_cast<char*>(&cfg) + sizeof(ncclConfig_t),
+              reinterpret_cast<const char*>(ext) + sizeof(ncclConfig_t), n - sizeof(ncclConfig_t));
+  if (cfg.timeoutSeconds != NCCL_CONFIG_UNDEF_INT) {
+    if (cfg.timeoutSeconds <= 0)
+      return MC_ERROR(ncclInvalidArgument, "meshcclConfig_t.timeoutSeconds = %d is invalid (> 0)", cfg.timeoutSeconds);
+    out->timeout_s = cfg.timeoutSeconds;
+  }
+  if (cfg.priority != NCCL_CONFIG_UNDEF_INT) {
+    if (cfg.priority != 0 && cfg.priority != 1)
+      return MC_ERROR(ncclInvalidArgument, "meshcclConfig_t.priority = %d is invalid (0 or 1)", cfg.priority);
+    out->priority = cfg.priority;
+    out->priority_given = true;
+  }
+  return kOk;
+}
+
+}  // namespace
+
 Status parse_config(const ncclConfig_t* in, CommConfig* out, const CommConfig* inherit) {
   *out = inherit ? *inherit : CommConfig{};
+  out->priority_given = false;
   if (in != nullptr) {
-    if (in->magic != 0xcafebeef)
-      return MC_ERROR(ncclInvalidArgument, "ncclConfig_t was not initialized with NCCL_CONFIG_INITIALIZER (magic 0x%x)",
+    if (in->magic != 0xcafebeef && in->magic != MESHCCL_CONFIG_MAGIC)
+      return MC_ERROR(ncclInvalidArgument,
+                      "ncclConfig_t was not initialized with NCCL_CONFIG_INITIALIZER or meshcclConfigInit (magic 0x%x)",
                       in->magic);
+    if (in->magic == MESHCCL_CONFIG_MAGIC) MC_TRY(parse_meshccl_config(in, out));
     // Copy only what the caller's header knew about; newer fields keep defaults.
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     size_t n = in->size < sizeof(cfg) ? in->size : sizeof(cfg);

@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/plan_settings.h"
 #include "bootstrap/bootstrap.h"
 #include "bootstrap/identity.h"
 #include "nccl.h"
@@ -32,6 +33,9 @@ struct CommConfig {
   bool split_share = false;
   std::string name;
   std::string net_name;
+  int timeout_s = 0;            // meshcclConfig_t.timeoutSeconds; 0: MESHCCL_TIMEOUT
+  int priority = -1;            // meshcclConfig_t.priority; -1: MESHCCL_PRIORITY
+  bool priority_given = false;  // priority was set by this call's config (not inherited)
 };
 
 // Reduction operators made by ncclRedOpCreatePreMulSum.
@@ -56,6 +60,15 @@ struct ncclComm {
   int local_ranks = 0;       // ranks on this machine's cores (at least the parent's, for a split child)
   meshccl::WaitPolicy wait;  // how this communicator's waits poll
   meshccl::CommConfig config;
+  // The plan-shaping settings, frozen at creation (rank 0's; a split or
+  // shrink child's are its parent's).
+  meshccl::PlanSettings settings;
+  // How long an operation may make no progress: the config's timeout, else
+  // MESHCCL_TIMEOUT as it is now.
+  double timeout_s() const { return config.timeout_s > 0 ? config.timeout_s : meshccl::timeout_seconds(); }
+  const char* timeout_source() const {
+    return config.timeout_s > 0 ? "meshcclConfig_t.timeoutSeconds" : "MESHCCL_TIMEOUT";
+  }
   std::atomic<State> state{State::Initializing};
   std::atomic<int> async_error{ncclSuccess};  // ncclInProgress while a non-blocking call runs
   std::atomic<bool> abort_flag{false};
@@ -131,5 +144,11 @@ bool comm_wait_idle(ncclComm* comm, Deadline dl);
 void comm_free(ncclComm* comm);
 // Applies the config rules of NCCL (size/version/magic, ranges, env overrides).
 Status parse_config(const ncclConfig_t* in, CommConfig* out, const CommConfig* inherit);
+// Priority scheduling, on or off for the whole communicator.
+bool priority_on(const ncclComm* comm);
+// A split or shrink child's config leaves its scheduling as its parent's.
+inline bool child_priority_ok(const ncclComm* parent, const ncclComm* child) {
+  return !child->config.priority_given || (child->config.priority != 0) == priority_on(parent);
+}
 
 }  // namespace meshccl

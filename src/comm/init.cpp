@@ -74,11 +74,57 @@ void print_version_once(int rank) {
   });
 }
 
+}  // namespace
+
 // Priority scheduling, on or off for the whole communicator: any rank's
-// MESHCCL_PRIORITY=0 makes it FIFO.
+// MESHCCL_PRIORITY=0 (or meshcclConfig_t.priority = 0) makes it FIFO.
 bool priority_on(const ncclComm* comm) {
   return std::none_of(comm->peers.begin(), comm->peers.end(),
                       [](const PeerInfo& p) { return (p.flags & kPeerFifo) != 0; });
+}
+
+namespace {
+
+// The plan-shaping settings of a new communicator: every rank's as they are
+// now, rank 0's for all (a rank whose own differ says so once per setting).
+Status agree_plan_settings(ncclComm* comm) {
+  struct Wire {
+    char algo[256];
+    char sparse_algo[32];
+    int64_t chunk_bytes;
+    int64_t direct_max_bytes;
+  };
+  const PlanSettings mine = plan_settings_from_params();
+  if (mine.algo.size() >= sizeof(Wire::algo) || mine.sparse_algo.size() >= sizeof(Wire::sparse_algo))
+    return MC_ERROR(ncclInvalidArgument, "%s is longer than %zu characters", param_set_name(Param::Algo),
+                    sizeof(Wire::algo) - 1);
+  std::vector<Wire> all(comm->nranks);
+  Wire& me = all[comm->rank];
+  std::memset(&me, 0, sizeof(me));
+  std::memcpy(me.algo, mine.algo.data(), mine.algo.size());
+  std::memcpy(me.sparse_algo, mine.sparse_algo.data(), mine.sparse_algo.size());
+  me.chunk_bytes = static_cast<int64_t>(mine.chunk_bytes);
+  me.direct_max_bytes = mine.direct_max_bytes;
+  MC_TRY(comm->bootstrap->allgather(all.data(), sizeof(Wire)));
+  const Wire& root = all[0];
+  comm->settings = mine;
+  comm->settings.algo.assign(root.algo, strnlen(root.algo, sizeof(root.algo)));
+  comm->settings.sparse_algo.assign(root.sparse_algo, strnlen(root.sparse_algo, sizeof(root.sparse_algo)));
+  comm->settings.chunk_bytes = static_cast<size_t>(root.chunk_bytes);
+  comm->settings.direct_max_bytes = root.direct_max_bytes;
+  auto differs = [&](const char* name, const std::string& here, const std::string& there) {
+    if (here == there) return;
+    warn_once(std::string("agree:") + name,
+              "rank %d: %s is \"%s\" here but \"%s\" on rank 0: rank 0's applies to every communicator this "
+              "rank shares with it (set it alike on every rank)",
+              comm->rank, name, here.c_str(), there.c_str());
+  };
+  differs(param_set_name(Param::Algo), mine.algo, comm->settings.algo);
+  differs("MESHCCL_SPARSE_ALGO", mine.sparse_algo, comm->settings.sparse_algo);
+  differs("MESHCCL_CHUNKSIZE", std::to_string(mine.chunk_bytes), std::to_string(comm->settings.chunk_bytes));
+  differs("MESHCCL_DIRECT_MAX_BYTES", std::to_string(mine.direct_max_bytes),
+          std::to_string(comm->settings.direct_max_bytes));
+  return kOk;
 }
 
 // Bytes per chunk on a link of the shm or network class: MESHCCL_CHUNK_US of
@@ -187,12 +233,15 @@ Status comm_finish_setup(ncclComm* comm) {
   comm->engine = std::make_unique<Engine>(
       comm->rank, comm->mesh.get(), &comm->abort_flag, [comm](int* dead) { return comm->check_peers(dead); },
       comm->wait);
+  comm->engine->set_timeout(comm->config.timeout_s, comm->timeout_source());
+  // A split or shrink child has its parent's settings already.
+  if (!comm->parent_tune) MC_TRY(agree_plan_settings(comm));
   TuneModel tune;
   MC_TRY(tune_init(comm->rank, *comm->bootstrap, *comm->mesh, *comm->engine, comm->peers, comm->topo,
                    comm->parent_tune ? &*comm->parent_tune : nullptr, &tune));
   comm->tune = tune;
   MC_TRY(create_node_region(comm, tune));
-  comm->algorithms = make_algorithms(comm->rank, tune, comm->node.get(), comm->wait);
+  comm->algorithms = make_algorithms(comm->rank, tune, comm->node.get(), comm->wait, &comm->settings);
   configure_links(comm, tune);
   comm->sched.engine = comm->engine.get();
   comm->sched.runs = comm->algorithms.get();
@@ -214,6 +263,7 @@ Status settings_refresh() {
 
 Status comm_init_rank(ncclComm* comm, int nranks, const ncclUniqueId& id, int rank) {
   MC_TRY(settings_refresh());
+  ScopedTimeout timeout(comm->config.timeout_s);
   print_version_once(rank);
   IdContents c{};
   SockAddr root;
@@ -231,6 +281,8 @@ Status comm_init_rank(ncclComm* comm, int nranks, const ncclUniqueId& id, int ra
   MC_TRY(socket_listen(at, &listener, &bound));
   PeerInfo mine = local_peer_info();
   mine.rank = rank;
+  if (comm->config.priority == 0) mine.flags |= kPeerFifo;
+  if (comm->config.priority == 1) mine.flags &= ~kPeerFifo;
   fill_transport_request(comm->config.net_name, &mine);
   std::memcpy(&mine.bootstrap_addr, &bound.ss, sizeof(bound.ss));
   uint8_t key[kSecretBytes];
@@ -249,11 +301,12 @@ Status comm_init_rank(ncclComm* comm, int nranks, const ncclUniqueId& id, int ra
 
 Status comm_split(ncclComm* parent, int color, int key, ncclComm* child) {
   MC_TRY(settings_refresh());
+  ScopedTimeout timeout(child != nullptr ? child->config.timeout_s : parent->config.timeout_s);
   struct Entry {
     int32_t color;
     int32_t key;
     int32_t valid;
-    int32_t pad;
+    int32_t bad_priority;  // this rank's config asked the child for other scheduling
     sockaddr_storage addr;
     TransportRequest transport;  // for the child (its config's netName)
   };
@@ -264,6 +317,9 @@ Status comm_split(ncclComm* parent, int color, int key, ncclComm* child) {
   me.color = color;
   me.key = key;
   me.valid = color >= 0 || color == NCCL_SPLIT_NOCOLOR;
+  // A child keeps its parent's scheduling: a config asking for another is
+  // refused on every rank.
+  me.bad_priority = child != nullptr && !child_priority_ok(parent, child) ? 1 : 0;
   if (color >= 0) me.transport = transport_request(child->config.net_name);
   Socket listener;
   SockAddr addr;
@@ -281,6 +337,13 @@ Status comm_split(ncclComm* parent, int color, int key, ncclComm* child) {
       return MC_ERROR(ncclInvalidUsage, "ncclCommSplit : rank %d passed an invalid color %d", r, all[r].color);
     }
   }
+  for (int r = 0; r < n; ++r)
+    if (all[r].bad_priority != 0)
+      return MC_ERROR(ncclInvalidArgument,
+                      "ncclCommSplit : %s asked for %s scheduling in a child of a communicator with %s: a split "
+                      "child keeps its parent's (meshcclConfig_t.priority is read at ncclCommInitRankConfig)",
+                      r == parent->rank ? "this rank" : ("rank " + std::to_string(r)).c_str(),
+                      priority_on(parent) ? "FIFO" : "priority", priority_on(parent) ? "priority" : "FIFO");
   if (color < 0) return kOk;
   std::vector<int> members;
   for (int r = 0; r < n; ++r)
@@ -293,6 +356,7 @@ Status comm_split(ncclComm* parent, int color, int key, ncclComm* child) {
   child->nranks = cn;
   child->local_ranks = parent->local_ranks;
   child->parent_tune = parent->tune;
+  child->settings = parent->settings;
   uint8_t secret[kSecretBytes];
   derive_key(parent->bootstrap->key(), "meshccl split", seq, static_cast<uint64_t>(color), secret);
   child->comm_hash = key_id(secret);
@@ -333,7 +397,7 @@ bool comm_wait_idle(ncclComm* comm, Deadline dl) {
 }
 
 Status comm_finalize(ncclComm* comm) {
-  bool idle = comm_wait_idle(comm, Deadline::from_timeout_param());
+  bool idle = comm_wait_idle(comm, Deadline::after(comm->timeout_s()));
   if (comm->abort_flag.load()) return MC_ERROR(ncclInvalidUsage, "ncclCommFinalize : communicator aborted");
   if (!idle) return MC_ERROR(ncclRemoteError, "ncclCommFinalize : operations still pending after MESHCCL_TIMEOUT");
   if (comm->engine) MC_TRY(comm->engine->fatal());

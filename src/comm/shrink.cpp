@@ -79,19 +79,25 @@ Status shrink_exclude_list(const ncclComm* comm, const int* list, int count, std
 
 Status comm_shrink(ncclComm* parent, const std::vector<int>& excluded, bool abort_parent, ncclComm* child) {
   MC_TRY(settings_refresh());
+  ScopedTimeout timeout(child->config.timeout_s);
+  if (!child_priority_ok(parent, child))
+    return MC_ERROR(ncclInvalidArgument,
+                    "ncclCommShrink : the config asks for %s scheduling in a child of a communicator with %s: a "
+                    "shrink child keeps its parent's (meshcclConfig_t.priority is read at ncclCommInitRankConfig)",
+                    priority_on(parent) ? "FIFO" : "priority", priority_on(parent) ? "priority" : "FIFO");
   const int n = parent->nranks;
   if (abort_parent) {
     // NCCL_SHRINK_ABORT: end what is in flight on the parent; it stays
     // failed and the caller frees it afterwards.
     parent->abort_flag.store(true);
-    (void)comm_wait_idle(parent, Deadline::from_timeout_param());
+    (void)comm_wait_idle(parent, Deadline::after(parent->timeout_s()));
     parent->state.store(ncclComm::State::Failed);
   } else {
     if (parent->state.load() == ncclComm::State::Failed || (parent->engine && !parent->engine->fatal().ok()))
       return MC_ERROR(ncclInvalidUsage,
                       "ncclCommShrink : rank %d: the communicator has failed; shrink it with NCCL_SHRINK_ABORT",
                       parent->rank);
-    if (!comm_wait_idle(parent, Deadline::from_timeout_param()))
+    if (!comm_wait_idle(parent, Deadline::after(parent->timeout_s())))
       return MC_ERROR(ncclRemoteError, "ncclCommShrink : operations still pending after MESHCCL_TIMEOUT");
   }
   std::vector<int> members;
@@ -150,6 +156,7 @@ Status comm_shrink(ncclComm* parent, const std::vector<int>& excluded, bool abor
   child->nranks = cn;
   child->local_ranks = parent->local_ranks;
   child->parent_tune = parent->tune;
+  child->settings = parent->settings;
   uint8_t secret[kSecretBytes];
   derive_key(parent->bootstrap->key(), "meshccl shrink", seq, me.exclude_hash, secret);
   child->comm_hash = key_id(secret);

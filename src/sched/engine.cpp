@@ -102,6 +102,7 @@ std::shared_ptr<OpHandle> Engine::submit(std::unique_ptr<Run> run, int priority)
     std::lock_guard<std::mutex> lock(incoming_mu_);
     h->status = fatal();
     h->message = fatal_text_;
+    h->settled.store(true, std::memory_order_relaxed);
     h->done.store(true, std::memory_order_release);
     return h;
   }
@@ -113,7 +114,9 @@ std::shared_ptr<OpHandle> Engine::submit(std::unique_ptr<Run> run, int priority)
 }
 
 void Engine::settle(Run* run, Status s) {
-  if (run->handle()->done.load(std::memory_order_relaxed)) return;
+  // Two threads may settle one run at once (one failing the communicator,
+  // one driving progress): the first writes its outcome, the other leaves it.
+  if (run->handle()->settled.exchange(true, std::memory_order_acq_rel)) return;
   if (trace_on()) trace_op(reinterpret_cast<uintptr_t>(this), rank_, run->name(), run->priority(), run->submitted_us_);
   run->handle()->status = s;
   // The text of the error this thread just made (the handle's waiter may be
@@ -210,6 +213,8 @@ bool Engine::background_progress() {
   return moved;
 }
 
+double Engine::timeout() const { return timeout_s_ > 0 ? timeout_s_ : timeout_seconds(); }
+
 void Engine::stop_background() { background().remove(this); }
 
 void Engine::fail_all(Status s, int first) {
@@ -259,7 +264,7 @@ void Engine::check_stalled(OpHandle& op) {
   const double idle = now - last_progress_us_.load(std::memory_order_relaxed);
   if (idle <= 100000 || now - last_check_us_.load(std::memory_order_relaxed) <= 100000) return;
   last_check_us_.store(now, std::memory_order_relaxed);
-  const double timeout_us = timeout_seconds() * 1e6;
+  const double timeout_us = timeout() * 1e6;
   std::lock_guard<std::mutex> lock(mu_);
   if (op.done.load()) return;
   // A peer's notice first: it says why the peer stopped (it may have exited
@@ -283,10 +288,10 @@ void Engine::check_stalled(OpHandle& op) {
     for (const auto& r : active_)
       if (r->handle().get() == &op) waited = r.get();
     const int peer = waited != nullptr ? waited->waiting_on() : -1;
-    fail_suspecting(MC_ERROR(ncclRemoteError,
-                             "timed out: rank %d: %s made no progress for %.0f s (MESHCCL_TIMEOUT=%.0f)%s%s", rank_,
-                             waited != nullptr ? waited->name() : "operation", idle / 1e6, timeout_us / 1e6,
-                             peer >= 0 ? ", waiting for rank " : "", peer >= 0 ? std::to_string(peer).c_str() : ""));
+    fail_suspecting(MC_ERROR(ncclRemoteError, "timed out: rank %d: %s made no progress for %.0f s (%s=%.0f)%s%s", rank_,
+                             waited != nullptr ? waited->name() : "operation", idle / 1e6, timeout_source_,
+                             timeout_us / 1e6, peer >= 0 ? ", waiting for rank " : "",
+                             peer >= 0 ? std::to_string(peer).c_str() : ""));
   }
 }
 
@@ -324,7 +329,7 @@ void Engine::fail_suspecting(Status s) {
   }
   const std::string mine = thread_last_error();
   notices_.send(s, peer, true);
-  const Deadline grace = Deadline::after(std::min(kSuspectGraceS, timeout_seconds()));
+  const Deadline grace = Deadline::after(std::min(kSuspectGraceS, timeout()));
   Backoff backoff(wait_);
   int ignored = -1;
   bool known = false;

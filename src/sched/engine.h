@@ -29,8 +29,9 @@ namespace meshccl {
 // Completion of one submitted operation, shared by the engine and waiters.
 struct OpHandle {
   std::atomic<bool> done{false};
-  Status status;        // valid once done
-  std::string message;  // the failure's text, valid once done with an error
+  std::atomic<bool> settled{false};  // taken by the one thread that completes it
+  Status status;                     // valid once done
+  std::string message;               // the failure's text, valid once done with an error
 };
 
 class Engine;
@@ -95,6 +96,15 @@ class Engine {
          WaitPolicy wait = WaitPolicy::standalone());
   ~Engine();
 
+  // How long an operation may make no progress before it fails: the
+  // communicator's own timeout (0: MESHCCL_TIMEOUT as it is now), and where
+  // it came from, for the message. Before any operation.
+  void set_timeout(double seconds, const char* source) {
+    timeout_s_ = seconds;
+    timeout_source_ = source;
+  }
+  double timeout() const;
+
   std::shared_ptr<OpHandle> submit(std::unique_ptr<Run> run, int priority);
   // One pass over the active operations; false when nothing moved or another
   // thread holds the engine.
@@ -155,6 +165,8 @@ class Engine {
   std::atomic<size_t> background_{0};
   bool wants_background_ = false;  // with mu_ held: a run was let go in this pass
   std::atomic<int> fatal_{ncclSuccess};
+  double timeout_s_ = 0;
+  const char* timeout_source_ = "MESHCCL_TIMEOUT";
   std::string fatal_text_;  // the failure's text, set once with fatal_ (under incoming_mu_)
   std::vector<std::unique_ptr<Run>> graveyard_;
   std::atomic<double> last_progress_us_{0};

@@ -90,7 +90,16 @@ double Deadline::seconds_left() const {
   return std::chrono::duration<double>(at_ - Clock::now()).count();
 }
 
-double timeout_seconds() { return static_cast<double>(param_int(Param::Timeout)); }
+namespace {
+thread_local double t_timeout_s = 0;
+}  // namespace
+
+double timeout_seconds() { return t_timeout_s > 0 ? t_timeout_s : static_cast<double>(param_int(Param::Timeout)); }
+
+ScopedTimeout::ScopedTimeout(double seconds) : saved_(t_timeout_s) {
+  if (seconds > 0) t_timeout_s = seconds;
+}
+ScopedTimeout::~ScopedTimeout() { t_timeout_s = saved_; }
 
 double now_us() {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();

@@ -67,7 +67,21 @@ class Deadline {
   bool finite_ = false;
 };
 
-double timeout_seconds();  // MESHCCL_TIMEOUT
-double now_us();           // steady clock, microseconds
+// MESHCCL_TIMEOUT, or the calling thread's ScopedTimeout while one lives.
+double timeout_seconds();
+
+// While it lives, timeout_seconds() on the calling thread is `seconds` (a
+// communicator's own timeout while the communicator is made); 0: no change.
+class ScopedTimeout {
+ public:
+  explicit ScopedTimeout(double seconds);
+  ~ScopedTimeout();
+  ScopedTimeout(const ScopedTimeout&) = delete;
+  ScopedTimeout& operator=(const ScopedTimeout&) = delete;
+
+ private:
+  double saved_;
+};
+double now_us();  // steady clock, microseconds
 
 }  // namespace meshccl

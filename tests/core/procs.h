@@ -71,18 +71,19 @@ struct SharedId {
   volatile int ready = 0;
   ncclUniqueId id;
 };
-inline ncclResult_t shared_id(SharedArray<SharedId>& sid, int rank, ncclUniqueId* out) {
+// The k-th id of the array (one per communicator a case makes).
+inline ncclResult_t shared_id(SharedArray<SharedId>& sid, int rank, ncclUniqueId* out, int k = 0) {
   if (rank == 0) {
-    ncclResult_t r = ncclGetUniqueId(&sid[0].id);
+    ncclResult_t r = ncclGetUniqueId(&sid[k].id);
     if (r != ncclSuccess) return r;
-    __atomic_store_n(&sid[0].ready, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&sid[k].ready, 1, __ATOMIC_RELEASE);
   }
   auto t0 = Clock::now();
-  while (__atomic_load_n(&sid[0].ready, __ATOMIC_ACQUIRE) == 0) {
+  while (__atomic_load_n(&sid[k].ready, __ATOMIC_ACQUIRE) == 0) {
     if (since(t0) > 30) return ncclSystemError;
     usleep(1000);
   }
-  *out = sid[0].id;
+  *out = sid[k].id;
   return ncclSuccess;
 }
 

@@ -72,7 +72,7 @@ def _wrap_new_group(original):
                 me = dist.get_rank()
                 members = range(dist.get_world_size()) if ranks is None else ranks
                 # Collective over the world group: every rank calls new_group.
-                split = _C.split_for_next_group(world, me in members, me)
+                split = _C.split_for_next_group(world, me in members, me, timeout)
         try:
             return original(ranks=ranks, timeout=timeout, backend=backend, pg_options=pg_options)
         finally:
