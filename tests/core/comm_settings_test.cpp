@@ -86,10 +86,8 @@ TEST(CommSettings, RanksTakeRankZerosPlanSettings) {
     setenv("MESHCCL_DIRECT_SLOT_BYTES", "0", 1);
     setenv("MESHCCL_ALGO", rank == 0 ? "allreduce:ring" : "allreduce:tree", 1);
     setenv("MESHCCL_CHUNKSIZE", rank == 0 ? "65536" : "1M", 1);
-    ncclUniqueId id;
-    if (ncclResult_t r = shared_id(sid, rank, &id); r != ncclSuccess) return fail(9, rank, "id", r);
     ncclComm_t comm = nullptr;
-    if (ncclResult_t r = ncclCommInitRank(&comm, n, id, rank); r != ncclSuccess) return fail(10, rank, "init", r);
+    if (ncclResult_t r = shared_init(sid, n, rank, &comm); r != ncclSuccess) return fail(10, rank, "init", r);
     std::vector<double> buf(300007);
     for (size_t i = 0; i < buf.size(); ++i) buf[i] = double(rank + 1) * double(i % 97);
     if (ncclResult_t r = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclDouble, ncclSum, comm, nullptr);

@@ -29,13 +29,6 @@ constexpr double kChildDeadline = 60;
 
 int64_t word(int rank, size_t i, size_t round) { return int64_t(rank) * 1000000007 + int64_t(i) * 3 + int64_t(round); }
 
-ncclResult_t init(SharedArray<SharedId>& sid, int n, int rank, ncclComm_t* comm) {
-  ncclUniqueId id;
-  ncclResult_t r = shared_id(sid, rank, &id);
-  if (r != ncclSuccess) return r;
-  return ncclCommInitRank(comm, n, id, rank);
-}
-
 // Every rank sends `bytes` to rank + shift and then receives from rank -
 // shift, each call on its own (no group), NULL stream, and checks the data.
 int send_then_recv(ncclComm_t comm, int n, int rank, int shift, size_t bytes, size_t round) {
@@ -67,7 +60,7 @@ TEST(P2pEager, CrossingSendsCompleteUpToTheLimit) {
   SharedArray<SharedId> sid(1);
   auto kids = run_procs(2, kChildDeadline, [&](int rank) {
     ncclComm_t comm = nullptr;
-    if (ncclResult_t r = init(sid, 2, rank, &comm); r != ncclSuccess) return fail(10, rank, "init", r);
+    if (ncclResult_t r = shared_init(sid, 2, rank, &comm); r != ncclSuccess) return fail(10, rank, "init", r);
     size_t round = 0;
     for (size_t bytes : {size_t{8}, size_t{64} << 10, size_t{128} << 10, size_t{1} << 20, size_t{4} << 20})
       if (int e = send_then_recv(comm, 2, rank, 1, bytes, round++)) return e;
@@ -82,7 +75,7 @@ TEST(P2pEager, RingAndSelfComplete) {
   SharedArray<SharedId> sid(1);
   auto kids = run_procs(3, kChildDeadline, [&](int rank) {
     ncclComm_t comm = nullptr;
-    if (ncclResult_t r = init(sid, 3, rank, &comm); r != ncclSuccess) return fail(10, rank, "init", r);
+    if (ncclResult_t r = shared_init(sid, 3, rank, &comm); r != ncclSuccess) return fail(10, rank, "init", r);
     if (int e = send_then_recv(comm, 3, rank, 1, size_t{1} << 20, 0)) return e;
     if (int e = send_then_recv(comm, 3, rank, 0, size_t{1} << 20, 1)) return e;  // to itself
     ncclResult_t r = ncclCommDestroy(comm);
@@ -98,7 +91,7 @@ TEST(P2pEager, ReceiverGetsDataWhileTheSenderIsIdle) {
   SharedSlots slots(2);
   auto kids = run_procs(2, kChildDeadline, [&](int rank) {
     ncclComm_t comm = nullptr;
-    if (ncclResult_t r = init(sid, 2, rank, &comm); r != ncclSuccess) return fail(10, rank, "init", r);
+    if (ncclResult_t r = shared_init(sid, 2, rank, &comm); r != ncclSuccess) return fail(10, rank, "init", r);
     const size_t words = (size_t{4} << 20) / sizeof(int64_t);
     std::vector<int64_t> buf(words, -1);
     if (rank == 0) {
@@ -131,7 +124,7 @@ TEST(P2pEager, TimeoutIsReportedAsATimeout) {
   auto kids = run_procs(2, kChildDeadline, [&](int rank) {
     setenv("MESHCCL_TIMEOUT", "2", 1);
     ncclComm_t comm = nullptr;
-    if (ncclResult_t r = init(sid, 2, rank, &comm); r != ncclSuccess) return fail(10, rank, "init", r);
+    if (ncclResult_t r = shared_init(sid, 2, rank, &comm); r != ncclSuccess) return fail(10, rank, "init", r);
     if (rank == 0) {
       sleep(5);
     } else {
@@ -161,7 +154,7 @@ TEST(P2pEager, StreamFailureTextReachesTheSynchronizingThread) {
   SharedSlots slots(2);
   auto kids = run_procs(2, kChildDeadline, [&](int rank) {
     ncclComm_t comm = nullptr;
-    if (ncclResult_t r = init(sid, 2, rank, &comm); r != ncclSuccess) return fail(10, rank, "init", r);
+    if (ncclResult_t r = shared_init(sid, 2, rank, &comm); r != ncclSuccess) return fail(10, rank, "init", r);
     std::vector<int64_t> buf(1000, 5);
     if (rank == 0) {
       usleep(300000);  // the receiver's call has returned by now
@@ -198,7 +191,7 @@ TEST(P2pTagged, MessagesMatchByTagInAnyOrder) {
   SharedSlots slots(2);
   auto kids = run_procs(2, kChildDeadline, [&](int rank) {
     ncclComm_t comm = nullptr;
-    if (ncclResult_t r = init(sid, 2, rank, &comm); r != ncclSuccess) return fail(10, rank, "init", r);
+    if (ncclResult_t r = shared_init(sid, 2, rank, &comm); r != ncclSuccess) return fail(10, rank, "init", r);
     struct Msg {
       int tag;  // -2: untagged ncclSend
       size_t words;

@@ -59,10 +59,7 @@ void use_transport(const std::string& transport, int rank) {
 }
 
 ncclResult_t init_and_reduce(SharedArray<SharedId>& sid, int n, int rank, ncclComm_t* comm) {
-  ncclUniqueId id;
-  ncclResult_t r = shared_id(sid, rank, &id);
-  if (r == ncclSuccess) r = ncclCommInitRank(comm, n, id, rank);
-  if (r != ncclSuccess) return r;
+  if (ncclResult_t r = shared_init(sid, n, rank, comm); r != ncclSuccess) return r;
   std::vector<float> v(70000, 1.0f);
   return ncclAllReduce(v.data(), v.data(), v.size(), ncclFloat, ncclSum, *comm, nullptr);
 }

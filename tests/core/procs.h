@@ -87,6 +87,13 @@ inline ncclResult_t shared_id(SharedArray<SharedId>& sid, int rank, ncclUniqueId
   return ncclSuccess;
 }
 
+// Joins the communicator of n ranks whose id is the k-th of the array.
+inline ncclResult_t shared_init(SharedArray<SharedId>& sid, int n, int rank, ncclComm_t* comm, int k = 0) {
+  ncclUniqueId id;
+  ncclResult_t r = shared_id(sid, rank, &id, k);
+  return r != ncclSuccess ? r : ncclCommInitRank(comm, n, id, rank);
+}
+
 // Forks n children; child r runs body(r) and exits with its return value.
 // Children still running after deadline_s are killed with SIGKILL.
 inline std::vector<Child> run_procs(int n, double deadline_s, const std::function<int(int)>& body) {
