@@ -212,6 +212,25 @@ bool close_fabric(Ctx* c) {
   return clean;
 }
 
+// rxm over tcp sends a message above its SAR limit (FI_OFI_RXM_SAR_LIMIT,
+// 128 KiB by default) by rendezvous: the receiver reads the payload once the
+// request arrived, which leaves the link idle between requests. A 16 MiB
+// payload reached 0.67-0.75 of a 200 Mbit/s link that way and 0.92-0.95 cut
+// into messages of the SAR limit, which stream through bounce buffers
+// (docs/transports.md). Other providers (verbs, efa) read with RDMA and keep
+// one message per payload.
+uint64_t default_network_max_msg(const fi_info* info) {
+  const char* prov = info->fabric_attr->prov_name;
+  if (std::strstr(prov, "ofi_rxm") == nullptr || std::strncmp(prov, "tcp", 3) != 0) return kDefaultMaxMsg;
+  uint64_t sar = kRxmSarLimit;
+  if (const char* env = std::getenv("FI_OFI_RXM_SAR_LIMIT")) {
+    char* end = nullptr;
+    unsigned long long v = std::strtoull(env, &end, 10);
+    if (end != env && *end == 0 && v >= 1024) sar = v;
+  }
+  return sar;
+}
+
 meshccl_tresult_t do_init(const meshccl_transport_host_v1_t* host, void** out) {
   auto ctx = std::make_unique<Ctx>();
   ctx->host = host;
@@ -220,8 +239,11 @@ meshccl_tresult_t do_init(const meshccl_transport_host_v1_t* host, void** out) {
   meshccl_tresult_t r = pick_info(ctx.get());
   if (r == MESHCCL_T_SUCCESS) r = open_endpoint(ctx.get());
   // shm copies a whole posted receive in one progress call: 1 MiB pieces keep
-  // a poll short. Network providers are fastest with one message per payload.
-  uint64_t limit = ctx->host_only ? kDefaultShmMaxMsg : kDefaultMaxMsg;
+  // a poll short. Network providers are fastest with one message per payload,
+  // except rxm over tcp (below).
+  uint64_t limit = r != MESHCCL_T_SUCCESS ? kDefaultMaxMsg
+                   : ctx->host_only       ? kDefaultShmMaxMsg
+                                          : default_network_max_msg(ctx->info);
   const char* max_msg = param_str(host, "MESHCCL_OFI_MAX_MSG");  // "" = the registry's unset
   if (r == MESHCCL_T_SUCCESS && max_msg != nullptr && *max_msg != 0)
     r = param_size(host, "MESHCCL_OFI_MAX_MSG", 1024, 1ull << 40, &limit);

@@ -118,7 +118,7 @@ struct Ctx {
   std::vector<void*> closing;                         // endpoint close requests still in flight
   std::vector<std::unique_ptr<EpLink>> closed_links;  // of closed endpoints (freed with the worker)
   std::vector<RecvComm*> recvs;                       // open receive comms (see may_progress)
-  std::vector<std::vector<unsigned char>> sinks;      // drain buffers UCX may still write (frozen only)
+  std::vector<std::vector<unsigned char>> sinks;      // drain buffers UCX may still write, until the worker goes
   bool peer_failed = false;                           // an endpoint failed: the worker is not destroyed (see finalize)
   bool abandoned = false;  // a send or flush to another host was given up on in flight: kept as well
   bool frozen = false;     // a matched receive was given up on: never progressed again, kept

@@ -413,9 +413,10 @@ void close_recv(RecvComm* c) {
   if (c->hdr_posted) drop(w, c->hdr_req);
   std::erase(ctx->recvs, c);
   // Payloads that arrived unexpected stay in UCX's queue: drain them, unless
-  // the worker must not be progressed. A drain that does not finish leaves
-  // UCX writing its buffer: that freezes the context too, and the buffer is
-  // kept.
+  // the worker must not be progressed. A drain that does not finish (an eager
+  // payload whose sender closed before its last fragments left) leaves UCX
+  // writing a buffer of the plugin's own: it is kept until the worker is
+  // destroyed, which is then still safe, since no caller's memory is involved.
   c->unexpected.for_each([&](Unexpected* u) {
     if (u->buf.ptr != nullptr) c->bufs.put(u->buf);
     if (u->size <= kInline || !progress || ctx->frozen) return;
@@ -426,10 +427,7 @@ void close_recv(RecvComm* c) {
     ucp_request_param_t p{};
     void* rq = ucp_tag_msg_recv_nbx(w, sink.data(), sink.size(), m, &p);
     for (int i = 0; i < 1000 && check(rq) == UCS_INPROGRESS; ++i) ucp_worker_progress(w);
-    if (drop(w, rq)) {
-      ctx->frozen = true;
-      ctx->sinks.push_back(std::move(sink));
-    }
+    if (drop(w, rq)) ctx->sinks.push_back(std::move(sink));
   });
   if (c->fd >= 0) close(c->fd);
   c->fd = -1;

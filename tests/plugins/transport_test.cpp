@@ -423,11 +423,11 @@ TEST_P(TransportTest, ClosingWritesNoReceiveInFlight) {
   ASSERT_TRUE(read_all(child.fd, &posted, 1));
   // Polls until the transfer is under way (its first bytes landed).
   const auto until = Clock::now() + std::chrono::seconds(20);
-  int done = 0;
+  int done = 0, stray_sent = 0;  // the stray send may complete (sent eagerly), unreceived
   while (dst[0] == 0 && Clock::now() < until) {
     ASSERT_EQ(t_->test(q, &done, nullptr), MESHCCL_T_SUCCESS);
     ASSERT_EQ(done, 0);
-    ASSERT_EQ(t_->test(sq, &done, nullptr), MESHCCL_T_SUCCESS);
+    if (!stray_sent) ASSERT_EQ(t_->test(sq, &stray_sent, nullptr), MESHCCL_T_SUCCESS);
     ASSERT_EQ(t_->test(oq, &done, nullptr), MESHCCL_T_SUCCESS);
     ASSERT_EQ(done, 0);
   }
