@@ -32,8 +32,24 @@ KINDS = ["auto", "hier", "ring", "ompi", "ompi_han"]
 KIND_TITLE = {"auto": "meshccl (tuner)", "hier": "meshccl hier", "ring": "meshccl flat ring",
               "ompi": "Open MPI", "ompi_han": "Open MPI han"}
 SHAPES = "2x2,2x4,4x2,4x1"
-RATES = "1,10,25"
-QUICK_SHAPES, QUICK_RATES, QUICK_MAX = "2x2,4x1", "1,10", 16 << 20
+RATES = "0.1,0.2,1,10,25"
+QUICK_SHAPES, QUICK_RATES, QUICK_MAX = "2x2,4x1", "0.2,1", 16 << 20
+# A point whose ranks used more than this share of the machine's cores is
+# CPU-bound: it counts neither for nor against a link target.
+CPU_BOUND_SHARE = 0.5
+
+
+def traffic_factor(algo, n, h):
+    """TCP payload each host sends per AllReduce byte under `algo` (ranks
+    placed host by host): the flat ring crosses each host's link once per
+    direction with 2(n-1)/n of the data, hier's owners exchange 2(H-1)/H of
+    it (ring or halving-doubling across hosts). None where no figure is
+    derived (tree, the direct algorithms)."""
+    if algo == "ring":
+        return 2 * (n - 1) / n
+    if algo == "hier":
+        return 2 * (h - 1) / h
+    return None
 
 
 def load_vs_mpi():
@@ -155,11 +171,11 @@ class ClusterRun:
                 f = line.split()
                 if line.startswith("run ") and "failed" in line:
                     self.failures.append(f"{name} {hosts}x{per}: meshccl {line}")
-                if len(f) != 6 or not f[0].isdigit():
+                if len(f) != 9 or not f[0].isdigit():
                     continue
                 size, algo, pick, meas, pred = int(f[0]), f[1], f[2], float(f[3]), float(f[4])
                 kind = "auto" if algo == "default" else algo
-                self.keep(rows, kind, size, meas, pred, pick)
+                self.keep(rows, kind, size, meas, pred, pick, float(f[6]), float(f[8]))
                 got += 1
             if status != 0 or got == 0:
                 self.failures.append(f"{name} {hosts}x{per} meshccl {human(lo)}..{human(hi)}: exit {status}, {got} rows")
@@ -174,16 +190,30 @@ class ClusterRun:
                 if status != 0 or not res:
                     self.failures.append(f"{name} {hosts}x{per} {kind} {human(lo)}..{human(hi)}: exit {status}")
                 for size, (t, _, _) in res.items():
-                    self.keep(rows, kind, size, t, 0.0, "-")
+                    self.keep(rows, kind, size, t, 0.0, "-", 0.0, 0.0)
 
     @staticmethod
-    def keep(rows, kind, size, t, pred, pick):
-        """Best (fastest) repetition of each point, with its prediction."""
+    def keep(rows, kind, size, t, pred, pick, payload, cores):
+        """Best (fastest) repetition of each point, with its prediction, the
+        TCP payload each host sent per op and the ranks' cores."""
         if t <= 0:
             return
         old = rows.setdefault(kind, {}).get(size)
         if old is None or t < old[0]:
-            rows[kind][size] = (t, pred, pick)
+            rows[kind][size] = (t, pred, pick, payload, cores)
+
+    @staticmethod
+    def cpu_bound(point):
+        return point is not None and point[4] > CPU_BOUND_SHARE * (os.cpu_count() or 1)
+
+    @staticmethod
+    def traffic(res, point, algo, size):
+        """Measured / theoretical TCP payload per host, or None."""
+        n, h = res["hosts"] * res["per"], res["hosts"]
+        f = traffic_factor(algo, n, h)
+        if point is None or f is None or point[3] <= 0 or size == 0:
+            return None
+        return point[3] / (f * size)
 
     def one(self, idx, hosts, per, rate):
         name = f"cmp{os.getpid() % 100000}{idx}"
@@ -250,8 +280,8 @@ class ClusterRun:
                f"link limit B H/(2(H-1)) = {1000 * lim:.1f} MB/s; load average before / after: {load}\n",
                "| size | tuner: pick | time (us) | predicted (us) | pred/meas | hier (us) | ring (us) | "
                "Open MPI (us) | Open MPI han (us) | hier algbw / limit | ring / hier | best Open MPI / tuner | "
-               "hier pred/meas |",
-               "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+               "hier pred/meas | bytes sent / theory: hier, ring | cores: tuner, hier, ring |",
+               "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         sizes = sorted(set().union(*[set(v) for v in rows.values()] or [set()]))
         for s in sizes:
             g = {k: rows.get(k, {}).get(s) for k in KINDS}
@@ -265,6 +295,10 @@ class ClusterRun:
             cells.append(f"{ring[0] / hier[0]:.2f}" if hier and ring else "-")
             cells.append(f"{min(mpis) / auto[0]:.2f}" if auto and mpis else "-")
             cells.append(f"{hier[1] / hier[0]:.2f}" if hier and s >= 64 << 10 and hier[1] > 0 else "-")
+            tr = [self.traffic(res, g[k], k, s) for k in ("hier", "ring")]
+            cells.append(", ".join(f"{x:.3f}" if x is not None else "-" for x in tr))
+            cells.append(", ".join((f"{g[k][4]:.2f}" + (" CPU-bound" if self.cpu_bound(g[k]) else ""))
+                                   if g[k] and g[k][4] > 0 else "-" for k in ("auto", "hier", "ring")))
             out.append("| " + " | ".join(cells) + " |")
         return "\n".join(out) + "\n"
 
@@ -273,14 +307,15 @@ class ClusterRun:
         rows, lim = res["rows"], self.limit_gbs(res)
         hier, ring, auto = rows.get("hier", {}), rows.get("ring", {}), rows.get("auto", {})
         out = []
-        big = [s for s in sorted(hier) if s >= 4 << 20]
+        big = [s for s in sorted(hier) if s >= 4 << 20 and not self.cpu_bound(hier[s])]
         if big and lim > 0:
             worst = min(s / hier[s][0] / 1e3 / lim for s in big)
             out.append((f"{worst:.2f}", worst >= 0.9))
         else:
             out.append(("-", None))
         r = self.traffic_ratio(res)
-        both = [s for s in sorted(hier) if s >= 4 << 20 and s in ring]
+        both = [s for s in sorted(hier)
+                if s >= 4 << 20 and s in ring and not self.cpu_bound(hier[s]) and not self.cpu_bound(ring[s])]
         if r > 1 and both:
             worst = min(ring[s][0] / hier[s][0] for s in both)
             out.append((f"{worst:.2f} (need {0.9 * r:.2f})", worst >= 0.9 * r))
@@ -305,13 +340,20 @@ class ClusterRun:
             out.append((f"{inside}/{len(pred)} within; {min(pred):.2f}..{max(pred):.2f}", inside == len(pred)))
         else:
             out.append(("-", None))
+        tr = [x for k in ("hier", "ring") for sz, pt in rows.get(k, {}).items() if sz >= 64 << 10
+              for x in [self.traffic(res, pt, k, sz)] if x is not None]
+        if tr:
+            out.append((f"{min(tr):.3f}..{max(tr):.3f}", all(0.95 <= x <= 1.05 for x in tr)))
+        else:
+            out.append(("-", None))
         return out
 
     def targets_md(self):
         names = ["hier algbw >= 0.9 x B H/(2(H-1)), from 4 MiB (lowest)",
                  "ring time / hier time >= 0.9 x (2(n-1)/n)/(2(H-1)/H) where > 1, from 4 MiB (lowest)",
                  "tuner >= 1.5x best Open MPI from 1 MiB, not slower below (lowest time ratio)",
-                 "model within 15% of the tuner's plan from 64 KiB (pred/meas)"]
+                 "model within 15% of the tuner's plan from 64 KiB (pred/meas)",
+                 "TCP bytes each host sent within 5% of theory, hier and ring from 64 KiB"]
         lines = ["### Targets\n", "| cluster | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
         for res in self.results:
             if not res["rows"]:
@@ -336,27 +378,34 @@ class ClusterRun:
                                      "load": [float(r["load_before"]), float(r["load_after"])]}
                     self.results.append(res)
                 res["rows"].setdefault(r["kind"], {})[int(r["bytes"])] = (
-                    float(r["time_us"]), float(r["predicted_us"] or 0), r["pick"])
+                    float(r["time_us"]), float(r["predicted_us"] or 0), r["pick"],
+                    float(r.get("payload_per_host") or 0), float(r.get("cores") or 0))
 
     def write(self, argv):
         out = self.a.out
         with open(os.path.join(out, "cluster.csv"), "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["hosts", "ranks_per_host", "rate_gbit", "link_gbit_before", "link_gbit_after",
-                        "load_before", "load_after", "kind", "bytes", "time_us", "algbw_gbs", "predicted_us", "pick"])
+                        "load_before", "load_after", "kind", "bytes", "time_us", "algbw_gbs", "predicted_us", "pick",
+                        "payload_per_host", "cores"])
             for res in self.results:
                 link = (res["link"] + [0, 0])[:2]
                 load = (res["load"] + [0, 0])[:2]
                 for kind in KINDS:
-                    for s, (t, pred, pick) in sorted(res["rows"].get(kind, {}).items()):
+                    for s, (t, pred, pick, payload, cores) in sorted(res["rows"].get(kind, {}).items()):
                         w.writerow([res["hosts"], res["per"], res["rate"], link[0], link[1], load[0], load[1],
-                                    kind, s, t, s / t / 1e3, pred or "", pick])
+                                    kind, s, t, s / t / 1e3, pred or "", pick, payload or "", cores or ""])
         md = [f"## AllReduce across emulated clusters ({datetime.date.today()})\n",
               f"Command: `{' '.join(argv)}`. Times: best of {self.a.reps} run(s) per size, out of place, "
               "float32 sum. meshccl: perf/cluster_allreduce.sh (tuner's pick, forced hier, forced flat ring; "
               "predicted = rank 0's cost-model estimate of the plan it ran, from that run's own init "
               "measurement). Open MPI: perf/cluster_vs_mpi's mpirun (MPI_Allreduce, btl tcp,self on "
-              "eth0: no shared memory, see perf/cluster_vs_mpi), default and `--mca coll_han_priority 100`.\n", self.targets_md()]
+              "eth0: no shared memory, see perf/cluster_vs_mpi), default and `--mca coll_han_priority 100`. "
+              "Bytes sent: the TCP payload of each host's eth0 per op over the timed loop (tx_bytes less 66 "
+              "bytes of headers per packet), over the algorithm's own bytes per host (ring 2(n-1)/n, hier "
+              "2(H-1)/H of the data). Cores: the ranks' user+system time over the loop's wall time; above "
+              f"{CPU_BOUND_SHARE:g} of this machine's {os.cpu_count()} cores a point is CPU-bound and left out "
+              "of the link targets.\n", self.targets_md()]
         md += [self.table(res) for res in self.results if res["rows"]]
         if self.failures:
             md.append("### Runs that failed or were left out\n\n" + "\n".join(f"- {x}" for x in self.failures) + "\n")
@@ -386,6 +435,8 @@ def plot(out, note):
             g = groups.setdefault(key, {"link": max(float(r["link_gbit_before"]), float(r["link_gbit_after"]))})
             g.setdefault(r["kind"], []).append((int(r["bytes"]), float(r["algbw_gbs"]),
                                                 float(r["predicted_us"] or 0)))
+            if r["kind"] == "auto" and r.get("cores"):
+                g.setdefault("cores", []).append((int(r["bytes"]), float(r["cores"])))
     if not groups:
         return
     keys = sorted(groups)
@@ -413,6 +464,13 @@ def plot(out, note):
         ax.set_ylabel("algbw (GB/s)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
+        cores = sorted(g.get("cores", []))
+        if cores:  # the tuner's CPU use on a second axis
+            ax2 = ax.twinx()
+            ax2.plot([c[0] for c in cores], [c[1] for c in cores], color="tab:red", linestyle=":", marker="x",
+                     linewidth=1)
+            ax2.set_ylabel("tuner's ranks: cores used", color="tab:red", fontsize=8)
+            ax2.set_ylim(0, max(os.cpu_count() or 1, max(c[1] for c in cores)))
     fig.tight_layout()
     fig.savefig(os.path.join(out, "cluster.png"), dpi=80)
 

@@ -21,6 +21,7 @@
 #include "args.h"
 #include "coll.h"
 #include "format.h"
+#include "hostload.h"
 #include "json.h"
 #include "meshccl.h"
 #include "procgroup.h"
@@ -257,6 +258,11 @@ struct Measurement {
   double algbw = 0;
   double busbw = 0;
   int64_t wrong = -1;  // -1: not checked
+  // With MESHCCL_PERF_NETDEV: hosts counted, their mean TCP payload per op,
+  // and the ranks' CPU time over the timed loop's wall time (cores).
+  int hosts = 0;
+  double payload_per_host = 0;
+  double cores = 0;
 };
 
 Status BenchTime(Thread& t, const Counts& c, const TypeInfo& type, Op op, int root, bool in_place, Measurement* m) {
@@ -277,6 +283,11 @@ Status BenchTime(Thread& t, const Counts& c, const TypeInfo& type, Op op, int ro
   const int launches = std::max(1, o.graph);
   double elapsed = 0, enqueue = 0;
   int64_t shift_iter = 0;
+  // One process per host reads the device: the one of local rank 0.
+  const bool sample = !NetDev().empty() && t.tid == 0;
+  const bool count_net = sample && r.pg->local_rank() == 0;
+  HostLoad load0, load1;
+  if (sample && !SampleHostLoad(count_net, &load0)) r.failed = true;
   for (int l = 0; l < launches; l++) {
     const double t0 = Now();
     double excluded = 0;
@@ -302,6 +313,15 @@ Status BenchTime(Thread& t, const Counts& c, const TypeInfo& type, Op op, int ro
     elapsed += Now() - t0 - excluded;
   }
   const double ops = static_cast<double>(o.iters) * o.agg_iters * launches;
+  if (sample && !SampleHostLoad(count_net, &load1)) r.failed = true;
+  if (!NetDev().empty()) {
+    double u[4] = {count_net ? load1.tcp_payload - load0.tcp_payload : 0, count_net ? 1.0 : 0,
+                   sample ? load1.cpu_s - load0.cpu_s : 0, r.pg->rank() == 0 && t.tid == 0 ? elapsed : 0};
+    TESTCHECK(AllReduce(t, u, 4, Reduce::kSum));
+    m->hosts = static_cast<int>(u[1]);
+    m->payload_per_host = u[1] > 0 && ops > 0 ? u[0] / u[1] / ops : 0;
+    m->cores = u[3] > 0 ? u[2] / u[3] : 0;
+  }
   double sec = (o.report_cputime ? enqueue : elapsed) / std::max(1.0, ops);
 
   // Combine over threads and processes as -a asks.
@@ -393,6 +413,10 @@ Status RunSizes(Thread& t, const TypeInfo& type, Op op, int root) {
       }
       if (t.Printing()) {
         printf("%s\n", line.c_str());
+        if (!NetDev().empty())  // a comment line: parsers of the table skip it
+          printf("#netload %zu hosts %d payload_per_host %.0f %.0f cores %.3f %.3f\n", bytes, m[0].hosts,
+                 m[0].payload_per_host, test.in_place_defined ? m[1].payload_per_host : 0.0, m[0].cores,
+                 test.in_place_defined ? m[1].cores : 0.0);
         fflush(stdout);
         if (r.json)
           r.json->Row(bytes, c.param_count, type.name, op_name, root_col, m[0].time_us, m[0].algbw, m[0].busbw,
