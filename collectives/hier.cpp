@@ -85,6 +85,11 @@ Choice cheapest(const TuneModel& model, int nranks, const OpDesc& op, OpKind kin
   return best;
 }
 
+int channels(const BuildCtx& ctx, const OpDesc& op, const HostGroups& g) {
+  const int set = settings_of(op).hier_channels;
+  return std::clamp(set > 0 ? set : ctx.model.rails, 1, std::max(g.widest, 1));
+}
+
 int segments(const OpDesc& op, size_t bytes, int shares) {
   const size_t per = std::max<size_t>(op.chunk_bytes, 1) * static_cast<size_t>(std::max(shares, 1));
   return static_cast<int>(std::clamp<size_t>(bytes / per, 1, 8));

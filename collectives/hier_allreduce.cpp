@@ -1,7 +1,9 @@
 // Hierarchical AllReduce for communicators spanning hosts. The data is cut
-// into S segments of K shares each (K = the most ranks on one host); on every
-// host, share j belongs to local rank share_owner(k, K, j) (a host of k < K
-// ranks gives some ranks several shares). Per share:
+// into S segments of K shares each (K channels: one per network rail of a
+// host unless MESHCCL_HIER_CHANNELS says otherwise, at most the most ranks on
+// one host); on every host, share j belongs to local rank share_owner(k, K, j)
+// (a host of k > K ranks leaves some ranks without a share, k < K gives some
+// several). Per share:
 //   1. reduce inside the host: the other local ranks send their piece to the
 //      owner, which reduces them into its output;
 //   2. all-reduce across hosts among the owners of the share, one per host
@@ -9,8 +11,11 @@
 //      ranks on links shared by K channels), built with build_in;
 //   3. the owner sends the result to the other local ranks.
 // Every byte crosses the network once per direction of the inter-host
-// all-reduce, all local ranks drive the network at once, and the phases of
-// successive segments overlap.
+// all-reduce, one flow per channel, and the phases of successive segments
+// overlap. Why not a flow per local rank: with 4 flows sharing one 200 Mbit/s
+// link, packets lost at the link's queue left TCP waiting out retransmission
+// timeouts, and 4 MiB took 0.27 s against 0.18 s with one flow
+// (docs/topology.md).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -36,7 +41,7 @@ Layout make_layout(const BuildCtx& ctx, const OpDesc& op) {
   Layout l;
   l.g = hier::layout(ctx);
   l.hosts = static_cast<int>(l.g.members.size());
-  l.shares = l.g.widest;
+  l.shares = hier::channels(ctx, op, l.g);
   const size_t bytes = op.count * op.elem();
   l.segs = hier::segments(op, bytes, l.shares);
   l.tags = hier::tag_ranges(1 + l.segs * l.shares);
@@ -105,15 +110,16 @@ Status build_hier_allreduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan) {
   return kOk;
 }
 
-// Phases 1 and 3 move (k-1)/k of the data over shared memory (the local
-// links all busy at once), phase 2 is the inter-host algorithm's cost for
-// H ranks with each host link shared by K channels. Successive segments
-// overlap, so the slower of the two carries the whole data and the other
-// one segment's worth.
+// Phases 1 and 3 move (k-1)/k of the data over shared memory (k ranks on the
+// host; see below for K channels), phase 2 is the
+// inter-host algorithm's cost for H ranks with each host link shared by K
+// channels. Successive segments overlap, so the slower of the two carries
+// the whole data and the other one segment's worth.
 double cost_hier_allreduce(const BuildCtx& ctx, const OpDesc& op) {
   const HostGroups g = hier::layout(ctx);
-  const int hosts = static_cast<int>(g.members.size()), k = g.widest;
+  const int hosts = static_cast<int>(g.members.size()), widest = g.widest;
   if (hosts < 2) return std::numeric_limits<double>::infinity();
+  const int k = hier::channels(ctx, op, g);
   const TuneModel& t = ctx.model;
   const double bytes = static_cast<double>(op.count * op.elem());
   OpDesc channel = op;
@@ -121,10 +127,15 @@ double cost_hier_allreduce(const BuildCtx& ctx, const OpDesc& op) {
   const hier::Choice inter = hier::cheapest(hier::net_model(t, hosts, k), hosts, channel, OpKind::AllReduce,
                                             {"ring", "tree", "halving_doubling"});
   const LinkCost& local = t.local();
-  const double share = (k - 1.0) / k;
+  // The host's reductions cost the same in all whatever the channels: fewer
+  // channels put more of them on each owner, but the host's other ranks run
+  // meanwhile on the same cores (2x4 at 10 Gbit/s, bound by 2 cores: 16 MiB
+  // in 37-43 ms with one channel, 42-49 ms with four). Not yet modelled: a
+  // host with a core per rank, where one owner's share would take longer.
+  const double share = (widest - 1.0) / widest;
   const double local_us = share * bytes * (2e-3 / local.bw_gbs + t.gamma());
   const double segs = hier::segments(op, op.count * op.elem(), k);
-  const double alphas = k > 1 ? 2 * local.alpha_us : 0;
+  const double alphas = widest > 1 ? 2 * local.alpha_us : 0;
   return alphas + std::max(inter.us, local_us) + std::min(inter.us, local_us) / segs;
 }
 

@@ -64,6 +64,7 @@ PlanSettings plan_settings_from_params() {
   s.chunk_bytes = static_cast<size_t>(param_int(Param::ChunkSize));
   if (s.chunk_bytes == 0) s.chunk_bytes = 512 * 1024;
   s.direct_max_bytes = param_int(Param::DirectMaxBytes);
+  s.hier_channels = static_cast<int>(param_int(Param::HierChannels));
   s.sparse_algo = param_str(Param::SparseAlgo);
   s.p2p_eager = param_int(Param::P2pEager);
   return s;

@@ -93,6 +93,7 @@ Status agree_plan_settings(ncclComm* comm) {
     char sparse_algo[32];
     int64_t chunk_bytes;
     int64_t direct_max_bytes;
+    int64_t hier_channels;
   };
   const PlanSettings mine = plan_settings_from_params();
   if (mine.algo.size() >= sizeof(Wire::algo) || mine.sparse_algo.size() >= sizeof(Wire::sparse_algo))
@@ -105,6 +106,7 @@ Status agree_plan_settings(ncclComm* comm) {
   std::memcpy(me.sparse_algo, mine.sparse_algo.data(), mine.sparse_algo.size());
   me.chunk_bytes = static_cast<int64_t>(mine.chunk_bytes);
   me.direct_max_bytes = mine.direct_max_bytes;
+  me.hier_channels = mine.hier_channels;
   MC_TRY(comm->bootstrap->allgather(all.data(), sizeof(Wire)));
   const Wire& root = all[0];
   comm->settings = mine;
@@ -112,6 +114,7 @@ Status agree_plan_settings(ncclComm* comm) {
   comm->settings.sparse_algo.assign(root.sparse_algo, strnlen(root.sparse_algo, sizeof(root.sparse_algo)));
   comm->settings.chunk_bytes = static_cast<size_t>(root.chunk_bytes);
   comm->settings.direct_max_bytes = root.direct_max_bytes;
+  comm->settings.hier_channels = static_cast<int>(root.hier_channels);
   auto differs = [&](const char* name, const std::string& here, const std::string& there) {
     if (here == there) return;
     warn_once(std::string("agree:") + name,
@@ -124,6 +127,7 @@ Status agree_plan_settings(ncclComm* comm) {
   differs("MESHCCL_CHUNKSIZE", std::to_string(mine.chunk_bytes), std::to_string(comm->settings.chunk_bytes));
   differs("MESHCCL_DIRECT_MAX_BYTES", std::to_string(mine.direct_max_bytes),
           std::to_string(comm->settings.direct_max_bytes));
+  differs("MESHCCL_HIER_CHANNELS", std::to_string(mine.hier_channels), std::to_string(comm->settings.hier_channels));
   return kOk;
 }
 

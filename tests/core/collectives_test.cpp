@@ -382,6 +382,35 @@ TEST_P(HierAlgos, LargeAllReduce) {
   std::remove(file.c_str());
 }
 
+// The ranks of a host that carry the AllReduce across hosts
+// (MESHCCL_HIER_CHANNELS): one per rail by default, or as many as asked, at
+// most the widest host's ranks; fewer or more than a host's ranks (3+2, 2+1+1).
+TEST_P(HierAlgos, AllReduceEveryChannelCount) {
+  const HostLayout& l = GetParam();
+  const int n = static_cast<int>(l.host.size());
+  const std::string file = write_hosts_file(std::string(l.name) + "_channels", l.host);
+  const size_t count = (1u << 20) / 4 + 3;
+  for (const char* channels : {"1", "2", "3", "64"}) {
+    SCOPED_TRACE(std::string("MESHCCL_HIER_CHANNELS=") + channels);
+    ScopedEnv env({{"MESHCCL_TOPO_FILE", file},
+                   {"MESHCCL_ALGO", "allreduce:hier"},
+                   {"MESHCCL_CHUNKSIZE", "65536"},
+                   {"MESHCCL_HIER_CHANNELS", channels}});
+    run_ranks(n, [&](ncclComm_t comm, int rank) {
+      for (bool ip : {false, true}) check_allreduce(comm, n, rank, ip);
+      std::vector<float> buf(count);
+      for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>((rank + i) % 7);
+      ASSERT_EQ(ncclAllReduce(buf.data(), buf.data(), count, ncclFloat, ncclSum, comm, nullptr), ncclSuccess);
+      for (size_t i = 0; i < count; ++i) {
+        float want = 0;
+        for (int r = 0; r < n; ++r) want += static_cast<float>((r + i) % 7);
+        ASSERT_EQ(buf[i], want) << i;
+      }
+    });
+  }
+  std::remove(file.c_str());
+}
+
 INSTANTIATE_TEST_SUITE_P(Hosts, HierAlgos,
                          ::testing::Values(HostLayout{"h2x2_interleaved", {0, 1, 0, 1}},
                                            HostLayout{"h3p1", {0, 0, 0, 1}}, HostLayout{"h2p1p1", {0, 0, 1, 2}},
