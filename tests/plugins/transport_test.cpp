@@ -427,7 +427,7 @@ TEST_P(TransportTest, ClosingWritesNoReceiveInFlight) {
   while (dst[0] == 0 && Clock::now() < until) {
     ASSERT_EQ(t_->test(q, &done, nullptr), MESHCCL_T_SUCCESS);
     ASSERT_EQ(done, 0);
-    if (!stray_sent) ASSERT_EQ(t_->test(sq, &stray_sent, nullptr), MESHCCL_T_SUCCESS);
+    if (!stray_sent) { ASSERT_EQ(t_->test(sq, &stray_sent, nullptr), MESHCCL_T_SUCCESS); }
     ASSERT_EQ(t_->test(oq, &done, nullptr), MESHCCL_T_SUCCESS);
     ASSERT_EQ(done, 0);
   }
