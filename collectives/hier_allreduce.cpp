@@ -14,8 +14,8 @@
 // all-reduce, one flow per channel, and the phases of successive segments
 // overlap. Why not a flow per local rank: with 4 flows sharing one 200 Mbit/s
 // link, packets lost at the link's queue left TCP waiting out retransmission
-// timeouts, and 4 MiB took 0.27 s against 0.18 s with one flow
-// (docs/topology.md).
+// timeouts, and 4 MiB took 0.27-0.30 s against 0.18-0.19 s with one flow
+// (docs/algorithms.md).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -111,10 +111,10 @@ Status build_hier_allreduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan) {
 }
 
 // Phases 1 and 3 move (k-1)/k of the data over shared memory (k ranks on the
-// host; see below for K channels), phase 2 is the
-// inter-host algorithm's cost for H ranks with each host link shared by K
-// channels. Successive segments overlap, so the slower of the two carries
-// the whole data and the other one segment's worth.
+// host; see below for K channels), phase 2 is the inter-host algorithm's
+// cost for H ranks with each host link shared by K channels. Successive
+// segments overlap, so the slower of the two carries the whole data and the
+// other one segment's worth.
 double cost_hier_allreduce(const BuildCtx& ctx, const OpDesc& op) {
   const HostGroups g = hier::layout(ctx);
   const int hosts = static_cast<int>(g.members.size()), widest = g.widest;

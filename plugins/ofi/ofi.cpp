@@ -215,7 +215,7 @@ bool close_fabric(Ctx* c) {
 // rxm over tcp sends a message above its SAR limit (FI_OFI_RXM_SAR_LIMIT,
 // 128 KiB by default) by rendezvous: the receiver reads the payload once the
 // request arrived, which leaves the link idle between requests. A 16 MiB
-// payload reached 0.67-0.75 of a 200 Mbit/s link that way and 0.92-0.95 cut
+// payload reached 0.49-0.72 of a 200 Mbit/s link that way and 0.91-0.95 cut
 // into messages of the SAR limit, which stream through bounce buffers
 // (docs/transports.md). Other providers (verbs, efa) read with RDMA and keep
 // one message per payload.

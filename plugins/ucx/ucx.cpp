@@ -114,9 +114,9 @@ bool has_rdma_device() {
 // UCX's settings that the plugin chooses when the user did not set them.
 // Over TCP, UCX 1.13's rendezvous (a request, then the payload as put or get
 // on a second connection) leaves the link idle between its messages and
-// makes two TCP flows compete: a 16 MiB message reached 0.67-0.72 of a
-// 200 Mbit/s link, against 1.0 with the payload sent eagerly on one
-// connection, for the same CPU time (docs/transports.md). With an RDMA
+// makes two TCP flows compete: a 16 MiB message reached 0.53-1.0 of a
+// 200 Mbit/s link, most runs 0.70, against 0.97-1.0 with the payload sent
+// eagerly on one connection, for the same CPU time (docs/transports.md). With an RDMA
 // device the rendezvous is UCX's zero-copy path and is left alone.
 void choose_defaults(const meshccl_transport_host_v1_t* host, ucp_config_t* cfg) {
   if (has_rdma_device() || std::getenv("UCX_RNDV_THRESH") != nullptr) return;

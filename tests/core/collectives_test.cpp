@@ -362,6 +362,19 @@ TEST_P(HierAlgos, EveryCollective) {
   std::remove(file.c_str());
 }
 
+// An in-place float sum of `count` elements, rank r contributing
+// (r + i) % mod at i, checked element by element.
+void check_large_allreduce(ncclComm_t comm, int n, int rank, size_t count, int mod) {
+  std::vector<float> buf(count);
+  for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>((rank + i) % mod);
+  ASSERT_EQ(ncclAllReduce(buf.data(), buf.data(), count, ncclFloat, ncclSum, comm, nullptr), ncclSuccess);
+  for (size_t i = 0; i < count; ++i) {
+    float want = 0;
+    for (int r = 0; r < n; ++r) want += static_cast<float>((r + i) % mod);
+    ASSERT_EQ(buf[i], want) << i;
+  }
+}
+
 // A large AllReduce: several segments, chunked sub-plans across hosts.
 TEST_P(HierAlgos, LargeAllReduce) {
   const HostLayout& l = GetParam();
@@ -369,16 +382,7 @@ TEST_P(HierAlgos, LargeAllReduce) {
   const std::string file = write_hosts_file(std::string(l.name) + "_large", l.host);
   ScopedEnv env({{"MESHCCL_TOPO_FILE", file}, {"MESHCCL_ALGO", "allreduce:hier"}, {"MESHCCL_CHUNKSIZE", "65536"}});
   const size_t count = (3u << 20) / 4 + 5;
-  run_ranks(n, [&](ncclComm_t comm, int rank) {
-    std::vector<float> buf(count);
-    for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>((rank + i) % 5);
-    ASSERT_EQ(ncclAllReduce(buf.data(), buf.data(), count, ncclFloat, ncclSum, comm, nullptr), ncclSuccess);
-    for (size_t i = 0; i < count; ++i) {
-      float want = 0;
-      for (int r = 0; r < n; ++r) want += static_cast<float>((r + i) % 5);
-      ASSERT_EQ(buf[i], want) << i;
-    }
-  });
+  run_ranks(n, [&](ncclComm_t comm, int rank) { check_large_allreduce(comm, n, rank, count, 5); });
   std::remove(file.c_str());
 }
 
@@ -398,14 +402,7 @@ TEST_P(HierAlgos, AllReduceEveryChannelCount) {
                    {"MESHCCL_HIER_CHANNELS", channels}});
     run_ranks(n, [&](ncclComm_t comm, int rank) {
       for (bool ip : {false, true}) check_allreduce(comm, n, rank, ip);
-      std::vector<float> buf(count);
-      for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>((rank + i) % 7);
-      ASSERT_EQ(ncclAllReduce(buf.data(), buf.data(), count, ncclFloat, ncclSum, comm, nullptr), ncclSuccess);
-      for (size_t i = 0; i < count; ++i) {
-        float want = 0;
-        for (int r = 0; r < n; ++r) want += static_cast<float>((r + i) % 7);
-        ASSERT_EQ(buf[i], want) << i;
-      }
+      check_large_allreduce(comm, n, rank, count, 7);
     });
   }
   std::remove(file.c_str());
