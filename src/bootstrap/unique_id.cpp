@@ -255,6 +255,11 @@ void root_main(Socket listener, std::array<uint8_t, kSecretBytes> secret) {
       }
     }
   }
+  // Every rank joined: nobody else may connect. Closing now, before any rank
+  // holds its table, makes a reuse of the id meet a refused connection
+  // instead of a backlog the root would never answer.
+  listener.close();
+  pending.clear();
   Seal seal{};
   if (!random_bytes(seal.session, kSecretBytes)) {
     MC_WARN("bootstrap root: getrandom failed; the ranks see the rendezvous fail");
@@ -388,10 +393,22 @@ Status prove_root(const Socket& s, const SockAddr& root, const uint8_t* secret, 
   MC_TRY(socket_send_all(s, &ch, sizeof ch, dl, abort));
   const double left = dl.seconds_left();
   Answer a{};
-  Status st = socket_recv_all(s, &a, sizeof a,
-                              Deadline::after(left > 0 && left < kAnswerSeconds ? left : kAnswerSeconds), abort);
+  const Deadline answer_by = Deadline::after(left > 0 && left < kAnswerSeconds ? left : kAnswerSeconds);
+  Status st = socket_recv_all(s, &a, sizeof a, answer_by, abort);
   if (st.code() == ncclInvalidUsage) return st;  // aborted
   const char* who = fixed_address ? "MESHCCL_COMM_ID" : "the ncclUniqueId";
+  if (!st.ok() && !answer_by.expired() && !fixed_address)
+    // The root closed the connection unanswered: it ended (its communicator
+    // formed) between our connect and its last accept.
+    return MC_ERROR(ncclInvalidArgument,
+                    "rank %d: the root of this ncclUniqueId at %s closed the connection without answering: each id "
+                    "serves one communicator (was it used already?)",
+                    rank, root.str().c_str());
+  if (!st.ok() && !answer_by.expired())
+    return MC_ERROR(ncclRemoteError,
+                    "rank %d: the process at %s (MESHCCL_COMM_ID) closed the connection without answering the "
+                    "bootstrap challenge: its communicator formed already, or it is not a meshccl bootstrap root",
+                    rank, root.str().c_str());
   if (!st.ok())
     return MC_ERROR(ncclRemoteError,
                     "rank %d: the process at %s (%s) did not answer the bootstrap challenge within "
