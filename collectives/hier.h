@@ -48,9 +48,10 @@ struct Choice {
 Choice cheapest(const TuneModel& model, int nranks, const OpDesc& op, OpKind kind,
                 std::initializer_list<const char*> candidates);
 
-// How many ranks of a host carry the data of a hierarchical AllReduce across
-// hosts, one flow each: MESHCCL_HIER_CHANNELS (the op's settings), else one
-// per rail of a host, at most the widest host's ranks.
+// How many ranks of a host carry the data of a hierarchical AllReduce,
+// AllGather or ReduceScatter across hosts, one flow each:
+// MESHCCL_HIER_CHANNELS (the op's settings), else one per rail of a host, at
+// most the widest host's ranks.
 int channels(const BuildCtx& ctx, const OpDesc& op, const HostGroups& g);
 
 // Segments a large operation is cut into so that its phases overlap.

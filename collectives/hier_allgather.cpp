@@ -1,10 +1,18 @@
-// Hierarchical AllGather for communicators spanning hosts, in two phases:
-//   1. across hosts: every rank sends its block once to each other host, to
-//      the rank there whose local index is its own modulo that host's size;
-//   2. inside each host: every rank forwards the blocks it holds (its own and
-//      those it received) to the other local ranks.
-// Each block crosses every host link once, and a host's ranks share the
-// sending: the least traffic a host's network link can carry.
+// Hierarchical AllGather for communicators spanning hosts. Block p (rank p's
+// input) travels on channel local(p) mod K (K: hier::channels, one per
+// network rail of a host unless MESHCCL_HIER_CHANNELS says otherwise); on
+// every host one rank carries each channel, its gateway.
+//   1. inside p's host: p sends its block to every other local rank, its
+//      channel's gateway among them;
+//   2. across hosts: the gateways of a channel form a ring of the hosts, and
+//      each block goes around it from its own host, forwarded by the gateway
+//      of every host it reaches;
+//   3. inside every other host: the gateway that received the block sends it
+//      to the host's other ranks.
+// Every block crosses each host's link once per direction it must, with one
+// flow per channel out of a host: the least traffic, without the queue
+// losses of a flow per rank (docs/algorithms.md). Blocks pipeline through the
+// phases one behind another.
 #include <algorithm>
 #include <limits>
 #include <vector>
@@ -17,10 +25,10 @@ using detail::at;
 
 namespace {
 
-// The rank of host `to` that receives (and forwards there) the block of position p.
-int receiver(const HostGroups& g, int p, int to) {
-  const std::vector<int>& hg = g.members[to];
-  return g.host[p] == to ? p : hg[g.local[p] % static_cast<int>(hg.size())];
+// The rank of host `on` that carries block p across hosts.
+int gateway(const HostGroups& g, int channels, int p, int on) {
+  const std::vector<int>& hg = g.members[on];
+  return hg[(g.local[p] % channels) % static_cast<int>(hg.size())];
 }
 
 }  // namespace
@@ -30,45 +38,57 @@ Status build_hier_allgather(const BuildCtx& ctx, const OpDesc& op, Plan* plan) {
   plan->algorithm = "hier";
   const HostGroups g = hier::layout(ctx);
   const int me = ctx.rank, h = g.host[me], n = ctx.nranks, hosts = static_cast<int>(g.members.size());
-  void* mine = at(op.recvbuff, op.count * static_cast<size_t>(me), es);
-  Plan::StepId own = mine != op.sendbuff ? plan->copy(mine, op.sendbuff, block) : Plan::kNoStep;
+  const int k = hier::channels(ctx, op, g);
+  auto slot = [&](int p) { return at(op.recvbuff, op.count * static_cast<size_t>(p), es); };
+  if (slot(me) != op.sendbuff) plan->copy(slot(me), op.sendbuff, block);
   if (block == 0) return kOk;
-  std::vector<Plan::StepId> have(static_cast<size_t>(n), Plan::kNoStep);
-  have[me] = own;
-  // 1. Across hosts (tag 0: one message per pair).
-  for (int to = 0; to < hosts; ++to)
-    if (to != h) plan->send(receiver(g, me, to), 0, op.sendbuff, block);
-  for (int p = 0; p < n; ++p)
-    if (g.host[p] != h && receiver(g, p, h) == me)
-      have[p] = plan->recv(p, 0, at(op.recvbuff, op.count * static_cast<size_t>(p), es), block);
-  // 2. Inside the host (tag 1 + block).
+  const int next = (h + 1) % hosts, prev = (h + hosts - 1) % hosts;
+  // Tags: 1 + p across hosts, 1 + n + p inside a host.
+  auto cross = [](int p) { return 1 + static_cast<uint32_t>(p); };
+  auto local = [n](int p) { return 1 + static_cast<uint32_t>(n + p); };
+  // 1. This host's blocks, from their ranks to the other local ranks.
+  for (int m : g.members[h])
+    if (m != me) plan->send(m, local(me), op.sendbuff, block);
   for (int p = 0; p < n; ++p) {
-    const int holder = receiver(g, p, h);
-    void* dst = at(op.recvbuff, op.count * static_cast<size_t>(p), es);
-    const uint32_t tag = 1 + static_cast<uint32_t>(p);
-    if (holder == me) {
-      for (int m : g.members[h])
-        if (m != me) plan->send(m, tag, dst, block, {have[p]});
-    } else if (p != me) {
-      plan->recv(holder, tag, dst, block);
+    const int on = g.host[p];
+    const bool carry = gateway(g, k, p, h) == me;
+    if (on == h) {
+      Plan::StepId have = p == me ? Plan::kNoStep : plan->recv(p, local(p), slot(p), block);
+      // 2. The ring's first hop, from the block's own host.
+      if (carry && hosts > 1)
+        plan->send(gateway(g, k, p, next), cross(p), p == me ? op.sendbuff : slot(p), block, {have});
+      continue;
     }
+    if (!carry) {  // 3. from this host's gateway
+      plan->recv(gateway(g, k, p, h), local(p), slot(p), block);
+      continue;
+    }
+    // 2. Around the ring: from the previous host, on unless the next host is
+    // the block's own; 3. to the other local ranks.
+    Plan::StepId have = plan->recv(gateway(g, k, p, prev), cross(p), slot(p), block);
+    if (next != on) plan->send(gateway(g, k, p, next), cross(p), slot(p), block, {have});
+    for (int m : g.members[h])
+      if (m != me) plan->send(m, local(p), slot(p), block, {have});
   }
   return kOk;
 }
 
-// One network step moving the blocks of the other hosts into the busiest
-// host, then one local step forwarding to each local rank what it lacks.
+// The network carries, out of the busiest host, every block but those of the
+// next host on the ring, over K flows; the local phase moves every block to
+// each of a host's ranks over shared memory. Blocks pipeline, so the slower
+// phase carries the whole data and the other one block's worth.
 double cost_hier_allgather(const BuildCtx& ctx, const OpDesc& op) {
   const HostGroups g = hier::layout(ctx);
   const int hosts = static_cast<int>(g.members.size()), n = ctx.nranks;
   if (hosts < 2) return std::numeric_limits<double>::infinity();
   const TuneModel& t = ctx.model;
+  const int k = hier::channels(ctx, op, g);
   const double block = static_cast<double>(op.count * op.elem());
   int smallest = n;
   for (const auto& hg : g.members) smallest = std::min(smallest, static_cast<int>(hg.size()));
-  const double net_us = t.net.alpha_us + (n - smallest) * block * 1e-3 / t.host_net_gbs(smallest);
+  const double net_us = (hosts - 1) * t.net.alpha_us + (n - smallest) * block * 1e-3 / t.host_net_gbs(k);
   const double local_us = g.widest > 1 ? t.local().alpha_us + (n - 1) * block * 1e-3 / t.local().bw_gbs : 0;
-  return net_us + local_us;
+  return std::max(net_us, local_us) + std::min(net_us, local_us) / std::max(n - smallest, 1);
 }
 
 }  // namespace meshccl

@@ -1,11 +1,17 @@
-// Hierarchical ReduceScatter for communicators spanning hosts, in two phases:
-//   1. inside each host: block b is reduced over the host's ranks by its
-//      reducer there, b itself on b's host, else the local rank whose index
-//      is b's local index modulo the host's size;
-//   2. across hosts: each reducer sends its partial sum of b to b, which
-//      reduces the partial sums of the other hosts into its output.
-// Each block crosses the network once per other host, as partial sums: the
-// least traffic a host's network link can carry.
+// Hierarchical ReduceScatter for communicators spanning hosts. Block b (rank
+// b's output) travels on channel local(b) mod K (K: hier::channels, one per
+// network rail of a host unless MESHCCL_HIER_CHANNELS says otherwise); on
+// every host one rank carries each channel, its gateway.
+//   1. inside every host: the local ranks send their piece of b to the
+//      host's gateway of b's channel, which reduces them;
+//   2. across hosts: the gateways of a channel form a ring of the hosts, and
+//      b's partial sum goes around it from the host after b's to b's own,
+//      each gateway adding its host's sum before passing it on;
+//   3. on b's host the gateway adds the last partial sum and sends the
+//      result to b (unless it is b).
+// Each block crosses each host's link once, as a partial sum, with one flow
+// per channel out of a host: the least traffic, without the queue losses of
+// a flow per rank (docs/algorithms.md).
 #include <algorithm>
 #include <limits>
 #include <vector>
@@ -18,9 +24,10 @@ using detail::at;
 
 namespace {
 
-int reducer(const HostGroups& g, int b, int on) {
+// The rank of host `on` that reduces block b there and carries it across hosts.
+int gateway(const HostGroups& g, int channels, int b, int on) {
   const std::vector<int>& hg = g.members[on];
-  return g.host[b] == on ? b : hg[g.local[b] % static_cast<int>(hg.size())];
+  return hg[(g.local[b] % channels) % static_cast<int>(hg.size())];
 }
 
 // dst = in op (every message from `from`, received into scratch first), in
@@ -46,49 +53,57 @@ Status build_hier_reduce_scatter(const BuildCtx& ctx, const OpDesc& op, Plan* pl
   plan->algorithm = "hier";
   const HostGroups g = hier::layout(ctx);
   const int me = ctx.rank, h = g.host[me], n = ctx.nranks, hosts = static_cast<int>(g.members.size());
+  const int k = hier::channels(ctx, op, g);
   const detail::OwnInput own = detail::own_input(op, plan, nullptr, rc * n);
   if (rc == 0) return kOk;
+  const int next = (h + 1) % hosts, prev = (h + hosts - 1) % hosts;
+  // Tags: 1 + b across hosts, 1 + n + b to the gateway, 1 + 2n + b from it.
+  auto cross = [](int b) { return 1 + static_cast<uint32_t>(b); };
+  auto up = [n](int b) { return 1 + static_cast<uint32_t>(n + b); };
+  auto down = [n](int b) { return 1 + static_cast<uint32_t>(2 * n + b); };
   std::vector<int> locals;
   for (int m : g.members[h])
     if (m != me) locals.push_back(m);
   for (int b = 0; b < n; ++b) {
     const void* in = at(own.data, rc * static_cast<size_t>(b), es);
-    const int red = reducer(g, b, h);
-    if (red != me) {  // 1. to this host's reducer of b (tag b)
-      plan->send(red, static_cast<uint32_t>(b), in, rc * es, {own.scaled});
+    const int gw = gateway(g, k, b, h), on = g.host[b];
+    if (gw != me) {  // 1. to this host's gateway of b; 3. the result from it
+      Plan::StepId sent = plan->send(gw, up(b), in, rc * es, {own.scaled});
+      if (b == me) plan->recv(gw, down(b), op.recvbuff, rc * es, {sent});  // in place: after the send read it
       continue;
     }
-    const bool mine = b == me;
-    void* acc = mine ? op.recvbuff : plan->scratch(rc * es);
-    Plan::StepId local = reduce_from(plan, locals, static_cast<uint32_t>(b), in, acc, rc, es, own.scaled);
-    if (!mine) {  // 2. the host's partial sum to b (tag n)
-      plan->send(b, static_cast<uint32_t>(n), acc, rc * es, {local});
+    const bool last = on == h;  // the ring ends on b's host
+    void* acc = b == me ? op.recvbuff : plan->scratch(rc * es);
+    Plan::StepId sum = reduce_from(plan, locals, up(b), in, acc, rc, es, own.scaled);
+    if (prev != on)  // 2. not the ring's first host: add the partial sum so far
+      sum = reduce_from(plan, {gateway(g, k, b, prev)}, cross(b), acc, acc, rc, es, sum);
+    if (!last) {
+      plan->send(gateway(g, k, b, next), cross(b), acc, rc * es, {sum});
       continue;
     }
-    std::vector<int> remote;
-    for (int o = 0; o < hosts; ++o)
-      if (o != h) remote.push_back(reducer(g, b, o));
-    Plan::StepId all = reduce_from(plan, remote, static_cast<uint32_t>(n), acc, acc, rc, es, local);
-    if (op.avg) plan->divide(acc, acc, rc, {all});
+    if (op.avg) sum = plan->divide(acc, acc, rc, {sum});
+    if (b != me) plan->send(b, down(b), acc, rc * es, {sum});
   }
   return kOk;
 }
 
-// One local step reducing (k-1)/k of the input into the reducers, one network
-// step carrying the partial sums of the blocks of other hosts.
+// A host's gateways reduce (k-1)/k of its input in a local phase; the network
+// carries, out of the busiest host, the partial sums of every block but its
+// own host's, over K flows, each reduced once more on arrival.
 double cost_hier_reduce_scatter(const BuildCtx& ctx, const OpDesc& op) {
   const HostGroups g = hier::layout(ctx);
-  const int hosts = static_cast<int>(g.members.size()), n = ctx.nranks, k = g.widest;
+  const int hosts = static_cast<int>(g.members.size()), n = ctx.nranks, w = g.widest;
   if (hosts < 2) return std::numeric_limits<double>::infinity();
   const TuneModel& t = ctx.model;
+  const int k = hier::channels(ctx, op, g);
   const double block = static_cast<double>(op.count * op.elem());
   int smallest = n;
   for (const auto& hg : g.members) smallest = std::min(smallest, static_cast<int>(hg.size()));
-  const double net_us =
-      t.net.alpha_us + (n - smallest) * block * (1e-3 / t.host_net_gbs(smallest)) + (hosts - 1) * block * t.gamma();
+  const double net_us = (hosts - 1) * t.net.alpha_us + (n - smallest) * block * (1e-3 / t.host_net_gbs(k)) +
+                        (n - smallest) * block * t.gamma();
   const double local_us =
-      k > 1 ? t.local().alpha_us + (k - 1.0) / k * n * block * (1e-3 / t.local().bw_gbs + t.gamma()) : 0;
-  return net_us + local_us;
+      w > 1 ? t.local().alpha_us + (w - 1.0) / w * n * block * (1e-3 / t.local().bw_gbs + t.gamma()) : 0;
+  return std::max(net_us, local_us) + std::min(net_us, local_us) / std::max(n - smallest, 1);
 }
 
 }  // namespace meshccl

@@ -386,10 +386,11 @@ TEST_P(HierAlgos, LargeAllReduce) {
   std::remove(file.c_str());
 }
 
-// The ranks of a host that carry the AllReduce across hosts
-// (MESHCCL_HIER_CHANNELS): one per rail by default, or as many as asked, at
-// most the widest host's ranks; fewer or more than a host's ranks (3+2, 2+1+1).
-TEST_P(HierAlgos, AllReduceEveryChannelCount) {
+// The ranks of a host that carry AllReduce, AllGather and ReduceScatter
+// across hosts (MESHCCL_HIER_CHANNELS): one per rail by default, or as many
+// as asked, at most the widest host's ranks; fewer or more than a host's
+// ranks (3+2, 2+1+1), around a ring of 2, 3 or 4 hosts.
+TEST_P(HierAlgos, EveryChannelCount) {
   const HostLayout& l = GetParam();
   const int n = static_cast<int>(l.host.size());
   const std::string file = write_hosts_file(std::string(l.name) + "_channels", l.host);
@@ -397,11 +398,15 @@ TEST_P(HierAlgos, AllReduceEveryChannelCount) {
   for (const char* channels : {"1", "2", "3", "64"}) {
     SCOPED_TRACE(std::string("MESHCCL_HIER_CHANNELS=") + channels);
     ScopedEnv env({{"MESHCCL_TOPO_FILE", file},
-                   {"MESHCCL_ALGO", "allreduce:hier"},
+                   {"MESHCCL_ALGO", "allreduce:hier;allgather:hier;reducescatter:hier"},
                    {"MESHCCL_CHUNKSIZE", "65536"},
                    {"MESHCCL_HIER_CHANNELS", channels}});
     run_ranks(n, [&](ncclComm_t comm, int rank) {
-      for (bool ip : {false, true}) check_allreduce(comm, n, rank, ip);
+      for (bool ip : {false, true}) {
+        check_allreduce(comm, n, rank, ip);
+        check_reduce_scatter(comm, n, rank, ip);
+        check_data_movement(comm, n, rank, ip);
+      }
       check_large_allreduce(comm, n, rank, count, 7);
     });
   }
@@ -412,6 +417,7 @@ INSTANTIATE_TEST_SUITE_P(Hosts, HierAlgos,
                          ::testing::Values(HostLayout{"h2x2_interleaved", {0, 1, 0, 1}},
                                            HostLayout{"h3p1", {0, 0, 0, 1}}, HostLayout{"h2p1p1", {0, 0, 1, 2}},
                                            HostLayout{"h3p2", {0, 1, 0, 1, 0}},
+                                           HostLayout{"h4_uneven", {0, 1, 2, 3, 0, 1, 0}},
                                            HostLayout{"h2x4", {0, 0, 0, 0, 1, 1, 1, 1}}),
                          [](const auto& info) { return std::string(info.param.name); });
 
