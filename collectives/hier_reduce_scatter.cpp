@@ -104,8 +104,9 @@ double cost_hier_reduce_scatter(const BuildCtx& ctx, const OpDesc& op) {
   int smallest = n;
   for (const auto& hg : g.members) smallest = std::min(smallest, static_cast<int>(hg.size()));
   const double net_us = (hosts - 1) * t.net.alpha_us + (n - smallest) * block * (1e-3 / t.host_net_gbs(k));
-  const double local_us = (n - smallest) * block * t.gamma() +
-                          (w > 1 ? t.local().alpha_us + (w - 1.0) / w * n * block * (1e-3 / t.local().bw_gbs + t.gamma()) : 0);
+  const double local_us =
+      (n - smallest) * block * t.gamma() +
+      (w > 1 ? t.local().alpha_us + (w - 1.0) / w * n * block * (1e-3 / t.local().bw_gbs + t.gamma()) : 0);
   return std::max(net_us, local_us) + std::min(net_us, local_us) / std::max(n - smallest, 1);
 }
 
