@@ -204,7 +204,7 @@ void meshcclStream::worker() {
         // another thread drove the stream to its end) say nothing about this
         // work. Without the reset, a wait that had reached its sleeping phase
         // would sleep at its first empty poll from then on.
-        backoff.progress();
+        backoff.restart();
       }
       if (!has_work_locked()) return;  // shutdown with nothing left
       backoff.set_policy(wait_);

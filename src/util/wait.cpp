@@ -41,13 +41,28 @@ WaitPolicy WaitPolicy::for_local_ranks(int local_ranks) {
   return p;
 }
 
+namespace {
+long now_ns() {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+}  // namespace
+
+void Backoff::note_gap() {
+  // One long stretch (a peer computing for seconds) counts as a few long
+  // ones, so that short stretches bring the yields back within a few steps.
+  const long gap = std::min(now_ns() - idle_since_ns_, 4 * kLongGapNs);
+  gap_ns_ = gap_ns_ == 0 ? gap : (3 * gap_ns_ + gap) / 4;
+}
+
 void Backoff::idle() {
-  ++n_;
+  if (n_++ == 0) idle_since_ns_ = now_ns();
   if (n_ <= spin_) {
     MESHCCL_CPU_PAUSE();
     return;
   }
-  if (n_ <= spin_ + yield_) {
+  if (n_ <= spin_ + yield_ && gap_ns_ < kLongGapNs) {
     sched_yield();
     return;
   }
@@ -67,7 +82,8 @@ void Backoff::idle() {
 }
 
 void Backoff::yield_only() {
-  if (++n_ <= spin_) {
+  if (n_++ == 0) idle_since_ns_ = now_ns();
+  if (n_ <= spin_) {
     MESHCCL_CPU_PAUSE();
     return;
   }

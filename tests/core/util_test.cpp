@@ -3,6 +3,7 @@
 // generation that caches of derived values key on.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -12,6 +13,7 @@
 #include "util/live_set.h"
 #include "util/param.h"
 #include "util/sha256.h"
+#include "util/wait.h"
 
 namespace meshccl {
 namespace {
@@ -151,3 +153,34 @@ TEST(Sha256, HmacRfc4231TestVectors) {
 
 }  // namespace
 }  // namespace meshccl
+
+// A wait whose idle stretches have been long stops yielding between polls
+// (it spins, then sleeps); short stretches bring the yields back, and a
+// restart on other work forgets the history.
+TEST(Backoff, LongIdleStretchesSkipTheYields) {
+  meshccl::Backoff b;
+  EXPECT_FALSE(b.skips_yields());
+  for (int i = 0; i < 3; ++i) {
+    b.idle();
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    b.progress();
+  }
+  EXPECT_TRUE(b.skips_yields());
+  bool back = false;
+  for (int i = 0; i < 200 && !back; ++i) {  // a preempted stretch may count long
+    b.idle();
+    b.progress();
+    back = !b.skips_yields();
+  }
+  EXPECT_TRUE(back);
+  for (int i = 0; i < 3; ++i) {
+    b.idle();
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    b.progress();
+  }
+  ASSERT_TRUE(b.skips_yields());
+  b.restart();
+  EXPECT_FALSE(b.skips_yields());
+  b.progress();  // progress without an idle poll measures nothing
+  EXPECT_FALSE(b.skips_yields());
+}
