@@ -19,6 +19,10 @@ extern const meshccl_transport_v1_t meshccl_transport_shm;
 /* TCP, between hosts or when forced. */
 extern const meshccl_transport_v1_t meshccl_transport_socket;
 
+/* Their probes (meshccl_transport_v1_probe_t, transport.h). */
+extern const meshccl_transport_v1_probe_t meshccl_transport_shm_probe;
+extern const meshccl_transport_v1_probe_t meshccl_transport_socket_probe;
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -263,6 +263,11 @@ bool WorkMeshccl::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
+int WorkMeshccl::sourceRank() const {
+  TORCH_CHECK(source_ != nullptr, "meshccl: sourceRank() is for a receive from any source only");
+  return *source_;
+}
+
 c10::intrusive_ptr<c10::ivalue::Future> WorkMeshccl::getFuture() {
   (void)isCompleted();  // most small operations are done by now: no hand-off to the completing thread
   c10::intrusive_ptr<c10::ivalue::Future> fut;
@@ -1005,6 +1010,24 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::recv(std::vector<at::Tensor>
   else
     check("meshcclRecvTagged", meshcclRecvTagged(t.data_ptr(), bytes(t), ncclUint8, src, tag, comm_, as_cuda(stream_)));
   return make_work(c10d::OpType::RECV, {t});
+}
+
+// From any other rank (meshcclRecvAnySource): tag 0 takes what ncclSend
+// sent, another tag what meshcclSendTagged sent with it, as send() does.
+c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  check_usable();
+  at::Tensor& t = single(tensors, "recv");
+  check_tensor(t, "recv tensor", true);
+  auto source = std::make_shared<int>(-1);  // written when the receive completes, on the stream
+  if (tag == 0)
+    check("meshcclRecvAnySource",
+          meshcclRecvAnySource(t.data_ptr(), bytes(t), ncclUint8, source.get(), comm_, as_cuda(stream_)));
+  else
+    check("meshcclRecvTaggedAnySource",
+          meshcclRecvTaggedAnySource(t.data_ptr(), bytes(t), ncclUint8, tag, source.get(), comm_, as_cuda(stream_)));
+  auto work = make_work(c10d::OpType::RECVANYSOURCE, {t});
+  work->source_ = std::move(source);
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMeshccl::self_send(const at::Tensor& t, int tag) {

@@ -41,6 +41,8 @@ class WorkMeshccl : public c10d::Work {
   void synchronize() override { wait(); }
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  // A receive from any source: the rank it received from, once complete.
+  int sourceRank() const override;
 
   // Keeps tensors alive until the work completes (inputs, staging buffers).
   void keep(const at::Tensor& t) { keep_.push_back(t); }
@@ -59,6 +61,7 @@ class WorkMeshccl : public c10d::Work {
   std::vector<at::Tensor> outputs_;
   std::vector<at::Tensor> keep_;
   std::function<void()> finish_;
+  std::shared_ptr<int> source_;  // a receive from any source: set by the library when it completes
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   // Set once settled: a staging buffer this work used may be reused.
   std::shared_ptr<std::atomic<bool>> settled_ = std::make_shared<std::atomic<bool>>(false);
@@ -141,6 +144,7 @@ class ProcessGroupMeshccl : public c10d::ProcessGroup {
                                           const c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
  private:

@@ -237,6 +237,34 @@ ncclResult_t meshcclSendTagged(const void* sendbuff, size_t count, ncclDataType_
 ncclResult_t meshcclRecvTagged(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, int tag,
                                ncclComm_t comm, cudaStream_t stream);
 
+/*
+ * Receive from any source, as MPI_ANY_SOURCE: meshcclRecvAnySource takes the
+ * next message that any other rank sends this one with ncclSend, and
+ * meshcclRecvTaggedAnySource the next one sent with meshcclSendTagged and
+ * this tag; *source is set to the rank that sent it once the receive has
+ * completed (as the buffer is: for a host stream, when the stream reaches the
+ * receive). The message taken is one that has arrived when the receive looks
+ * (at least its first bytes): the first peer found with one, asking the
+ * peers in turn. Each message is taken by exactly one receive, and the
+ * messages of one peer in the order it sent them, so receives from that
+ * peer and from any source can be mixed freely (a receive from one peer
+ * takes its number when it is called; one from any source, when it finds
+ * its message).
+ *
+ * As ncclRecv otherwise, with the same argument checks; the message must
+ * have exactly the size of the receive above two link chunks (a shorter one
+ * fails the receive with ncclInvalidUsage, as for ncclRecv). Not inside a
+ * group (ncclInvalidUsage); host memory and a host stream or NULL only;
+ * count == 0 receives nothing and sets *source to -1. Until a message is
+ * found the receive can fail alone and leave the communicator usable: on a
+ * communicator of one rank, over a transport plugin that exports no probe
+ * (transport.h), or when every other rank has gone (ncclRemoteError).
+ */
+ncclResult_t meshcclRecvAnySource(void* recvbuff, size_t count, ncclDataType_t datatype, int* source, ncclComm_t comm,
+                                  cudaStream_t stream);
+ncclResult_t meshcclRecvTaggedAnySource(void* recvbuff, size_t count, ncclDataType_t datatype, int tag, int* source,
+                                        ncclComm_t comm, cudaStream_t stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 

@@ -20,6 +20,12 @@
  * 1.13.1"), which meshccl_info prints next to the library's path. It may be
  * called without init and must not block.
  *
+ * Optionally a plugin also exports
+ *   int meshccl_transport_v1_probe(void* recv_comm, uint64_t tag, int* found);
+ * (type meshccl_transport_v1_probe_t below), which a receive from any of
+ * several peers (meshcclRecvAnySource) needs: without it such a receive over
+ * this transport fails with ncclInvalidUsage, and nothing else changes.
+ *
  * Life of a connection (A sends to B):
  *   B: listen(ctx, dev, handle, &lcomm)   -> handle travels to A via bootstrap
  *   A: connect(ctx, dev, handle, &scomm)  -> called until *scomm != NULL
@@ -156,6 +162,14 @@ typedef struct meshccl_transport_v1 {
   int (*close_listen)(void* listen_comm);
   int (*finalize)(void* ctx);
 } meshccl_transport_v1_t;
+
+/* Optional (see above): progresses recv_comm as test does, then sets
+ * *found = 1 when a message with `tag` has arrived on it (at least enough of
+ * it to know its tag) that no posted receive has taken, so that the next
+ * irecv with that tag matches it; otherwise *found = 0. Takes and changes
+ * nothing else; never blocks. MESHCCL_T_REMOTE_ERROR when no such message is
+ * there and the sender has gone (no such message can come any more). */
+typedef int (*meshccl_transport_v1_probe_t)(void* recv_comm, uint64_t tag, int* found);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -24,6 +24,8 @@
 //   static meshccl_tresult_t recv_post(RecvComm*, void*, size_t, uint64_t tag, void** req);
 //   static meshccl_tresult_t send_test(Request*, int* done, size_t* size);
 //   static meshccl_tresult_t recv_test(Request*, int* done, size_t* size);
+//   static meshccl_tresult_t recv_probe(RecvComm*, uint64_t tag, int* found);
+//     (the optional probe of transport.h; export Entry<P>::probe)
 //   static void close_send(SendComm*);   release the network side, cancel
 //   static void close_recv(RecvComm*);   requests; the shim then frees the comm
 //   static void close_listen(ListenComm*);
@@ -152,6 +154,14 @@ class Entry {
     }
     auto* c = static_cast<RecvComm*>(r->comm);
     return guarded(c->ctx->host, P::kName, "test", [&] { return P::recv_test(r, done, size); });
+  }
+
+  static int probe(void* recv_comm, uint64_t tag, int* found) {
+    auto* c = P::check().template as<RecvComm>(recv_comm, P::kRecvMagic, "recv comm", "probe");
+    if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
+    if (found == nullptr) return P::check().misuse(c->ctx->host, "probe", "found is NULL");
+    *found = 0;
+    return guarded(c->ctx->host, P::kName, "probe", [&] { return P::recv_probe(c, tag, found); });
   }
 
   static int close_send(void* send_comm) {

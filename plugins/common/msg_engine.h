@@ -66,6 +66,12 @@ class List {
     }
     return nullptr;
   }
+  // Whether an element's `tag` equals tag.
+  bool has_tag(uint64_t tag) const {
+    for (const T* e = head_; e != nullptr; e = e->next)
+      if (e->tag == tag) return true;
+    return false;
+  }
   // Calls f on every element; f may remove the element it is given.
   template <class F>
   void for_each(F&& f) {

@@ -539,6 +539,10 @@ struct Traits {
     Lock g(c->ctx->mu);
     return ofi::recv_post(c, d, n, t, r);
   }
+  static meshccl_tresult_t recv_probe(RecvComm* c, uint64_t t, int* f) {
+    Lock g(c->ctx->mu);
+    return ofi::recv_probe(c, t, f);
+  }
   static meshccl_tresult_t send_test(Request* r, int* d, size_t* n) {
     Lock g(ctx_of(r)->mu);
     return ofi::send_test(r, d, n);
@@ -668,3 +672,9 @@ bool peer_dead(const meshccl_transport_host_v1_t* host, int32_t pid, PeerWatch& 
 
 extern "C" __attribute__((visibility("default"))) const meshccl_transport_v1_t meshccl_transport_v1 =
     meshccl::plugin::Entry<meshccl::plugin::ofi::Traits>::table();
+
+// The optional probe (see transport.h).
+extern "C" __attribute__((visibility("default"))) int meshccl_transport_v1_probe(void* recv_comm, uint64_t tag,
+                                                                                 int* found) {
+  return meshccl::plugin::Entry<meshccl::plugin::ofi::Traits>::probe(recv_comm, tag, found);
+}

@@ -344,6 +344,14 @@ meshccl_tresult_t recv_post(RecvComm* c, void* data, size_t size, uint64_t tag, 
   return MESHCCL_T_SUCCESS;
 }
 
+meshccl_tresult_t recv_probe(RecvComm* c, uint64_t tag, int* found) {
+  const meshccl_tresult_t res = pump(c);
+  *found = c->unexpected.has_tag(tag) ? 1 : 0;
+  if (*found != 0 || res != MESHCCL_T_SUCCESS) return *found != 0 ? MESHCCL_T_SUCCESS : res;
+  if (c->closed || peer_dead(c->ctx->host, c->peer_pid, c->watch)) return MESHCCL_T_REMOTE_ERROR;
+  return MESHCCL_T_SUCCESS;
+}
+
 meshccl_tresult_t recv_test(Request* r, int* done, size_t* size) {
   auto* c = static_cast<RecvComm*>(r->comm);
   Ctx* ctx = c->ctx;

@@ -286,6 +286,7 @@ struct Traits {
   }
   static meshccl_tresult_t send_test(Request* r, int* d, size_t* n) { return shm::send_test(r, d, n); }
   static meshccl_tresult_t recv_test(Request* r, int* d, size_t* n) { return shm::recv_test(r, d, n); }
+  static meshccl_tresult_t recv_probe(RecvComm* c, uint64_t t, int* f) { return shm::recv_probe(c, t, f); }
   static void close_send(SendComm* c) { send_close(c); }
   static void close_recv(RecvComm* c) { recv_close(c); }
   static void close_listen(ListenComm* l) { shm::close_listen(l); }
@@ -297,3 +298,5 @@ struct Traits {
 
 extern "C" const meshccl_transport_v1_t meshccl_transport_shm =
     meshccl::plugin::Entry<meshccl::plugin::shm::Traits>::table();
+extern "C" const meshccl_transport_v1_probe_t meshccl_transport_shm_probe =
+    meshccl::plugin::Entry<meshccl::plugin::shm::Traits>::probe;

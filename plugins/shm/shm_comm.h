@@ -160,6 +160,7 @@ void send_close(SendComm* c);  // the caller frees c
 // Receiver side (shm_recv.cpp).
 meshccl_tresult_t recv_post(RecvComm* c, void* data, size_t size, uint64_t tag, void** request);
 meshccl_tresult_t recv_test(Request* r, int* done, size_t* size);
+meshccl_tresult_t recv_probe(RecvComm* c, uint64_t tag, int* found);
 void recv_close(RecvComm* c);  // the caller frees c
 
 }  // namespace meshccl::plugin::shm

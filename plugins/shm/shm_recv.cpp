@@ -341,9 +341,8 @@ void fail_pending(RecvComm* c, meshccl_tresult_t result) {
   while (!c->active.empty()) end_rdv(c, c->active.front(), result);
 }
 
-void progress(RecvComm* c) {
-  if (c->broken != MESHCCL_T_SUCCESS || c->peer_gone != MESHCCL_T_SUCCESS) return;
-  if (drain(c) || (c->posted.empty() && c->active.empty())) return;
+// After a drain that found nothing: has the sender gone away?
+void check_sender(RecvComm* c) {
   const char* why = nullptr;
   const bool closed = c->seg->hdr.sender_closed.load(std::memory_order_acquire) != 0;
   seg_acquire(c->seg);
@@ -355,6 +354,12 @@ void progress(RecvComm* c) {
   if (!c->posted.empty() || !c->active.empty())
     MPLUG_WARN(c->ctx->host, "shm: receive from pid %d failed: %s", c->peer_pid, why);
   fail_pending(c, MESHCCL_T_REMOTE_ERROR);
+}
+
+void progress(RecvComm* c) {
+  if (c->broken != MESHCCL_T_SUCCESS || c->peer_gone != MESHCCL_T_SUCCESS) return;
+  if (drain(c) || (c->posted.empty() && c->active.empty())) return;
+  check_sender(c);
 }
 
 void release(RecvComm* c, Request* r) {
@@ -399,6 +404,13 @@ meshccl_tresult_t recv_post(RecvComm* c, void* data, size_t size, uint64_t tag, 
   }
   *request = r;
   return MESHCCL_T_SUCCESS;
+}
+
+meshccl_tresult_t recv_probe(RecvComm* c, uint64_t tag, int* found) {
+  if (c->broken == MESHCCL_T_SUCCESS && c->peer_gone == MESHCCL_T_SUCCESS && !drain(c)) check_sender(c);
+  *found = c->unexpected.has_tag(tag) ? 1 : 0;
+  if (*found != 0) return MESHCCL_T_SUCCESS;
+  return c->broken != MESHCCL_T_SUCCESS ? c->broken : c->peer_gone;
 }
 
 meshccl_tresult_t recv_test(Request* r, int* done, size_t* size) {

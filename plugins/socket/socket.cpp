@@ -215,6 +215,7 @@ struct Traits {
   }
   static meshccl_tresult_t send_test(Request* r, int* d, size_t* n) { return socket::send_test(r, d, n); }
   static meshccl_tresult_t recv_test(Request* r, int* d, size_t* n) { return socket::recv_test(r, d, n); }
+  static meshccl_tresult_t recv_probe(RecvComm* c, uint64_t t, int* f) { return socket::recv_probe(c, t, f); }
   static void close_send(SendComm* c) { close(c->fd); }
   static void close_recv(RecvComm* c) { socket::close_recv(c); }
   static void close_listen(ListenComm* l) { socket::close_listen(l); }
@@ -228,3 +229,5 @@ struct Traits {
 
 extern "C" const meshccl_transport_v1_t meshccl_transport_socket =
     meshccl::plugin::Entry<meshccl::plugin::socket::Traits>::table();
+extern "C" const meshccl_transport_v1_probe_t meshccl_transport_socket_probe =
+    meshccl::plugin::Entry<meshccl::plugin::socket::Traits>::probe;

@@ -382,6 +382,12 @@ meshccl_tresult_t recv_post(RecvComm* c, void* data, size_t size, uint64_t tag, 
   return MESHCCL_T_SUCCESS;
 }
 
+meshccl_tresult_t recv_probe(RecvComm* c, uint64_t tag, int* found) {
+  recv_progress(c);
+  *found = c->unexpected.has_tag(tag) ? 1 : 0;
+  return *found != 0 ? MESHCCL_T_SUCCESS : c->peer_gone;
+}
+
 meshccl_tresult_t recv_test(Request* r, int* done, size_t* size) {
   auto* c = static_cast<RecvComm*>(r->comm);
   if (r->state != State::kDone) recv_progress(c);

@@ -511,6 +511,7 @@ struct Traits {
   }
   static meshccl_tresult_t send_test(Request* r, int* d, size_t* n) { return ucx::send_test(r, d, n); }
   static meshccl_tresult_t recv_test(Request* r, int* d, size_t* n) { return ucx::recv_test(r, d, n); }
+  static meshccl_tresult_t recv_probe(RecvComm* c, uint64_t t, int* f) { return ucx::recv_probe(c, t, f); }
   static void close_send(SendComm* c) { ucx::close_send(c); }
   static void close_recv(RecvComm* c) { ucx::close_recv(c); }
   static void close_listen(ListenComm* l) { ucx::close_listen(l); }
@@ -522,6 +523,12 @@ struct Traits {
 
 extern "C" __attribute__((visibility("default"))) const meshccl_transport_v1_t meshccl_transport_v1 =
     meshccl::plugin::Entry<meshccl::plugin::ucx::Traits>::table();
+
+// The optional probe (see transport.h).
+extern "C" __attribute__((visibility("default"))) int meshccl_transport_v1_probe(void* recv_comm, uint64_t tag,
+                                                                                 int* found) {
+  return meshccl::plugin::Entry<meshccl::plugin::ucx::Traits>::probe(recv_comm, tag, found);
+}
 
 // Optional description for meshccl_info (see transport.h).
 extern "C" __attribute__((visibility("default"))) const char* meshccl_transport_v1_describe(void) {

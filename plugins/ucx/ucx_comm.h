@@ -240,6 +240,7 @@ meshccl_tresult_t send_test(Request* r, int* done, size_t* size);
 void start_send(SendComm* c, Request* r);
 meshccl_tresult_t recv_post(RecvComm* c, void* data, size_t size, uint64_t tag, void** request);
 meshccl_tresult_t recv_test(Request* r, int* done, size_t* size);
+meshccl_tresult_t recv_probe(RecvComm* c, uint64_t tag, int* found);
 void close_send(SendComm* c);
 void close_recv(RecvComm* c);
 

@@ -298,6 +298,19 @@ meshccl_tresult_t recv_post(RecvComm* c, void* data, size_t size, uint64_t tag, 
   return pump(c);
 }
 
+meshccl_tresult_t recv_probe(RecvComm* c, uint64_t tag, int* found) {
+  const meshccl_tresult_t res = pump(c);
+  *found = c->unexpected.has_tag(tag) ? 1 : 0;
+  if (*found != 0 || res != MESHCCL_T_SUCCESS) return *found != 0 ? MESHCCL_T_SUCCESS : res;
+  // Gone once it said goodbye with every header in, or a grace period after
+  // its connection ended otherwise (as recv_liveness decides).
+  if (c->closed_ns == 0 && c->watch.due() && control_closed(c->fd, &c->bye, &c->bye_got)) c->closed_ns = now_ns();
+  if (c->closed_ns == 0) return MESHCCL_T_SUCCESS;
+  const bool said_bye = c->bye_got == sizeof(Bye) && c->bye.magic == kByeMagic;
+  if ((said_bye && c->seq >= c->bye.sent) || now_ns() - c->closed_ns >= kGraceNs) return MESHCCL_T_REMOTE_ERROR;
+  return MESHCCL_T_SUCCESS;
+}
+
 meshccl_tresult_t recv_test(Request* r, int* done, size_t* size) {
   auto* c = static_cast<RecvComm*>(r->comm);
   *done = 0;

@@ -7,6 +7,14 @@
 #include "api/export.h"
 #include "api/group.h"
 #include "api/validate.h"
+#include "comm/comm.h"
+#include "meshccl_config.h"
+#include "sched/launch.h"
+#include "sched/recv_any.h"
+#include "util/log.h"
+#if MESHCCL_HAVE_CUDA
+#include "cuda/device_ops.h"
+#endif
 
 using namespace meshccl;
 
@@ -179,6 +187,64 @@ MESHCCL_EXPORT ncclResult_t meshcclRecvTagged(void* recvbuff, size_t count, nccl
   return api_call("meshcclRecvTagged", comm, [&] {
     return collective("meshcclRecvTagged", OpKind::Recv, nullptr, recvbuff, count, enum_bits(datatype), false, 0, peer,
                       comm, stream, 0, count, 1, static_cast<uint32_t>(tag));
+  });
+}
+
+namespace {
+
+// meshcclRecvAnySource and meshcclRecvTaggedAnySource (user_tag >= 0).
+Status recv_any(const char* fn, void* recvbuff, size_t count, int dt_raw, int64_t user_tag, int* source, ncclComm* comm,
+                cudaStream_t stream) {
+  MC_TRY(check_comm(fn, comm));
+  UseGuard use(comm);
+  ncclDataType_t dt;
+  MC_TRY(check_dtype(fn, dt_raw, &dt));
+  const size_t es = dtype_size(dt);
+  MC_TRY(check_size(fn, count, 1, es));
+  if (source == nullptr) return MC_ERROR(ncclInvalidArgument, "%s : source is NULL", fn);
+  MC_TRY(check_buffer(fn, "recvbuff", recvbuff, count * es, true));
+  if (in_group()) return MC_ERROR(ncclInvalidUsage, "%s : not allowed inside a group", fn);
+  if (comm->nranks == 1) return MC_ERROR(ncclInvalidUsage, "%s : no other rank to receive from", fn);
+  meshcclStream* s = nullptr;
+  MC_TRY(resolve_stream(fn, stream, &s));
+#if MESHCCL_HAVE_CUDA
+  OpDesc d;
+  d.kind = OpKind::Recv;
+  d.recvbuff = recvbuff;
+  d.count = count;
+  d.dtype = dt;
+  if (cuda::wants_device(d, false)) return MC_ERROR(ncclInvalidArgument, "%s : host memory only", fn);
+#endif
+  *source = -1;
+  if (count == 0) return kOk;  // as an empty send, which sends nothing
+  RecvAnyArgs a;
+  a.dst = recvbuff;
+  a.bytes = count * es;
+  for (int k = 1; k < comm->nranks; ++k) a.peers.push_back((comm->rank + k) % comm->nranks);
+  a.tagged = user_tag >= 0;
+  a.user_tag = static_cast<uint32_t>(user_tag);
+  a.source = source;
+  a.seq = &comm->p2p_seq;
+  MC_TRACE(kColl, "%s: recvbuff %p count %zu datatype %d tag %lld comm %p stream %p", fn, recvbuff, count,
+           static_cast<int>(dt), static_cast<long long>(user_tag), static_cast<void*>(comm),
+           static_cast<void*>(stream));
+  return launch_run(&comm->sched, s, make_recv_any_run(std::move(a)));
+}
+
+}  // namespace
+
+MESHCCL_EXPORT ncclResult_t meshcclRecvAnySource(void* recvbuff, size_t count, ncclDataType_t datatype, int* source,
+                                                 ncclComm_t comm, cudaStream_t stream) {
+  return api_call("meshcclRecvAnySource", comm, [&] {
+    return recv_any("meshcclRecvAnySource", recvbuff, count, enum_bits(datatype), -1, source, comm, stream);
+  });
+}
+
+MESHCCL_EXPORT ncclResult_t meshcclRecvTaggedAnySource(void* recvbuff, size_t count, ncclDataType_t datatype, int tag,
+                                                       int* source, ncclComm_t comm, cudaStream_t stream) {
+  return api_call("meshcclRecvTaggedAnySource", comm, [&] {
+    return recv_any("meshcclRecvTaggedAnySource", recvbuff, count, enum_bits(datatype), static_cast<uint32_t>(tag),
+                    source, comm, stream);
   });
 }
 

@@ -237,8 +237,8 @@ MESHCCL_EXPORT ncclResult_t meshcclReshard(meshcclReshardPlan_t plan, const void
     p->dtype = plan->dtype;
     p->send_tag_base.assign(comm->nranks, 0);
     p->recv_tag_base.assign(comm->nranks, 0);
-    for (int peer : prog.send_peers) p->send_tag_base[peer] = tag::p2p(comm->send_seq[peer]++);
-    for (int peer : prog.recv_peers) p->recv_tag_base[peer] = tag::p2p(comm->recv_seq[peer]++);
+    for (int peer : prog.send_peers) p->send_tag_base[peer] = comm->p2p_seq.send_tag(peer, false, 0);
+    for (int peer : prog.recv_peers) p->recv_tag_base[peer] = comm->p2p_seq.recv_tag(peer, false, 0);
     instantiate(prog, sendbuf, recvbuf, p.get());
     return launch_run(&comm->sched, s, make_plan_run(std::move(p), tag::kP2PBit));
   });

@@ -44,12 +44,8 @@ Status enqueue(ncclComm* comm, OpDesc& desc, cudaStream_t stream) {
   // all-reduce of an empty tensor has nothing to check.
   if (desc.count == 0 && (desc.kind == OpKind::SparseAllReduce || is_p2p(desc.kind))) return kOk;
   uint64_t tag;
-  const uint64_t pair = uint64_t(uint32_t(desc.peer)) << 32 | desc.user_tag;
-  if (desc.kind == OpKind::Send && desc.tagged) tag = tag::p2p_tagged(desc.user_tag, comm->send_tagged_seq[pair]++);
-  else if (desc.kind == OpKind::Recv && desc.tagged)
-    tag = tag::p2p_tagged(desc.user_tag, comm->recv_tagged_seq[pair]++);
-  else if (desc.kind == OpKind::Send) tag = tag::p2p(comm->send_seq[desc.peer]++);
-  else if (desc.kind == OpKind::Recv) tag = tag::p2p(comm->recv_seq[desc.peer]++);
+  if (desc.kind == OpKind::Send) tag = comm->p2p_seq.send_tag(desc.peer, desc.tagged, desc.user_tag);
+  else if (desc.kind == OpKind::Recv) tag = comm->p2p_seq.recv_tag(desc.peer, desc.tagged, desc.user_tag);
   else tag = tag::collective(comm->coll_seq++);
   PendingOp op{&comm->sched, desc, s, tag};
 #if MESHCCL_HAVE_CUDA

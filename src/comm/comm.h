@@ -19,6 +19,7 @@
 #include "nccl.h"
 #include "sched/engine.h"
 #include "sched/launch.h"
+#include "sched/p2p_seq.h"
 #include "topo/cost_model.h"
 #include "topo/topology.h"
 #include "transport/mesh.h"
@@ -90,9 +91,7 @@ struct ncclComm {
 
   // Ordered on every rank the same way, so they name operations identically.
   uint64_t coll_seq = 0;
-  std::vector<uint64_t> send_seq, recv_seq;  // per peer
-  // Tagged point-to-point (meshcclSendTagged): per (peer << 32 | user tag).
-  std::unordered_map<uint64_t, uint64_t> send_tagged_seq, recv_tagged_seq;
+  meshccl::P2PSeq p2p_seq;  // point-to-point, per peer (and user tag)
   uint32_t split_seq = 0;
   uint32_t shrink_seq = 0;  // ncclCommShrink calls made on this communicator
 

@@ -250,8 +250,7 @@ Status comm_finish_setup(ncclComm* comm) {
   comm->sched.engine = comm->engine.get();
   comm->sched.runs = comm->algorithms.get();
   comm->sched.abort = &comm->abort_flag;
-  comm->send_seq.assign(comm->nranks, 0);
-  comm->recv_seq.assign(comm->nranks, 0);
+  comm->p2p_seq.init(comm->nranks);
   comm->state.store(ncclComm::State::Ready);
   MC_INFO(kInit, "comm %p rank %d nranks %d host %s commId 0x%llx%s - Init COMPLETE", static_cast<void*>(comm),
           comm->rank, comm->nranks, comm->peers[comm->rank].host_id, static_cast<unsigned long long>(comm->comm_hash),

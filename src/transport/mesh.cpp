@@ -137,4 +137,9 @@ Status Mesh::irecv(int peer, void* data, size_t size, uint64_t tag, Request* r) 
   return l.transport->irecv(l.recv, data, size, tag, &r->handle);
 }
 
+Status Mesh::probe(int peer, uint64_t tag, bool* found) {
+  Link& l = links_[peer];
+  return l.transport->probe(l.recv, tag, found);
+}
+
 }  // namespace meshccl

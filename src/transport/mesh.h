@@ -29,6 +29,9 @@ class Mesh {
   Status isend(int peer, const void* data, size_t size, uint64_t tag, Request* r);
   Status irecv(int peer, void* data, size_t size, uint64_t tag, Request* r);
   static Status test(Request& r, bool* done, size_t* size) { return r.transport->test(r.handle, done, size); }
+  // Whether a message from peer with tag has arrived and no receive took it
+  // yet (the transport's probe): the next irecv from peer with tag takes it.
+  Status probe(int peer, uint64_t tag, bool* found);
   const char* transport_name(int peer) const;
   // The declared properties of the transport to peer (nullptr for self).
   const meshccl_transport_props_v1_t* props(int peer) const;

@@ -148,6 +148,7 @@ const meshccl_transport_v1_t* builtin(const std::string& name) {
 
 struct Loaded {
   const meshccl_transport_v1_t* api = nullptr;
+  meshccl_transport_v1_probe_t probe = nullptr;  // optional (transport.h)
   std::string path;
   std::string problem;  // why it did not load ("" when it did)
 };
@@ -187,6 +188,7 @@ Loaded open_plugin(const std::string& name, const std::string& path) {
     l.problem = path + " does not export a meshccl_transport_v1 interface";
     return l;
   }
+  l.probe = reinterpret_cast<meshccl_transport_v1_probe_t>(dlsym(h, "meshccl_transport_v1_probe"));
   MC_INFO(kInit | kNet, "transport %s: loaded %s%s%s", name.c_str(), path.c_str(),
           restored.empty() ? "" : "; put back the handlers its libraries installed for ", restored.c_str());
   return l;
@@ -212,6 +214,15 @@ bool load_transport(const std::string& name, const meshccl_transport_v1_t** out,
   *out = it->second.api;
   if (*out == nullptr) *why = it->second.problem;
   return *out != nullptr;
+}
+
+meshccl_transport_v1_probe_t transport_probe(const meshccl_transport_v1_t* api) {
+  if (api == &meshccl_transport_shm) return meshccl_transport_shm_probe;
+  if (api == &meshccl_transport_socket) return meshccl_transport_socket_probe;
+  std::lock_guard<std::mutex> lock(g_mu);
+  for (const auto& [name, l] : g_loaded())
+    if (l.api == api) return l.probe;
+  return nullptr;
 }
 
 Status find_transport(const std::string& name, const meshccl_transport_v1_t** out) {
@@ -279,6 +290,7 @@ Status Transport::open(const meshccl_transport_v1_t* api, int rank, int nranks, 
                     t_warning.empty() ? "the plugin gave no reason" : t_warning.c_str());
   }
   std::unique_ptr<Transport> t(new Transport(api, ctx));
+  t->probe_ = transport_probe(api);
   t->host_.reset(host);
   rc = api->properties(ctx, 0, &t->props_);
   if (rc != MESHCCL_T_SUCCESS) return t->check(rc, "properties");
@@ -321,6 +333,18 @@ Status Transport::test(void* req, bool* done, size_t* size) {
   *done = d != 0;
   if (size) *size = sz;
   return check(rc, "transfer");
+}
+Status Transport::probe(void* rc, uint64_t tag, bool* found) {
+  *found = false;
+  if (probe_ == nullptr)
+    return MC_ERROR(ncclInvalidUsage,
+                    "transport %s cannot receive from any source: its plugin exports no meshccl_transport_v1_probe",
+                    api_->name);
+  t_warning.clear();
+  int f = 0;
+  int rc_probe = probe_(rc, tag, &f);
+  *found = f != 0;
+  return check(rc_probe, "probe");
 }
 const std::string& transport_warning() { return t_warning; }
 

@@ -35,6 +35,9 @@ class Transport {
   Status isend(void* send_comm, const void* data, size_t size, uint64_t tag, void** request);
   Status irecv(void* recv_comm, void* data, size_t size, uint64_t tag, void** request);
   Status test(void* request, bool* done, size_t* size);
+  // Whether a message with tag has arrived on recv_comm, untaken (the
+  // plugin's optional probe, transport.h); ncclInvalidUsage without one.
+  Status probe(void* recv_comm, uint64_t tag, bool* found);
   void close_send(void* c);
   void close_recv(void* c);
   void close_listen(void* c);
@@ -44,10 +47,14 @@ class Transport {
   Status check(int rc, const char* what) const;
 
   const meshccl_transport_v1_t* api_;
+  meshccl_transport_v1_probe_t probe_ = nullptr;
   void* ctx_;
   meshccl_transport_props_v1_t props_{};
   std::unique_ptr<meshccl_transport_host_v1_t> host_;
 };
+
+// The optional probe of a transport (transport.h), or null.
+meshccl_transport_v1_probe_t transport_probe(const meshccl_transport_v1_t* api);
 
 // Finds a transport by name: built-in first, then a loadable module, the
 // first found on the search path (MESHCCL_PLUGIN_PATH, then relative to this

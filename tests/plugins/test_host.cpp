@@ -390,4 +390,16 @@ const meshccl_transport_v1_t* load_transport(const std::string& name, std::strin
   return t;
 }
 
+meshccl_transport_v1_probe_t load_probe(const std::string& name) {
+  if (name == "shm") return meshccl_transport_shm_probe;
+  if (name == "socket") return meshccl_transport_socket_probe;
+  const char* dir = std::getenv("MESHCCL_TEST_PLUGIN_DIR");
+  std::string path = std::string(dir != nullptr ? dir : ".") + "/libmeshccl-transport-" + name + ".so";
+  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+  if (h == nullptr) return nullptr;
+  auto* probe = reinterpret_cast<meshccl_transport_v1_probe_t>(dlsym(h, "meshccl_transport_v1_probe"));
+  dlclose(h);  // drops only the NOLOAD reference
+  return probe;
+}
+
 }  // namespace meshccl::test

@@ -59,6 +59,8 @@ constexpr double kTimeoutS = 30.0;
 // $MESHCCL_TEST_PLUGIN_DIR/libmeshccl-transport-<name>.so. NULL with *why
 // set when it is not there (not built) or does not load.
 const meshccl_transport_v1_t* load_transport(const std::string& name, std::string* why);
+// The optional probe (transport.h) of a transport load_transport found, or NULL.
+meshccl_transport_v1_probe_t load_probe(const std::string& name);
 
 // Polls test() until done or the deadline. Returns the request's result, or
 // -1 when it did not finish in time.

@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstring>
@@ -507,6 +508,84 @@ TEST_P(TransportTest, PeerClosedGracefully) {
   int rc = t_->irecv(rcomm_, dst.data(), dst.size(), 4, nullptr, &r);
   if (rc == MESHCCL_T_SUCCESS) rc = wait_request(t_, r, nullptr, 10);
   EXPECT_EQ(rc, MESHCCL_T_REMOTE_ERROR);
+}
+
+// The optional probe every transport of ours has: it sees a message once it
+// arrived (small and eager, or large and waiting for its receive), takes
+// nothing (the receive after it gets the data), tells tags apart, and says
+// REMOTE_ERROR only when nothing of that tag is left and the sender closed.
+TEST_P(TransportTest, ProbeSeesArrivedMessagesAndTakesNothing) {
+  meshccl_transport_v1_probe_t probe = load_probe(GetParam());
+  ASSERT_NE(probe, nullptr) << GetParam() << " exports no probe";
+  Connect();
+  int found = 7;
+  ASSERT_EQ(probe(rcomm_, 1, &found), MESHCCL_T_SUCCESS);
+  EXPECT_EQ(found, 0);
+  const size_t sizes[] = {100, 2 * kMiB};  // eager, and above every eager limit
+  std::vector<std::vector<unsigned char>> src, dst;
+  std::vector<void*> sends;
+  for (size_t i = 0; i < 2; ++i) {
+    src.emplace_back(sizes[i]);
+    dst.emplace_back(sizes[i]);
+    fill(src[i].data(), sizes[i], i + 1);
+    void* s = nullptr;
+    ASSERT_EQ(t_->isend(scomm_, src[i].data(), sizes[i], i + 1, nullptr, &s), MESHCCL_T_SUCCESS);
+    sends.push_back(s);
+  }
+  // One thread plays both ends: the sends are polled while probing.
+  for (uint64_t tag = 1; tag <= 2; ++tag) {
+    SCOPED_TRACE(testing::Message() << "tag " << tag);
+    found = 0;
+    const auto deadline = Clock::now() + std::chrono::seconds(30);
+    while (found == 0 && Clock::now() < deadline) {
+      ASSERT_EQ(probe(rcomm_, tag, &found), MESHCCL_T_SUCCESS);
+      for (void*& s : sends) {
+        int done = 0;
+        if (s != nullptr) { ASSERT_EQ(t_->test(s, &done, nullptr), MESHCCL_T_SUCCESS); }
+        if (done) s = nullptr;
+      }
+    }
+    ASSERT_EQ(found, 1);
+    ASSERT_EQ(probe(rcomm_, tag, &found), MESHCCL_T_SUCCESS);
+    EXPECT_EQ(found, 1) << "a probe takes nothing";
+  }
+  ASSERT_EQ(probe(rcomm_, 3, &found), MESHCCL_T_SUCCESS);
+  EXPECT_EQ(found, 0);
+  std::vector<void*> reqs = sends;
+  reqs.erase(std::remove(reqs.begin(), reqs.end(), nullptr), reqs.end());
+  for (size_t i = 0; i < 2; ++i) {
+    void* r = nullptr;
+    ASSERT_EQ(t_->irecv(rcomm_, dst[i].data(), sizes[i], i + 1, nullptr, &r), MESHCCL_T_SUCCESS);
+    reqs.push_back(r);
+  }
+  std::vector<int> res;
+  ASSERT_TRUE(wait_all(t_, reqs, &res));
+  for (int r : res) EXPECT_EQ(r, MESHCCL_T_SUCCESS);
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(check(dst[i].data(), sizes[i], i + 1), SIZE_MAX);
+  ASSERT_EQ(probe(rcomm_, 1, &found), MESHCCL_T_SUCCESS);
+  EXPECT_EQ(found, 0) << "the receive took the message";
+
+  // Sent, then the sender closes: the message is still found; another tag
+  // ends in REMOTE_ERROR.
+  void* s = nullptr;
+  ASSERT_EQ(t_->isend(scomm_, src[0].data(), 100, 4, nullptr, &s), MESHCCL_T_SUCCESS);
+  ASSERT_EQ(wait_request(t_, s), MESHCCL_T_SUCCESS);
+  ASSERT_EQ(t_->close_send(scomm_), MESHCCL_T_SUCCESS);
+  scomm_ = nullptr;
+  found = 0;
+  int rc = MESHCCL_T_SUCCESS;
+  auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (found == 0 && rc == MESHCCL_T_SUCCESS && Clock::now() < deadline) rc = probe(rcomm_, 4, &found);
+  EXPECT_EQ(rc, MESHCCL_T_SUCCESS);
+  EXPECT_EQ(found, 1);
+  rc = MESHCCL_T_SUCCESS;
+  deadline = Clock::now() + std::chrono::seconds(10);
+  while (rc == MESHCCL_T_SUCCESS && Clock::now() < deadline) rc = probe(rcomm_, 5, &found);
+  EXPECT_EQ(rc, MESHCCL_T_REMOTE_ERROR);
+  EXPECT_EQ(found, 0);
+  // Misuse is an error, not a crash.
+  EXPECT_EQ(probe(rcomm_, 5, nullptr), MESHCCL_T_INTERNAL_ERROR);
+  EXPECT_EQ(probe(nullptr, 5, &found), MESHCCL_T_INTERNAL_ERROR);
 }
 
 // A large send whose data the receiver already has completes normally even

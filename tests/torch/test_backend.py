@@ -182,7 +182,7 @@ def test_sigterm_ends_rank(when, transport, tmp_path):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_p2p_eager_and_self(world, tmp_path):
-    """Crossing isend/irecv up to 4 MiB, and sends to this rank itself (tags honoured), complete."""
+    """Crossing isend/irecv up to 4 MiB, sends to this rank itself (tags honoured), receives from any source."""
     assert_ok(run_job("p2p", world, f"file://{tmp_path}/store"))
 
 

@@ -422,7 +422,8 @@ def scenario_ddp():
 # -------------------------------------------- point to point, coalesced, sparse
 
 def scenario_p2p():
-    """Crossing isend/irecv (NCCL's eager sizes), a ring, sends to this rank itself with tags, tags between ranks."""
+    """Crossing isend/irecv (NCCL's eager sizes), a ring, sends to this rank itself with tags, tags between ranks,
+    receives from any source."""
     dist.init_process_group("meshccl", init_method=INIT, rank=RANK, world_size=WORLD)
     nxt, prv = (RANK + 1) % WORLD, (RANK - 1) % WORLD
     for nbytes in (8, 64 << 10, 128 << 10, 1 << 20, 4 << 20):
@@ -459,6 +460,25 @@ def scenario_p2p():
     check("tagged receive 5", got5, torch.full((6,), 5.0 + prv))
     check("tagged receive 9", got9, torch.full((3,), 9.0 + prv))
     check("untagged receive", got0, torch.full((2,), 0.5 + prv))
+    # From any source (recvAnysource): rank 0 takes one message of tag 4 and
+    # one of tag 0 from every other rank, tag 4 first though sent second.
+    if RANK == 0:
+        tagged = []
+        for _ in range(WORLD - 1):
+            t = torch.zeros(5)
+            w = dist.irecv(t, tag=4)
+            w.wait()
+            tagged.append(w._source_rank())
+            check("any source, tag 4", t, torch.full((5,), 40.0 + tagged[-1]))
+        untagged = []
+        for _ in range(WORLD - 1):
+            t = torch.zeros(5)
+            untagged.append(dist.recv(t))
+            check("any source, tag 0", t, torch.full((5,), float(untagged[-1])))
+        assert sorted(tagged) == sorted(untagged) == list(range(1, WORLD)), (tagged, untagged)
+    else:
+        dist.send(torch.full((5,), float(RANK)), 0)
+        dist.send(torch.full((5,), 40.0 + RANK), 0, tag=4)
     dist.barrier()
 
 
