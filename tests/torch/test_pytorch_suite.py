@@ -13,8 +13,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SUITE = os.path.join(HERE, "pytorch_suite.py")
 CI_TESTS = [
     "all_gather_coalesced", "sparse_all_reduce_sum", "test_isend", "test_send_recv_with_tag",
-    "test_send_recv_nccl", "test_all_reduce_sum", "test_broadcast", "test_barrier", "test_all_gather",
-    "test_reduce_sum",
+    "test_send_recv_any_source", "test_send_recv_nccl", "test_all_reduce_sum", "test_broadcast", "test_barrier",
+    "test_all_gather", "test_reduce_sum",
 ]
 SUITE_TIMEOUT = 600  # seconds for the whole subset; the suite bounds each test itself
 
