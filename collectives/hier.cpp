@@ -90,6 +90,34 @@ int channels(const BuildCtx& ctx, const OpDesc& op, const HostGroups& g) {
   return std::clamp(set > 0 ? set : ctx.model.rails, 1, std::max(g.widest, 1));
 }
 
+int gateway(const HostGroups& g, int channels, int p, int on) {
+  const std::vector<int>& hg = g.members[on];
+  return hg[(g.local[p] % channels) % static_cast<int>(hg.size())];
+}
+
+Plan::StepId reduce_from(Plan* plan, const std::vector<int>& from, uint32_t tag, const void* in, void* dst,
+                         size_t count, size_t es, Plan::StepId after) {
+  Plan::StepId prev = after;
+  const void* acc = in;
+  for (int p : from) {
+    void* tmp = plan->scratch(count * es);
+    Plan::StepId got = plan->recv(p, tag, tmp, count * es);
+    prev = plan->reduce(dst, acc, tmp, count, {got, prev});
+    acc = dst;
+  }
+  if (acc != dst && in != dst) prev = plan->copy(dst, in, count * es, {after});
+  return prev;
+}
+
+double gateway_ring_us(const BuildCtx& ctx, const HostGroups& g, int channels, double block, int* blocks) {
+  int smallest = ctx.nranks;
+  for (const auto& hg : g.members) smallest = std::min(smallest, static_cast<int>(hg.size()));
+  *blocks = ctx.nranks - smallest;
+  const TuneModel& t = ctx.model;
+  const int hosts = static_cast<int>(g.members.size());
+  return (hosts - 1) * t.net.alpha_us + *blocks * block * 1e-3 / t.host_net_gbs(channels);
+}
+
 int segments(const OpDesc& op, size_t bytes, int shares) {
   const size_t per = std::max<size_t>(op.chunk_bytes, 1) * static_cast<size_t>(std::max(shares, 1));
   return static_cast<int>(std::clamp<size_t>(bytes / per, 1, 8));

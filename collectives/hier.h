@@ -4,6 +4,7 @@
 // network phases. Internal to collectives/.
 #pragma once
 
+#include <algorithm>
 #include <vector>
 
 #include "collectives/algorithms.h"
@@ -53,6 +54,27 @@ Choice cheapest(const TuneModel& model, int nranks, const OpDesc& op, OpKind kin
 // MESHCCL_HIER_CHANNELS (the op's settings), else one per rail of a host, at
 // most the widest host's ranks.
 int channels(const BuildCtx& ctx, const OpDesc& op, const HostGroups& g);
+
+// The rank of host `on` that carries block p (the block of position p) of
+// a hierarchical AllGather or ReduceScatter across hosts: the gateway of
+// p's channel, local(p) mod `channels`, on that host.
+int gateway(const HostGroups& g, int channels, int p, int on);
+
+// dst = in op (every message from `from`, received into scratch first), in
+// the order given; returns the last step (after `after`).
+Plan::StepId reduce_from(Plan* plan, const std::vector<int>& from, uint32_t tag, const void* in, void* dst,
+                         size_t count, size_t es, Plan::StepId after);
+
+// The cost of gateways in a ring of the hosts moving, out of the busiest
+// host, the blocks of every rank but the smallest host's, `block` bytes
+// each, over `channels` flows; *blocks: how many.
+double gateway_ring_us(const BuildCtx& ctx, const HostGroups& g, int channels, double block, int* blocks);
+
+// Two phases that pipeline over `blocks` blocks: the slower one carries the
+// whole data and the other one block's worth.
+inline double overlapped(double a_us, double b_us, int blocks) {
+  return std::max(a_us, b_us) + std::min(a_us, b_us) / std::max(blocks, 1);
+}
 
 // Segments a large operation is cut into so that its phases overlap.
 int segments(const OpDesc& op, size_t bytes, int shares);

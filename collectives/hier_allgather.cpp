@@ -22,16 +22,7 @@
 namespace meshccl {
 
 using detail::at;
-
-namespace {
-
-// The rank of host `on` that carries block p across hosts.
-int gateway(const HostGroups& g, int channels, int p, int on) {
-  const std::vector<int>& hg = g.members[on];
-  return hg[(g.local[p] % channels) % static_cast<int>(hg.size())];
-}
-
-}  // namespace
+using hier::gateway;
 
 Status build_hier_allgather(const BuildCtx& ctx, const OpDesc& op, Plan* plan) {
   const size_t es = op.elem(), block = op.count * es;
@@ -82,13 +73,11 @@ double cost_hier_allgather(const BuildCtx& ctx, const OpDesc& op) {
   const int hosts = static_cast<int>(g.members.size()), n = ctx.nranks;
   if (hosts < 2) return std::numeric_limits<double>::infinity();
   const TuneModel& t = ctx.model;
-  const int k = hier::channels(ctx, op, g);
   const double block = static_cast<double>(op.count * op.elem());
-  int smallest = n;
-  for (const auto& hg : g.members) smallest = std::min(smallest, static_cast<int>(hg.size()));
-  const double net_us = (hosts - 1) * t.net.alpha_us + (n - smallest) * block * 1e-3 / t.host_net_gbs(k);
+  int blocks = 0;
+  const double net_us = hier::gateway_ring_us(ctx, g, hier::channels(ctx, op, g), block, &blocks);
   const double local_us = g.widest > 1 ? t.local().alpha_us + (n - 1) * block * 1e-3 / t.local().bw_gbs : 0;
-  return std::max(net_us, local_us) + std::min(net_us, local_us) / std::max(n - smallest, 1);
+  return hier::overlapped(net_us, local_us, blocks);
 }
 
 }  // namespace meshccl

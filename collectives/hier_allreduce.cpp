@@ -53,24 +53,6 @@ Layout make_layout(const BuildCtx& ctx, const OpDesc& op) {
   return l;
 }
 
-// Phase 1 at the owner of a piece: reduce the other local ranks' pieces into
-// out (they land in scratch first). Returns the step after which out holds
-// the host's sum.
-Plan::StepId reduce_local(Plan* plan, const std::vector<int>& host, int me, uint32_t tag, const void* in, void* out,
-                          size_t len, size_t es, Plan::StepId scaled) {
-  Plan::StepId prev = scaled;
-  const void* acc = in;
-  for (int m : host) {
-    if (m == me) continue;
-    void* tmp = plan->scratch(len * es);
-    Plan::StepId got = plan->recv(m, tag, tmp, len * es);
-    prev = plan->reduce(out, acc, tmp, len, {got, prev});
-    acc = out;
-  }
-  if (acc != out && in != out) prev = plan->copy(out, in, len * es, {scaled});
-  return prev;
-}
-
 }  // namespace
 
 Status build_hier_allreduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan) {
@@ -80,6 +62,9 @@ Status build_hier_allreduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan) {
   const int h = l.g.host[ctx.rank], me = ctx.rank;
   const std::vector<int>& host = l.g.members[h];
   const int k = static_cast<int>(host.size()), pieces = l.segs * l.shares;
+  std::vector<int> locals;
+  for (int m : host)
+    if (m != me) locals.push_back(m);
   if (l.inter == nullptr) return MC_ERROR(ncclInternalError, "hier: no algorithm across hosts");
   for (int q = 0; q < pieces; ++q) {
     const size_t lo = block_begin(count, pieces, q), len = block_begin(count, pieces, q + 1) - lo;
@@ -92,7 +77,8 @@ Status build_hier_allreduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan) {
       plan->recv(owner, down, out, len * es, {sent});  // in place: after the send read it
       continue;
     }
-    Plan::StepId ready = reduce_local(plan, host, me, up, at(own.data, lo, es), out, len, es, own.scaled);
+    // 1. The other local ranks' pieces, reduced into out.
+    Plan::StepId ready = hier::reduce_from(plan, locals, up, at(own.data, lo, es), out, len, es, own.scaled);
     // The owners of share j on every host, this one at index h.
     std::vector<int> channel(static_cast<size_t>(l.hosts));
     for (int g = 0; g < l.hosts; ++g) {

@@ -21,32 +21,8 @@
 namespace meshccl {
 
 using detail::at;
-
-namespace {
-
-// The rank of host `on` that reduces block b there and carries it across hosts.
-int gateway(const HostGroups& g, int channels, int b, int on) {
-  const std::vector<int>& hg = g.members[on];
-  return hg[(g.local[b] % channels) % static_cast<int>(hg.size())];
-}
-
-// dst = in op (every message from `from`, received into scratch first), in
-// the order given; returns the last step (after `after`).
-Plan::StepId reduce_from(Plan* plan, const std::vector<int>& from, uint32_t tag, const void* in, void* dst,
-                         size_t count, size_t es, Plan::StepId after) {
-  Plan::StepId prev = after;
-  const void* acc = in;
-  for (int p : from) {
-    void* tmp = plan->scratch(count * es);
-    Plan::StepId got = plan->recv(p, tag, tmp, count * es);
-    prev = plan->reduce(dst, acc, tmp, count, {got, prev});
-    acc = dst;
-  }
-  if (acc != dst && in != dst) prev = plan->copy(dst, in, count * es, {after});
-  return prev;
-}
-
-}  // namespace
+using hier::gateway;
+using hier::reduce_from;
 
 Status build_hier_reduce_scatter(const BuildCtx& ctx, const OpDesc& op, Plan* plan) {
   const size_t es = op.elem(), rc = op.count;
@@ -99,15 +75,13 @@ double cost_hier_reduce_scatter(const BuildCtx& ctx, const OpDesc& op) {
   const int hosts = static_cast<int>(g.members.size()), n = ctx.nranks, w = g.widest;
   if (hosts < 2) return std::numeric_limits<double>::infinity();
   const TuneModel& t = ctx.model;
-  const int k = hier::channels(ctx, op, g);
   const double block = static_cast<double>(op.count * op.elem());
-  int smallest = n;
-  for (const auto& hg : g.members) smallest = std::min(smallest, static_cast<int>(hg.size()));
-  const double net_us = (hosts - 1) * t.net.alpha_us + (n - smallest) * block * (1e-3 / t.host_net_gbs(k));
+  int blocks = 0;
+  const double net_us = hier::gateway_ring_us(ctx, g, hier::channels(ctx, op, g), block, &blocks);
   const double local_us =
-      (n - smallest) * block * t.gamma() +
+      blocks * block * t.gamma() +
       (w > 1 ? t.local().alpha_us + (w - 1.0) / w * n * block * (1e-3 / t.local().bw_gbs + t.gamma()) : 0);
-  return std::max(net_us, local_us) + std::min(net_us, local_us) / std::max(n - smallest, 1);
+  return hier::overlapped(net_us, local_us, blocks);
 }
 
 }  // namespace meshccl

@@ -71,14 +71,11 @@ void Backoff::idle() {
   // meanwhile waits at most about a quarter of this wait longer (doubling
   // sleeps could double a wait), and a long wait settles at about a thousand
   // wake-ups a second.
-  timespec t0{};
-  clock_gettime(CLOCK_MONOTONIC, &t0);
+  const long t0 = now_ns();
   const long ns = std::clamp(slept_ns_ / 4, 10000L, 1000000L);
   timespec ts{0, ns};
   nanosleep(&ts, nullptr);
-  timespec t1{};
-  clock_gettime(CLOCK_MONOTONIC, &t1);
-  slept_ns_ += (t1.tv_sec - t0.tv_sec) * 1000000000L + (t1.tv_nsec - t0.tv_nsec);
+  slept_ns_ += now_ns() - t0;
 }
 
 void Backoff::yield_only() {
