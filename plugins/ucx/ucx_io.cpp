@@ -255,14 +255,22 @@ bool payload_running(const Request* r) {
 // A receive that cannot finish yet: did the sender go away? After its
 // goodbye, a receive with no message left to come fails at once; otherwise
 // (EOF without goodbye, or messages still owed) after a grace period.
-meshccl_tresult_t recv_liveness(RecvComm* c, Request* r) {
+// Whether the sender is gone for good: it said goodbye with every header
+// in (and the caller waits on no message matched already: `unmatched`), or
+// a grace period has passed since its connection ended otherwise.
+bool sender_gone(RecvComm* c, bool unmatched, bool* said_bye) {
   if (c->closed_ns == 0) {
-    if (!c->watch.due() || !control_closed(c->fd, &c->bye, &c->bye_got)) return MESHCCL_T_SUCCESS;
+    if (!c->watch.due() || !control_closed(c->fd, &c->bye, &c->bye_got)) return false;
     c->closed_ns = now_ns();
   }
-  const bool said_bye = c->bye_got == sizeof(Bye) && c->bye.magic == kByeMagic;
-  const bool none_left = said_bye && c->seq >= c->bye.sent && r->state == State::kPosted;
-  if (!none_left && now_ns() - c->closed_ns < kGraceNs) return MESHCCL_T_SUCCESS;
+  *said_bye = c->bye_got == sizeof(Bye) && c->bye.magic == kByeMagic;
+  const bool none_left = *said_bye && c->seq >= c->bye.sent && unmatched;
+  return none_left || now_ns() - c->closed_ns >= kGraceNs;
+}
+
+meshccl_tresult_t recv_liveness(RecvComm* c, Request* r) {
+  bool said_bye = false;
+  if (!sender_gone(c, r->state == State::kPosted, &said_bye)) return MESHCCL_T_SUCCESS;
   MPLUG_WARN(c->ctx->host, "ucx: the sender at %s %s; a receive (tag %" PRIu64 ") cannot complete", c->peer.c_str(),
              said_bye ? "closed the connection" : "exited or the connection broke", r->tag);
   return MESHCCL_T_REMOTE_ERROR;
@@ -302,13 +310,8 @@ meshccl_tresult_t recv_probe(RecvComm* c, uint64_t tag, int* found) {
   const meshccl_tresult_t res = pump(c);
   *found = c->unexpected.has_tag(tag) ? 1 : 0;
   if (*found != 0 || res != MESHCCL_T_SUCCESS) return *found != 0 ? MESHCCL_T_SUCCESS : res;
-  // Gone once it said goodbye with every header in, or a grace period after
-  // its connection ended otherwise (as recv_liveness decides).
-  if (c->closed_ns == 0 && c->watch.due() && control_closed(c->fd, &c->bye, &c->bye_got)) c->closed_ns = now_ns();
-  if (c->closed_ns == 0) return MESHCCL_T_SUCCESS;
-  const bool said_bye = c->bye_got == sizeof(Bye) && c->bye.magic == kByeMagic;
-  if ((said_bye && c->seq >= c->bye.sent) || now_ns() - c->closed_ns >= kGraceNs) return MESHCCL_T_REMOTE_ERROR;
-  return MESHCCL_T_SUCCESS;
+  bool said_bye = false;
+  return sender_gone(c, true, &said_bye) ? MESHCCL_T_REMOTE_ERROR : MESHCCL_T_SUCCESS;
 }
 
 meshccl_tresult_t recv_test(Request* r, int* done, size_t* size) {
