@@ -85,8 +85,8 @@ Engine::Engine(int rank, Mesh* mesh, std::atomic<bool>* abort, std::function<Sta
       notices_(rank, mesh),
       probes_(rank, mesh) {}
 
-// The failed runs (graveyard_) own transfers that links_ still lists: the
-// links let go of them first.
+// The failed runs (graveyard_) own transfer records: the links let go of
+// them first.
 Engine::~Engine() {
   stop_background();
   links_.abandon();
@@ -218,6 +218,16 @@ double Engine::timeout() const { return timeout_s_ > 0 ? timeout_s_ : timeout_se
 void Engine::stop_background() { background().remove(this); }
 
 void Engine::fail_all(Status s, int first) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fail_locked(s, first);
+}
+
+void Engine::fail_locked(Status s, int first) {
+  mark_failed(s, first);
+  end_runs();
+}
+
+void Engine::mark_failed(Status s, int first) {
   int expected = ncclSuccess;
   if (fatal_.compare_exchange_strong(expected, s.code())) {
     const std::string named = " failed first";
@@ -227,20 +237,29 @@ void Engine::fail_all(Status s, int first) {
   }
   std::lock_guard<std::mutex> lock(incoming_mu_);
   if (s.code() == fatal().code() && fatal_text_.empty()) fatal_text_ = thread_last_error();
+}
+
+void Engine::end_runs() {
+  // A transfer still in a transport would go on reading or writing its
+  // caller's buffer after the caller got its error back and freed it: a
+  // receiver reading a freed send buffer delivers garbage as a good message.
+  links_.withdraw();
+  std::lock_guard<std::mutex> lock(incoming_mu_);
   for (auto& r : incoming_) active_.push_back(std::move(r));
   incoming_.clear();
   for (auto& r : active_) {
     retire(r.get(), fatal());
-    graveyard_.push_back(std::move(r));  // transports may still reference its buffers
+    graveyard_.push_back(std::move(r));  // their transfer records stay valid for the links
   }
   active_.clear();
 }
 
 void Engine::fail_and_notify(Status s, int first, bool suspect) {
-  fail_all(s, first);
+  mark_failed(s, first);
   // Peers that wait on this rank would otherwise meet a closed connection (and
   // blame this rank) or MESHCCL_TIMEOUT.
   notices_.send(s, first >= 0 ? first : rank_, suspect);
+  end_runs();
 }
 
 Status Engine::wait(OpHandle& op) {
@@ -256,7 +275,7 @@ Status Engine::wait(OpHandle& op) {
 void Engine::check_stalled(OpHandle& op) {
   if (abort_ != nullptr && abort_->load(std::memory_order_relaxed)) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!op.done.load()) fail_all(MC_ERROR(ncclInvalidUsage, "operation interrupted: the communicator was aborted"));
+    if (!op.done.load()) fail_locked(MC_ERROR(ncclInvalidUsage, "operation interrupted: the communicator was aborted"));
     return;
   }
   // Peers are looked at only after 100 ms without progress, then every 100 ms.
@@ -342,7 +361,7 @@ void Engine::fail_suspecting(Status s) {
   if (first < 0 || first == rank_) first = peer;
   amend_last_error(mine + "; rank " + std::to_string(first) + " failed first" +
                    (known ? "" : " (it stopped answering)"));
-  fail_all(Status(s.code()), first);
+  fail_locked(Status(s.code()), first);
 }
 
 }  // namespace meshccl

@@ -117,7 +117,7 @@ class Engine {
   void check_stalled(OpHandle& op);
   // Marks the communicator failed: every active and later operation ends with
   // `s`. first: the rank whose failure came first (-1: this one); a peer's
-  // failure is named in the message ("rank F failed first").
+  // failure is named in the message ("rank F failed first"). Takes mu_.
   void fail_all(Status s, int first = -1);
   // Runs that let their callers go and have not finished (see Run::let_go).
   bool has_background() const { return background_.load(std::memory_order_acquire) > 0; }
@@ -143,7 +143,16 @@ class Engine {
   void settle(Run* run, Status s);
   // The run leaves the active set: its handle completes if it has not.
   void retire(Run* run, Status s);
-  // Fails the communicator and tells the peers (with mu_ held).
+  // fail_all with mu_ held: mark_failed, then end_runs.
+  void fail_locked(Status s, int first = -1);
+  // Records the communicator's failure (the first one wins) and its text.
+  void mark_failed(Status s, int first);
+  // Withdraws every transfer the transports still hold (the callers' buffers
+  // may be freed once their handles complete), then completes every run's
+  // handle with the failure (with mu_ held).
+  void end_runs();
+  // Fails the communicator and tells the peers (with mu_ held): the notices
+  // leave before the runs end, while the callers' buffers are still theirs.
   void fail_and_notify(Status s, int first, bool suspect = false);
   void fail_suspecting(Status s);
   Status compare_with_peers();

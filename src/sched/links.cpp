@@ -44,6 +44,16 @@ void Links::abandon() {
     }
 }
 
+void Links::withdraw() {
+  for (size_t peer = 0; peer < q_.size(); ++peer)
+    for (int dir = 0; dir < 2; ++dir) {
+      const std::vector<Xfer*>& xs = q_[peer].dir[dir].xfers;
+      if (std::any_of(xs.begin(), xs.end(), [](const Xfer* x) { return !x->chunks.empty(); }))
+        mesh_->close(static_cast<int>(peer), dir == 1);
+    }
+  abandon();
+}
+
 void Links::configure(const LinkPolicy& policy, int peer, size_t chunk_bytes, LinkShare* send_share,
                       LinkShare* recv_share) {
   policy_ = policy;

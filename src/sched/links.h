@@ -109,6 +109,12 @@ class Links {
   // Forgets every queued transfer (the communicator is being freed, its
   // runs still alive): their bytes and waiters leave the shared accounting.
   void abandon();
+  // The communicator failed: closes the connection directions that still
+  // have chunks in a transport (a closing transport withdraws them, so no
+  // caller's buffer is read or written afterwards, and the peer's matching
+  // operation fails instead of taking what the buffer holds by then), then
+  // abandons every transfer.
+  void withdraw();
 
   // Per-link configuration (at communicator creation, before any operation):
   // chunk bytes (0 = transfers go whole) and the process-wide shares of the

@@ -21,9 +21,9 @@ Mesh::~Mesh() {
   // links' receives would let two ranks each wait in close_send for the
   // other's close_recv until MESHCCL_TIMEOUT.
   for (Link& l : links_)
-    if (l.transport != nullptr) l.transport->close_recv(l.recv);
+    if (l.transport != nullptr && !l.recv_closed) l.transport->close_recv(l.recv);
   for (Link& l : links_)
-    if (l.transport != nullptr) l.transport->close_send(l.send);
+    if (l.transport != nullptr && !l.send_closed) l.transport->close_send(l.send);
   links_.clear();
   transports_.clear();  // finalizes the plugin contexts
 }
@@ -123,10 +123,39 @@ Status Mesh::connect_all(Bootstrap& bs, const std::vector<PeerInfo>& peers, cons
   return kOk;
 }
 
+void Mesh::close(int peer, bool send) {
+  Link& l = links_[peer];
+  if (l.transport == nullptr) return;
+  if (send && !l.send_closed) {
+    l.send_closed = true;
+    l.transport->close_send(l.send);
+    l.send = nullptr;
+  } else if (!send && !l.recv_closed) {
+    l.recv_closed = true;
+    l.transport->close_recv(l.recv);
+    l.recv = nullptr;
+  }
+}
+
+Status Mesh::closed_error(int peer, bool send) const {
+  return MC_ERROR(ncclRemoteError, "the connection %s rank %d was closed when this communicator failed",
+                  send ? "to" : "from", peer);
+}
+
+Status Mesh::test(Request& r, bool* done, size_t* size) {
+  if (r.closed != nullptr && *r.closed) {
+    *done = true;
+    return MC_ERROR(ncclRemoteError, "the connection of a transfer was closed when its communicator failed");
+  }
+  return r.transport->test(r.handle, done, size);
+}
+
 Status Mesh::isend(int peer, const void* data, size_t size, uint64_t tag, Request* r) {
   Link& l = links_[peer];
   r->transport = l.transport;
   r->handle = nullptr;
+  r->closed = &l.send_closed;
+  if (l.send_closed) return closed_error(peer, true);
   return l.transport->isend(l.send, data, size, tag, &r->handle);
 }
 
@@ -134,11 +163,14 @@ Status Mesh::irecv(int peer, void* data, size_t size, uint64_t tag, Request* r) 
   Link& l = links_[peer];
   r->transport = l.transport;
   r->handle = nullptr;
+  r->closed = &l.recv_closed;
+  if (l.recv_closed) return closed_error(peer, false);
   return l.transport->irecv(l.recv, data, size, tag, &r->handle);
 }
 
 Status Mesh::probe(int peer, uint64_t tag, bool* found) {
   Link& l = links_[peer];
+  if (l.recv_closed) return closed_error(peer, false);
   return l.transport->probe(l.recv, tag, found);
 }
 

@@ -16,6 +16,7 @@ namespace meshccl {
 struct Request {
   Transport* transport = nullptr;
   void* handle = nullptr;
+  const bool* closed = nullptr;  // its connection was closed: the handle is gone
 };
 
 class Mesh {
@@ -28,7 +29,7 @@ class Mesh {
   // r->handle == nullptr after success means "busy, retry".
   Status isend(int peer, const void* data, size_t size, uint64_t tag, Request* r);
   Status irecv(int peer, void* data, size_t size, uint64_t tag, Request* r);
-  static Status test(Request& r, bool* done, size_t* size) { return r.transport->test(r.handle, done, size); }
+  static Status test(Request& r, bool* done, size_t* size);
   // Whether a message from peer with tag has arrived and no receive took it
   // yet (the transport's probe): the next irecv from peer with tag takes it.
   Status probe(int peer, uint64_t tag, bool* found);
@@ -39,6 +40,11 @@ class Mesh {
   // sides and on every rank, as it depends only on the pair and the settings.
   static std::string transport_for(const std::vector<PeerInfo>& peers, int a, int b);
   int size() const { return static_cast<int>(links_.size()); }  // ranks, this one included
+  // Closes one direction of the connection with peer before the mesh goes
+  // (its communicator failed): the transport withdraws what it still holds
+  // there, requests on it fail without touching their handles, and isend,
+  // irecv and probe on it fail.
+  void close(int peer, bool send);
 
  private:
   Mesh() = default;
@@ -46,7 +52,10 @@ class Mesh {
     Transport* transport = nullptr;
     void* send = nullptr;
     void* recv = nullptr;
+    bool send_closed = false;
+    bool recv_closed = false;
   };
+  Status closed_error(int peer, bool send) const;
   std::vector<std::unique_ptr<Transport>> transports_;
   std::vector<Link> links_;
 };

@@ -185,6 +185,68 @@ INSTANTIATE_TEST_SUITE_P(Kill, ShrinkAfterKill,
                                            KillCase{"n7_socket_plans", 7, {6}, "socket", false, true}),
                          [](const ::testing::TestParamInfo<KillCase>& info) { return std::string(info.param.name); });
 
+// An operation that fails returns while its send may still be waiting for
+// the receiver. The caller then owns its buffer again (here it overwrites
+// it), so the receiver must never take the overwritten bytes as the message:
+// it gets an error (the sender withdrew the send when its operation failed),
+// or the message as it was when it was sent.
+struct Withdrawn {
+  volatile int sender_returned = 0;
+  int send_result = -1;
+  int recv_result = -1;
+  int recv_wrong = -1;  // elements of the received message that are not what was sent
+  char message[200] = {};
+};
+
+TEST(FailedOperation, PeerNeverTakesAReturnedBuffer) {
+  const int n = 3;                       // rank 0 sends to rank 1 and receives from rank 2, which dies
+  const size_t count = size_t(1) << 20;  // 4 MiB: over the transports' eager limits
+  SharedArray<SharedId> sid(1);
+  SharedArray<Withdrawn> w(1);
+  auto kids = run_procs(n, kChildDeadline, [&](int rank) {
+    setenv("MESHCCL_P2P_EAGER", "0", 1);  // the send waits for its receive, reading the caller's buffer
+    ncclComm_t comm = nullptr;
+    ncclResult_t res = shared_init(sid, n, rank, &comm);
+    if (res != ncclSuccess) return fail(10, rank, "ncclCommInitRank", res);
+    if (rank == 2) raise(SIGKILL);
+    std::vector<int32_t> buf(count);
+    if (rank == 0) {
+      for (size_t i = 0; i < count; ++i) buf[i] = int32_t(i * 7 + 1);
+      std::vector<int32_t> from2(16);
+      ncclGroupStart();
+      ncclSend(buf.data(), count, ncclInt32, 1, comm, nullptr);
+      ncclRecv(from2.data(), from2.size(), ncclInt32, 2, comm, nullptr);
+      w[0].send_result = ncclGroupEnd();
+      std::fill(buf.begin(), buf.end(), int32_t(-7));  // the caller's buffer is its own again
+      __atomic_store_n(&w[0].sender_returned, 1, __ATOMIC_RELEASE);
+      for (int i = 0; i < 3000 && w[0].recv_result < 0; ++i) usleep(10000);
+      ncclCommAbort(comm);
+      return 0;
+    }
+    for (int i = 0; i < 3000 && __atomic_load_n(&w[0].sender_returned, __ATOMIC_ACQUIRE) == 0; ++i) usleep(10000);
+    std::fill(buf.begin(), buf.end(), int32_t(-1));
+    res = ncclRecv(buf.data(), count, ncclInt32, 0, comm, nullptr);
+    int wrong = 0;
+    for (size_t i = 0; i < count; ++i) wrong += buf[i] != int32_t(i * 7 + 1) ? 1 : 0;
+    w[0].recv_wrong = wrong;
+    std::snprintf(w[0].message, sizeof(w[0].message), "%s", ncclGetLastError(comm));
+    __atomic_store_n(&w[0].recv_result, int(res), __ATOMIC_RELEASE);
+    ncclCommAbort(comm);
+    return 0;
+  });
+  ASSERT_EQ(kids.size(), size_t(n));
+  EXPECT_TRUE(exited_ok(kids[0])) << describe(kids[0]);
+  EXPECT_TRUE(exited_ok(kids[1])) << describe(kids[1]);
+  EXPECT_TRUE(is_peer_failure(w[0].send_result)) << "the sender's group returned " << w[0].send_result;
+  // Success only with the message as sent.
+  if (w[0].recv_result == ncclSuccess) {
+    EXPECT_EQ(w[0].recv_wrong, 0) << "the receive succeeded with bytes the sender wrote after its call returned";
+  } else {
+    EXPECT_TRUE(is_peer_failure(w[0].recv_result)) << "the receive returned " << w[0].recv_result;
+  }
+  std::printf("[ withdrawn ] receive: %s (%s)\n", ncclGetErrorString(ncclResult_t(w[0].recv_result)), w[0].message);
+}
+
 // NCCL_SHRINK_DEFAULT on a healthy communicator: the excluded ranks (alive)
 // do not call it; the parent stays usable by the survivors afterwards for
 // nothing collective (its excluded members have left), and both are freed.
