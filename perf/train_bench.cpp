@@ -126,7 +126,7 @@ LayoutResult run_layout(TrainConfig cfg, const Corpus& corpus, int steps) {
         if (n > 1) {
           ncclComm_t world = nullptr;
           check_nccl(ncclCommInitRank(&world, n, id, r), "ncclCommInitRank");
-          rc = split_comms(world, cfg.layout, cfg.model.tied);
+          rc = split_comms(world, cfg.layout, cfg.model.tied, cfg.comm_sched);
         }
         Engine e(cfg, r, rc.view(), corpus);
         e.train_step(0);  // warm-up: first touch of buffers, connections

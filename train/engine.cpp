@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <initializer_list>
 #include <new>
 #include <set>
 #include <stdexcept>
@@ -98,9 +99,10 @@ Engine::Engine(const TrainConfig& cfg, int rank, const Comms& comms, const Corpu
 
 double Engine::comm_seconds() const {
   double t = 0.0;
-  std::set<const Comm*> seen;
-  for (const Comm* c :
-       {comms_.world, comms_.dp, comms_.pp, comms_.tp, comms_.embed, comms_.cube[0], comms_.cube[1], comms_.cube[2]}) {
+  std::set<const CommCounters*> seen;
+  for (const CommCounters* c :
+       std::initializer_list<const CommCounters*>{comms_.world, comms_.dp, comms_.pp, comms_.tp, comms_.embed,
+                                                  comms_.cube[0], comms_.cube[1], comms_.cube[2]}) {
     if (c && seen.insert(c).second) t += c->wait_seconds;
   }
   return t;
@@ -168,7 +170,7 @@ void Engine::run_schedule(PipeSchedule sched, int m, bool train, int step, doubl
       }
       p2p.push_back(op);
     }
-    if (!p2p.empty()) comms_.pp->exchange(p2p.data(), static_cast<int>(p2p.size()));
+    if (!p2p.empty()) comms_.pp->exchange(p2p.data(), static_cast<int>(p2p.size())).wait();
     for (int micro : release_after) release(micro);
     release_after.clear();
     if (k == ops.size()) break;
@@ -189,7 +191,7 @@ void Engine::run_schedule(PipeSchedule sched, int m, bool train, int step, doubl
   }
   // Transfers the pipeline left in flight (activations sent in the
   // background) finish within the schedule that started them.
-  if (comms_.pp) comms_.pp->wait_async();
+  if (comms_.pp) comms_.pp->flush().wait();
 }
 
 // The data-parallel bucket [lo, launched_lo_) of the gradients: backward
@@ -198,8 +200,9 @@ void Engine::run_schedule(PipeSchedule sched, int m, bool train, int step, doubl
 void Engine::launch_bucket(size_t lo) {
   Stage& st = *stage_;
   const double position = static_cast<double>(lo) / static_cast<double>(std::max<size_t>(st.grads.size(), 1));
-  comms_.dp->all_reduce_async_at(st.grads.data() + lo, launched_lo_ - lo, ReduceOp::Avg,
-                                 comm_priority(cfg_.comm_sched, CommKind::DataParallel, position));
+  buckets_.push_back(
+      comms_.dp->all_reduce(st.grads.data() + lo, launched_lo_ - lo, ReduceOp::Avg,
+                            Urgency::background(comm_priority(cfg_.comm_sched, CommKind::DataParallel, position))));
 }
 
 StepStats Engine::train_step(int step) {
@@ -209,6 +212,7 @@ StepStats Engine::train_step(int step) {
   const int m = cfg_.grad_accum;
   st.zero_grads();
   launched_lo_ = st.grads.size();
+  buckets_.clear();
 
   double loss_sum = 0.0;
   run_schedule(cfg_.schedule, m, true, step, &loss_sum);
@@ -217,28 +221,32 @@ StepStats Engine::train_step(int step) {
     const size_t lo = dense_lo();
     if (launched_lo_ > lo) launch_bucket(lo);
     if (sparse_spec_ != nullptr) {  // the least urgent kind: on the least urgent stream
-      comms_.dp->sparse_all_reduce_async(st.grads.data() + sparse_spec_->offset,
-                                         static_cast<size_t>(sparse_spec_->local_rows),
-                                         static_cast<size_t>(sparse_spec_->local_cols), ReduceOp::Avg);
+      buckets_.push_back(comms_.dp->sparse_all_reduce(
+          st.grads.data() + sparse_spec_->offset, static_cast<size_t>(sparse_spec_->local_rows),
+          static_cast<size_t>(sparse_spec_->local_cols), ReduceOp::Avg,
+          Urgency::background(comm_priority(cfg_.comm_sched, CommKind::Sparse))));
     }
-    comms_.dp->wait_async();
+    for (Work& w : buckets_) w.wait();
+    buckets_.clear();
   }
   st.finish_grads();
   if (comms_.embed) {
     for (const auto& s : st.specs()) {
-      if (s.name == "wte") comms_.embed->all_reduce(st.grads.data() + s.offset, s.size, ReduceOp::Sum);
+      if (s.name == "wte") {
+        comms_.embed->all_reduce(st.grads.data() + s.offset, s.size, ReduceOp::Sum, Urgency::critical()).wait();
+      }
     }
   }
 
   // Global gradient norm: tensor-parallel slices and stages hold disjoint parts;
   // data-parallel replicas hold the same (averaged) gradients.
   float sq = static_cast<float>(local_grad_sq(st.grads, st.specs()));
-  if (comms_.tp) comms_.tp->all_reduce(&sq, 1, ReduceOp::Sum);
-  if (comms_.pp) comms_.pp->all_reduce(&sq, 1, ReduceOp::Sum);
+  if (comms_.tp) comms_.tp->all_reduce(&sq, 1, ReduceOp::Sum, Urgency::critical()).wait();
+  if (comms_.pp) comms_.pp->sum(&sq, 1).wait();
   const double norm = std::sqrt(static_cast<double>(sq));
   float loss = st.last() ? static_cast<float>(loss_sum / m) : 0.0f;
-  if (comms_.pp) comms_.pp->all_reduce(&loss, 1, ReduceOp::Sum);
-  if (comms_.dp) comms_.dp->all_reduce(&loss, 1, ReduceOp::Avg);
+  if (comms_.pp) comms_.pp->sum(&loss, 1).wait();
+  if (comms_.dp) comms_.dp->all_reduce(&loss, 1, ReduceOp::Avg, Urgency::critical()).wait();
   // Every rank holds the same loss and norm, so all stop together, before the
   // update can spread the damage into the parameters.
   if (!std::isfinite(loss) || !std::isfinite(norm)) {
@@ -269,8 +277,8 @@ float Engine::validate() {
   double loss_sum = 0.0;
   run_schedule(PipeSchedule::ForwardOnly, m, false, 0, &loss_sum);
   float loss = stage_->last() ? static_cast<float>(loss_sum / m) : 0.0f;
-  if (comms_.pp) comms_.pp->all_reduce(&loss, 1, ReduceOp::Sum);
-  if (comms_.dp) comms_.dp->all_reduce(&loss, 1, ReduceOp::Avg);
+  if (comms_.pp) comms_.pp->sum(&loss, 1).wait();
+  if (comms_.dp) comms_.dp->all_reduce(&loss, 1, ReduceOp::Avg, Urgency::critical()).wait();
   return loss;
 }
 
@@ -282,7 +290,7 @@ void Engine::agree(const std::string& error) {
   // Every rank learns whether any rank failed, so none waits for a peer that
   // has given up; the highest failing rank is named.
   float failed = error.empty() ? 0.0f : static_cast<float>(rank_ + 1);
-  comms_.world->all_reduce(&failed, 1, ReduceOp::Max);
+  comms_.world->all_reduce(&failed, 1, ReduceOp::Max, Urgency::critical()).wait();
   if (!error.empty()) throw CheckpointError(error);
   if (failed > 0) {
     throw CheckpointError("rank " + std::to_string(static_cast<int>(failed) - 1) +
@@ -398,12 +406,12 @@ std::string Engine::sample(const std::string& prompt, int length, float temperat
     op.count = st.act_size();
     if (!st.first()) {
       op.send = false, op.buf = st.input_buffer(0), op.peer = me_.pp - 1;
-      comms_.pp->exchange(&op, 1);
+      comms_.pp->exchange(&op, 1).wait();
     }
     st.forward(0, tokens_.data(), zeros.data());
     if (!st.last()) {
       op.send = true, op.buf = const_cast<float*>(st.output(0)), op.peer = me_.pp + 1;
-      comms_.pp->exchange(&op, 1);
+      comms_.pp->exchange(&op, 1).wait();
     }
     float next = 0.0f;
     if (st.last()) {
@@ -423,7 +431,7 @@ std::string Engine::sample(const std::string& prompt, int length, float temperat
       next = static_cast<float>(pick);
     }
     // The last stage tells the others (it alone contributes a non-zero).
-    if (comms_.pp) comms_.pp->all_reduce(&next, 1, ReduceOp::Sum);
+    if (comms_.pp) comms_.pp->sum(&next, 1).wait();
     ctx.push_back(static_cast<int32_t>(next));
     out += tk.decode(static_cast<int32_t>(next));
   }

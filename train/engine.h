@@ -14,6 +14,7 @@
 #include "grid.h"
 #include "model.h"
 #include "optim.h"
+#include "pipe.h"
 #include "schedule.h"
 
 namespace meshtrain {
@@ -43,7 +44,7 @@ struct TrainConfig {
 struct Comms {
   Comm* world = nullptr;
   Comm* dp = nullptr;
-  Comm* pp = nullptr;
+  Pipe* pp = nullptr;
   Comm* tp = nullptr;  // the whole tensor-parallel group
   Comm* embed = nullptr;
   Comm* cube[3] = {nullptr, nullptr, nullptr};  // 3D: along the I, W and O axes (CubeAxis)
@@ -122,6 +123,7 @@ class Engine {
   int slots_ = 1;
   std::vector<int32_t> tokens_, targets_;
   size_t launched_lo_ = 0;
+  std::vector<Work> buckets_;  // the step's data-parallel reductions in flight
   // The token embedding when its gradient is reduced row-sparse (words, data
   // parallel, first stage, not shared with the head): it lies at the start of
   // the gradient arena, below the dense buckets.

@@ -192,9 +192,8 @@ int run(const CliOptions& opts) {
   int rank = 0;
   if (world_size > 1) {
     if (!world) check_nccl(meshcclCommInitFromEnv(&world, &world_cfg.nccl), "meshcclCommInitFromEnv");
-    rc = split_comms(world, cfg.layout, cfg.model.tied,
+    rc = split_comms(world, cfg.layout, cfg.model.tied, cfg.comm_sched,
                      static_cast<size_t>(cfg.micro_batch) * cfg.model.seq * cfg.model.d_model);
-    set_comm_sched(rc, cfg.comm_sched);
     rank = rc.world->rank();
   }
   const int threads = o.blas_threads > 0 ? o.blas_threads
@@ -306,9 +305,8 @@ int run(const CliOptions& opts) {
       const int old_dp = cfg.layout.dp;
       cfg.layout.dp -= plan.lost_replicas;
       predicted_s = 0;  // the plan's layout is gone
-      rc = split_comms(nw, cfg.layout, cfg.model.tied,
+      rc = split_comms(nw, cfg.layout, cfg.model.tied, cfg.comm_sched,
                        static_cast<size_t>(cfg.micro_batch) * cfg.model.seq * cfg.model.d_model);
-      set_comm_sched(rc, cfg.comm_sched);
       rank = rc.world->rank();
       talk = rank == 0;
       engine = std::make_unique<Engine>(cfg, rank, rc.view(), corpus);
@@ -329,8 +327,8 @@ int run(const CliOptions& opts) {
   // (pipeline stages, the stage that holds the loss).
   float share[2] = {static_cast<float>(wait_sum), static_cast<float>(time_sum)};
   if (rc.world) {
-    rc.world->all_reduce(&share[0], 1, ReduceOp::Sum);
-    rc.world->all_reduce(&share[1], 1, ReduceOp::Sum);
+    rc.world->all_reduce(&share[0], 1, ReduceOp::Sum, Urgency::critical()).wait();
+    rc.world->all_reduce(&share[1], 1, ReduceOp::Sum, Urgency::critical()).wait();
   }
   if (talk && timed > 0) {
     std::printf(

@@ -1,7 +1,9 @@
-// Comm on meshccl: one communicator per parallel dimension, split from the
-// world communicator, with a high-priority host stream for the critical path
-// (tensor-parallel all-reduces, pipeline send/recv) and a low-priority one for
-// data-parallel gradient buckets.
+// Comm and Pipe on meshccl: one communicator per parallel dimension, split
+// from the world communicator. Critical operations run on the communicator's
+// own host stream, at the priority of its kind; background ones on a stream
+// per priority level (dense and sparse reductions apart). Over the stages it
+// is also the pipeline's channel: exchange groups sends and receives on the
+// critical stream, sum is a critical all-reduce.
 #pragma once
 
 #include <cstdint>
@@ -12,30 +14,29 @@
 #include "comm.h"
 #include "engine.h"
 #include "meshccl.h"
+#include "pipe.h"
 
 namespace meshtrain {
 
-class NcclComm final : public Comm {
+class NcclComm final : public Comm, public Pipe {
  public:
-  // Takes ownership of comm (destroyed with this object).
-  explicit NcclComm(ncclComm_t comm);
+  // Takes ownership of comm (destroyed with this object). priority: the
+  // critical stream's (comm_priority of the communicator's kind).
+  NcclComm(ncclComm_t comm, int priority);
   ~NcclComm() override;
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  void all_reduce(float* buf, size_t n, ReduceOp op) override;
-  void all_reduce_start(float* buf, size_t n, ReduceOp op) override;
-  void all_reduce_finish() override;
-  void all_reduce_async(float* buf, size_t n, ReduceOp op) override;
-  void wait_async() override;
-  void all_reduce_async_at(float* buf, size_t n, ReduceOp op, int priority) override;
-  void set_priority(int priority) override;
-  void sparse_all_reduce_async(float* buf, size_t rows, size_t row_len, ReduceOp op) override;
-  void all_gather(const float* in, float* out, size_t n) override;
-  void reduce_scatter(const float* in, float* out, size_t n) override;
-  void exchange(const P2POp* ops, int n) override;
+  Work all_reduce(float* buf, size_t n, ReduceOp op, Urgency u) override;
+  Work sparse_all_reduce(float* buf, size_t rows, size_t row_len, ReduceOp op, Urgency u) override;
+  Work all_gather(const float* in, float* out, size_t n, Urgency u) override;
+  Work reduce_scatter(const float* in, float* out, size_t n, Urgency u) override;
+  // Peers are ranks of this communicator.
+  Work exchange(const P2POp* ops, int n) override;
+  Work sum(float* buf, size_t n) override;
+  Work flush() override { return Work(); }  // every send completes within its group
   ncclComm_t handle() const { return comm_; }
   // After a failure: aborts the communicator (ending any wait) and forgets
   // it; the object then only frees its streams.
@@ -44,49 +45,54 @@ class NcclComm final : public Comm {
   ncclComm_t release();
 
  private:
+  enum Lane { kDense, kSparse };
+  // The stream for u (background streams are made when first used).
+  meshcclStream_t stream(Urgency u, Lane lane = kDense);
+  // The handle of what was started on s: waiting synchronizes s.
+  Work pending(meshcclStream_t s);
+
   ncclComm_t comm_;
   int rank_ = 0, size_ = 1;
-  meshcclStream_t fast_ = nullptr, slow_ = nullptr;
-  // all_reduce_async_at's streams, by -priority (made when first used).
+  meshcclStream_t critical_ = nullptr;
+  // Background streams, by lane and -priority.
   static constexpr int kLevels = 8;
-  meshcclStream_t at_[kLevels] = {};
-  // The non-zero rows of sparse reductions in flight (kept until wait_async).
+  meshcclStream_t background_[2][kLevels] = {};
+  // The non-zero rows of sparse reductions in flight, kept until one on the
+  // same stream has been waited for (the stream has then finished them all).
   struct SparseRows {
+    meshcclStream_t stream = nullptr;
     std::vector<int64_t> index;
     std::vector<float> values;
   };
   std::deque<SparseRows> sparse_;
 };
 
-// The pipeline "communicator" of a layout with per-stage tensor-parallel
-// degrees: exchange moves activations (to the next stage) and gradients (to
-// the previous one) through meshccl reshard plans between the two stages'
-// meshes (replicated on each): activations leave asynchronously from a copy,
-// the other transfers of a group run on their own streams and are waited for;
-// all_reduce sums over the stages, counting each stage once (its tp rank 0's
-// value), over the ranks of this data-parallel replica. Peers are stages.
-class StagePipe final : public Comm {
+// The pipeline of a layout with per-stage tensor-parallel degrees: exchange
+// moves activations (to the next stage) and gradients (to the previous one)
+// through meshccl reshard plans between the two stages' meshes (replicated on
+// each): activations leave asynchronously from a copy, the other transfers of
+// a group run on their own streams; sum adds over the stages, counting each
+// stage once (its tp rank 0's value), over the ranks of this data-parallel
+// replica.
+class StagePipe final : public Pipe {
  public:
   // replica: the ranks of this data-parallel replica (taken over); act_count:
-  // floats per activation; collective over the replica.
-  StagePipe(std::unique_ptr<NcclComm> replica, const Layout& layout, int stage, int tp_rank, size_t act_count);
+  // floats per activation; priority: the pipeline's stream priority;
+  // collective over the replica.
+  StagePipe(std::unique_ptr<NcclComm> replica, const Layout& layout, int stage, int tp_rank, size_t act_count,
+            int priority);
   ~StagePipe() override;
   StagePipe(const StagePipe&) = delete;
   StagePipe& operator=(const StagePipe&) = delete;
 
-  int rank() const override { return stage_; }
-  int size() const override { return pp_; }
-  void all_reduce(float* buf, size_t n, ReduceOp op) override;
-  void all_reduce_start(float* buf, size_t n, ReduceOp op) override;
-  void all_reduce_finish() override;
-  void all_reduce_async(float* buf, size_t n, ReduceOp op) override;
-  void wait_async() override;
-  void set_priority(int priority) override;
-  void all_gather(const float* in, float* out, size_t n) override;
-  void reduce_scatter(const float* in, float* out, size_t n) override;
-  void exchange(const P2POp* ops, int n) override;
+  Work exchange(const P2POp* ops, int n) override;
+  Work sum(float* buf, size_t n) override;
+  Work flush() override;
 
  private:
+  // The reshard plan that carries op between this stage and its neighbour.
+  meshcclReshardPlan_t plan_of(const P2POp& op) const;
+
   std::unique_ptr<NcclComm> replica_;
   int stage_ = 0, pp_ = 1, tp_rank_ = 0;
   size_t act_count_ = 0;
@@ -103,17 +109,16 @@ class StagePipe final : public Comm {
 // The communicators of one rank, split from `world` (which this takes over).
 struct RankComms {
   std::unique_ptr<NcclComm> world, dp, tp, embed;
-  std::unique_ptr<Comm> pp;
+  std::unique_ptr<Pipe> pp;
   std::unique_ptr<NcclComm> cube[3];  // 3D tensor parallelism: I, W and O axes
   Comms view() const;
 };
-// act_count (floats per activation between stages) is needed only by layouts
-// with per-stage tensor-parallel degrees.
-RankComms split_comms(ncclComm_t world, const Layout& layout, bool tied, size_t act_count = 0);
-// Gives every communicator of rc its stream priority under sched (comm.h):
-// pipeline, tensor-parallel (and the world's small blocking calls),
-// data-parallel (its buckets get theirs per call), embedding gradients.
-void set_comm_sched(RankComms& rc, CommSched sched);
+// Every communicator's critical stream gets the priority of its kind under
+// sched (comm_priority): pipeline; tensor-parallel, and the world's and the
+// data-parallel one's small blocking calls (its buckets name theirs per
+// call); embedding gradients. act_count (floats per activation between
+// stages) is needed only by layouts with per-stage tensor-parallel degrees.
+RankComms split_comms(ncclComm_t world, const Layout& layout, bool tied, CommSched sched, size_t act_count = 0);
 
 // Throws CommError with the call, the result's name and meshccl's last error.
 void check_nccl(ncclResult_t r, const char* what, ncclComm_t comm = nullptr);

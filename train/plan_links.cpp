@@ -29,7 +29,7 @@ std::vector<double> time_on(int n, const std::vector<size_t>& sizes, int reps, v
       try {
         ncclComm_t c = nullptr;
         check_nccl(ncclCommInitRank(&c, n, id, r), "ncclCommInitRank");
-        NcclComm comm(c);
+        NcclComm comm(c, comm_priority(CommSched::Priority, CommKind::Pipeline));  // the most urgent
         std::vector<float> buf(*std::max_element(sizes.begin(), sizes.end()), 1.0f);
         for (size_t k = 0; k < sizes.size(); k++) {
           op(comm, buf.data(), sizes[k]);  // warm-up: connections, first touch
@@ -69,7 +69,9 @@ LinkModel measure_links(int world, int reps) {
   const std::vector<size_t> sizes = {256, size_t(1) << 18};  // 1 KiB and 1 MiB
   for (int n = 2; n <= world; n++) {
     if (world % n) continue;
-    const auto t = time_on(n, sizes, reps, [](NcclComm& c, float* b, size_t k) { c.all_reduce(b, k, ReduceOp::Sum); });
+    const auto t = time_on(n, sizes, reps, [](NcclComm& c, float* b, size_t k) {
+      c.all_reduce(b, k, ReduceOp::Sum, Urgency::critical()).wait();
+    });
     const double v = 2.0 * (n - 1) / n * sizeof(float);
     m.collective.push_back(fit(n, v * sizes[0], t[0], v * sizes[1], t[1]));
   }
@@ -80,7 +82,7 @@ LinkModel measure_links(int world, int reps) {
       op.buf = b, op.count = k, op.peer = 1 - c.rank();
       for (int turn = 0; turn < 2; turn++) {
         op.send = (turn == 0) == (c.rank() == 0);
-        c.exchange(&op, 1);
+        c.exchange(&op, 1).wait();
       }
     });
     m.p2p = fit(2, sizes[0] * 4.0, t[0] / 2, sizes[1] * 4.0, t[1] / 2);

@@ -5,7 +5,7 @@
 //   f = copy to the tensor-parallel region: forward identity, backward all-reduce;
 //   g = reduce from the region: forward all-reduce, backward identity.
 // f's backward all-reduce is started before the weight-gradient GEMM and
-// finished after it, so the two overlap.
+// waited for after it, so the two overlap.
 #include <algorithm>
 
 #include "kernels.h"
@@ -17,14 +17,11 @@ namespace meshtrain {
 namespace {
 
 // f: forward identity; backward: the input gradient summed over the group,
-// split in two so that the caller computes in between.
+// started here and waited for by the caller, who computes in between.
 struct CopyToRegion {
   Comm* comm = nullptr;
-  void backward_start(float* grad, size_t n) {
-    if (comm) comm->all_reduce_start(grad, n, ReduceOp::Sum);
-  }
-  void backward_finish() {
-    if (comm) comm->all_reduce_finish();
+  Work backward(float* grad, size_t n) {
+    return comm ? comm->all_reduce(grad, n, ReduceOp::Sum, Urgency::critical()) : Work();
   }
 };
 
@@ -32,7 +29,7 @@ struct CopyToRegion {
 struct ReduceFromRegion {
   Comm* comm = nullptr;
   void forward(float* buf, size_t n) {
-    if (comm) comm->all_reduce(buf, n, ReduceOp::Sum);
+    if (comm) comm->all_reduce(buf, n, ReduceOp::Sum, Urgency::critical()).wait();
   }
 };
 
@@ -122,9 +119,9 @@ class Tp1d final : public TpScheme {
     if (column_parallel(k)) {
       // f's backward: the input gradient's sum runs while dW is computed.
       matmul_backward_input(din, dout, W, N_, IC, OC);
-      f_.backward_start(din, static_cast<size_t>(N_) * IC);
+      Work sum = f_.backward(din, static_cast<size_t>(N_) * IC);
       matmul_backward_weight(dW, db, dout, in, N_, IC, OC);
-      f_.backward_finish();
+      sum.wait();
     } else {  // g's backward is the identity
       matmul_backward(din, dW, db, dout, in, W, N_, IC, OC);
     }
@@ -134,9 +131,9 @@ class Tp1d final : public TpScheme {
                               const int32_t* targets) override {
     const int V = sh_.vocab;
     ce_rowmax(rowmax, logits, N_, V, sh_.vocab_valid);
-    if (comm_) comm_->all_reduce(rowmax, N_, ReduceOp::Max);
+    if (comm_) comm_->all_reduce(rowmax, N_, ReduceOp::Max, Urgency::critical()).wait();
     ce_sumexp_target(ce, ce + N_, logits, rowmax, targets, N_, V, sh_.vocab_valid, sh_.vocab_lo);
-    if (comm_) comm_->all_reduce(ce, 2 * static_cast<size_t>(N_), ReduceOp::Sum);
+    if (comm_) comm_->all_reduce(ce, 2 * static_cast<size_t>(N_), ReduceOp::Sum, Urgency::critical()).wait();
     ce_loss(losses, ce, rowmax, ce + N_, N_);
     double sum = 0.0;
     for (int n = 0; n < N_; n++) sum += losses[n];
@@ -152,7 +149,7 @@ class Tp1d final : public TpScheme {
     std::fill(out, out + vocab, 0.0f);
     const float* row = logits + (static_cast<size_t>(b) * T_ + t) * sh_.vocab;
     std::copy_n(row, sh_.vocab_valid, out + sh_.vocab_lo);
-    if (comm_) comm_->all_reduce(out, vocab, ReduceOp::Sum);
+    if (comm_) comm_->all_reduce(out, vocab, ReduceOp::Sum, Urgency::critical()).wait();
   }
 
   // Replicated tensors get identical gradients on every rank (their inputs'

@@ -231,7 +231,7 @@ class Tp3d final : public TpScheme {
     const int N = Nq2_, V = sh_.vocab;
     const int32_t* tg = targets + first_inner_token();
     ce_rowmax(rowmax, logits, N, V, sh_.vocab_valid);
-    if (Comm* c = tc_.axis[kAxisI]) c->all_reduce(rowmax, N, ReduceOp::Max);
+    if (Comm* c = tc_.axis[kAxisI]) c->all_reduce(rowmax, N, ReduceOp::Max, Urgency::critical()).wait();
     ce_sumexp_target(ce, ce + N, logits, rowmax, tg, N, V, sh_.vocab_valid, sh_.vocab_lo);
     all_reduce(kAxisI, ce, 2 * static_cast<size_t>(N));
     ce_loss(losses, ce, rowmax, ce + N, N);
@@ -256,7 +256,7 @@ class Tp3d final : public TpScheme {
     if (n >= 0 && n < Nq2_) {
       std::copy_n(logits + static_cast<size_t>(n) * sh_.vocab, sh_.vocab_valid, out + sh_.vocab_lo);
     }
-    if (tc_.group) tc_.group->all_reduce(out, vocab, ReduceOp::Sum);
+    if (tc_.group) tc_.group->all_reduce(out, vocab, ReduceOp::Sum, Urgency::critical()).wait();
   }
 
   void finish_grads(float* grads, const ParamSpec* specs, size_t n) override {
@@ -294,20 +294,20 @@ class Tp3d final : public TpScheme {
 
   void all_gather(int axis, const float* in, float* out, size_t n) {
     if (Comm* c = tc_.axis[axis]) {
-      c->all_gather(in, out, n);
+      c->all_gather(in, out, n, Urgency::critical()).wait();
     } else {
       std::memcpy(out, in, n * sizeof(float));
     }
   }
   void reduce_scatter(int axis, const float* in, float* out, size_t n) {
     if (Comm* c = tc_.axis[axis]) {
-      c->reduce_scatter(in, out, n);
+      c->reduce_scatter(in, out, n, Urgency::critical()).wait();
     } else {
       std::memcpy(out, in, n * sizeof(float));
     }
   }
   void all_reduce(int axis, float* buf, size_t n) {
-    if (Comm* c = tc_.axis[axis]) c->all_reduce(buf, n, ReduceOp::Sum);
+    if (Comm* c = tc_.axis[axis]) c->all_reduce(buf, n, ReduceOp::Sum, Urgency::critical()).wait();
   }
 
   int q_;

@@ -65,9 +65,9 @@ CommFactory meshccl_comms(const TrainConfig& cfg) {
   return [id, n, cfg](int rank, Comms* out) -> std::shared_ptr<void> {
     ncclComm_t world = nullptr;
     check_nccl(ncclCommInitRank(&world, n, id, rank), "ncclCommInitRank");
-    auto rc = std::make_shared<RankComms>(split_comms(
-        world, cfg.layout, cfg.model.tied, static_cast<size_t>(cfg.micro_batch) * cfg.model.seq * cfg.model.d_model));
-    set_comm_sched(*rc, cfg.comm_sched);
+    auto rc = std::make_shared<RankComms>(
+        split_comms(world, cfg.layout, cfg.model.tied, cfg.comm_sched,
+                    static_cast<size_t>(cfg.micro_batch) * cfg.model.seq * cfg.model.d_model));
     *out = rc->view();
     return rc;
   };
