@@ -1,30 +1,32 @@
-// The Gloo peer (Debian libgloo-dev): allreduce, broadcast, allgather and
-// alltoall through Gloo's options API, reduce-scatter through its
-// halving-doubling algorithm, over TCP on loopback with a file-store
-// rendezvous. Rank and size come from the launcher (mpirun, meshrun, srun).
+// The Gloo peer (Debian libgloo-dev): allreduce, broadcast, allgather,
+// alltoall and reduce-scatter through Gloo's options API, over TCP on loopback
+// with a file-store rendezvous. Rank and size come from the launcher (mpirun,
+// meshrun, srun).
 //   mpirun --oversubscribe --allow-run-as-root --bind-to none -np 2 gloo_bench --store /tmp/x -C all
 //
 // Gloo is driven as torch's ProcessGroupGloo drives it: the TCP device with
 // asynchronous pairs, one collective after another on the calling thread, and
-// a fresh tag for every collective (torch's nextTag()). Two things decide
-// whether that measures Gloo or the scheduler:
+// a fresh tag for every collective (torch's nextTag()). Things that decide
+// whether that measures Gloo or the harness:
 //  - Ranks must not be pinned one core each (perf/compare starts this peer
 //    with --bind-to none). Gloo's device thread handles the socket with a
 //    try-lock on the pair; when it wakes on the calling thread's core while
 //    that thread holds the pair's lock, it spins on epoll_wait (level
 //    triggered, data left unread) until the kernel preempts it at the end of
 //    its slice: one scheduler tick, 4 ms at 250 Hz, for nearly every call.
-//  - Reduce-scatter runs on a second context whose pairs are in Gloo's sync
-//    mode. ReduceScatterHalvingDoubling does not wait for its sends before it
-//    moves a rank's block to the front of the same buffer; on an async pair a
-//    send the socket did not take at once is still being written from there,
-//    and the peer receives the overwritten data (wrong results from 64 KiB).
-//    On a sync pair every send is written out before send() returns. A
-//    blocking write only completes at once while the socket's send buffer
-//    holds it (Gloo sizes it to the message, the kernel caps it at
-//    net.core.wmem_max); larger, both ranks of a pair block in writes to each
-//    other and time out, so buffers above that size go back to the async
-//    context, where the overwrite was not seen (the check counts it if so).
+//    Unpinned, the same polling still shows from 64 KiB (about 120
+//    epoll_wait per AllReduce) and a loaded machine still costs some calls a
+//    tick; torch's Gloo behaves the same, and the means carry it.
+//  - Reduce-scatter is torch's (reduce_scatter_tensor_coalesced): an
+//    allreduce of the whole input, then a copy of the rank's block. Gloo's
+//    ReduceScatterHalvingDoubling is not usable: its last phase copies the
+//    rank's block to the front of the buffer that its sends may still be
+//    reading (it never waits for them), so on async pairs a peer receives
+//    overwritten data once a send does not fit the socket at once (from
+//    64 KiB here); on sync pairs both ranks block writing to each other once
+//    a message exceeds the socket's send buffer (net.core.wmem_max).
+//  - Pairs stay asynchronous for every collective: the options API only
+//    runs on async pairs (Gloo enforces it), as in torch.
 #include <unistd.h>
 
 #include <cstdint>
@@ -33,6 +35,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -40,7 +43,6 @@
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/math.h>
-#include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
@@ -67,19 +69,6 @@ class GlooBackend final : public peer::Backend {
     auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
     ctx->connectFullMesh(store, dev);
     ctx_ = ctx;
-    // Reduce-scatter's own context, sync pairs (see the top of the file);
-    // blocking reads, not busy polling, as the async pairs wait too.
-    gloo::rendezvous::PrefixStore rs_store("gloo_bench_rs", file_store);
-    auto rs_ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
-    rs_ctx->connectFullMesh(rs_store, dev);
-    for (int i = 0; i < size; i++)
-      if (i != rank) rs_ctx->getPair(i)->setSync(true, false);
-    rs_ctx_ = rs_ctx;
-    if (FILE* f = fopen("/proc/sys/net/core/wmem_max", "r")) {
-      unsigned long v = 0;
-      if (fscanf(f, "%lu", &v) == 1) sync_max_bytes_ = v;
-      fclose(f);
-    }
   }
   const char* name() const override { return "gloo"; }
   int rank() const override { return rank_; }
@@ -96,13 +85,10 @@ class GlooBackend final : public peer::Backend {
     opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<double>));
     gloo::allreduce(opts);
   }
-  void Prepare(peer::Coll c, const peer::Sizes& s, float* send, float*) override {
-    rs_.reset();
-    if (c != peer::Coll::kReduceScatter || s.count == 0) return;
-    rs_send_ = send;
-    rs_ = std::make_unique<gloo::ReduceScatterHalvingDoubling<float>>(
-        s.send_count * sizeof(float) <= sync_max_bytes_ ? rs_ctx_ : ctx_, std::vector<float*>{send},
-        static_cast<int>(s.send_count), std::vector<int>(size_, static_cast<int>(s.count)));
+  void Prepare(peer::Coll c, const peer::Sizes& s, float*, float*) override {
+    // The allreduce's output (torch allreduces a clone of the input);
+    // allocated and faulted in here, outside the timings.
+    if (c == peer::Coll::kReduceScatter && rs_buf_.size() < s.send_count) rs_buf_.resize(s.send_count);
   }
   void Run(peer::Coll c, const peer::Sizes& s, float* send, float* recv) override {
     if (s.count == 0) return;
@@ -132,13 +118,16 @@ class GlooBackend final : public peer::Backend {
         gloo::allgather(opts);
         break;
       }
-      case peer::Coll::kReduceScatter:
-        // Reduces in place in the buffer bound at Prepare and leaves the
-        // rank's block at its start; copied out as an out-of-place call
-        // would deliver it.
-        rs_->run();
-        memcpy(recv, rs_send_, s.count * sizeof(float));
+      case peer::Coll::kReduceScatter: {
+        gloo::AllreduceOptions opts(ctx_);
+        opts.setTag(NextTag());
+        opts.setInput(send, s.send_count);
+        opts.setOutput(rs_buf_.data(), s.send_count);
+        opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+        gloo::allreduce(opts);
+        memcpy(recv, rs_buf_.data() + static_cast<size_t>(rank_) * s.count, s.count * sizeof(float));
         break;
+      }
       case peer::Coll::kAlltoAll: {
         gloo::AlltoallOptions opts(ctx_);
         opts.setTag(NextTag());
@@ -159,10 +148,7 @@ class GlooBackend final : public peer::Backend {
   int rank_, size_;
   uint32_t tag_ = 0;
   std::shared_ptr<gloo::Context> ctx_;
-  std::shared_ptr<gloo::Context> rs_ctx_;
-  size_t sync_max_bytes_ = 4u << 20;  // net.core.wmem_max, read at start
-  std::unique_ptr<gloo::ReduceScatterHalvingDoubling<float>> rs_;
-  float* rs_send_ = nullptr;
+  std::vector<float> rs_buf_;  // reduce-scatter: the whole reduced input
 };
 
 }  // namespace

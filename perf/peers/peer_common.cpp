@@ -217,8 +217,7 @@ int RunSweep(Backend& b, const Options& o) {
       const size_t total = s.bytes;
       const size_t steps = total ? std::max<size_t>(1, o.max_bytes / total) : 1;
       b.Prepare(c, s, send, recv);
-      // Gloo binds buffers to pair slots when an algorithm is built: nobody
-      // sends to a slot before its owner has bound it.
+      // Every rank has prepared the size before anyone sends.
       b.Barrier();
       if (c == Coll::kBroadcast && b.rank() == 0) FillInput(c, s, 0, n, recv);
       else FillInput(c, s, b.rank(), n, send);

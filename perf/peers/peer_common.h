@@ -60,7 +60,8 @@ class Backend {
   // One blocking call of collective c; root 0 for broadcast (data in recv).
   virtual void Run(Coll c, const Sizes& s, float* send, float* recv) = 0;
   // Called when a size starts, with the unrotated buffers, before any Run of
-  // that size (Gloo's reduce-scatter binds its buffers at construction).
+  // that size, outside the timings (Gloo's reduce-scatter sizes its scratch
+  // buffer there).
   virtual void Prepare(Coll, const Sizes&, float*, float*) {}
 };
 
