@@ -116,7 +116,9 @@ class DirectRun final : public Run {
           [[fallthrough]];
         }
         case State::Reduced: {
-          if (!all_at(&NodeRegion::Control::reduced)) return kOk;
+          bool ready = false;
+          MC_TRY(all_at(&NodeRegion::Control::reduced, &ready));
+          if (!ready) return kOk;
           copy_blocks_out();
           *moved = true;
           break;
@@ -124,7 +126,9 @@ class DirectRun final : public Run {
         case State::Release: {
           // Peers read this rank's own buffer: it may change only once every
           // reader is done with it.
-          if (!all_at(&NodeRegion::Control::done)) return kOk;
+          bool ready = false;
+          MC_TRY(all_at(&NodeRegion::Control::done, &ready));
+          if (!ready) return kOk;
           *moved = true;
           break;
         }
@@ -181,6 +185,7 @@ class DirectRun final : public Run {
     for (int p = 0; p < n(); ++p) {
       if (round_ > 1 && !arrived(p, round_ - 1)) {
         waiting_ = p;
+        MC_TRY(unless_left(p, [&] { return arrived(p, round_ - 1); }));
         return peer_failure();
       }
     }
@@ -220,11 +225,21 @@ class DirectRun final : public Run {
   Status peer_failure() const {
     for (int q = 0; q < n(); ++q) {
       const uint64_t failed = node_->failed(q).value.load(std::memory_order_acquire);
-      if (q != me() && failed != 0)
+      if (q != me() && failed != 0 && failed != NodeRegion::kLeft)
         return MC_ERROR(ncclInvalidUsage, "%s: mismatched calls across ranks: rank %d found them on this communicator",
                         op_kind_name(op_.kind), q);
     }
     return kOk;
+  }
+
+  // Waiting for p, which left the communicator (aborted or destroyed it): it
+  // will never do what `done` asks, unless it did so before it left (looked
+  // at after its leaving, which it wrote last).
+  template <typename Done>
+  Status unless_left(int p, Done&& done) const {
+    if (!node_->left(p) || done()) return kOk;
+    return MC_ERROR(ncclRemoteError, "%s: rank %d left this communicator (aborted or destroyed it) during the operation",
+                    op_kind_name(op_.kind), p);
   }
 
   void publish() {
@@ -302,6 +317,7 @@ class DirectRun final : public Run {
     for (int p = 0; p < n(); ++p) {
       if (p == me() || arrived(p, round_)) continue;
       waiting_ = p;
+      MC_TRY(unless_left(p, [&] { return arrived(p, round_); }));
       Status failure = peer_failure();
       if (failure.ok()) return kOk;
       // A rank found a mismatch, which it can only after every rank arrived:
@@ -333,15 +349,18 @@ class DirectRun final : public Run {
   }
 
   // Every rank's flag has reached this round.
-  bool all_at(NodeRegion::Flag NodeRegion::Control::*flag) {
+  Status all_at(NodeRegion::Flag NodeRegion::Control::*flag, bool* ready) {
+    *ready = false;
     for (int p = 0; p < n(); ++p) {
-      if ((control(p).*flag).value.load(std::memory_order_acquire) < round_) {
+      auto reached = [&] { return (control(p).*flag).value.load(std::memory_order_acquire) >= round_; };
+      if (!reached()) {
         waiting_ = p;
-        return false;
+        return unless_left(p, reached);
       }
     }
     waiting_ = -1;
-    return true;
+    *ready = true;
+    return kOk;
   }
 
   // Peer p's input for `block` (a per-peer block, else 0) in this round: in

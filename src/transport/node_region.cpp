@@ -34,6 +34,12 @@ char* map_file(int fd, size_t bytes) {
 }  // namespace
 
 NodeRegion::~NodeRegion() {
+  // A peer waiting in a round for this rank learns that it will not come
+  // (unless this rank found a mismatch, which its flag then keeps saying).
+  if (rank_ >= 0 && rank_ < static_cast<int>(bases_.size()) && bases_[rank_] != nullptr) {
+    uint64_t none = 0;
+    failed(rank_).value.compare_exchange_strong(none, kLeft, std::memory_order_acq_rel);
+  }
   for (char* b : bases_)
     if (b != nullptr) munmap(b, map_bytes_);
   for (int l = 0; lane_ != nullptr && l < lanes_; ++l)

@@ -107,8 +107,13 @@ class NodeRegion {
   // more urgent); a higher lane is more urgent.
   int lane_for(int priority) const { return lanes_ == 1 ? 0 : std::clamp(-priority, 0, lanes_ - 1); }
 
-  // Round at which rank r found a mismatch (0: none), any lane.
+  // Round at which rank r found a mismatch (0: none), any lane; kLeft once
+  // it left the communicator without having found one.
   Flag& failed(int r) const { return *reinterpret_cast<Flag*>(bases_[r]); }
+  static constexpr uint64_t kLeft = UINT64_MAX;
+  // Rank r aborted or destroyed the communicator: it takes no further part in
+  // any round (a peer still mapping its region sees this after it unmapped).
+  bool left(int r) const { return failed(r).value.load(std::memory_order_acquire) == kLeft; }
   Control& control(int r, int lane) const {
     return *reinterpret_cast<Control*>(bases_[r] + kLine + static_cast<size_t>(lane) * sizeof(Control));
   }

@@ -247,6 +247,38 @@ TEST(FailedOperation, PeerNeverTakesAReturnedBuffer) {
   std::printf("[ withdrawn ] receive: %s (%s)\n", ncclGetErrorString(ncclResult_t(w[0].recv_result)), w[0].message);
 }
 
+// A live peer that aborts its communicator while this rank waits for it in
+// a collective (on one host: the direct shared-memory rounds, where no
+// connection closes) ends the wait with an error naming it, not at
+// MESHCCL_TIMEOUT.
+TEST(FailedOperation, PeerThatAbortsEndsTheWait) {
+  SharedArray<SharedId> sid(1);
+  SharedArray<Withdrawn> w(1);
+  auto kids = run_procs(2, kChildDeadline, [&](int rank) {
+    ncclComm_t comm = nullptr;
+    ncclResult_t res = shared_init(sid, 2, rank, &comm);
+    if (res != ncclSuccess) return fail(10, rank, "ncclCommInitRank", res);
+    if (rank == 1) {
+      usleep(200000);  // rank 0 waits in its AllReduce by then
+      if ((res = ncclCommAbort(comm)) != ncclSuccess) return fail(11, rank, "ncclCommAbort", res);
+      // Alive until rank 0 is done: only the abort can tell rank 0.
+      for (int i = 0; i < 3000 && __atomic_load_n(&w[0].recv_result, __ATOMIC_ACQUIRE) < 0; ++i) usleep(10000);
+      return 0;
+    }
+    std::vector<float> buf(256, 1.0f);
+    res = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, comm, nullptr);
+    std::snprintf(w[0].message, sizeof(w[0].message), "%s", ncclGetLastError(comm));
+    __atomic_store_n(&w[0].recv_result, int(res), __ATOMIC_RELEASE);
+    ncclCommAbort(comm);
+    return 0;
+  });
+  ASSERT_EQ(kids.size(), size_t(2));
+  for (const Child& k : kids) EXPECT_TRUE(exited_ok(k)) << describe(k);
+  EXPECT_EQ(w[0].recv_result, ncclRemoteError) << w[0].message;
+  EXPECT_EQ(std::string(w[0].message).find("timed out"), std::string::npos) << w[0].message;
+  std::printf("[ aborted peer ] %s\n", w[0].message);
+}
+
 // NCCL_SHRINK_DEFAULT on a healthy communicator: the excluded ranks (alive)
 // do not call it; the parent stays usable by the survivors afterwards for
 // nothing collective (its excluded members have left), and both are freed.
