@@ -238,7 +238,8 @@ class DirectRun final : public Run {
   template <typename Done>
   Status unless_left(int p, Done&& done) const {
     if (!node_->left(p) || done()) return kOk;
-    return MC_ERROR(ncclRemoteError, "%s: rank %d left this communicator (aborted or destroyed it) during the operation",
+    return MC_ERROR(ncclRemoteError,
+                    "%s: rank %d left this communicator (aborted or destroyed it) during the operation",
                     op_kind_name(op_.kind), p);
   }
 
