@@ -176,10 +176,9 @@ MESHCCL_EXPORT ncclResult_t meshcclReshardPlanCreate(const meshcclMesh_t* srcMes
     if (pl.net.bw_gbs <= 0) pl.net.bw_gbs = kNominalNetGbs;
     const size_t elem = dtype_size(datatype);
     const Balance bal = static_cast<Balance>(cfg.balance);
+    if (comm->settings.chunk_bytes != 0) pl.chunk_bytes = comm->settings.chunk_bytes;
     const Schedule sched = choose_schedule(src, dst, pl, elem, static_cast<Strategy>(cfg.strategy), bal);
-    size_t chunk = comm->settings.chunk_bytes;
-    if (chunk == 0) chunk = 512 * 1024;
-    MC_TRY(make_program(src, dst, sched, comm->rank, elem, chunk, &p->program));
+    MC_TRY(make_program(src, dst, sched, comm->rank, elem, pl.chunk_bytes, &p->program));
     meshcclReshardInfo_t& info = p->info;
     info.strategy = static_cast<meshcclReshardStrategy_t>(sched.strategy);
     info.sendCount = p->program.send_elems;

@@ -50,11 +50,17 @@ int pick_sender(const std::vector<int>& cands, const Placement& pl, int prefer_h
 }
 
 // Time each link class is busy under the schedule, and the latency of its
-// longest chain: the prediction.
+// longest chain: the prediction. Between hosts a hop loads the sender's and
+// the receiver's network links. Within a host the receiver copies the bytes
+// out of the sender's memory (the shm transport's rendezvous: the receiver
+// reads the sender's buffer), so a hop loads the receiver only, and a source
+// with several receivers on its host is not a bottleneck. A chain forwards
+// chunk by chunk: each hop after the first adds one chunk's time before the
+// last rank has the first bytes.
 void predict(const Layout& dst, const Placement& pl, size_t elem, Schedule* s) {
   (void)dst;
   const int nh = pl.nhosts(), nr = static_cast<int>(pl.host.size());
-  std::vector<double> nic_out(nh, 0), nic_in(nh, 0), rank_out(nr, 0), rank_in(nr, 0);
+  std::vector<double> nic_out(nh, 0), nic_in(nh, 0), rank_in(nr, 0);
   std::vector<int> msgs(nr, 0);
   const double bn = us_per_byte(pl.net), bs = us_per_byte(pl.shm);
   double latency = 0;
@@ -67,16 +73,19 @@ void predict(const Layout& dst, const Placement& pl, size_t elem, Schedule* s) {
       nic_in[pl.host[b]] += bytes * bn;
       s->net_bytes += bytes;
     } else {
-      rank_out[a] += bytes * bs;
       rank_in[b] += bytes * bs;
     }
   };
+  const double chunk = static_cast<double>(std::max<size_t>(pl.chunk_bytes, 1));
   for (const Xfer& x : s->xfers) {
     const size_t bytes = (x.hi - x.lo) * elem;
+    const double step = std::min(chunk, static_cast<double>(bytes));
     double lat = 0;
     for (size_t j = 0; j + 1 < x.chain.size(); ++j) {
       hop(x.chain[j], x.chain[j + 1], bytes);
-      lat += pl.host[x.chain[j]] != pl.host[x.chain[j + 1]] ? pl.net.alpha_us : pl.shm.alpha_us;
+      const bool net = pl.host[x.chain[j]] != pl.host[x.chain[j + 1]];
+      lat += net ? pl.net.alpha_us : pl.shm.alpha_us;
+      if (j > 0) lat += step * (net ? bn : bs);
     }
     latency = std::max(latency, lat);
   }
@@ -88,7 +97,6 @@ void predict(const Layout& dst, const Placement& pl, size_t elem, Schedule* s) {
   double busiest = 0;
   for (double t : nic_out) busiest = std::max(busiest, t);
   for (double t : nic_in) busiest = std::max(busiest, t);
-  for (double t : rank_out) busiest = std::max(busiest, t);
   for (double t : rank_in) busiest = std::max(busiest, t);
   const int most = *std::max_element(msgs.begin(), msgs.end());
   s->link_us = busiest;

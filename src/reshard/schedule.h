@@ -20,6 +20,7 @@ const char* strategy_name(Strategy s);
 struct Placement {
   std::vector<int> host;  // per communicator rank
   LinkCost shm, net;
+  size_t chunk_bytes = 512 * 1024;  // the pipeline step of a chain (make_program's chunk)
   int nhosts() const;
 };
 

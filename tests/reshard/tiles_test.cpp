@@ -225,6 +225,32 @@ TEST(ReshardTiles, EveryStrategyDeliversEveryTile) {
           }
 }
 
+// Auto on one replicated tensor sent to 4 replicas. On one host each
+// receiver copies from the source's memory, so send/recv loads no link more
+// than a broadcast chain does and skips the chain's forwarding: send/recv.
+// On another host, send/recv would push the tensor through the source host's
+// link 4 times: a strategy that crosses it once (broadcast, or send/recv of a
+// quarter to each receiver and an all-gather among them).
+TEST(ReshardSchedule, AutoSendsDirectlyOnOneHostAndBroadcastsAcrossHosts) {
+  const Shape shape{1 << 20};
+  const MeshDesc sm{{1}, {0}};
+  const MeshDesc dm{{4}, {1, 2, 3, 4}};
+  const Layout src(sm, {{}}, shape), dst(dm, {{}}, shape);
+  Placement one, two;
+  one.shm = two.shm = {2, 10};
+  one.net = two.net = {20, 1};
+  one.host = {0, 0, 0, 0, 0};
+  two.host = {0, 1, 1, 1, 1};
+  const Schedule a = choose_schedule(src, dst, one, 4, Strategy::Auto, Balance::Order);
+  EXPECT_EQ(a.strategy, Strategy::SendRecv) << a.predicted_us;
+  const Schedule bc = make_schedule(src, dst, one, 4, Strategy::Broadcast, Balance::Order);
+  EXPECT_GT(bc.predicted_us, a.predicted_us);
+  EXPECT_DOUBLE_EQ(bc.link_us, a.link_us);  // every receiver copies the tensor once either way
+  const Schedule b = choose_schedule(src, dst, two, 4, Strategy::Auto, Balance::Order);
+  EXPECT_NE(b.strategy, Strategy::SendRecv) << b.predicted_us;
+  EXPECT_EQ(b.net_bytes, size_t{4} << 20);
+}
+
 TEST(ReshardTiles, UnevenChunksAndEmptyTiles) {
   // Alpa's case 6 scaled: 2 chunks to 3 chunks of an uneven length.
   const Shape shape{7, 3};
