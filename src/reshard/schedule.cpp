@@ -65,10 +65,12 @@ void predict(const Layout& dst, const Placement& pl, size_t elem, Schedule* s) {
   const double bn = us_per_byte(pl.net), bs = us_per_byte(pl.shm);
   double latency = 0;
   s->net_bytes = 0;
+  std::set<std::pair<int, int>> flows;  // rank pairs that cross hosts
   auto hop = [&](int a, int b, size_t bytes) {
     ++msgs[a];
     ++msgs[b];
     if (pl.host[a] != pl.host[b]) {
+      flows.insert({a, b});
       nic_out[pl.host[a]] += bytes * bn;
       nic_in[pl.host[b]] += bytes * bn;
       s->net_bytes += bytes;
@@ -99,6 +101,13 @@ void predict(const Layout& dst, const Placement& pl, size_t elem, Schedule* s) {
   for (double t : nic_in) busiest = std::max(busiest, t);
   for (double t : rank_in) busiest = std::max(busiest, t);
   const int most = *std::max_element(msgs.begin(), msgs.end());
+  std::vector<int> out_flows(nh, 0), in_flows(nh, 0);
+  for (const auto& [a, b] : flows) {
+    ++out_flows[pl.host[a]];
+    ++in_flows[pl.host[b]];
+  }
+  s->host_flows = 0;
+  for (int h = 0; h < nh; ++h) s->host_flows = std::max({s->host_flows, out_flows[h], in_flows[h]});
   s->link_us = busiest;
   s->predicted_us = busiest + latency + most * pl.shm.alpha_us;
 }
@@ -218,12 +227,20 @@ Schedule make_schedule(const Layout& src, const Layout& dst, const Placement& pl
 Schedule choose_schedule(const Layout& src, const Layout& dst, const Placement& pl, size_t elem, Strategy strategy,
                          Balance balance) {
   if (strategy != Strategy::Auto) return make_schedule(src, dst, pl, elem, strategy, balance);
-  Schedule best = make_schedule(src, dst, pl, elem, Strategy::Broadcast, balance);
-  for (Strategy s : {Strategy::LocalAllGather, Strategy::SendRecv}) {
-    Schedule c = make_schedule(src, dst, pl, elem, s, balance);
-    if (c.predicted_us < best.predicted_us) best = std::move(c);
+  std::vector<Schedule> cands;
+  for (Strategy s : {Strategy::Broadcast, Strategy::LocalAllGather, Strategy::SendRecv})
+    cands.push_back(make_schedule(src, dst, pl, elem, s, balance));
+  double lowest = cands[0].predicted_us;
+  for (const Schedule& c : cands) lowest = std::min(lowest, c.predicted_us);
+  size_t best = cands.size();
+  for (size_t i = 0; i < cands.size(); ++i) {
+    const Schedule& c = cands[i];
+    if (c.predicted_us > lowest * 1.02) continue;
+    if (best == cands.size() || c.host_flows < cands[best].host_flows ||
+        (c.host_flows == cands[best].host_flows && c.predicted_us < cands[best].predicted_us))
+      best = i;
   }
-  return best;
+  return std::move(cands[best]);
 }
 
 double lower_bound_us(const Layout& src, const Layout& dst, const Placement& pl, size_t elem) {

@@ -54,13 +54,18 @@ struct Schedule {
   double predicted_us = 0;  // this schedule's link-limited time plus latencies
   double link_us = 0;       // the busiest link under this schedule
   size_t net_bytes = 0;     // bytes that cross between hosts
+  int host_flows = 0;       // most rank pairs that cross one host's link in one direction
 };
 
 // The schedule for one strategy (not Auto).
 Schedule make_schedule(const Layout& src, const Layout& dst, const Placement& pl, size_t elem, Strategy s,
                        Balance balance);
-// Auto: the strategy with the lowest predicted time (ties: broadcast, then
-// send/recv + all-gather, then send/recv).
+// Auto: the strategy with the lowest predicted time. Predictions within 2% of
+// the lowest count as equal; among those, the fewest flows through one host's
+// link win (several TCP flows through one shaped link lose packets at its
+// queue and wait out retransmissions, which the link loads do not show),
+// then the lowest prediction (ties: broadcast, then send/recv + all-gather,
+// then send/recv).
 Schedule choose_schedule(const Layout& src, const Layout& dst, const Placement& pl, size_t elem, Strategy s,
                          Balance balance);
 // Link-limited lower bound of any schedule, microseconds: every destination

@@ -251,6 +251,27 @@ TEST(ReshardSchedule, AutoSendsDirectlyOnOneHostAndBroadcastsAcrossHosts) {
   EXPECT_EQ(b.net_bytes, size_t{4} << 20);
 }
 
+// Two receivers on another host: broadcast and send/recv + all-gather both
+// cross the link once and their predictions differ by about 1%; broadcast
+// does it with one flow where the other takes two.
+TEST(ReshardSchedule, NearTiesGoToFewerFlowsPerHostLink) {
+  const Shape shape{1 << 20};
+  const MeshDesc sm{{1}, {0}};
+  const MeshDesc dm{{2}, {1, 2}};
+  const Layout src(sm, {{}}, shape), dst(dm, {{}}, shape);
+  Placement pl;
+  pl.shm = {2, 10};
+  pl.net = {20, 1};
+  pl.host = {0, 1, 1};
+  const Schedule bc = make_schedule(src, dst, pl, 4, Strategy::Broadcast, Balance::Order);
+  const Schedule ag = make_schedule(src, dst, pl, 4, Strategy::LocalAllGather, Balance::Order);
+  EXPECT_EQ(bc.host_flows, 1);
+  EXPECT_EQ(ag.host_flows, 2);
+  EXPECT_LT(ag.predicted_us, bc.predicted_us);
+  EXPECT_LT(bc.predicted_us, ag.predicted_us * 1.02);
+  EXPECT_EQ(choose_schedule(src, dst, pl, 4, Strategy::Auto, Balance::Order).strategy, Strategy::Broadcast);
+}
+
 TEST(ReshardTiles, UnevenChunksAndEmptyTiles) {
   // Alpa's case 6 scaled: 2 chunks to 3 chunks of an uneven length.
   const Shape shape{7, 3};
