@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <tuple>
 
 namespace meshccl::reshard {
 
@@ -232,15 +233,13 @@ Schedule choose_schedule(const Layout& src, const Layout& dst, const Placement& 
     cands.push_back(make_schedule(src, dst, pl, elem, s, balance));
   double lowest = cands[0].predicted_us;
   for (const Schedule& c : cands) lowest = std::min(lowest, c.predicted_us);
-  size_t best = cands.size();
-  for (size_t i = 0; i < cands.size(); ++i) {
-    const Schedule& c = cands[i];
-    if (c.predicted_us > lowest * 1.02) continue;
-    if (best == cands.size() || c.host_flows < cands[best].host_flows ||
-        (c.host_flows == cands[best].host_flows && c.predicted_us < cands[best].predicted_us))
-      best = i;
-  }
-  return std::move(cands[best]);
+  // The first of the smallest keys: in the 2% window, fewest flows, lowest prediction.
+  auto key = [lowest](const Schedule& c) {
+    return std::make_tuple(c.predicted_us > lowest * 1.02, c.host_flows, c.predicted_us);
+  };
+  auto best = std::min_element(cands.begin(), cands.end(),
+                               [&](const Schedule& a, const Schedule& b) { return key(a) < key(b); });
+  return std::move(*best);
 }
 
 double lower_bound_us(const Layout& src, const Layout& dst, const Placement& pl, size_t elem) {

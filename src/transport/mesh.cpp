@@ -125,16 +125,13 @@ Status Mesh::connect_all(Bootstrap& bs, const std::vector<PeerInfo>& peers, cons
 
 void Mesh::close(int peer, bool send) {
   Link& l = links_[peer];
-  if (l.transport == nullptr) return;
-  if (send && !l.send_closed) {
-    l.send_closed = true;
-    l.transport->close_send(l.send);
-    l.send = nullptr;
-  } else if (!send && !l.recv_closed) {
-    l.recv_closed = true;
-    l.transport->close_recv(l.recv);
-    l.recv = nullptr;
-  }
+  bool& closed = send ? l.send_closed : l.recv_closed;
+  void*& comm = send ? l.send : l.recv;
+  if (l.transport == nullptr || closed) return;
+  closed = true;
+  if (send) l.transport->close_send(comm);
+  else l.transport->close_recv(comm);
+  comm = nullptr;
 }
 
 Status Mesh::closed_error(int peer, bool send) const {
