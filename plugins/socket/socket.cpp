@@ -183,7 +183,7 @@ void props(Ctx* c, meshccl_transport_props_v1_t* props) {
 
 void close_recv(RecvComm* c) {
   close(c->fd);
-  for (Unexpected* u; (u = c->unexpected.pop_front()) != nullptr;) c->bufs.put(u->buf);
+  c->m.drain();
 }
 
 void close_listen(ListenComm* lc) { lc->gate.close_all(); }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "meshccl/transport.h"
+#include "plugins/common/matcher.h"
 #include "plugins/common/msg_engine.h"
 #include "plugins/common/plugin_util.h"
 #include "plugins/common/socket_iface.h"
@@ -110,11 +111,9 @@ struct RecvComm {
   Ctx* ctx = nullptr;
   int fd = -1;
   std::string peer;
-  List<Request> posted;
-  List<Unexpected> unexpected;
   Pool<Request> reqs;
-  Pool<Unexpected> unex;
   BufferPool bufs{64u << 20};
+  Matcher<Request, Unexpected> m{&bufs};  // posted receives, unexpected frames, peer gone
   // Small frames are read many at a time into this buffer and copied out;
   // large payloads are read straight into their destination.
   std::unique_ptr<unsigned char[]> stage{new unsigned char[kStage]};
@@ -129,9 +128,6 @@ struct RecvComm {
   unsigned char* dest = nullptr;
   Request* cur_req = nullptr;
   Unexpected* cur_unex = nullptr;
-  // REMOTE_ERROR once the stream ended: complete unexpected frames can still
-  // be received, anything else fails.
-  meshccl_tresult_t peer_gone = MESHCCL_T_SUCCESS;
 };
 
 // socket.cpp: checks a handle received from a peer and gives the address it

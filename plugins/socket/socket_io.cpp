@@ -105,12 +105,6 @@ void warn_trunc(RecvComm* c, uint64_t size, const Request* r) {
              size, r->tag, c->peer.c_str(), r->size);
 }
 
-void drop_unexpected(RecvComm* c, Unexpected* u) {
-  c->unexpected.remove(u);
-  c->bufs.put(u->buf);
-  c->unex.put(u);
-}
-
 // A frame header arrived: find where its payload goes.
 meshccl_tresult_t begin_frame(RecvComm* c, const FrameHdr& h) {
   c->in_frame = true;
@@ -119,7 +113,7 @@ meshccl_tresult_t begin_frame(RecvComm* c, const FrameHdr& h) {
   c->dest = nullptr;
   c->cur_req = nullptr;
   c->cur_unex = nullptr;
-  if (Request* r = c->posted.take_tag(h.tag)) {
+  if (Request* r = c->m.match(h.tag)) {
     if (h.size > r->size) {
       warn_trunc(c, h.size, r);
       finish(r, MESHCCL_T_INVALID_USAGE);  // the payload is read and dropped
@@ -130,22 +124,14 @@ meshccl_tresult_t begin_frame(RecvComm* c, const FrameHdr& h) {
     c->dest = r->data;
     return MESHCCL_T_SUCCESS;
   }
-  Unexpected* u = c->unex.get();
-  BufferPool::Buf b = c->bufs.get(std::min(h.size, kUnexpectedUpfront));
-  if (u == nullptr || (h.size != 0 && b.ptr == nullptr)) {
+  Unexpected* u = c->m.park(h.tag, h.size, std::min(h.size, kUnexpectedUpfront));
+  if (u == nullptr) {
     MPLUG_WARN(c->ctx->host, "socket: out of memory queueing a %" PRIu64 "-byte message from %s", h.size,
                c->peer.c_str());
-    if (u != nullptr) c->unex.put(u);
-    c->bufs.put(b);
     return MESHCCL_T_SYSTEM_ERROR;
   }
-  *u = Unexpected{};
-  u->tag = h.tag;
-  u->size = h.size;
-  u->buf = b;
-  c->unexpected.push_back(u);
   c->cur_unex = u;
-  c->dest = static_cast<unsigned char*>(b.ptr);
+  c->dest = static_cast<unsigned char*>(u->buf.ptr);
   return MESHCCL_T_SUCCESS;
 }
 
@@ -182,16 +168,15 @@ void end_frame(RecvComm* c) {
 
 // The stream ended or broke: nothing more will arrive.
 void recv_gone(RecvComm* c, meshccl_tresult_t result, const char* why) {
-  bool waiting = c->in_frame || !c->posted.empty();
+  bool waiting = c->in_frame;
   if (c->in_frame) {
     if (c->cur_req != nullptr) finish(c->cur_req, result);
-    if (c->cur_unex != nullptr) drop_unexpected(c, c->cur_unex);
+    if (c->cur_unex != nullptr) c->m.drop(c->cur_unex);
     c->in_frame = false;
     c->cur_req = nullptr;
     c->cur_unex = nullptr;
   }
-  for (Request* r; (r = c->posted.pop_front()) != nullptr;) finish(r, result);
-  c->peer_gone = result;
+  if (c->m.lose_peer(result, [&](Request* r) { finish(r, result); })) waiting = true;
   if (waiting) MPLUG_WARN(c->ctx->host, "socket: receive from %s failed: %s", c->peer.c_str(), why);
 }
 
@@ -220,7 +205,7 @@ void recv_progress(RecvComm* c) {
   // A read that returns less than it asked for drained the socket: parse
   // what came and stop, rather than pay for a recv() that says EAGAIN.
   bool may_read = true;
-  while (c->peer_gone == MESHCCL_T_SUCCESS && budget > 0) {
+  while (c->m.gone() == MESHCCL_T_SUCCESS && budget > 0) {
     size_t avail = c->stage_len - c->stage_pos;
     if (!c->in_frame) {
       if (avail >= sizeof(FrameHdr)) {
@@ -311,9 +296,7 @@ Request* new_request(Comm* c, Kind kind, void* data, size_t size, uint64_t tag) 
 
 template <class Comm>
 meshccl_tresult_t finish_test(Comm* c, Request* r, int* done, size_t* size, uint64_t bytes) {
-  meshccl_tresult_t result = r->result;
-  *done = 1;
-  if (size != nullptr) *size = result == MESHCCL_T_SUCCESS ? bytes : 0;
+  const meshccl_tresult_t result = report_done(r->result, bytes, done, size);
   release(c, r);
   return result;
 }
@@ -348,8 +331,9 @@ meshccl_tresult_t recv_post(RecvComm* c, void* data, size_t size, uint64_t tag, 
   // test(), and a receive costs one syscall fewer.
   Request* r = new_request(c, Kind::kRecv, data, size, tag);
   if (r == nullptr) return MESHCCL_T_SYSTEM_ERROR;
-  if (Unexpected* u = c->unexpected.take_tag(tag)) {
-    if (u->size > size) {
+  r->state = State::kPosted;
+  const meshccl_tresult_t res = c->m.post(r, [c](Request* r, Unexpected* u) {
+    if (u->size > r->size) {
       warn_trunc(c, u->size, r);
       finish(r, MESHCCL_T_INVALID_USAGE);
       if (u == c->cur_unex) {  // still arriving: drop the rest as it comes
@@ -368,15 +352,11 @@ meshccl_tresult_t recv_post(RecvComm* c, void* data, size_t size, uint64_t tag, 
       c->cur_req = r;
       c->dest = r->data;
     }
-    c->bufs.put(u->buf);
-    c->unex.put(u);
-  } else if (c->peer_gone != MESHCCL_T_SUCCESS) {
+  });
+  if (res != MESHCCL_T_SUCCESS) {
     release(c, r);
     MPLUG_WARN(c->ctx->host, "socket: receive (tag %" PRIu64 ") posted after %s went away", tag, c->peer.c_str());
-    return c->peer_gone;
-  } else {
-    r->state = State::kPosted;
-    c->posted.push_back(r);
+    return res;
   }
   *request = r;
   return MESHCCL_T_SUCCESS;
@@ -384,8 +364,7 @@ meshccl_tresult_t recv_post(RecvComm* c, void* data, size_t size, uint64_t tag, 
 
 meshccl_tresult_t recv_probe(RecvComm* c, uint64_t tag, int* found) {
   recv_progress(c);
-  *found = c->unexpected.has_tag(tag) ? 1 : 0;
-  return *found != 0 ? MESHCCL_T_SUCCESS : c->peer_gone;
+  return c->m.probe(tag, found);
 }
 
 meshccl_tresult_t recv_test(Request* r, int* done, size_t* size) {

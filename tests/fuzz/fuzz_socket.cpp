@@ -97,7 +97,7 @@ void check_stream(const uint8_t* data, size_t size) {
     caps.clear();
   }
   close(c->fd);
-  for (Unexpected* u; (u = c->unexpected.pop_front()) != nullptr;) c->bufs.put(u->buf);
+  c->m.drain();
   delete c;
 }
 }  // namespace
