@@ -499,71 +499,26 @@ bool finalize(Ctx* c) {
   return false;
 }
 
-using Lock = std::lock_guard<std::mutex>;
-Ctx* ctx_of(Request* r) {
-  return r->kind == Kind::kSend ? static_cast<SendComm*>(r->comm)->ctx : static_cast<RecvComm*>(r->comm)->ctx;
-}
-
-struct Traits {
-  static constexpr const char* kName = "ofi";
-  using Ctx = ofi::Ctx;
-  using ListenComm = ofi::ListenComm;
-  using SendComm = ofi::SendComm;
-  using RecvComm = ofi::RecvComm;
-  using Request = ofi::Request;
-  static constexpr uint32_t kCtxMagic = ofi::kCtxMagic;
-  static constexpr uint32_t kListenMagic = ofi::kListenMagic;
-  static constexpr uint32_t kSendMagic = ofi::kSendMagic;
-  static constexpr uint32_t kRecvMagic = ofi::kRecvMagic;
-  static constexpr uint32_t kReqMagic = ofi::kReqMagic;
-  static ArgCheck& check() { return g_check; }
-  static meshccl_tresult_t init(const meshccl_transport_host_v1_t* h, void** c) { return do_init(h, c); }
-  static void props(Ctx* c, meshccl_transport_props_v1_t* p) { ofi::props(c, p); }
-  static meshccl_tresult_t listen(Ctx* c, void* h, void** l) {
-    Lock g(c->mu);
-    return do_listen(c, h, l);
-  }
-  static meshccl_tresult_t connect(Ctx* c, const void* h, void** s) {
-    Lock g(c->mu);
-    return do_connect(c, h, s);
-  }
-  static meshccl_tresult_t accept(ListenComm* l, void** r) {
-    Lock g(l->ctx->mu);
-    return do_accept(l, r);
-  }
-  static meshccl_tresult_t send_post(SendComm* c, const void* d, size_t n, uint64_t t, void** r) {
-    Lock g(c->ctx->mu);
-    return ofi::send_post(c, d, n, t, r);
-  }
-  static meshccl_tresult_t recv_post(RecvComm* c, void* d, size_t n, uint64_t t, void** r) {
-    Lock g(c->ctx->mu);
-    return ofi::recv_post(c, d, n, t, r);
-  }
-  static meshccl_tresult_t recv_probe(RecvComm* c, uint64_t t, int* f) {
-    Lock g(c->ctx->mu);
-    return ofi::recv_probe(c, t, f);
-  }
-  static meshccl_tresult_t send_test(Request* r, int* d, size_t* n) {
-    Lock g(ctx_of(r)->mu);
-    return ofi::send_test(r, d, n);
-  }
-  static meshccl_tresult_t recv_test(Request* r, int* d, size_t* n) {
-    Lock g(ctx_of(r)->mu);
-    return ofi::recv_test(r, d, n);
-  }
-  static void close_send(SendComm* c) {
-    Lock g(c->ctx->mu);
-    ofi::close_send(c);
-  }
-  static void close_recv(RecvComm* c) {
-    Lock g(c->ctx->mu);
-    ofi::close_recv(c);
-  }
-  static void close_listen(ListenComm* l) {
-    Lock g(l->ctx->mu);
-    ofi::close_listen(l);
-  }
-  static bool finalize(Ctx* c) { return ofi::finalize(c); }
+constexpr char kName[] = "ofi";
+constexpr Binding<Ctx, ListenComm, SendComm, RecvComm, Request> kOfi{
+    .name = kName,
+    .check = &g_check,
+    .magic = {kCtxMagic, kListenMagic, kSendMagic, kRecvMagic, kReqMagic},
+    .init = do_init,
+    .props = props,
+    .listen = do_listen,
+    .connect = do_connect,
+    .accept = do_accept,
+    .send_post = send_post,
+    .recv_post = recv_post,
+    .send_test = send_test,
+    .recv_test = recv_test,
+    .recv_probe = recv_probe,
+    .close_send = close_send,
+    .close_recv = close_recv,
+    .close_listen = close_listen,
+    .finalize = finalize,
+    .serialized = true,  // the helper thread progresses the context too
 };
 
 }  // namespace
@@ -671,10 +626,10 @@ bool peer_dead(const meshccl_transport_host_v1_t* host, int32_t pid, PeerWatch& 
 }  // namespace meshccl::plugin::ofi
 
 extern "C" __attribute__((visibility("default"))) const meshccl_transport_v1_t meshccl_transport_v1 =
-    meshccl::plugin::Entry<meshccl::plugin::ofi::Traits>::table();
+    meshccl::plugin::Entry<meshccl::plugin::ofi::kOfi>::table();
 
 // The optional probe (see transport.h).
 extern "C" __attribute__((visibility("default"))) int meshccl_transport_v1_probe(void* recv_comm, uint64_t tag,
                                                                                  int* found) {
-  return meshccl::plugin::Entry<meshccl::plugin::ofi::Traits>::probe(recv_comm, tag, found);
+  return meshccl::plugin::Entry<meshccl::plugin::ofi::kOfi>::probe(recv_comm, tag, found);
 }

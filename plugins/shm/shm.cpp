@@ -259,44 +259,31 @@ void close_listen(ListenComm* lc) {
   if (lc->fd >= 0) close(lc->fd);
 }
 
-// What the shared entry shims (plugins/common/entry.h) need from shm.
-struct Traits {
-  static constexpr const char* kName = "shm";
-  using Ctx = shm::Ctx;
-  using ListenComm = shm::ListenComm;
-  using SendComm = shm::SendComm;
-  using RecvComm = shm::RecvComm;
-  using Request = shm::Request;
-  static constexpr uint32_t kCtxMagic = shm::kCtxMagic;
-  static constexpr uint32_t kListenMagic = shm::kListenMagic;
-  static constexpr uint32_t kSendMagic = shm::kSendMagic;
-  static constexpr uint32_t kRecvMagic = shm::kRecvMagic;
-  static constexpr uint32_t kReqMagic = shm::kReqMagic;
-  static ArgCheck& check() { return g_check; }
-  static meshccl_tresult_t init(const meshccl_transport_host_v1_t* h, void** c) { return do_init(h, c); }
-  static void props(Ctx* c, meshccl_transport_props_v1_t* p) { shm::props(c, p); }
-  static meshccl_tresult_t listen(Ctx* c, void* h, void** l) { return do_listen(c, h, l); }
-  static meshccl_tresult_t connect(Ctx* c, const void* h, void** s) { return do_connect(c, h, s); }
-  static meshccl_tresult_t accept(ListenComm* l, void** r) { return do_accept(l, r); }
-  static meshccl_tresult_t send_post(SendComm* c, const void* d, size_t n, uint64_t t, void** r) {
-    return shm::send_post(c, d, n, t, r);
-  }
-  static meshccl_tresult_t recv_post(RecvComm* c, void* d, size_t n, uint64_t t, void** r) {
-    return shm::recv_post(c, d, n, t, r);
-  }
-  static meshccl_tresult_t send_test(Request* r, int* d, size_t* n) { return shm::send_test(r, d, n); }
-  static meshccl_tresult_t recv_test(Request* r, int* d, size_t* n) { return shm::recv_test(r, d, n); }
-  static meshccl_tresult_t recv_probe(RecvComm* c, uint64_t t, int* f) { return shm::recv_probe(c, t, f); }
-  static void close_send(SendComm* c) { send_close(c); }
-  static void close_recv(RecvComm* c) { recv_close(c); }
-  static void close_listen(ListenComm* l) { shm::close_listen(l); }
-  static void finalize(Ctx* c) { (void)c; }
+constexpr char kName[] = "shm";
+constexpr Binding<Ctx, ListenComm, SendComm, RecvComm, Request> kShm{
+    .name = kName,
+    .check = &g_check,
+    .magic = {kCtxMagic, kListenMagic, kSendMagic, kRecvMagic, kReqMagic},
+    .init = do_init,
+    .props = props,
+    .listen = do_listen,
+    .connect = do_connect,
+    .accept = do_accept,
+    .send_post = send_post,
+    .recv_post = recv_post,
+    .send_test = send_test,
+    .recv_test = recv_test,
+    .recv_probe = recv_probe,
+    .close_send = send_close,
+    .close_recv = recv_close,
+    .close_listen = close_listen,
+    .finalize = nullptr,
 };
 
 }  // namespace
 }  // namespace meshccl::plugin::shm
 
 extern "C" const meshccl_transport_v1_t meshccl_transport_shm =
-    meshccl::plugin::Entry<meshccl::plugin::shm::Traits>::table();
+    meshccl::plugin::Entry<meshccl::plugin::shm::kShm>::table();
 extern "C" const meshccl_transport_v1_probe_t meshccl_transport_shm_probe =
-    meshccl::plugin::Entry<meshccl::plugin::shm::Traits>::probe;
+    meshccl::plugin::Entry<meshccl::plugin::shm::kShm>::probe;

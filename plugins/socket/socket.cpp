@@ -188,46 +188,38 @@ void close_recv(RecvComm* c) {
 
 void close_listen(ListenComm* lc) { lc->gate.close_all(); }
 
-// What the shared entry shims (plugins/common/entry.h) need from socket.
-struct Traits {
-  static constexpr const char* kName = "socket";
-  using Ctx = socket::Ctx;
-  using ListenComm = socket::ListenComm;
-  using SendComm = socket::SendComm;
-  using RecvComm = socket::RecvComm;
-  using Request = socket::Request;
-  static constexpr uint32_t kCtxMagic = socket::kCtxMagic;
-  static constexpr uint32_t kListenMagic = socket::kListenMagic;
-  static constexpr uint32_t kSendMagic = socket::kSendMagic;
-  static constexpr uint32_t kRecvMagic = socket::kRecvMagic;
-  static constexpr uint32_t kReqMagic = socket::kReqMagic;
-  static ArgCheck& check() { return g_check; }
-  static meshccl_tresult_t init(const meshccl_transport_host_v1_t* h, void** c) { return do_init(h, c); }
-  static void props(Ctx* c, meshccl_transport_props_v1_t* p) { socket::props(c, p); }
-  static meshccl_tresult_t listen(Ctx* c, void* h, void** l) { return do_listen(c, h, l); }
-  static meshccl_tresult_t connect(Ctx* c, const void* h, void** s) { return do_connect(c, h, s); }
-  static meshccl_tresult_t accept(ListenComm* l, void** r) { return do_accept(l, r); }
-  static meshccl_tresult_t send_post(SendComm* c, const void* d, size_t n, uint64_t t, void** r) {
-    return socket::send_post(c, d, n, t, r);
-  }
-  static meshccl_tresult_t recv_post(RecvComm* c, void* d, size_t n, uint64_t t, void** r) {
-    return socket::recv_post(c, d, n, t, r);
-  }
-  static meshccl_tresult_t send_test(Request* r, int* d, size_t* n) { return socket::send_test(r, d, n); }
-  static meshccl_tresult_t recv_test(Request* r, int* d, size_t* n) { return socket::recv_test(r, d, n); }
-  static meshccl_tresult_t recv_probe(RecvComm* c, uint64_t t, int* f) { return socket::recv_probe(c, t, f); }
-  static void close_send(SendComm* c) { close(c->fd); }
-  static void close_recv(RecvComm* c) { socket::close_recv(c); }
-  static void close_listen(ListenComm* l) { socket::close_listen(l); }
-  static void finalize(Ctx* c) {
-    c->connecting.clear();  // connects the host gave up on
-  }
+void close_send(SendComm* c) { close(c->fd); }
+
+bool finalize(Ctx* c) {
+  c->connecting.clear();  // connects the host gave up on
+  return true;
+}
+
+constexpr char kName[] = "socket";
+constexpr Binding<Ctx, ListenComm, SendComm, RecvComm, Request> kSocket{
+    .name = kName,
+    .check = &g_check,
+    .magic = {kCtxMagic, kListenMagic, kSendMagic, kRecvMagic, kReqMagic},
+    .init = do_init,
+    .props = props,
+    .listen = do_listen,
+    .connect = do_connect,
+    .accept = do_accept,
+    .send_post = send_post,
+    .recv_post = recv_post,
+    .send_test = send_test,
+    .recv_test = recv_test,
+    .recv_probe = recv_probe,
+    .close_send = close_send,
+    .close_recv = close_recv,
+    .close_listen = close_listen,
+    .finalize = finalize,
 };
 
 }  // namespace
 }  // namespace meshccl::plugin::socket
 
 extern "C" const meshccl_transport_v1_t meshccl_transport_socket =
-    meshccl::plugin::Entry<meshccl::plugin::socket::Traits>::table();
+    meshccl::plugin::Entry<meshccl::plugin::socket::kSocket>::table();
 extern "C" const meshccl_transport_v1_probe_t meshccl_transport_socket_probe =
-    meshccl::plugin::Entry<meshccl::plugin::socket::Traits>::probe;
+    meshccl::plugin::Entry<meshccl::plugin::socket::kSocket>::probe;

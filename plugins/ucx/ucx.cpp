@@ -485,49 +485,37 @@ bool finalize(Ctx* c) {
   return true;
 }
 
-struct Traits {
-  static constexpr const char* kName = "ucx";
-  using Ctx = ucx::Ctx;
-  using ListenComm = ucx::ListenComm;
-  using SendComm = ucx::SendComm;
-  using RecvComm = ucx::RecvComm;
-  using Request = ucx::Request;
-  static constexpr uint32_t kCtxMagic = ucx::kCtxMagic;
-  static constexpr uint32_t kListenMagic = ucx::kListenMagic;
-  static constexpr uint32_t kSendMagic = ucx::kSendMagic;
-  static constexpr uint32_t kRecvMagic = ucx::kRecvMagic;
-  static constexpr uint32_t kReqMagic = ucx::kReqMagic;
-  static ArgCheck& check() { return g_check; }
-  static meshccl_tresult_t init(const meshccl_transport_host_v1_t* h, void** c) { return do_init(h, c); }
-  static void props(Ctx* c, meshccl_transport_props_v1_t* p) { ucx::props(c, p); }
-  static meshccl_tresult_t listen(Ctx* c, void* h, void** l) { return do_listen(c, h, l); }
-  static meshccl_tresult_t connect(Ctx* c, const void* h, void** s) { return do_connect(c, h, s); }
-  static meshccl_tresult_t accept(ListenComm* l, void** r) { return do_accept(l, r); }
-  static meshccl_tresult_t send_post(SendComm* c, const void* d, size_t n, uint64_t t, void** r) {
-    return ucx::send_post(c, d, n, t, r);
-  }
-  static meshccl_tresult_t recv_post(RecvComm* c, void* d, size_t n, uint64_t t, void** r) {
-    return ucx::recv_post(c, d, n, t, r);
-  }
-  static meshccl_tresult_t send_test(Request* r, int* d, size_t* n) { return ucx::send_test(r, d, n); }
-  static meshccl_tresult_t recv_test(Request* r, int* d, size_t* n) { return ucx::recv_test(r, d, n); }
-  static meshccl_tresult_t recv_probe(RecvComm* c, uint64_t t, int* f) { return ucx::recv_probe(c, t, f); }
-  static void close_send(SendComm* c) { ucx::close_send(c); }
-  static void close_recv(RecvComm* c) { ucx::close_recv(c); }
-  static void close_listen(ListenComm* l) { ucx::close_listen(l); }
-  static bool finalize(Ctx* c) { return ucx::finalize(c); }
+constexpr char kName[] = "ucx";
+constexpr Binding<Ctx, ListenComm, SendComm, RecvComm, Request> kUcx{
+    .name = kName,
+    .check = &g_check,
+    .magic = {kCtxMagic, kListenMagic, kSendMagic, kRecvMagic, kReqMagic},
+    .init = do_init,
+    .props = props,
+    .listen = do_listen,
+    .connect = do_connect,
+    .accept = do_accept,
+    .send_post = send_post,
+    .recv_post = recv_post,
+    .send_test = send_test,
+    .recv_test = recv_test,
+    .recv_probe = recv_probe,
+    .close_send = close_send,
+    .close_recv = close_recv,
+    .close_listen = close_listen,
+    .finalize = finalize,
 };
 
 }  // namespace
 }  // namespace meshccl::plugin::ucx
 
 extern "C" __attribute__((visibility("default"))) const meshccl_transport_v1_t meshccl_transport_v1 =
-    meshccl::plugin::Entry<meshccl::plugin::ucx::Traits>::table();
+    meshccl::plugin::Entry<meshccl::plugin::ucx::kUcx>::table();
 
 // The optional probe (see transport.h).
 extern "C" __attribute__((visibility("default"))) int meshccl_transport_v1_probe(void* recv_comm, uint64_t tag,
                                                                                  int* found) {
-  return meshccl::plugin::Entry<meshccl::plugin::ucx::Traits>::probe(recv_comm, tag, found);
+  return meshccl::plugin::Entry<meshccl::plugin::ucx::kUcx>::probe(recv_comm, tag, found);
 }
 
 // Optional description for meshccl_info (see transport.h).
