@@ -20,7 +20,12 @@
 // Every rank waits for every peer's arrival in each round and compares the
 // operation signature in the slot header with its own, so mismatched calls
 // (collective, count, datatype, op, root) are found on every rank and reported
-// as ncclInvalidUsage. No thread hand-off, no message, no allocation per call.
+// as ncclInvalidUsage. The exception is a rooted round (a Broadcast or Scatter
+// whose input fits the header): a peer waits for and compares with its root
+// only, and the root waits for nobody, comparing its peers' headers at its
+// next call or wait (check_unchecked), which lets it run up to
+// NodeRegion::kRunAhead rounds ahead. No thread hand-off, no message, no
+// allocation per call.
 //
 // Rounds run in the operation's lane of the region: one lane in call order
 // (FIFO), or with priority scheduling one per stream priority level, whose
@@ -75,6 +80,9 @@ class DirectRun final : public Run {
     // Inputs that fit the header's first line travel with the arrival itself
     // (single-round operations only: the slot data is not touched at all).
     inline_ = input_bytes(op) <= NodeRegion::kInlineBytes && op.count <= round_elems_;
+    // A Broadcast or Scatter that fits the header reads only its root's
+    // input: a peer waits for the root alone, and the root for nobody.
+    rooted_ = inline_ && (op.kind == OpKind::Broadcast || op.kind == OpKind::Scatter);
     // Reduce within a round by one rank (small) or split over all ranks.
     two_phase_ = (op.kind == OpKind::AllReduce || op.kind == OpKind::Reduce) &&
                  std::min(op.count, round_elems_) * op.elem() * static_cast<size_t>(op.nranks) > kOnePhaseBytes;
@@ -107,7 +115,7 @@ class DirectRun final : public Run {
           MC_TRY(all_arrived(&ready));
           if (!ready) return kOk;
           peers_read_buffers_ = false;
-          for (int p = 0; p < n(); ++p) peers_read_buffers_ |= header(p).input_at == NodeRegion::kInBuffer;
+          for (int p = 0; p < n() && !rooted_; ++p) peers_read_buffers_ |= header(p).input_at == NodeRegion::kInBuffer;
           MC_TRY(read_inputs());
           *moved = true;
           if (!two_phase_) break;
@@ -182,17 +190,81 @@ class DirectRun final : public Run {
   Status my_turn(bool* ready) {
     *ready = false;
     if (node_->finished(lane_).load(std::memory_order_acquire) != round_ - 1) return kOk;
+    // Every peer must be past the last reader of what this round overwrites:
+    // the data slot of round - 2, or the header of round - kRing.
+    const uint64_t back = inline_ ? NodeRegion::kRunAhead : 1;
     for (int p = 0; p < n(); ++p) {
-      if (round_ > 1 && !arrived(p, round_ - 1)) {
+      if (round_ > back && !arrived(p, round_ - back)) {
         waiting_ = p;
-        MC_TRY(unless_left(p, [&] { return arrived(p, round_ - 1); }));
+        MC_TRY(unless_left(p, [&] { return arrived(p, round_ - back); }));
+        MC_TRY(check_unchecked());
         return peer_failure();
       }
     }
     waiting_ = -1;
+    // Rounds this rank ran as a root without comparing: due before this
+    // round lets peers reuse their headers.
+    MC_TRY(check_unchecked());
     if (yield_to_urgent()) return kOk;
     *ready = true;
     return kOk;
+  }
+
+  // Whether this rank waits for p's arrival at this round and compares p's call
+  // with its own: every peer, except in a rooted round (a peer waits for the root,
+  // the root for nobody).
+  bool waits_for(int p) const {
+    if (p == me()) return false;
+    return !rooted_ || (me() != op_.root && p == op_.root);
+  }
+
+  // The rounds this rank finished as a root without comparing (node_->unchecked)
+  // are compared with every peer's header as soon as every peer has arrived at
+  // them: at its next call or wait, and at the latest before it arrives
+  // kRunAhead rounds later (after which a peer may reuse that header). Between
+  // them, every pair of ranks is compared in every round: a peer compares
+  // itself with its root, a root with every peer, so a mismatch is found by
+  // at least one rank of each pair that differs.
+  Status check_unchecked() {
+    std::vector<uint64_t>& due = node_->unchecked(lane_);
+    size_t done = 0;
+    Status s = kOk;
+    for (; done < due.size() && s.ok(); ++done) {
+      const uint64_t r = due[done];
+      bool all = true;
+      for (int p = 0; p < n() && all; ++p) all = p == me() || arrived(p, r);
+      if (!all) break;
+      const NodeRegion::SlotHeader& own = node_->header(me(), lane_, r);
+      for (int p = 0; p < n() && s.ok(); ++p)
+        if (p != me()) s = compare(p, r, own.signature, own.call, r != round_);
+    }
+    due.erase(due.begin(), due.begin() + static_cast<std::ptrdiff_t>(done));
+    return s;
+  }
+
+  // Rank p's call at round r against this rank's (sig, call): ncclInvalidUsage
+  // naming the difference, after marking this rank as having found one.
+  // earlier: round r belongs to an earlier call of this rank (a root's).
+  Status compare(int p, uint64_t r, const OpSignature& sig, uint32_t call, bool earlier) {
+    const NodeRegion::SlotHeader& h = node_->header(p, lane_, r);
+    const bool same_round = h.round.load(std::memory_order_relaxed) == r;
+    const bool check_call = node_->lanes() > 1;
+    if (same_round && h.signature == sig && (!check_call || h.call == call)) return kOk;
+    node_->failed(me()).value.store(r, std::memory_order_release);
+    std::string diff = same_round ? signature_difference(sig, me(), h.signature, p)
+                                  : "rank " + std::to_string(p) + " is at another call";
+    // The same signature at another call: the ranks issued calls at
+    // different stream priorities, which put them in different lanes.
+    if (diff.empty())
+      diff = "rank " + std::to_string(p) + " reached this call at another position (its direct call " +
+             std::to_string(h.call) + ", this rank's " + std::to_string(call) +
+             "): a collective's stream priority must be the same on every rank";
+    if (earlier)
+      return MC_ERROR(ncclInvalidUsage,
+                      "%s: mismatched calls across ranks at this rank's earlier %s, which it issued as the root and "
+                      "which returned before the peers arrived: %s",
+                      op_kind_name(op_.kind), op_kind_name(static_cast<OpKind>(sig.kind)), diff.c_str());
+    return MC_ERROR(ncclInvalidUsage, "%s: mismatched calls across ranks: %s", op_kind_name(op_.kind), diff.c_str());
   }
 
   // Priority scheduling, between two rounds (chunks) of this operation: every
@@ -316,35 +388,25 @@ class DirectRun final : public Run {
   Status all_arrived(bool* ready) {
     *ready = false;
     for (int p = 0; p < n(); ++p) {
-      if (p == me() || arrived(p, round_)) continue;
+      if (!waits_for(p) || arrived(p, round_)) continue;
       waiting_ = p;
       MC_TRY(unless_left(p, [&] { return arrived(p, round_); }));
+      MC_TRY(check_unchecked());
       Status failure = peer_failure();
       if (failure.ok()) return kOk;
-      // A rank found a mismatch, which it can only after every rank arrived:
-      // p may have arrived since it was looked at. Then compare here too, so
-      // that this rank names the difference rather than who found it.
+      // A rank found a mismatch, which it can only after the ranks it waits
+      // for arrived: p may have arrived since it was looked at. Then compare
+      // here too, so that this rank names the difference rather than who
+      // found it.
       for (int q = 0; q < n(); ++q)
-        if (q != me() && !arrived(q, round_)) return failure;
+        if (waits_for(q) && !arrived(q, round_)) return failure;
       break;
     }
     waiting_ = -1;
-    const bool check_call = node_->lanes() > 1;
-    for (int p = 0; p < n(); ++p) {
-      const NodeRegion::SlotHeader& h = header(p);
-      const bool same_round = h.round.load(std::memory_order_relaxed) == round_;
-      if (same_round && h.signature == sig_ && (!check_call || h.call == call_)) continue;
-      node_->failed(me()).value.store(round_, std::memory_order_release);
-      std::string diff = same_round ? signature_difference(sig_, me(), h.signature, p)
-                                    : "rank " + std::to_string(p) + " is at another call";
-      // The same signature at another call: the ranks issued calls at
-      // different stream priorities, which put them in different lanes.
-      if (diff.empty())
-        diff = "rank " + std::to_string(p) + " reached this call at another position (its direct call " +
-               std::to_string(h.call) + ", this rank's " + std::to_string(call_) +
-               "): a collective's stream priority must be the same on every rank";
-      return MC_ERROR(ncclInvalidUsage, "%s: mismatched calls across ranks: %s", op_kind_name(op_.kind), diff.c_str());
-    }
+    for (int p = 0; p < n(); ++p)
+      if (waits_for(p)) MC_TRY(compare(p, round_, sig_, call_, false));
+    if (rooted_ && me() == op_.root) node_->unchecked(lane_).push_back(round_);
+    MC_TRY(check_unchecked());
     *ready = true;
     return kOk;
   }
@@ -491,6 +553,7 @@ class DirectRun final : public Run {
   State state_ = State::Turn;
   bool peers_read_buffers_ = false;
   bool inline_ = false;
+  bool rooted_ = false;
   int waiting_ = -1;
 };
 

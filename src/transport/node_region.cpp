@@ -64,7 +64,7 @@ Status NodeRegion::create(Bootstrap& bs, const std::vector<PeerInfo>& peers, con
   region->slot_bytes_ = (slot_bytes + kLine - 1) / kLine * kLine;
   const size_t page = 4096;
   region->map_bytes_ =
-      (region->control_bytes() + 2 * static_cast<size_t>(lanes) * region->slot_stride() + page - 1) / page * page;
+      (region->control_bytes() + static_cast<size_t>(lanes) * region->lane_bytes() + page - 1) / page * page;
   region->bases_.assign(n, nullptr);
 
   Desc mine{};

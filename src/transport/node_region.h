@@ -8,8 +8,9 @@
 // /proc/<pid>/fd/<fd>, so nothing is ever left in /dev/shm):
 //
 //   Control   flags, each on its own cache line (see below), one set per lane
-//   Lane 0    slot 0 (header: round number + operation signature, then data),
-//             slot 1 the same; round k of the lane uses slot k % 2
+//   Lane 0    kRing headers (round number, operation signature, inputs of up
+//             to kInlineBytes), round k of the lane in header k % kRing; then
+//             data slots 0 and 1, round k in data slot k % 2
 //   Lane 1..  the same (priority scheduling only)
 //
 // A lane is a sequence of rounds. With FIFO scheduling there is one lane and
@@ -21,10 +22,14 @@
 //
 // Rounds of a lane are numbered from 1 in the same order on every rank. A rank
 // runs a lane's rounds one at a time and arrives at round k by writing k into
-// the header of slot k % 2 (so "rank p arrived at round r" reads as
-// header(p, lane, r).round >= r). Before it writes slot k % 2 it waits until
-// every peer has arrived at round k - 1: a peer arrives at k - 1 only after it
-// finished round k - 2, the last reader of that slot.
+// header k % kRing (so "rank p arrived at round r" reads as
+// header(p, lane, r).round >= r). Before it writes round k it waits until
+// every peer has arrived at round k - 1 when the round uses its data slot (a
+// peer arrives at k - 1 only after it finished round k - 2, the last reader of
+// that slot), or at round k - kRunAhead when its input travels in the header:
+// then a rank that waits for no peer's input (a Broadcast or Scatter root)
+// runs up to kRunAhead rounds ahead of the slowest peer, and a header is
+// rewritten only after every peer arrived kRunAhead rounds past it.
 #pragma once
 
 #include <algorithm>
@@ -72,22 +77,27 @@ class NodeRegion {
     uint64_t offset;  // of the operation's sendbuff in the file
     uint64_t file_size;
   };
-  // Bytes of input small enough to travel in the header's first line.
-  static constexpr size_t kInlineBytes = 32;
+  // Headers per lane, and how many rounds a rank may publish beyond the
+  // last round every peer has arrived at (inline rounds, see above).
+  static constexpr uint64_t kRing = 16;
+  static constexpr uint64_t kRunAhead = kRing / 2;
+  // Bytes of input small enough to travel in the header (the first 32 share
+  // the header's first line with the round and signature).
+  static constexpr size_t kInlineBytes = 1024 - 32;
   // Where a round's input lies.
   enum InputAt : uint32_t { kInSlot = 0, kInline = 1, kInBuffer = 2 };
-  // The first cache line is all a peer reads for a small operation: the
-  // round (written last, with release: it is the rank's arrival at that
-  // round), the signature and the input itself.
+  // The first cache line is all a peer reads for the smallest operations:
+  // the round (written last, with release: it is the rank's arrival at that
+  // round), the signature and the first 32 bytes of input.
   struct alignas(kLine) SlotHeader {
     std::atomic<uint64_t> round;  // last round published in this slot
     OpSignature signature;        // what the rank called
     uint32_t input_at;            // InputAt
     uint32_t call;                // the rank's direct call number (low bits), priority scheduling
     alignas(8) unsigned char inline_data[kInlineBytes];
-    BufferRef input;  // second line: read only when input_at == kInBuffer
+    BufferRef input;  // read only when input_at == kInBuffer
   };
-  static_assert(offsetof(SlotHeader, input) == kLine, "round, signature and inline data share one line");
+  static_assert(offsetof(SlotHeader, inline_data) + 32 == kLine, "round, signature and 32 input bytes share a line");
 
   ~NodeRegion();
   // Collective over the communicator. *out stays null (and no error is
@@ -118,11 +128,9 @@ class NodeRegion {
     return *reinterpret_cast<Control*>(bases_[r] + kLine + static_cast<size_t>(lane) * sizeof(Control));
   }
   SlotHeader& header(int r, int lane, uint64_t round) const {
-    return *reinterpret_cast<SlotHeader*>(bases_[r] + slot_offset(lane, round));
+    return *reinterpret_cast<SlotHeader*>(bases_[r] + header_offset(lane, round));
   }
-  char* data(int r, int lane, uint64_t round) const {
-    return bases_[r] + slot_offset(lane, round) + sizeof(SlotHeader);
-  }
+  char* data(int r, int lane, uint64_t round) const { return bases_[r] + data_offset(lane, round); }
 
   // Rounds of a lane handed out at launch, in call order (same on every rank).
   uint64_t reserve_rounds(int lane, uint64_t n) {
@@ -141,6 +149,9 @@ class NodeRegion {
   uint32_t take_call() { return ++calls_; }
   // Last round of the lane this rank finished.
   std::atomic<uint64_t>& finished(int lane) { return lane_[lane].finished; }
+  // Rounds of the lane this rank finished without comparing its peers'
+  // signatures (a Broadcast or Scatter root), oldest first (direct_shm.cpp).
+  std::vector<uint64_t>& unchecked(int lane) { return lane_[lane].unchecked; }
   // Peer's buffer described by ref, mapped here (cached per lane); nullptr
   // when it cannot be mapped. Called by one thread at a time per lane.
   const char* map_peer_buffer(int lane, int peer, const BufferRef& ref);
@@ -161,13 +172,18 @@ class NodeRegion {
     std::mutex active_mu;                                     // activate() may run on an engine's thread or a caller's
     uint64_t active_upto = 0;                                 // what `announced` says
     std::vector<std::pair<uint64_t, uint64_t>> active_later;  // driven, past a gap
+    std::vector<uint64_t> unchecked;
   };
 
   NodeRegion() = default;
   size_t control_bytes() const { return kLine + static_cast<size_t>(lanes_) * sizeof(Control); }
-  size_t slot_stride() const { return sizeof(SlotHeader) + slot_bytes_; }
-  size_t slot_offset(int lane, uint64_t round) const {
-    return control_bytes() + (2 * static_cast<size_t>(lane) + (round & 1)) * slot_stride();
+  size_t lane_bytes() const { return kRing * sizeof(SlotHeader) + 2 * slot_bytes_; }
+  size_t header_offset(int lane, uint64_t round) const {
+    return control_bytes() + static_cast<size_t>(lane) * lane_bytes() + (round % kRing) * sizeof(SlotHeader);
+  }
+  size_t data_offset(int lane, uint64_t round) const {
+    return control_bytes() + static_cast<size_t>(lane) * lane_bytes() + kRing * sizeof(SlotHeader) +
+           (round & 1) * slot_bytes_;
   }
 
   int rank_ = 0;

@@ -280,4 +280,68 @@ TEST(Direct, MismatchedCallsFailEveryRank) {
   }
 }
 
+// A small Broadcast's root waits for no peer and returns at once; a peer
+// compares itself with the root only. Ranks 0 and 1 call it with root 0, rank
+// 2 with root 2 (so it too is a root that compares with nobody): rank 1
+// matches its root and may succeed; both roots find the difference at their
+// next call at the latest, and rank 1 at its next wait on them (its next
+// AllReduce may still succeed: the roots called that one alike). Every rank
+// ends with ncclInvalidUsage, and rank 1 never takes the wrong root's data.
+TEST(Direct, RootsLearnOfAMismatchAtTheirNextCall) {
+  ScopedEnv env({{"MESHCCL_TIMEOUT", "20"}});
+  const int n = 3;
+  for (int rep = 0; rep < 5; ++rep) {
+    run_ranks(n, [](ncclComm_t comm, int rank) {
+      std::vector<float> buf(16, static_cast<float>(rank + 1));
+      const int root = rank == 2 ? 2 : 0;
+      ncclResult_t res = ncclBroadcast(buf.data(), buf.data(), buf.size(), ncclFloat32, root, comm, nullptr);
+      if (res == ncclSuccess && rank == 1) EXPECT_EQ(buf[0], 1.f) << "rank 1 takes its root's data";
+      int calls = 1;
+      for (; res == ncclSuccess && calls < 3; ++calls) {
+        int v = 1;
+        res = ncclAllReduce(&v, &v, 1, ncclInt32, ncclSum, comm, nullptr);
+        if (res == ncclSuccess) EXPECT_EQ(v, 3);
+      }
+      const std::string msg = ncclGetLastError(comm);
+      EXPECT_EQ(res, ncclInvalidUsage) << "rank " << rank << " after " << calls << " calls: " << msg;
+      if (rank != 1) EXPECT_LE(calls, 2) << "a root learns at its next call";
+      EXPECT_NE(msg.find("mismatched calls across ranks"), std::string::npos) << msg;
+      if (msg.find("found them") == std::string::npos)
+        EXPECT_NE(msg.find("root is"), std::string::npos) << "names the difference: " << msg;
+    });
+  }
+}
+
+// Small Broadcasts and Scatters let their roots run up to kRunAhead rounds
+// ahead of the slowest peer: a long stream of them of varying sizes (the root
+// changing every 25 calls, so that it does run ahead), mixed with AllReduces
+// (which wait for everyone) and Broadcasts too large for the header, delivers
+// every value to every rank. (With a bound past kRing it fails.)
+TEST(Direct, RootsRunningAheadDeliverEveryValue) {
+  for (int n : {2, 3, 5}) {
+    run_ranks(n, [n](ncclComm_t comm, int rank) {
+      std::vector<int32_t> buf(4096), piece(64);
+      for (int it = 0; it < 300; ++it) {
+        const int root = (it / 25 + 1) % n;
+        const size_t count = it % 50 == 49 ? 1000 : 1 + static_cast<size_t>(it * 13) % 240;
+        for (size_t i = 0; i < count; ++i) buf[i] = rank == root ? static_cast<int32_t>(it * 1000 + i) : -1;
+        ASSERT_EQ(ncclBroadcast(buf.data(), buf.data(), count, ncclInt32, root, comm, nullptr), ncclSuccess);
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(buf[i], static_cast<int32_t>(it * 1000 + i)) << "it " << it;
+        if (it % 3 == 0) {
+          const size_t per = 1 + static_cast<size_t>(it) % 7;
+          for (size_t i = 0; i < per * static_cast<size_t>(n); ++i) buf[i] = static_cast<int32_t>(it + i);
+          ASSERT_EQ(ncclScatter(buf.data(), piece.data(), per, ncclInt32, root, comm, nullptr), ncclSuccess);
+          for (size_t i = 0; i < per; ++i)
+            ASSERT_EQ(piece[i], static_cast<int32_t>(it + static_cast<size_t>(rank) * per + i)) << "Scatter it " << it;
+        }
+        if (it % 40 == 0) {
+          int32_t v = rank + it;
+          ASSERT_EQ(ncclAllReduce(&v, &v, 1, ncclInt32, ncclSum, comm, nullptr), ncclSuccess);
+          ASSERT_EQ(v, n * (n - 1) / 2 + n * it);
+        }
+      }
+    });
+  }
+}
+
 }  // namespace
