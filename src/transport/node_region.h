@@ -83,7 +83,7 @@ class NodeRegion {
   static constexpr uint64_t kRunAhead = kRing / 2;
   // Bytes of input small enough to travel in the header (the first 32 share
   // the header's first line with the round and signature).
-  static constexpr size_t kInlineBytes = 1024 - 32;
+  static constexpr size_t kInlineBytes = 1024;
   // Where a round's input lies.
   enum InputAt : uint32_t { kInSlot = 0, kInline = 1, kInBuffer = 2 };
   // The first cache line is all a peer reads for the smallest operations:
