@@ -451,8 +451,7 @@ meshccl_tresult_t do_accept(ListenComm* lc, void** out) {
   }
   Hello he;
   std::memcpy(&he, r->buf, sizeof(he));
-  auto c = std::make_unique<RecvComm>();
-  c->ctx = ctx;
+  auto c = std::make_unique<RecvComm>(ctx);
   c->conn = lc->conn;
   c->peer_pid = he.host_key == ctx->host_key ? he.pid : 0;
   MPLUG_CHECK(lookup_addr(ctx, he.name, he.name_len, &c->peer));
@@ -484,7 +483,7 @@ void close_listen(ListenComm* lc) {
 bool finalize(Ctx* c) {
   stop_helper(c);
   const bool live = may_progress(c);
-  if (c->frozen) {
+  if (c->freeze.frozen()) {
     MPLUG_INFO(c->host,
                "ofi: a receive was given up on while libfabric may still write it; the context is kept and no longer "
                "progressed");

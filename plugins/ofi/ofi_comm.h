@@ -11,8 +11,8 @@
 // and every receive after the handshake names its source address
 // (FI_DIRECTED_RECV), so only the sender that presented the listener's nonce
 // can feed a connection. Matching by user tag (oldest posted receive, oldest
-// unexpected header) is the plugin's, with the shared lists. See
-// docs/transports.md and docs/architecture.md.
+// unexpected header) is the plugin's, with the shared matcher
+// (plugins/common/matcher.h). See docs/transports.md and docs/architecture.md.
 #ifndef MESHCCL_PLUGINS_OFI_OFI_COMM_H_
 #define MESHCCL_PLUGINS_OFI_OFI_COMM_H_
 
@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "meshccl/transport.h"
+#include "plugins/common/matcher.h"
 #include "plugins/common/msg_engine.h"
 #include "plugins/common/plugin_util.h"
 
@@ -142,7 +143,7 @@ struct Unexpected : Linked<Unexpected> {
   uint64_t tag;
   uint64_t size;
   uint64_t seq;
-  BufferPool::Buf inl;  // the payload when it came inline
+  BufferPool::Buf buf;  // the payload when it came inline
 };
 
 // An address in the vector, by endpoint name.
@@ -190,7 +191,7 @@ struct Ctx {
   bool stopping = false;
   std::vector<struct SendComm*> connecting;
   std::vector<struct RecvComm*> recvs;  // open receive comms (see may_progress)
-  bool frozen = false;           // a receive libfabric may still write was given up on: no longer progressed, kept
+  Freeze freeze;                 // a receive libfabric may still write was given up on: no longer progressed, kept
   bool sends_abandoned = false;  // a send libfabric may still read was given up on: no longer progressed
 };
 
@@ -220,18 +221,18 @@ struct SendComm {
 };
 
 struct RecvComm {
+  explicit RecvComm(Ctx* c) : ctx(c), m(&c->bufs) {}
   uint32_t magic = kRecvMagic;
-  Ctx* ctx = nullptr;
+  Ctx* ctx;
   uint32_t conn = 0;
   fi_addr_t peer = FI_ADDR_UNSPEC;
   int32_t peer_pid = 0;
   uint64_t seq = 0;                 // next header to take in
   Request* slots[kHdrWindow] = {};  // slots[s % kHdrWindow] receives header s
-  List<Request> posted;
-  List<Request> active;
-  List<Unexpected> unexpected;
-  Pool<Unexpected> unex;
-  bool closed = false;  // the sender said bye
+  // Posted receives, matched ones still moving, headers that came before
+  // their receive (payloads from ctx->bufs). Its gone state is the sender's
+  // bye: nothing more arrives, messages from complete_below on never complete.
+  Matcher<Request, Unexpected> m;
   uint64_t complete_below = UINT64_MAX;
   std::vector<unsigned char> scratch;  // payload chunks of truncated receives
   PeerWatch watch;
@@ -246,7 +247,8 @@ meshccl_tresult_t op_fail(Ctx* ctx, const char* what, const Op& op);
 Request* new_request(Ctx* ctx, Kind kind, void* comm);
 void release(Ctx* ctx, Request* r);  // back to the pool, or orphaned while busy
 bool peer_dead(const meshccl_transport_host_v1_t* host, int32_t pid, PeerWatch& watch);
-// Whether a close may progress the context. Once the caller gave up on an
+// Whether a close may progress the context: not once it is frozen (Freeze,
+// plugins/common/matcher.h) or gave up on a send. Once the caller gave up on an
 // operation, it may free the buffers of its receives, and libfabric cannot
 // cancel a receive it has matched: it goes on writing the buffer whenever the
 // context progresses, whichever comm a close is for. So while any open

@@ -207,6 +207,15 @@ meshccl_tresult_t send_test(Request* r, int* done, size_t* size) {
 
 namespace {
 
+// The sender said bye (take_header): nothing more arrives.
+bool sender_closed(const RecvComm* c) { return c->m.gone() != MESHCCL_T_SUCCESS; }
+
+// The list r is on: posted while it waits for its message; active once
+// matched, or once the sender closed without sending it (take_header).
+List<Request>& list_of(RecvComm* c, const Request* r) {
+  return r->state == State::kPosted && !sender_closed(c) ? c->m.posted() : c->m.active();
+}
+
 meshccl_tresult_t post_slot(RecvComm* c, Request* s) {
   s->hdr = Op{s, 0, 0, 0, 0, 0};
   meshccl_tresult_t res =
@@ -238,7 +247,7 @@ meshccl_tresult_t post_chunks(RecvComm* c, Request* r) {
 meshccl_tresult_t start_recv(RecvComm* c, Request* r, uint64_t size, uint64_t seq, const void* inl) {
   r->nbytes = size;
   r->seq = seq;
-  c->active.push_back(r);
+  c->m.active().push_back(r);
   if (size > r->size) {
     MPLUG_WARN(c->ctx->host,
                "ofi: a %" PRIu64 "-byte message (tag %" PRIu64 ") does not fit a %" PRIu64 "-byte receive", size,
@@ -263,8 +272,10 @@ meshccl_tresult_t take_header(RecvComm* c, Request* s) {
   WireHdr h;
   std::memcpy(&h, s->buf, sizeof(h));
   if (h.flags & kFlagBye) {
-    c->closed = true;
     c->complete_below = h.complete_below;
+    // Receives still waiting stay as they are, among the matched ones:
+    // recv_test fails them (the sender closed before sending their message).
+    c->m.lose_peer(MESHCCL_T_REMOTE_ERROR, [c](Request* r) { c->m.active().push_back(r); });
     return MESHCCL_T_SUCCESS;
   }
   bool inl = h.size <= kInline;
@@ -273,25 +284,18 @@ meshccl_tresult_t take_header(RecvComm* c, Request* s) {
     return MESHCCL_T_SYSTEM_ERROR;
   }
   const unsigned char* payload = s->buf + sizeof(h);
-  if (Request* r = c->posted.take_tag(h.tag)) return start_recv(c, r, h.size, s->seq, payload);
-  Unexpected* u = c->unex.get();
+  if (Request* r = c->m.match(h.tag)) return start_recv(c, r, h.size, s->seq, payload);
+  Unexpected* u = c->m.park(h.tag, h.size, inl ? h.size : 0);
   if (u == nullptr) return MESHCCL_T_SYSTEM_ERROR;
-  u->tag = h.tag;
-  u->size = h.size;
   u->seq = s->seq;
-  if (inl && h.size != 0) {
-    u->inl = c->ctx->bufs.get(h.size);
-    if (u->inl.ptr == nullptr) return MESHCCL_T_SYSTEM_ERROR;
-    std::memcpy(u->inl.ptr, payload, h.size);
-  }
-  c->unexpected.push_back(u);
+  if (inl && h.size != 0) std::memcpy(u->buf.ptr, payload, h.size);
   return MESHCCL_T_SUCCESS;
 }
 
 // Takes in every header that arrived, in order, and keeps receives posted.
 meshccl_tresult_t pump(RecvComm* c) {
   MPLUG_CHECK(progress(c->ctx));
-  for (int i = 0; i < 4 * kHdrWindow && !c->closed; ++i) {
+  for (int i = 0; i < 4 * kHdrWindow && !sender_closed(c); ++i) {
     Request* s = c->slots[c->seq % kHdrWindow];
     if (s->state == State::kQueued) MPLUG_CHECK(post_slot(c, s));
     if (s->state == State::kQueued || busy(s->hdr)) break;
@@ -299,9 +303,9 @@ meshccl_tresult_t pump(RecvComm* c) {
     MPLUG_CHECK(take_header(c, s));
     ++c->seq;
     s->seq += kHdrWindow;
-    if (!c->closed) MPLUG_CHECK(post_slot(c, s));
+    if (!sender_closed(c)) MPLUG_CHECK(post_slot(c, s));
   }
-  for (Request* r = c->active.front(); r != nullptr; r = r->next)
+  for (Request* r = c->m.active().front(); r != nullptr; r = r->next)
     if (r->state == State::kActive && r->chunks_posted < r->nchunks && r->body.err == 0) MPLUG_CHECK(post_chunks(c, r));
   return MESHCCL_T_SUCCESS;
 }
@@ -320,11 +324,6 @@ meshccl_tresult_t start_slots(RecvComm* c) {
 }
 
 meshccl_tresult_t recv_post(RecvComm* c, void* data, size_t size, uint64_t tag, void** request) {
-  Unexpected* u = c->unexpected.take_tag(tag);
-  if (u == nullptr && c->closed) {
-    MPLUG_WARN(c->ctx->host, "ofi: the sender closed connection %u", c->conn);
-    return MESHCCL_T_REMOTE_ERROR;
-  }
   Request* r = new_request(c->ctx, Kind::kRecv, c);
   if (r == nullptr) return MESHCCL_T_SYSTEM_ERROR;
   r->state = State::kPosted;
@@ -332,12 +331,12 @@ meshccl_tresult_t recv_post(RecvComm* c, void* data, size_t size, uint64_t tag, 
   r->data = static_cast<unsigned char*>(data);
   r->size = size;
   meshccl_tresult_t res = MESHCCL_T_SUCCESS;
-  if (u != nullptr) {
-    res = start_recv(c, r, u->size, u->seq, u->inl.ptr);
-    c->ctx->bufs.put(u->inl);
-    c->unex.put(u);
-  } else {
-    c->posted.push_back(r);
+  const meshccl_tresult_t gone =
+      c->m.post(r, [c, &res](Request* r, Unexpected* u) { res = start_recv(c, r, u->size, u->seq, u->buf.ptr); });
+  if (gone != MESHCCL_T_SUCCESS) {
+    release(c->ctx, r);
+    MPLUG_WARN(c->ctx->host, "ofi: the sender closed connection %u", c->conn);
+    return gone;
   }
   *request = r;
   if (res == MESHCCL_T_SUCCESS) (void)pump(c);  // an error here is reported by test
@@ -346,10 +345,10 @@ meshccl_tresult_t recv_post(RecvComm* c, void* data, size_t size, uint64_t tag, 
 
 meshccl_tresult_t recv_probe(RecvComm* c, uint64_t tag, int* found) {
   const meshccl_tresult_t res = pump(c);
-  *found = c->unexpected.has_tag(tag) ? 1 : 0;
+  const meshccl_tresult_t gone = c->m.probe(tag, found);
   if (*found != 0 || res != MESHCCL_T_SUCCESS) return *found != 0 ? MESHCCL_T_SUCCESS : res;
-  if (c->closed || peer_dead(c->ctx->host, c->peer_pid, c->watch)) return MESHCCL_T_REMOTE_ERROR;
-  return MESHCCL_T_SUCCESS;
+  if (gone != MESHCCL_T_SUCCESS) return gone;
+  return peer_dead(c->ctx->host, c->peer_pid, c->watch) ? MESHCCL_T_REMOTE_ERROR : MESHCCL_T_SUCCESS;
 }
 
 meshccl_tresult_t recv_test(Request* r, int* done, size_t* size) {
@@ -368,7 +367,7 @@ meshccl_tresult_t recv_test(Request* r, int* done, size_t* size) {
     }
   } else if (pr != MESHCCL_T_SUCCESS) {
     res = pr;
-  } else if (c->closed && (r->state == State::kPosted || r->seq >= c->complete_below)) {
+  } else if (sender_closed(c) && (r->state == State::kPosted || r->seq >= c->complete_below)) {
     MPLUG_WARN(ctx->host, "ofi: the sender closed connection %u before sending this message", c->conn);
     res = MESHCCL_T_REMOTE_ERROR;
   } else if (peer_dead(ctx->host, c->peer_pid, c->watch)) {
@@ -376,12 +375,10 @@ meshccl_tresult_t recv_test(Request* r, int* done, size_t* size) {
   } else {
     return MESHCCL_T_SUCCESS;  // in flight
   }
-  if (r->state == State::kPosted) c->posted.remove(r);
-  else c->active.remove(r);
+  list_of(c, r).remove(r);
   if (busy(r->body)) fi_cancel(&ctx->ep->fid, &r->body);
-  if (size != nullptr) *size = res == MESHCCL_T_SUCCESS ? r->nbytes : 0;
+  res = report_done(res, r->nbytes, done, size);
   release(ctx, r);
-  *done = 1;
   return res;
 }
 
@@ -453,11 +450,9 @@ void wait_sends_let_go(SendComm* c, bool peer_stopped) {
 }  // namespace
 
 bool may_progress(Ctx* ctx) {
-  for (const RecvComm* c : ctx->recvs)
-    for (const Request* r = c->active.front(); r != nullptr && !ctx->frozen; r = r->next)
-      if (busy(r->body)) ctx->frozen = true;
-  if (ctx->frozen) ctx->stopping = true;  // the helper thread progresses no more either
-  return !ctx->frozen && !ctx->sends_abandoned;
+  const bool frozen = ctx->freeze.check(ctx->recvs, [](const Request* r) { return busy(r->body); });
+  if (frozen) ctx->stopping = true;  // the helper thread progresses no more either
+  return !frozen && !ctx->sends_abandoned;
 }
 
 void close_send(SendComm* c) {
@@ -498,13 +493,14 @@ void close_send(SendComm* c) {
 
 void close_recv(RecvComm* c) {
   Ctx* ctx = c->ctx;
-  if (may_progress(ctx)) (void)progress(ctx);     // every open comm of the context, this one included
-  if (!c->closed && !pid_stopped(c->peer_pid)) {  // tell the sender, whose sends would wait forever (see close_send)
+  if (may_progress(ctx)) (void)progress(ctx);  // every open comm of the context, this one included
+  // Tell the sender, whose sends would wait forever (see close_send).
+  if (!sender_closed(c) && !pid_stopped(c->peer_pid)) {
     uint64_t below = c->seq;
-    for (Request* r = c->active.front(); r != nullptr; r = r->next)
+    for (Request* r = c->m.active().front(); r != nullptr; r = r->next)
       if (r->state == State::kActive && (r->chunks_posted < r->nchunks || busy(r->body)))
         below = std::min(below, r->seq);
-    for (Unexpected* u = c->unexpected.front(); u != nullptr; u = u->next)
+    for (Unexpected* u = c->m.unexpected().front(); u != nullptr; u = u->next)
       if (u->size > kInline) below = std::min(below, u->seq);
     Request* note = new_request(ctx, Kind::kCtl, c);
     if (note != nullptr) {
@@ -513,10 +509,10 @@ void close_recv(RecvComm* c) {
       send_notice(ctx, note, c->peer, ftag(kBack, c->conn, 0, 0));
     }
   }
-  while (Request* r = c->posted.pop_front()) release(ctx, r);
-  while (Request* r = c->active.pop_front()) drop(ctx, r);
+  while (Request* r = c->m.posted().pop_front()) release(ctx, r);
+  while (Request* r = c->m.active().pop_front()) drop(ctx, r);
   for (Request*& s : c->slots) drop(ctx, s);
-  while (Unexpected* u = c->unexpected.pop_front()) ctx->bufs.put(u->inl);
+  c->m.drain();
   std::erase(ctx->recvs, c);
 }
 

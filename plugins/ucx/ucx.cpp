@@ -472,9 +472,10 @@ bool finalize(Ctx* c) {
       }
     }
   }
-  if (!c->closing.empty() || c->peer_failed || c->abandoned || c->frozen) {
+  const bool frozen = c->freeze.frozen();
+  if (!c->closing.empty() || c->peer_failed || c->abandoned || frozen) {
     MPLUG_INFO(c->host, "ucx: %s; the UCX worker is kept",
-               c->frozen ? "a receive was given up on while UCX still wrote it (the worker is no longer progressed)"
+               frozen ? "a receive was given up on while UCX still wrote it (the worker is no longer progressed)"
                : c->peer_failed ? "an endpoint of this context failed"
                : c->abandoned   ? "a send was given up on while UCX still ran it"
                                 : "endpoint closes did not finish in time");

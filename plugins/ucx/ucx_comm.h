@@ -16,8 +16,8 @@
 //            matched receive buffer (rendezvous for large sizes).
 //
 // UCX matches tags per worker, the contract per connection with 64-bit user
-// tags, so the plugin matches user tags itself with the shared lists. See
-// docs/transports.md.
+// tags, so the plugin matches user tags itself with the shared matcher
+// (plugins/common/matcher.h). See docs/transports.md.
 #ifndef MESHCCL_PLUGINS_UCX_UCX_COMM_H_
 #define MESHCCL_PLUGINS_UCX_UCX_COMM_H_
 
@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "meshccl/transport.h"
+#include "plugins/common/matcher.h"
 #include "plugins/common/msg_engine.h"
 #include "plugins/common/plugin_util.h"
 #include "plugins/common/socket_iface.h"
@@ -121,7 +122,7 @@ struct Ctx {
   std::vector<std::vector<unsigned char>> sinks;      // drain buffers UCX may still write, until the worker goes
   bool peer_failed = false;                           // an endpoint failed: the worker is not destroyed (see finalize)
   bool abandoned = false;  // a send or flush to another host was given up on in flight: kept as well
-  bool frozen = false;     // a matched receive was given up on: never progressed again, kept
+  Freeze freeze;           // a matched receive was given up on: never progressed again, kept
 };
 
 struct ListenComm {
@@ -193,12 +194,12 @@ struct RecvComm {
   unsigned char hdr_buf[sizeof(WireHdr) + kInline];
   void* hdr_req = nullptr;
   bool hdr_posted = false;
-  List<Request> posted;
-  List<Request> active;
-  List<Unexpected> unexpected;
   Pool<Request> reqs;
-  Pool<Unexpected> unex;
   BufferPool bufs{4u << 20};
+  // Posted receives, matched ones whose payload is still moving, headers
+  // that came before their receive. The sender's departure is decided by
+  // sender_gone (ucx_io.cpp), not by the matcher's gone state.
+  Matcher<Request, Unexpected> m{&bufs};
   std::vector<unsigned char> scratch;  // payloads of truncated receives
   PeerWatch watch;
   // Control socket state: EOF time (0 while open) and the goodbye.
@@ -223,7 +224,8 @@ bool drop(ucp_worker_h w, void*& req);
 // The receiver is on another host (from the address it sent): peer error
 // handling, and requests given up on make the worker unsafe to destroy.
 inline bool to_other_host(const SendComm* c) { return c->amsg.host != c->ctx->host_id; }
-// Whether a close may progress the worker. Once the caller gave up on an
+// Whether a close may progress the worker: not once the context is frozen
+// (Freeze, plugins/common/matcher.h). Once the caller gave up on an
 // operation, it may free the buffers of its receives; a payload UCX has
 // matched into one of them cannot be cancelled and lands whenever the worker
 // progresses, on any comm of the context. So while any open receive comm of

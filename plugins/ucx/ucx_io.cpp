@@ -166,7 +166,7 @@ void finish_inline(RecvComm* c, Request* r, const unsigned char* src, uint64_t s
   } else if (size != 0) {
     std::memcpy(r->data, src, size);
   }
-  c->active.push_back(r);
+  c->m.active().push_back(r);
 }
 
 // Starts the payload receive of message `seq` for r (matched, size known).
@@ -184,7 +184,7 @@ void start_payload(RecvComm* c, Request* r, uint64_t size, uint64_t seq) {
     dst = c->scratch.data();
   }
   r->data_req = recv_tagged(c, dst, size, utag(c->conn, kPayload, seq), false);
-  c->active.push_back(r);
+  c->m.active().push_back(r);
 }
 
 // One header arrived (len bytes in hdr_buf): match it or keep it.
@@ -199,26 +199,17 @@ meshccl_tresult_t take_header(RecvComm* c, size_t len) {
   }
   uint64_t seq = c->seq++;
   const unsigned char* payload = c->hdr_buf + sizeof(WireHdr);
-  if (Request* r = c->posted.take_tag(h.tag)) {
+  if (Request* r = c->m.match(h.tag)) {
     if (inl) finish_inline(c, r, payload, h.size);
     else start_payload(c, r, h.size, seq);
     return MESHCCL_T_SUCCESS;
   }
-  Unexpected* u = c->unex.get();
+  // An inline payload is kept with its header; a separate one stays in UCX's
+  // queue until its receive is posted.
+  Unexpected* u = c->m.park(h.tag, h.size, inl ? h.size : 0);
   if (u == nullptr) return MESHCCL_T_SYSTEM_ERROR;
-  u->tag = h.tag;
-  u->size = h.size;
   u->seq = seq;
-  u->buf = BufferPool::Buf{};
-  if (inl && h.size != 0) {
-    u->buf = c->bufs.get(h.size);
-    if (u->buf.ptr == nullptr) {
-      c->unex.put(u);
-      return MESHCCL_T_SYSTEM_ERROR;
-    }
-    std::memcpy(u->buf.ptr, payload, h.size);
-  }
-  c->unexpected.push_back(u);
+  if (inl && h.size != 0) std::memcpy(u->buf.ptr, payload, h.size);
   return MESHCCL_T_SUCCESS;
 }
 
@@ -291,24 +282,19 @@ meshccl_tresult_t recv_post(RecvComm* c, void* data, size_t size, uint64_t tag, 
   r->size = size;
   r->nbytes = 0;
   r->hdr_req = r->data_req = nullptr;
-  if (Unexpected* u = c->unexpected.take_tag(tag)) {
-    if (u->size <= kInline) {
-      finish_inline(c, r, static_cast<unsigned char*>(u->buf.ptr), u->size);
-      if (u->buf.ptr != nullptr) c->bufs.put(u->buf);
-    } else {
-      start_payload(c, r, u->size, u->seq);
-    }
-    c->unex.put(u);
-  } else {
-    c->posted.push_back(r);
-  }
+  // Does not fail: the matcher's gone state is never set here (a receive
+  // posted after its sender left fails at test, see recv_liveness).
+  (void)c->m.post(r, [c](Request* r, Unexpected* u) {
+    if (u->size <= kInline) finish_inline(c, r, static_cast<unsigned char*>(u->buf.ptr), u->size);
+    else start_payload(c, r, u->size, u->seq);
+  });
   *request = r;
   return pump(c);
 }
 
 meshccl_tresult_t recv_probe(RecvComm* c, uint64_t tag, int* found) {
   const meshccl_tresult_t res = pump(c);
-  *found = c->unexpected.has_tag(tag) ? 1 : 0;
+  (void)c->m.probe(tag, found);  // no gone state there: sender_gone decides below
   if (*found != 0 || res != MESHCCL_T_SUCCESS) return *found != 0 ? MESHCCL_T_SUCCESS : res;
   bool said_bye = false;
   return sender_gone(c, true, &said_bye) ? MESHCCL_T_REMOTE_ERROR : MESHCCL_T_SUCCESS;
@@ -343,13 +329,12 @@ meshccl_tresult_t recv_test(Request* r, int* done, size_t* size) {
   // the caller frees once this returns (see may_progress).
   if (res != MESHCCL_T_SUCCESS && r->state == State::kActive && payload_running(r)) {
     ucp_request_cancel(c->ctx->worker, r->data_req);
-    if (payload_running(r)) c->ctx->frozen = true;
+    if (payload_running(r)) c->ctx->freeze.set();
   }
   drop(c->ctx->worker, r->data_req);
-  if (r->state == State::kActive) c->active.remove(r);
-  else c->posted.remove(r);
-  *done = 1;
-  if (size != nullptr) *size = res == MESHCCL_T_SUCCESS ? r->nbytes : 0;
+  if (r->state == State::kActive) c->m.active().remove(r);
+  else c->m.posted().remove(r);
+  res = report_done(res, r->nbytes, done, size);
   r->magic = 0;
   c->reqs.put(r);
   return res;
@@ -401,15 +386,7 @@ void close_send(SendComm* c) {
   }
 }
 
-bool may_progress(Ctx* ctx) {
-  for (RecvComm* c : ctx->recvs) {
-    if (ctx->frozen) break;
-    c->active.for_each([&](Request* r) {
-      if (payload_running(r)) ctx->frozen = true;
-    });
-  }
-  return !ctx->frozen;
-}
+bool may_progress(Ctx* ctx) { return !ctx->freeze.check(ctx->recvs, payload_running); }
 
 void close_recv(RecvComm* c) {
   Ctx* ctx = c->ctx;
@@ -417,15 +394,15 @@ void close_recv(RecvComm* c) {
   // This comm's payloads not matched yet are cancelled; one UCX has matched
   // goes on landing in the receive's buffer, which the caller may have freed
   // already (its operation failed and returned): see may_progress.
-  c->active.for_each([&](Request* r) {
+  c->m.active().for_each([&](Request* r) {
     if (payload_running(r)) ucp_request_cancel(w, r->data_req);
   });
   const bool progress = may_progress(ctx);  // every open comm of the context, this one included
-  c->active.for_each([&](Request* r) {
+  c->m.active().for_each([&](Request* r) {
     drop(w, r->data_req);
     r->magic = 0;
   });
-  c->posted.for_each([&](Request* r) { r->magic = 0; });
+  c->m.posted().for_each([&](Request* r) { r->magic = 0; });
   if (c->hdr_posted) drop(w, c->hdr_req);
   std::erase(ctx->recvs, c);
   // Payloads that arrived unexpected stay in UCX's queue: drain them, unless
@@ -433,9 +410,8 @@ void close_recv(RecvComm* c) {
   // payload whose sender closed before its last fragments left) leaves UCX
   // writing a buffer of the plugin's own: it is kept until the worker is
   // destroyed, which is then still safe, since no caller's memory is involved.
-  c->unexpected.for_each([&](Unexpected* u) {
-    if (u->buf.ptr != nullptr) c->bufs.put(u->buf);
-    if (u->size <= kInline || !progress || ctx->frozen) return;
+  c->m.drain([&](Unexpected* u) {
+    if (u->size <= kInline || !progress || ctx->freeze.frozen()) return;
     ucp_tag_recv_info_t info;
     ucp_tag_message_h m = ucp_tag_probe_nb(w, utag(c->conn, kPayload, u->seq), kFullMask, 1, &info);
     if (m == nullptr) return;
