@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "meshccl/transport.h"
+#include "plugins/common/matcher.h"
 #include "plugins/common/msg_engine.h"
 #include "plugins/common/plugin_util.h"
 #include "plugins/shm/shm_segment.h"
@@ -121,22 +122,19 @@ struct RecvComm {
   uint64_t tail = 0;        // our read position (published to seg->tail)
   uint64_t head_cache = 0;  // last seen seg->head
   int32_t peer_pid = 0;
-  List<Request> posted;  // unmatched receives, posting order
-  List<Request> active;  // matched rendezvous (kCopy, kStream)
-  List<Unexpected> unexpected;
   Request* by_slot[kSlots] = {};  // kStream receives by rendezvous slot
   Pool<Request> reqs;
-  Pool<Unexpected> unex;
   BufferPool bufs{8u << 20};
+  // Posted receives, matched rendezvous (kCopy, kStream) in active(),
+  // unexpected messages, and REMOTE_ERROR once the sender closed or died
+  // (what is already here can still be received, anything else fails).
+  Matcher<Request, Unexpected> m{&bufs};
   Region regions[kRegions] = {};
   uint64_t region_clock = 0;
   bool regions_refused = false;  // mapping a peer's region was denied once
   bool cma_refused = false;      // process_vm_readv was denied once
   bool streaming = false;        // a rendezvous was streamed (logged once)
   PeerWatch watch;
-  // REMOTE_ERROR once the sender closed or died: what is already here can
-  // still be received, anything else fails.
-  meshccl_tresult_t peer_gone = MESHCCL_T_SUCCESS;
   meshccl_tresult_t broken = MESHCCL_T_SUCCESS;  // the ring is unusable
 };
 

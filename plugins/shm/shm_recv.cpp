@@ -41,7 +41,7 @@ void unmap_region(Region& g) {
 
 // Ends a matched rendezvous (kCopy or kStream) on the receiver's side.
 void end_rdv(RecvComm* c, Request* r, meshccl_tresult_t result) {
-  c->active.remove(r);
+  c->m.active().remove(r);
   if (r->state == State::kStream) c->by_slot[r->slot] = nullptr;
   release_region(r);
   set_slot(c, r->slot, result == MESHCCL_T_SUCCESS ? kSlotDone : kSlotFailed);
@@ -136,7 +136,7 @@ void start_rdv(RecvComm* c, Request* r, uint64_t size, uint32_t slot, const RdvD
   r->desc = d;
   r->region = nullptr;
   r->state = State::kCopy;
-  c->active.push_back(r);
+  c->m.active().push_back(r);
   if (d.pid == c->ctx->pid) {
     if (!local_rdv_check(c->nonce, slot, d.addr, size)) {
       MPLUG_WARN(c->ctx->host, "shm: a rendezvous record names this process's memory that no sender of it posted");
@@ -234,46 +234,35 @@ bool on_record(RecvComm* c, const RecHdr& h, const unsigned char* payload, uint6
   switch (h.type) {
     case kRecEager: {
       if (h.size > room) return false;
-      if (Request* r = c->posted.take_tag(h.tag)) {
+      if (Request* r = c->m.match(h.tag)) {
         deliver(c, r, payload, h.size);
         return true;
       }
-      Unexpected* u = c->unex.get();
-      BufferPool::Buf b = c->bufs.get(h.size);
-      if (u == nullptr || (h.size != 0 && b.ptr == nullptr)) {
+      Unexpected* u = c->m.park(h.tag, h.size, h.size);
+      if (u == nullptr) {
         MPLUG_WARN(c->ctx->host, "shm: out of memory queueing a %" PRIu64 "-byte message", h.size);
-        if (u != nullptr) c->unex.put(u);
         c->broken = MESHCCL_T_SYSTEM_ERROR;
         return true;
       }
-      if (h.size != 0) std::memcpy(b.ptr, payload, h.size);
-      *u = Unexpected{};
-      u->tag = h.tag;
-      u->size = h.size;
-      u->buf = b;
-      c->unexpected.push_back(u);
+      if (h.size != 0) std::memcpy(u->buf.ptr, payload, h.size);
       return true;
     }
     case kRecRts: {
       if (h.slot >= kSlots || sizeof(RdvDesc) > room) return false;
       RdvDesc d;
       std::memcpy(&d, payload, sizeof(d));
-      if (Request* r = c->posted.take_tag(h.tag)) {
+      if (Request* r = c->m.match(h.tag)) {
         start_rdv(c, r, h.size, h.slot, d);
         return true;
       }
-      Unexpected* u = c->unex.get();
+      Unexpected* u = c->m.park(h.tag, h.size, 0);  // the payload stays with the sender
       if (u == nullptr) {
         c->broken = MESHCCL_T_SYSTEM_ERROR;
         return true;
       }
-      *u = Unexpected{};
-      u->tag = h.tag;
-      u->size = h.size;
       u->rdv = true;
       u->slot = h.slot;
       u->desc = d;
-      c->unexpected.push_back(u);
       return true;
     }
     case kRecData: {
@@ -336,9 +325,15 @@ bool drain(RecvComm* c) {
   return moved;
 }
 
-void fail_pending(RecvComm* c, meshccl_tresult_t result) {
-  for (Request* r; (r = c->posted.pop_front()) != nullptr;) finish(r, result);
-  while (!c->active.empty()) end_rdv(c, c->active.front(), result);
+// Nothing more will come through the ring: every waiting receive and every
+// matched rendezvous fails. True when one was pending (worth a warning).
+bool fail_pending(RecvComm* c, meshccl_tresult_t result) {
+  bool pending = c->m.lose_peer(result, [result](Request* r) { finish(r, result); });
+  while (Request* r = c->m.active().front()) {
+    end_rdv(c, r, result);
+    pending = true;
+  }
+  return pending;
 }
 
 // After a drain that found nothing: has the sender gone away?
@@ -350,15 +345,13 @@ void check_sender(RecvComm* c) {
   else if (c->watch.due() && !pid_alive(c->peer_pid)) why = "the sender process died";
   if (why == nullptr) return;
   drain(c);  // whatever it published before it went away is still good
-  c->peer_gone = MESHCCL_T_REMOTE_ERROR;
-  if (!c->posted.empty() || !c->active.empty())
+  if (fail_pending(c, MESHCCL_T_REMOTE_ERROR))
     MPLUG_WARN(c->ctx->host, "shm: receive from pid %d failed: %s", c->peer_pid, why);
-  fail_pending(c, MESHCCL_T_REMOTE_ERROR);
 }
 
 void progress(RecvComm* c) {
-  if (c->broken != MESHCCL_T_SUCCESS || c->peer_gone != MESHCCL_T_SUCCESS) return;
-  if (drain(c) || (c->posted.empty() && c->active.empty())) return;
+  if (c->broken != MESHCCL_T_SUCCESS || c->m.gone() != MESHCCL_T_SUCCESS) return;
+  if (drain(c) || (c->m.posted().empty() && c->m.active().empty())) return;
   check_sender(c);
 }
 
@@ -384,33 +377,25 @@ meshccl_tresult_t recv_post(RecvComm* c, void* data, size_t size, uint64_t tag, 
   r->tag = tag;
   r->data = static_cast<unsigned char*>(data);
   r->size = size;
-  if (Unexpected* u = c->unexpected.take_tag(tag)) {
-    if (!u->rdv) {
-      deliver(c, r, u->buf.ptr, u->size);
-      c->bufs.put(u->buf);
-    } else if (c->peer_gone != MESHCCL_T_SUCCESS) {
-      finish(r, c->peer_gone);  // its sender can no longer vouch for the buffer
-    } else {
-      start_rdv(c, r, u->size, u->slot, u->desc);
-    }
-    c->unex.put(u);
-  } else if (c->peer_gone != MESHCCL_T_SUCCESS) {
+  r->state = State::kPosted;
+  const meshccl_tresult_t res = c->m.post(r, [c](Request* r, Unexpected* u) {
+    if (!u->rdv) deliver(c, r, u->buf.ptr, u->size);
+    else if (c->m.gone() != MESHCCL_T_SUCCESS) finish(r, c->m.gone());  // its sender can no longer vouch for the buffer
+    else start_rdv(c, r, u->size, u->slot, u->desc);
+  });
+  if (res != MESHCCL_T_SUCCESS) {
     release(c, r);
     MPLUG_WARN(c->ctx->host, "shm: receive (tag %" PRIu64 ") posted after pid %d went away", tag, c->peer_pid);
-    return c->peer_gone;
-  } else {
-    r->state = State::kPosted;
-    c->posted.push_back(r);
+    return res;
   }
   *request = r;
   return MESHCCL_T_SUCCESS;
 }
 
 meshccl_tresult_t recv_probe(RecvComm* c, uint64_t tag, int* found) {
-  if (c->broken == MESHCCL_T_SUCCESS && c->peer_gone == MESHCCL_T_SUCCESS && !drain(c)) check_sender(c);
-  *found = c->unexpected.has_tag(tag) ? 1 : 0;
-  if (*found != 0) return MESHCCL_T_SUCCESS;
-  return c->broken != MESHCCL_T_SUCCESS ? c->broken : c->peer_gone;
+  if (c->broken == MESHCCL_T_SUCCESS && c->m.gone() == MESHCCL_T_SUCCESS && !drain(c)) check_sender(c);
+  const meshccl_tresult_t res = c->m.probe(tag, found);
+  return *found != 0 || c->broken == MESHCCL_T_SUCCESS ? res : c->broken;
 }
 
 meshccl_tresult_t recv_test(Request* r, int* done, size_t* size) {
@@ -422,9 +407,7 @@ meshccl_tresult_t recv_test(Request* r, int* done, size_t* size) {
     *done = 0;
     return MESHCCL_T_SUCCESS;
   }
-  meshccl_tresult_t result = r->result;
-  *done = 1;
-  if (size != nullptr) *size = result == MESHCCL_T_SUCCESS ? r->nbytes : 0;
+  const meshccl_tresult_t result = report_done(r->result, r->nbytes, done, size);
   release(c, r);
   return result;
 }
@@ -434,7 +417,7 @@ void recv_close(RecvComm* c) {
   c->seg->hdr.receiver_closed.store(1, std::memory_order_release);
   for (Region& g : c->regions)
     if (g.base != nullptr) unmap_region(g);
-  for (Unexpected* u; (u = c->unexpected.pop_front()) != nullptr;) c->bufs.put(u->buf);
+  c->m.drain();
   munmap(c->seg, c->map_bytes);
 }
 
