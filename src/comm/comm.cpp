@@ -12,9 +12,9 @@
 
 using meshccl::Status;
 
-Status ncclComm::check_peers(int* dead) {
+Status ncclComm::check_peers(int* dead, const std::function<bool(int)>& matters) {
   for (int p = 0; p < nranks; ++p) {
-    if (p == rank) continue;
+    if (p == rank || !matters(p)) continue;
     const meshccl::PeerInfo& info = peers[p];
     *dead = p;
     if (info.machine_hash == peers[rank].machine_hash) {

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <mutex>
@@ -104,7 +105,7 @@ struct ncclComm {
   std::string last_error;
 
   // Known-dead peers, checked while operations wait.
-  meshccl::Status check_peers(int* dead);
+  meshccl::Status check_peers(int* dead, const std::function<bool(int)>& matters);
 };
 
 namespace meshccl {

@@ -235,7 +235,8 @@ Status comm_finish_setup(ncclComm* comm) {
   comm->checks = std::any_of(comm->peers.begin(), comm->peers.end(),
                              [](const PeerInfo& p) { return (p.flags & kPeerChecks) != 0; });
   comm->engine = std::make_unique<Engine>(
-      comm->rank, comm->mesh.get(), &comm->abort_flag, [comm](int* dead) { return comm->check_peers(dead); },
+      comm->rank, comm->mesh.get(), &comm->abort_flag,
+      [comm](int* dead, const std::function<bool(int)>& matters) { return comm->check_peers(dead, matters); },
       comm->wait);
   comm->engine->set_timeout(comm->config.timeout_s, comm->timeout_source());
   // A split or shrink child has its parent's settings already.

@@ -74,7 +74,7 @@ Background& background() {
 
 // ---------------------------------------------------------------- engine
 
-Engine::Engine(int rank, Mesh* mesh, std::atomic<bool>* abort, std::function<Status(int*)> liveness, WaitPolicy wait)
+Engine::Engine(int rank, Mesh* mesh, std::atomic<bool>* abort, Liveness liveness, WaitPolicy wait)
     : rank_(rank),
       mesh_(mesh),
       abort_(abort),
@@ -295,7 +295,11 @@ void Engine::check_stalled(OpHandle& op) {
     fail_suspecting(bad);
     return;
   }
-  if (bad.ok() && liveness_) bad = liveness_(&first);
+  // Only the peers an operation in flight depends on.
+  auto matters = [this](int peer) {
+    return std::any_of(active_.begin(), active_.end(), [peer](const auto& r) { return r->depends_on(peer); });
+  };
+  if (bad.ok() && liveness_) bad = liveness_(&first, matters);
   if (!bad.ok()) {
     fail_and_notify(bad, first);
   } else if (Status mismatch = compare_with_peers(); !mismatch.ok()) {

@@ -53,6 +53,10 @@ class Run {
   virtual bool can_end_alone() const { return false; }
   // A peer this operation waits for (for timeout messages), or -1.
   virtual int waiting_on() const { return -1; }
+  // Whether the operation fails when peer has died. An operation that finds
+  // out by itself which peers are gone and does without them (a receive from
+  // any source still looking for its message) says no.
+  virtual bool depends_on(int /*peer*/) const { return true; }
   // True once the operation's caller may go on although the run has not
   // finished: it reads and writes none of the caller's buffers any more (an
   // eager send whose data was copied aside). The engine then completes the
@@ -91,9 +95,10 @@ std::unique_ptr<Run> make_plan_run(std::unique_ptr<Plan> plan, uint64_t tag_base
 class Engine {
  public:
   // liveness: called when an operation makes no progress for a while; returns
-  // an error (and sets its argument to the rank) when a peer is known dead.
-  Engine(int rank, Mesh* mesh, std::atomic<bool>* abort, std::function<Status(int*)> liveness,
-         WaitPolicy wait = WaitPolicy::standalone());
+  // an error (and sets its first argument to the rank) when a peer is known
+  // dead, among the peers for which its second argument says true.
+  using Liveness = std::function<Status(int*, const std::function<bool(int)>&)>;
+  Engine(int rank, Mesh* mesh, std::atomic<bool>* abort, Liveness liveness, WaitPolicy wait = WaitPolicy::standalone());
   ~Engine();
 
   // How long an operation may make no progress before it fails: the
@@ -159,7 +164,7 @@ class Engine {
   int rank_;
   Mesh* mesh_;
   std::atomic<bool>* abort_;
-  std::function<Status(int*)> liveness_;
+  Liveness liveness_;
   WaitPolicy wait_;
   Executor* exec_;
   ScratchPool scratch_;

@@ -118,6 +118,12 @@ class PlanRun final : public Run, public StepSink {
     return -1;
   }
   int failed_peer() const override { return failed_peer_; }
+  // A plan fails on the death of a peer it exchanges with; the others' deaths
+  // reach it through the peers that wait for them (their notices).
+  bool depends_on(int peer) const override {
+    const auto& steps = plan_->steps();
+    return std::any_of(steps.begin(), steps.end(), [peer](const Step& s) { return s.peer == peer; });
+  }
   bool call(OpSignature* sig, uint64_t* seq) const override {
     if (plan_->call.version == 0) return false;
     *sig = plan_->call;

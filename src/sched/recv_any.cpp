@@ -19,6 +19,9 @@ class RecvAnyRun final : public Run {
   // on a transport, every peer gone) leaves the communicator usable.
   bool can_end_alone() const override { return sub_ == nullptr; }
   int waiting_on() const override { return sub_ != nullptr ? sub_->waiting_on() : -1; }
+  // While it looks for its message, a peer that died is one it no longer
+  // asks (find: its transport says so); every peer gone fails it.
+  bool depends_on(int peer) const override { return sub_ != nullptr && sub_->depends_on(peer); }
   int failed_peer() const override { return sub_ != nullptr ? sub_->failed_peer() : -1; }
   void release(ScratchPool& pool) override {
     if (sub_ != nullptr) sub_->release(pool);

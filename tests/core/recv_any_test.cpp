@@ -95,6 +95,45 @@ TEST(RecvAny, TwoRanks) { each_receives_from_all(2, 10); }
 TEST(RecvAny, ThreeRanks) { each_receives_from_all(3, 10); }
 TEST(RecvAny, ThreeRanksLarge) { each_receives_from_all(3, (size_t{6} << 20) / sizeof(int64_t)); }
 
+// A rank that destroys its communicator and exits fails none of the others'
+// traffic that does not involve it: rank 0 leaves at once, and rank 2 waits
+// (past the 100 ms after which a stalled operation looks for dead peers) for
+// messages rank 1 sends late: from rank 1, then from any source. Before,
+// rank 0's death failed both receives ("peer rank 0 has exited").
+TEST(RecvAny, PeerThatLeftFailsNoTrafficWithoutIt) {
+  constexpr int n = 3;
+  constexpr size_t words = 1000;
+  SharedArray<SharedId> sid(1);
+  auto kids = run_procs(n, kChildDeadline, [&](int rank) {
+    ncclComm_t comm = nullptr;
+    if (ncclResult_t r = shared_init(sid, n, rank, &comm); r != ncclSuccess) return fail(10, rank, "init", r);
+    int64_t token = 0;
+    if (ncclAllReduce(&token, &token, 1, ncclInt64, ncclSum, comm, nullptr) != ncclSuccess) return 26;
+    if (rank == 0) {
+      ncclResult_t r = ncclCommDestroy(comm);
+      return r == ncclSuccess ? 0 : fail(11, rank, "ncclCommDestroy", r);
+    }
+    std::vector<size_t> next(n, 0);
+    for (size_t seq = 0; seq < 2; ++seq) {
+      if (rank == 1) {
+        usleep(400 * 1000);
+        if (int e = send_msg(comm, rank, 2, seq, words, -1)) return e;
+      } else if (seq == 0) {
+        std::vector<int64_t> in(words, -1);
+        if (ncclResult_t r = ncclRecv(in.data(), words, ncclInt64, 1, comm, nullptr); r != ncclSuccess)
+          return fail(21, rank, "recv", r);
+        if (in[words - 1] != word(1, seq, words - 1)) return 23;
+        ++next[1];
+      } else if (int e = recv_any(comm, rank, words, -1, next)) {
+        return e;
+      }
+    }
+    ncclResult_t r = ncclCommDestroy(comm);
+    return r == ncclSuccess ? 0 : fail(11, rank, "ncclCommDestroy", r);
+  });
+  expect_all_ok(kids, n);
+}
+
 // Three senders race, each sending rank 0 a run of messages, which it takes
 // all from any source: none lost, none twice, each sender's in order
 // (recv_any checks). A run for each size: eager, in chunks, above the eager
