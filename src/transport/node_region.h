@@ -79,7 +79,7 @@ class NodeRegion {
   };
   // Headers per lane, and how many rounds a rank may publish beyond the
   // last round every peer has arrived at (inline rounds, see above).
-  static constexpr uint64_t kRing = 16;
+  static constexpr uint64_t kRing = 64;
   static constexpr uint64_t kRunAhead = kRing / 2;
   // Bytes of input small enough to travel in the header (the first 32 share
   // the header's first line with the round and signature).
