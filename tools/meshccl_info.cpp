@@ -1,9 +1,12 @@
 // meshccl_info: version, build features, transports and every setting with its
 // current value.
+#include <algorithm>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "meshccl.h"
+#include "meshccl/transport.h"
 #include "meshccl_config.h"
 #if MESHCCL_HAVE_CUDA
 #include "cuda/memory.h"
@@ -47,20 +50,32 @@ void print_header() {
   std::printf("Build features\n");
   std::printf("  %-10s %s\n", "cuda", MESHCCL_HAVE_CUDA ? "yes" : "no");
   std::printf("  %-10s %s\n", "hwloc", MESHCCL_HAVE_HWLOC ? "yes" : "no");
-  std::printf("  %-10s %s\n", "ucx", MESHCCL_HAVE_UCX ? "yes" : "no");
-  std::printf("  %-10s %s\n", "ofi", MESHCCL_HAVE_OFI ? "yes" : "no");
   std::printf("  %-10s %s\n\n", "kernels", meshccl::kernels::isa_name());
 #if MESHCCL_HAVE_CUDA
   std::printf("CUDA (driver loaded at run time)\n%s\n", meshccl::cuda::describe().c_str());
 #endif
-  std::printf("Transports\n");
-  for (const meshccl::TransportInfo& t : meshccl::transport_inventory()) {
-    std::printf("  %-8s %-28s %s\n", t.name.c_str(), t.problem.empty() ? t.version.c_str() : "(does not load)",
-                t.path.c_str());
+  // What the registry has: the built-in transports and every plugin on the
+  // search path, each loaded, with the scope its properties declare.
+  std::printf("Transports (scope: node = processes of one machine, network = any two ranks)\n");
+  std::vector<meshccl::TransportInfo> all = meshccl::transport_inventory();
+  for (const meshccl::TransportInfo& t : all) {
+    std::printf("  %-8s %-8s %-28s %s\n", t.name.c_str(), t.problem.empty() ? meshccl::scope_name(t.scope) : "-",
+                t.problem.empty() ? t.version.c_str() : "(does not load)", t.path.c_str());
     if (!t.problem.empty()) std::printf("           %s\n", t.problem.c_str());
   }
-  std::printf(
-      "  between hosts: the first of ucx, ofi, socket that both ranks load (MESHCCL_TRANSPORT, NCCL_NET to choose)\n");
+  // The registry's order of preference, per scope, of what loaded.
+  std::stable_sort(all.begin(), all.end(), [](const meshccl::TransportInfo& a, const meshccl::TransportInfo& b) {
+    return a.preference < b.preference;
+  });
+  for (int scope : {MESHCCL_SCOPE_HOST, MESHCCL_SCOPE_NETWORK}) {
+    std::string order;
+    for (const meshccl::TransportInfo& t : all)
+      if (t.problem.empty() && t.scope == scope) order += (order.empty() ? "" : ", ") + t.name;
+    std::printf("  %s: %s\n",
+                scope == MESHCCL_SCOPE_HOST ? "within a host, preferred first" : "between hosts, preferred first",
+                order.empty() ? "(none)" : order.c_str());
+  }
+  std::printf("  (MESHCCL_TRANSPORT, NCCL_NET or ncclConfig_t.netName choose one by name)\n");
 }
 
 // Every setting with the value in force; which variable set it, and why a

@@ -12,7 +12,16 @@
  * dlopen on a thread of its own whose working directory is "/", and puts back
  * every signal disposition that loading or init changed: a plugin and its
  * libraries cannot keep signal handlers, and should read configuration (not
- * the working directory) at load or in init.
+ * the working directory) at load or in init. The table's name must be the
+ * <name> of the file (1 to 15 of a-z, 0-9, '_' and '-').
+ *
+ * Scope: once the plugin is loaded, the host opens one context (init),
+ * reads properties(ctx, 0, ...) and finalizes it, and keeps props.scope,
+ * which must not depend on settings: MESHCCL_SCOPE_HOST for a transport
+ * that reaches only processes of one machine (the host never uses it
+ * between machines, and prefers it to any network one within a host),
+ * MESHCCL_SCOPE_NETWORK for one that reaches any two ranks. A plugin whose
+ * init fails then, or that declares another value, is not used.
  *
  * Optionally a plugin also exports
  *   const char* meshccl_transport_v1_describe(void);
@@ -123,7 +132,7 @@ typedef struct {
   const char* name;     /* device name for logs, e.g. "shm" or "lo" */
   double bandwidth_gbs; /* expected bandwidth per direction, GB/s */
   double latency_us;    /* expected one-way latency of a small message, us */
-  int32_t scope;        /* MESHCCL_SCOPE_HOST: only between processes of one host */
+  int32_t scope;        /* MESHCCL_SCOPE_HOST: only between processes of one machine; NETWORK: any (see above) */
   int32_t ptr_support;  /* MESHCCL_PTR_* bits */
   int32_t max_requests; /* outstanding requests per comm, 0 = no limit */
 } meshccl_transport_props_v1_t;

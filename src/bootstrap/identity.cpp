@@ -4,10 +4,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <vector>
 
+#include "meshccl/transport.h"
 #include "util/param.h"
 
 namespace meshccl {
@@ -24,6 +27,87 @@ uint64_t hash64(const void* data, size_t size, uint64_t seed) {
   h *= 0xff51afd7ed558ccdull;
   h ^= h >> 33;
   return h;
+}
+
+bool transport_name_ok(const std::string& name) {
+  if (name.empty() || name.size() >= TransportRecord::kNameBytes) return false;
+  return std::all_of(name.begin(), name.end(),
+                     [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-'; });
+}
+
+namespace {
+
+// The text of a fixed-size name field: false when it has no NUL in it.
+bool field_text(const char (&field)[TransportRecord::kNameBytes], std::string* out) {
+  const void* nul = std::memchr(field, '\0', sizeof(field));
+  if (nul == nullptr) return false;
+  out->assign(field, static_cast<const char*>(nul));
+  return true;
+}
+
+bool all_zero(const void* p, size_t n) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  return std::all_of(b, b + n, [](unsigned char c) { return c == 0; });
+}
+
+}  // namespace
+
+bool check_transport_record(const TransportRecord& r, std::string* why) {
+  std::vector<std::string> names;
+  bool ended = false;
+  for (size_t i = 0; i < TransportRecord::kEntries; ++i) {
+    const TransportRecord::Entry& e = r.have[i];
+    std::string name;
+    if (!field_text(e.name, &name)) {
+      *why = "transport " + std::to_string(i) + " has no end to its name";
+      return false;
+    }
+    if (ended || name.empty()) {
+      ended = true;
+      if (!all_zero(&e, sizeof(e))) {
+        *why = "transport " + std::to_string(i) + " follows the end of the list";
+        return false;
+      }
+      continue;
+    }
+    if (!transport_name_ok(name)) {
+      *why = "transport " + std::to_string(i) + " is named \"" + name + "\", not a transport name";
+      return false;
+    }
+    if (std::find(names.begin(), names.end(), name) != names.end()) {
+      *why = "transport \"" + name + "\" is listed twice";
+      return false;
+    }
+    if (e.scope != 0 && e.scope != MESHCCL_SCOPE_HOST && e.scope != MESHCCL_SCOPE_NETWORK) {
+      *why = "transport \"" + name + "\" has scope " + std::to_string(e.scope) + ", not one transport.h defines";
+      return false;
+    }
+    names.push_back(name);
+  }
+  std::string request;
+  if (!field_text(r.request, &request)) {
+    *why = "the requested transport has no end to its name";
+    return false;
+  }
+  if (!std::all_of(request.begin(), request.end(), [](char c) { return c >= 0x20 && c < 0x7f; })) {
+    *why = "the requested transport's name has characters that are not printable";
+    return false;
+  }
+  if (r.request_kind > TransportRecord::kBetweenHosts || r.request_problem > TransportRecord::kNameBadChars) {
+    *why = "the request's kind (" + std::to_string(r.request_kind) + ") or problem (" +
+           std::to_string(r.request_problem) + ") is out of range";
+    return false;
+  }
+  const bool automatic = r.request_kind == TransportRecord::kAutomatic;
+  if (automatic != request.empty() || (automatic && r.request_problem != TransportRecord::kNameOk)) {
+    *why = "the request's kind does not match its name \"" + request + "\"";
+    return false;
+  }
+  if (!automatic && r.request_problem == TransportRecord::kNameOk && !transport_name_ok(request)) {
+    *why = "the requested transport \"" + request + "\" is not a transport name";
+    return false;
+  }
+  return true;
 }
 
 namespace {

@@ -502,6 +502,9 @@ Status check_peer_table(std::vector<PeerInfo>* all, int nranks) {
                       "bootstrap: malformed rank table from the root (entry %d: rank %d, address "
                       "family %d)",
                       r, p.rank, family);
+    std::string why;
+    if (!check_transport_record(p.transports, &why))
+      return MC_ERROR(ncclRemoteError, "bootstrap: malformed rank table from the root (entry %d: %s)", r, why.c_str());
   }
   return kOk;
 }

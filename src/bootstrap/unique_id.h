@@ -35,8 +35,8 @@ Status id_decode(const ncclUniqueId& id, IdContents* out, SockAddr* root);
 // that is taken is then named as such).
 Status root_start(const SockAddr& at, const uint8_t secret[kSecretBytes], SockAddr* bound, bool fixed_address);
 // The rank table the root sent, checked before any of it is used: entry r
-// is rank r, with an IPv4 or IPv6 bootstrap address; host ids are cut to
-// their field.
+// is rank r, with an IPv4 or IPv6 bootstrap address and a well-formed
+// transport record (check_transport_record); host ids are cut to their field.
 Status check_peer_table(std::vector<PeerInfo>* all, int nranks);
 // Rank side of the rendezvous: the rank and the root each prove they hold the
 // secret (HMAC-SHA256 over fresh nonces of both; the secret itself never

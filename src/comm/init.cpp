@@ -131,8 +131,9 @@ Status agree_plan_settings(ncclComm* comm) {
   return kOk;
 }
 
-// Bytes per chunk on a link of the shm or network class: MESHCCL_CHUNK_US of
-// link time at the agreed model's bandwidth, a power of two. A send's
+// Bytes per chunk on a link of a node-scope transport (shm) or a network one:
+// MESHCCL_CHUNK_US of link time at the agreed model's bandwidth, a power of
+// two. A send's
 // completion must mean the peer has the data, or credits bound nothing: on
 // shm, messages up to MESHCCL_SHM_EAGER (64 KiB by default) complete once
 // copied into the ring, so chunks there start above it (a constant, as both
@@ -165,7 +166,7 @@ void configure_links(ncclComm* comm, const TuneModel& tune) {
   for (int p = 0; p < comm->nranks; ++p) {
     if (p == comm->rank) continue;
     const std::string transport = Mesh::transport_for(comm->peers, comm->rank, p);
-    const size_t chunk = chunk_bytes_for(tune, transport == "shm");
+    const size_t chunk = chunk_bytes_for(tune, node_local(comm->peers, comm->rank, p));
     const PeerInfo& peer = comm->peers[p];
     const std::string key = transport + ":" + std::to_string(peer.machine_hash) + ":" + std::to_string(peer.pid) +
                             (me.machine_hash == peer.machine_hash ? "" : std::string(":") + peer.host_id);
@@ -200,7 +201,7 @@ Status create_node_region(ncclComm* comm, const TuneModel& tune) {
     lanes = NodeRegion::kPriorityLanes;
     slot_bytes = std::min(slot_bytes, chunk_bytes_for(tune, true));
   }
-  return NodeRegion::create(*comm->bootstrap, comm->peers, *comm->mesh, slot_bytes, lanes, &comm->node);
+  return NodeRegion::create(*comm->bootstrap, comm->peers, slot_bytes, lanes, &comm->node);
 }
 
 }  // namespace
@@ -287,7 +288,7 @@ Status comm_init_rank(ncclComm* comm, int nranks, const ncclUniqueId& id, int ra
   mine.rank = rank;
   if (comm->config.priority == 0) mine.flags |= kPeerFifo;
   if (comm->config.priority == 1) mine.flags &= ~kPeerFifo;
-  fill_transport_request(comm->config.net_name, &mine);
+  MC_TRY(fill_transport_request(comm->config.net_name, &mine));
   std::memcpy(&mine.bootstrap_addr, &bound.ss, sizeof(bound.ss));
   uint8_t key[kSecretBytes];
   MC_TRY(root_exchange(root, c.secret, nranks, rank, mine, &comm->peers, key, &comm->abort_flag,
@@ -310,9 +311,10 @@ Status comm_split(ncclComm* parent, int color, int key, ncclComm* child) {
     int32_t color;
     int32_t key;
     int32_t valid;
-    int32_t bad_priority;  // this rank's config asked the child for other scheduling
+    int32_t bad_priority;   // this rank's config asked the child for other scheduling
+    int32_t bad_transport;  // this rank could not make its transport record for the child
     sockaddr_storage addr;
-    TransportRequest transport;  // for the child (its config's netName)
+    TransportRecord transport;  // for the child (its config's netName)
   };
   const int n = parent->nranks;
   std::vector<Entry> all(n);
@@ -324,7 +326,8 @@ Status comm_split(ncclComm* parent, int color, int key, ncclComm* child) {
   // A child keeps its parent's scheduling: a config asking for another is
   // refused on every rank.
   me.bad_priority = child != nullptr && !child_priority_ok(parent, child) ? 1 : 0;
-  if (color >= 0) me.transport = transport_request(child->config.net_name);
+  Status transport_made = color >= 0 ? transport_request(child->config.net_name, &me.transport) : kOk;
+  me.bad_transport = transport_made.ok() ? 0 : 1;
   Socket listener;
   SockAddr addr;
   if (color >= 0) {
@@ -349,6 +352,12 @@ Status comm_split(ncclComm* parent, int color, int key, ncclComm* child) {
                       r == parent->rank ? "this rank" : ("rank " + std::to_string(r)).c_str(),
                       priority_on(parent) ? "FIFO" : "priority", priority_on(parent) ? "priority" : "FIFO");
   if (color < 0) return kOk;
+  MC_TRY(transport_made);
+  for (int r = 0; r < n; ++r)
+    if (all[r].color == color && all[r].bad_transport != 0)
+      return MC_ERROR(ncclInvalidUsage,
+                      "ncclCommSplit : rank %d could not make its transport record for the child (its log says why)",
+                      r);
   std::vector<int> members;
   for (int r = 0; r < n; ++r)
     if (all[r].color == color) members.push_back(r);
@@ -373,7 +382,7 @@ Status comm_split(ncclComm* parent, int color, int key, ncclComm* child) {
     addrs[i].len = addrs[i].ss.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
     child->peers[i] = parent->peers[pr];
     child->peers[i].rank = i;
-    apply_transport_request(all[pr].transport, &child->peers[i]);
+    MC_TRY(apply_transport_request(all[pr].transport, pr, &child->peers[i]));
     if (parent->checks) child->peers[i].flags |= kPeerChecks;  // the child keeps its parent's checks
     std::memcpy(&child->peers[i].bootstrap_addr, &all[pr].addr, sizeof(sockaddr_storage));
   }

@@ -37,7 +37,8 @@ struct Record {
   uint32_t seq;
   uint64_t exclude_hash;
   sockaddr_storage addr;
-  TransportRequest transport;  // for the child (its config's netName)
+  TransportRecord transport;  // for the child (its config's netName)
+  uint32_t bad_transport;     // this rank could not make its transport record
 };
 
 // Restores the bootstrap's abort flag when the exchange ends.
@@ -116,7 +117,8 @@ Status comm_shrink(ncclComm* parent, const std::vector<int>& excluded, bool abor
   me.seq = seq;
   me.exclude_hash = hash64(excluded.data(), excluded.size() * sizeof(int), 0x5a41 + static_cast<uint64_t>(n));
   std::memcpy(&me.addr, &addr.ss, sizeof(addr.ss));
-  me.transport = transport_request(child->config.net_name);
+  const Status transport_made = transport_request(child->config.net_name, &me.transport);
+  me.bad_transport = transport_made.ok() ? 0 : 1;
   std::vector<Record> all(cn);
   all[crank] = me;
   {
@@ -145,6 +147,12 @@ Status comm_shrink(ncclComm* parent, const std::vector<int>& excluded, bool abor
     if (all[i].magic != kShrinkMagic || all[i].seq != seq)
       return MC_ERROR(ncclInvalidUsage, "ncclCommShrink : rank %d sent a malformed shrink record (shrink #%u here)",
                       members[i], seq);
+    if (all[i].bad_transport != 0) {
+      MC_TRY(transport_made);
+      return MC_ERROR(ncclInvalidUsage,
+                      "ncclCommShrink : rank %d could not make its transport record for the child (its log says why)",
+                      members[i]);
+    }
     if (all[i].exclude_hash != me.exclude_hash)
       return MC_ERROR(
           ncclInvalidUsage,
@@ -168,7 +176,7 @@ Status comm_shrink(ncclComm* parent, const std::vector<int>& excluded, bool abor
     addrs[i].len = addrs[i].ss.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
     child->peers[i] = parent->peers[members[i]];
     child->peers[i].rank = i;
-    apply_transport_request(all[i].transport, &child->peers[i]);
+    MC_TRY(apply_transport_request(all[i].transport, members[i], &child->peers[i]));
     if (parent->checks) child->peers[i].flags |= kPeerChecks;
     std::memcpy(&child->peers[i].bootstrap_addr, &all[i].addr, sizeof(sockaddr_storage));
   }

@@ -15,6 +15,7 @@
 #include "kernels/reduce.h"
 #include "sched/engine.h"
 #include "transport/mesh.h"
+#include "transport/select.h"
 #include "util/log.h"
 #include "util/param.h"
 #include "topo/cost_model.h"
@@ -42,12 +43,11 @@ const double kFallback[kFields] = {kBuiltinShm.alpha_us, kBuiltinShm.bw_gbs, 0, 
                                    kBuiltinNet.bw_gbs,   kBuiltinReduceGbs};
 bool is_alpha(int f) { return f == kShmAlpha || f == kXnumaAlpha || f == kNetAlpha; }
 
-bool is_shm(const std::string& transport) { return transport == "shm"; }
-
-// The class of the link between ranks a and b: the transport says whether it
-// is shared memory, the graph whether it crosses NUMA nodes.
+// The class of the link between ranks a and b: the transport's scope says
+// whether it is memory shared within a machine, the graph whether it crosses
+// NUMA nodes.
 Cls class_of(const std::vector<PeerInfo>& peers, const SystemGraph& graph, int a, int b) {
-  if (!is_shm(Mesh::transport_for(peers, a, b))) return kClsNet;
+  if (!node_local(peers, a, b)) return kClsNet;
   const bool graphed = graph.nranks() == static_cast<int>(peers.size());
   return graphed && graph.link(a, b).cls == LinkClass::kCrossNuma ? kClsXnuma : kClsShm;
 }

@@ -53,27 +53,38 @@ Status Mesh::connect_all(Bootstrap& bs, const std::vector<PeerInfo>& peers, cons
     return kOk;
   }
 
-  Transport* shm = nullptr;
-  Transport* net = nullptr;
-  auto get = [&](const std::string& name, Transport** slot) -> Status {
-    if (*slot != nullptr) return kOk;
+  // One context per transport this rank's pairs use.
+  auto get = [&](const std::string& name, Transport** out) -> Status {
+    for (const std::unique_ptr<Transport>& t : mesh->transports_) {
+      if (name == t->name()) {
+        *out = t.get();
+        return kOk;
+      }
+    }
     const meshccl_transport_v1_t* api = nullptr;
     MC_TRY(find_transport(name, &api));
     std::unique_ptr<Transport> t;
     MC_TRY(Transport::open(api, me, n, &t));
-    *slot = t.get();
+    *out = t.get();
     mesh->transports_.push_back(std::move(t));
     return kOk;
   };
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
     const std::string name = transport_for(peers, me, p);
-    if (name == "shm" && peers[p].machine_hash != peers[me].machine_hash)
-      return MC_ERROR(ncclInvalidUsage, "MESHCCL_TRANSPORT=shm but rank %d runs on another machine (%s)", p,
-                      peers[p].host_id);
-    Transport** slot = name == "shm" ? &shm : &net;
-    MC_TRY(get(name, slot));
-    mesh->links_[p].transport = *slot;
+    if (name.empty())
+      return MC_ERROR(ncclInvalidUsage,
+                      "rank %d (%s) and rank %d (%s) have no transport in common that may connect them: rank %d has "
+                      "%s, rank %d has %s",
+                      me, peers[me].host_id, p, peers[p].host_id, me, transports_of(peers[me]).c_str(), p,
+                      transports_of(peers[p]).c_str());
+    const int scope = pair_scope(peers, me, p, name);
+    if (!scope_allows(scope, peers[me], peers[p]))
+      return MC_ERROR(ncclInvalidUsage, "transport %s cannot connect rank %d (%s) and rank %d (%s): %s", name.c_str(),
+                      me, peers[me].host_id, p, peers[p].host_id,
+                      scope == MESHCCL_SCOPE_HOST ? "a node-scope transport, and the ranks run on different machines"
+                                                  : "its scope is not known on both ranks (it did not load)");
+    MC_TRY(get(name, &mesh->links_[p].transport));
   }
 
   // Receive side listens for each peer and ships the handle; send side

@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "transport/mesh.h"
+#include "transport/select.h"
 #include "util/log.h"
 
 namespace meshccl {
@@ -47,8 +47,8 @@ NodeRegion::~NodeRegion() {
   if (fd_ >= 0) close(fd_);
 }
 
-Status NodeRegion::create(Bootstrap& bs, const std::vector<PeerInfo>& peers, const Mesh& mesh, size_t slot_bytes,
-                          int lanes, std::unique_ptr<NodeRegion>* out) {
+Status NodeRegion::create(Bootstrap& bs, const std::vector<PeerInfo>& peers, size_t slot_bytes, int lanes,
+                          std::unique_ptr<NodeRegion>* out) {
   out->reset();
   const int n = bs.nranks(), me = bs.rank();
   if (n < 2 || slot_bytes == 0 || lanes < 1) return kOk;
@@ -70,7 +70,7 @@ Status NodeRegion::create(Bootstrap& bs, const std::vector<PeerInfo>& peers, con
   Desc mine{};
   bool usable = true;
   for (int p = 0; p < n; ++p)
-    if (p != me && std::strcmp(mesh.transport_name(p), "shm") != 0) usable = false;
+    if (p != me && !node_local(peers, me, p)) usable = false;
   if (usable) {
     region->fd_ = memfd_create("meshccl-node", MFD_CLOEXEC);
     struct stat st {};

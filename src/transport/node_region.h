@@ -48,8 +48,6 @@
 
 namespace meshccl {
 
-class Mesh;
-
 class NodeRegion {
  public:
   static constexpr size_t kLine = 64;
@@ -101,13 +99,14 @@ class NodeRegion {
 
   ~NodeRegion();
   // Collective over the communicator. *out stays null (and no error is
-  // returned) when the ranks are not all on one host over the shm transport,
-  // when slot_bytes is 0, or when any rank cannot map the others' regions: then
-  // no rank uses the region. lanes: 1 (FIFO) or kPriorityLanes, the same on
-  // every rank (agreed by the caller); slot_bytes and lanes that differ
-  // across ranks leave every rank without a region.
-  static Status create(Bootstrap& bootstrap, const std::vector<PeerInfo>& peers, const Mesh& mesh, size_t slot_bytes,
-                       int lanes, std::unique_ptr<NodeRegion>* out);
+  // returned) when the ranks are not all on one host, every pair over a
+  // node-scope transport (node_local, transport/select.h), when slot_bytes is
+  // 0, or when any rank cannot map the others' regions: then no rank uses the
+  // region. lanes: 1 (FIFO) or kPriorityLanes, the same on every rank (agreed
+  // by the caller); slot_bytes and lanes that differ across ranks leave every
+  // rank without a region.
+  static Status create(Bootstrap& bootstrap, const std::vector<PeerInfo>& peers, size_t slot_bytes, int lanes,
+                       std::unique_ptr<NodeRegion>* out);
 
   int rank() const { return rank_; }
   int nranks() const { return static_cast<int>(bases_.size()); }

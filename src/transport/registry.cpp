@@ -15,6 +15,7 @@
 
 #include "mem/memalloc.h"
 #include "meshccl_config.h"
+#include "bootstrap/identity.h"
 #include "plugins/builtin.h"
 #include "transport/plugin_guard.h"
 #include "util/log.h"
@@ -47,8 +48,6 @@ const char* host_get_param(const char* name) { return param_by_name(name); }
 int host_find_shared(const void* ptr, size_t size, meshccl_shared_region_v1_t* out) {
   return mem_find_shared(ptr, size, out) ? 1 : 0;
 }
-
-const meshccl_transport_v1_t* const kBuiltin[] = {&meshccl_transport_shm, &meshccl_transport_socket};
 
 // Code is loaded only from places other users cannot write: a directory or
 // library writable by others (world-writable, sticky /tmp included) could
@@ -115,35 +114,104 @@ std::vector<std::string> plugin_dirs() {
   return dirs;
 }
 
+const meshccl_builtin_transport_t* builtin(const std::string& name) {
+  for (const meshccl_builtin_transport_t* b = meshccl_builtin_transports; b->transport != nullptr; ++b)
+    if (name == b->transport->name) return b;
+  return nullptr;
+}
+
+std::string builtin_names() {
+  std::string s;
+  for (const meshccl_builtin_transport_t* b = meshccl_builtin_transports; b->transport != nullptr; ++b)
+    s += std::string(s.empty() ? "" : ", ") + b->transport->name;
+  return s;
+}
+
+// Where a plugin file is: its path and the index of its directory on the
+// search path.
+struct Located {
+  std::string path;
+  size_t dir = 0;
+};
+
 // The first file on the search path for the plugin of that name that may be
 // loaded; nothing is loaded.
-bool locate_plugin(const std::string& name, std::string* path, std::string* why) {
+bool locate_plugin(const std::string& name, Located* at, std::string* why) {
+  if (!transport_name_ok(name)) {
+    *why = "\"" + name + "\" is not a transport name (1 to 15 of a-z, 0-9, '_' and '-')";
+    return false;
+  }
   const std::string file = "libmeshccl-transport-" + name + ".so";
   std::string tried;
-  for (const std::string& dir : plugin_dirs()) {
-    const std::string p = dir + "/" + file;
+  const std::vector<std::string> dirs = plugin_dirs();
+  for (size_t i = 0; i < dirs.size(); ++i) {
+    const std::string p = dirs[i] + "/" + file;
     if (::access(p.c_str(), F_OK) != 0) {
       tried += " " + p;
       continue;
     }
-    const std::string unsafe = unsafe_to_load(dir, p);
+    const std::string unsafe = unsafe_to_load(dirs[i], p);
     if (!unsafe.empty()) {
       tried += " " + p + " (refused: " + unsafe + ")";
       continue;
     }
     char* real = realpath(p.c_str(), nullptr);
-    *path = real != nullptr ? real : p;
+    at->path = real != nullptr ? real : p;
+    at->dir = i;
     std::free(real);
     return true;
   }
-  *why = "transport \"" + name + "\" is neither built in (shm, socket) nor found as a plugin (tried" + tried + ")";
+  *why = "transport \"" + name + "\" is neither built in (" + builtin_names() + ") nor found as a plugin (tried" +
+         tried + ")";
   return false;
 }
 
-const meshccl_transport_v1_t* builtin(const std::string& name) {
-  for (const meshccl_transport_v1_t* t : kBuiltin)
-    if (name == t->name) return t;
-  return nullptr;
+// The plugin names of every libmeshccl-transport-<name>.so in the search
+// path's directories, each once, in the order found.
+std::vector<std::string> plugin_files() {
+  std::vector<std::string> names;
+  for (const std::string& dir : plugin_dirs()) {
+    DIR* d = opendir(dir.c_str());
+    if (d == nullptr) continue;
+    std::vector<std::string> here;
+    while (dirent* e = readdir(d)) {
+      const std::string n = e->d_name;
+      const std::string pre = "libmeshccl-transport-", suf = ".so";
+      if (n.size() <= pre.size() + suf.size() || n.compare(0, pre.size(), pre) != 0 ||
+          n.compare(n.size() - suf.size(), suf.size(), suf) != 0)
+        continue;
+      here.push_back(n.substr(pre.size(), n.size() - pre.size() - suf.size()));
+    }
+    closedir(d);
+    std::sort(here.begin(), here.end());
+    for (const std::string& name : here)
+      if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  }
+  return names;
+}
+
+// A plugin's place among plugins: its directory on the search path, then
+// the build's order (MESHCCL_PLUGIN_PREFERENCE), then its name.
+struct PluginKey {
+  size_t dir;
+  size_t build;
+  std::string name;
+  bool operator<(const PluginKey& o) const {
+    return dir != o.dir ? dir < o.dir : build != o.build ? build < o.build : name < o.name;
+  }
+};
+
+size_t build_rank(const std::string& name) {
+  const std::string order = MESHCCL_PLUGIN_PREFERENCE;
+  size_t rank = 0, pos = 0;
+  while (pos <= order.size()) {
+    size_t end = order.find(',', pos);
+    if (end == std::string::npos) end = order.size();
+    if (order.compare(pos, end - pos, name) == 0 && end > pos) return rank;
+    ++rank;
+    pos = end + 1;
+  }
+  return rank;  // after every plugin the build names
 }
 
 struct Loaded {
@@ -151,17 +219,65 @@ struct Loaded {
   meshccl_transport_v1_probe_t probe = nullptr;  // optional (transport.h)
   std::string path;
   std::string problem;  // why it did not load ("" when it did)
+  int scope = 0;        // its properties' scope, once read
 };
 
 std::mutex g_mu;
+// Plugins by name, once dlopen was tried; built-in ones once their
+// properties were read.
 std::map<std::string, Loaded>& g_loaded() {
   static std::map<std::string, Loaded> m;
   return m;
 }
 
+// What a context of the transport declares about itself (transport.h's
+// properties): a context is opened, asked and closed, with the signal
+// dispositions kept as in Transport::open. Its log lines go to TRACE; a
+// warning it gives is the reason it failed.
+void probe_log(int level, const char* file, int line, const char* fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  if (level == MESHCCL_LOG_WARN) t_warning = msg;
+  if (log_enabled(LogLevel::Trace, kNet)) log_msg(LogLevel::Trace, kNet, file, line, "(properties) %s", msg);
+}
+
+bool read_scope(const meshccl_transport_v1_t* api, int* scope, std::string* why) {
+  static const meshccl_transport_host_v1_t host = {MESHCCL_TRANSPORT_V1, probe_log, host_get_param,
+                                                   host_find_shared,     0,         1};
+  t_warning.clear();
+  SignalKeeper keep;
+  void* ctx = nullptr;
+  const int rc = api->init(&host, &ctx);
+  meshccl_transport_props_v1_t props{};
+  const int prc = rc == MESHCCL_T_SUCCESS ? api->properties(ctx, 0, &props) : rc;
+  if (ctx != nullptr) api->finalize(ctx);
+  const std::string restored = keep.restore();
+  if (!restored.empty())
+    MC_INFO(kInit | kNet, "transport %s: put back the handlers its init installed for %s", api->name, restored.c_str());
+  if (rc != MESHCCL_T_SUCCESS) {
+    *why = std::string("transport ") + api->name +
+           ": init failed: " + (t_warning.empty() ? "the plugin gave no reason" : t_warning);
+    return false;
+  }
+  if (prc != MESHCCL_T_SUCCESS) {
+    *why = std::string("transport ") + api->name + ": properties failed (" + std::to_string(prc) + ")";
+    return false;
+  }
+  if (props.scope != MESHCCL_SCOPE_HOST && props.scope != MESHCCL_SCOPE_NETWORK) {
+    *why = std::string("transport ") + api->name + " declares scope " + std::to_string(props.scope) +
+           ", neither MESHCCL_SCOPE_HOST nor MESHCCL_SCOPE_NETWORK";
+    return false;
+  }
+  *scope = props.scope;
+  return true;
+}
+
 // dlopen in a private working directory, with the signal dispositions kept
-// (plugin_guard.h). Logs which file the transport came from.
-Loaded open_plugin(const std::string& name, const std::string& path) {
+// (plugin_guard.h).
+Loaded open_plugin(const std::string& name, const std::string& path, std::string* restored) {
   Loaded l;
   l.path = path;
   SignalKeeper keep;
@@ -176,7 +292,7 @@ Loaded open_plugin(const std::string& name, const std::string& path) {
     l.problem = path + " was not loaded: " + err;
     return l;
   }
-  const std::string restored = keep.restore();
+  *restored = keep.restore();
   if (h == nullptr) {
     l.problem = path + ": " + err;
     return l;
@@ -188,40 +304,117 @@ Loaded open_plugin(const std::string& name, const std::string& path) {
     l.problem = path + " does not export a meshccl_transport_v1 interface";
     return l;
   }
+  if (l.api->name == nullptr || name != l.api->name) {
+    l.problem = path + " exports a transport named \"" + (l.api->name != nullptr ? l.api->name : "(null)") +
+                "\", not \"" + name + "\"";
+    l.api = nullptr;  // kept loaded: its code may already run threads
+    return l;
+  }
   l.probe = reinterpret_cast<meshccl_transport_v1_probe_t>(dlsym(h, "meshccl_transport_v1_probe"));
-  MC_INFO(kInit | kNet, "transport %s: loaded %s%s%s", name.c_str(), path.c_str(),
-          restored.empty() ? "" : "; put back the handlers its libraries installed for ", restored.c_str());
   return l;
+}
+
+// The registry's entry for a transport, loaded (plugins) and its scope read,
+// with g_mu held. nullptr with *why when it does not load or initialise.
+const Loaded* load_locked(const std::string& name, std::string* why) {
+  auto it = g_loaded().find(name);
+  if (const meshccl_builtin_transport_t* b = builtin(name)) {
+    if (it == g_loaded().end()) {
+      Loaded l;
+      l.api = b->transport;
+      l.probe = b->probe;
+      l.path = "built in";
+      it = g_loaded().emplace(name, l).first;
+    }
+  } else if (it == g_loaded().end()) {
+    Located at;
+    if (!locate_plugin(name, &at, why)) return nullptr;  // may be installed later: not remembered
+    std::string restored;
+    it = g_loaded().emplace(name, open_plugin(name, at.path, &restored)).first;
+    if (it->second.api != nullptr)
+      MC_INFO(kInit | kNet, "transport %s: loaded %s%s%s", name.c_str(), at.path.c_str(),
+              restored.empty() ? "" : "; put back the handlers its libraries installed for ", restored.c_str());
+  }
+  Loaded& l = it->second;
+  if (l.api == nullptr) {
+    *why = l.problem;
+    return nullptr;
+  }
+  if (l.scope == 0) {
+    if (!read_scope(l.api, &l.scope, why)) {
+      MC_INFO(kInit | kNet, "%s; not used", why->c_str());
+      return nullptr;
+    }
+    MC_INFO(kInit | kNet, "transport %s: %s scope (%s)", name.c_str(), scope_name(l.scope), l.path.c_str());
+  }
+  return &l;
 }
 
 }  // namespace
 
+const char* scope_name(int scope) {
+  return scope == MESHCCL_SCOPE_HOST ? "node" : scope == MESHCCL_SCOPE_NETWORK ? "network" : "unknown";
+}
+
+std::vector<TransportInfo> transport_list() {
+  std::vector<TransportInfo> builtins, plugins;
+  std::vector<PluginKey> keys;
+  for (const meshccl_builtin_transport_t* b = meshccl_builtin_transports; b->transport != nullptr; ++b) {
+    TransportInfo t;
+    t.name = b->transport->name;
+    t.path = "built in";
+    t.builtin = true;
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (load_locked(t.name, &t.problem) != nullptr) t.scope = g_loaded()[t.name].scope;
+    builtins.push_back(t);
+  }
+  for (const std::string& name : plugin_files()) {
+    TransportInfo t;
+    Located at;
+    if (builtin(name) != nullptr || !locate_plugin(name, &at, &t.problem)) continue;
+    t.name = name;
+    t.path = at.path;
+    t.scope = transport_scope(name);
+    plugins.push_back(t);
+    keys.push_back(PluginKey{at.dir, build_rank(name), name});
+  }
+  std::vector<size_t> order(plugins.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return keys[a] < keys[b]; });
+  std::vector<TransportInfo> all = builtins;
+  for (size_t k = 0; k < order.size(); ++k) {
+    all.push_back(plugins[order[k]]);
+    all.back().preference = static_cast<int>(k);
+  }
+  for (size_t k = 0; k < builtins.size(); ++k) all[k].preference = static_cast<int>(order.size() + k);
+  return all;
+}
+
 bool transport_exists(const std::string& name, std::string* why) {
   if (builtin(name) != nullptr) return true;
-  std::string path;
-  return locate_plugin(name, &path, why);
+  Located at;
+  return locate_plugin(name, &at, why);
 }
 
 bool load_transport(const std::string& name, const meshccl_transport_v1_t** out, std::string* why) {
-  if ((*out = builtin(name)) != nullptr) return true;
+  std::lock_guard<std::mutex> lock(g_mu);
+  const Loaded* l = load_locked(name, why);
+  *out = l != nullptr ? l->api : nullptr;
+  return l != nullptr;
+}
+
+int transport_scope(const std::string& name) {
   std::lock_guard<std::mutex> lock(g_mu);
   auto it = g_loaded().find(name);
-  if (it == g_loaded().end()) {
-    std::string path;
-    if (!locate_plugin(name, &path, why)) return false;  // may be installed later: not remembered
-    it = g_loaded().emplace(name, open_plugin(name, path)).first;
-  }
-  *out = it->second.api;
-  if (*out == nullptr) *why = it->second.problem;
-  return *out != nullptr;
+  return it != g_loaded().end() && it->second.api != nullptr ? it->second.scope : 0;
 }
 
 meshccl_transport_v1_probe_t transport_probe(const meshccl_transport_v1_t* api) {
-  if (api == &meshccl_transport_shm) return meshccl_transport_shm_probe;
-  if (api == &meshccl_transport_socket) return meshccl_transport_socket_probe;
   std::lock_guard<std::mutex> lock(g_mu);
   for (const auto& [name, l] : g_loaded())
     if (l.api == api) return l.probe;
+  for (const meshccl_builtin_transport_t* b = meshccl_builtin_transports; b->transport != nullptr; ++b)
+    if (b->transport == api) return b->probe;
   return nullptr;
 }
 
@@ -232,39 +425,30 @@ Status find_transport(const std::string& name, const meshccl_transport_v1_t** ou
 }
 
 std::vector<TransportInfo> transport_inventory() {
-  std::vector<TransportInfo> all;
-  for (const meshccl_transport_v1_t* t : kBuiltin)
-    all.push_back(TransportInfo{t->name, "built in", "meshccl " MESHCCL_VERSION_STRING, ""});
-  std::vector<std::string> seen;
-  for (const std::string& dir : plugin_dirs()) {
-    DIR* d = opendir(dir.c_str());
-    if (d == nullptr) continue;
-    while (dirent* e = readdir(d)) {
-      std::string n = e->d_name;
-      const std::string pre = "libmeshccl-transport-", suf = ".so";
-      if (n.size() <= pre.size() + suf.size() || n.compare(0, pre.size(), pre) != 0 ||
-          n.compare(n.size() - suf.size(), suf.size(), suf) != 0)
-        continue;
-      std::string name = n.substr(pre.size(), n.size() - pre.size() - suf.size());
-      if (std::find(seen.begin(), seen.end(), name) != seen.end()) continue;  // an earlier directory wins
-      seen.push_back(name);
-      TransportInfo info{name, dir + "/" + n, "", ""};
-      const meshccl_transport_v1_t* api = nullptr;
-      std::string why;
-      if (!load_transport(name, &api, &why)) {
-        info.problem = why;
-      } else {
-        std::lock_guard<std::mutex> lock(g_mu);
-        info.path = g_loaded()[name].path;
-        void* h = dlopen(info.path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
-        auto* describe =
-            h != nullptr ? reinterpret_cast<const char* (*)()>(dlsym(h, "meshccl_transport_v1_describe")) : nullptr;
-        info.version = describe != nullptr ? describe() : "interface v1";
-        if (h != nullptr) dlclose(h);  // drops only the NOLOAD reference
-      }
-      all.push_back(info);
+  std::vector<TransportInfo> all = transport_list();
+  for (TransportInfo& t : all) {
+    const meshccl_transport_v1_t* api = nullptr;
+    t.problem.clear();
+    if (!load_transport(t.name, &api, &t.problem)) continue;
+    t.scope = transport_scope(t.name);
+    if (t.builtin) {
+      t.version = "meshccl " MESHCCL_VERSION_STRING;
+      continue;
     }
-    closedir(d);
+    void* h = dlopen(t.path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    auto* describe =
+        h != nullptr ? reinterpret_cast<const char* (*)()>(dlsym(h, "meshccl_transport_v1_describe")) : nullptr;
+    t.version = describe != nullptr ? describe() : "interface v1";
+    if (h != nullptr) dlclose(h);  // drops only the NOLOAD reference
+  }
+  // Files on the search path that cannot hold a transport of their name.
+  for (const std::string& name : plugin_files()) {
+    if (transport_name_ok(name)) continue;
+    TransportInfo t;
+    t.name = name;
+    t.path = "libmeshccl-transport-" + name + ".so";
+    t.problem = "\"" + name + "\" is not a transport name (1 to 15 of a-z, 0-9, '_' and '-')";
+    all.push_back(t);
   }
   return all;
 }

@@ -56,29 +56,57 @@ class Transport {
 // The optional probe of a transport (transport.h), or null.
 meshccl_transport_v1_probe_t transport_probe(const meshccl_transport_v1_t* api);
 
-// Finds a transport by name: built-in first, then a loadable module, the
-// first found on the search path (MESHCCL_PLUGIN_PATH, then relative to this
+// The registry: the built-in transports (plugins/builtin.h) and the plugins
+// found on the search path (MESHCCL_PLUGIN_PATH, then relative to this
 // library: <libdir>/meshccl, the build tree's plugins/, then the configured
-// prefix). A module is loaded once per process, in a private working
-// directory and with the signal dispositions kept (plugin_guard.h); the log
-// (INIT, NET) names the file.
-Status find_transport(const std::string& name, const meshccl_transport_v1_t** out);
-// The same without logging or recording an error: false with *why set.
+// prefix), each known by its name. When a transport loads, the registry
+// opens a context of it once, reads the scope its properties declare
+// (MESHCCL_SCOPE_HOST: processes of one machine only; NETWORK: any two
+// ranks) and closes it again; a transport whose init fails then does not
+// load. A module is loaded once per process, in a private working directory
+// and with the signal dispositions kept (plugin_guard.h); the log (INIT,
+// NET) names the file and the scope.
+//
+// Order of preference: every plugin before every built-in transport (a
+// plugin is there to do better than the built-in fallback); plugins by the
+// directory they were found in (the search path's order), within one
+// directory in the build's order (meson option plugin_preference), then by
+// name; built-in ones in their own order.
+struct TransportInfo {
+  std::string name;
+  std::string path;     // "built in", or the plugin's file
+  std::string version;  // (transport_inventory) the plugin's description, else its interface version
+  std::string problem;  // why it does not load or initialise here; "" when it does or was not tried
+  int scope = 0;        // MESHCCL_SCOPE_* its properties declare; 0 until it loaded
+  int preference = 0;   // its place in this process's order of preference, 0 first
+  bool builtin = false;
+};
+
+// Every transport this process has, nothing loaded: the built-in ones in
+// their order, then the plugins found, by preference (the first file of a
+// name on the search path wins). A plugin's scope is 0 unless it loaded
+// before; a built-in transport's is read at the first call.
+std::vector<TransportInfo> transport_list();
+
+// Loads a transport by name (built-in ones only have their scope read): false
+// with *why set when it is neither built in nor found, does not load, or its
+// init fails. A failed dlopen is remembered; a failed init is tried again at
+// the next call.
 bool load_transport(const std::string& name, const meshccl_transport_v1_t** out, std::string* why);
+// The same as a Status (ncclInvalidUsage, logged).
+Status find_transport(const std::string& name, const meshccl_transport_v1_t** out);
 // Whether a transport of that name is built in or found on the search path,
 // without loading it: false with *why set.
 bool transport_exists(const std::string& name, std::string* why);
+// The scope the transport's properties declared when it loaded
+// (MESHCCL_SCOPE_*), 0 when it has not loaded.
+int transport_scope(const std::string& name);
+// "node" or "network" for a MESHCCL_SCOPE_* value, "unknown" otherwise.
+const char* scope_name(int scope);
 
-// Every transport found: the built-in ones and each loadable module on the
-// search path (for meshccl_info). version: the plugin's own description when
-// it exports meshccl_transport_v1_describe (transport.h), else its interface
-// version; problem: why it does not load, "" when it does.
-struct TransportInfo {
-  std::string name;
-  std::string path;
-  std::string version;
-  std::string problem;
-};
+// Every transport found (transport_list's order), each loaded, with its
+// scope and version: for meshccl_info. Plugin files whose name cannot be a
+// transport's are listed with the reason.
 std::vector<TransportInfo> transport_inventory();
 
 }  // namespace meshccl

@@ -9,7 +9,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -17,6 +19,8 @@
 #include <vector>
 
 #include "bootstrap/bootstrap.h"
+#include "bootstrap/unique_id.h"
+#include "util/log.h"
 #include "nccl.h"
 #include "util/param.h"
 
@@ -296,6 +300,40 @@ TEST(RootRendezvous, RecordedRendezvousCannotBeReplayed) {
   EXPECT_EQ(heard.size(), 4u + 16 + 32) << "the replay got more than the root's challenge answer";
   ASSERT_TRUE(root_exchange(root_addr, secret, 1, 0, mine, &all, key2, nullptr, false).ok());
   EXPECT_NE(std::memcmp(key1, key2, kSecretBytes), 0) << "two communicators of one secret share a key";
+}
+
+// The rank tables of tests/fuzz/corpus/bootstrap are in this build's layout
+// (the fuzzers build only with clang; this keeps their seeds honest in every
+// build): fuzz_bootstrap reads a table of nranks PeerInfos after one byte,
+// and check_peer_table takes the well-formed ones and refuses the one whose
+// transport record names no transport.
+std::vector<PeerInfo> corpus_table(const std::string& file, int* nranks) {
+  std::FILE* f = std::fopen((std::string(MESHCCL_FUZZ_CORPUS) + "/bootstrap/" + file).c_str(), "rb");
+  if (f == nullptr) return {};
+  std::vector<unsigned char> bytes(1 << 16);
+  bytes.resize(std::fread(bytes.data(), 1, bytes.size(), f));
+  std::fclose(f);
+  if (bytes.empty()) return {};
+  *nranks = 1 + bytes[0] % 8;
+  EXPECT_EQ(bytes.size(), 1 + sizeof(PeerInfo) * static_cast<size_t>(*nranks)) << file << ": not this layout";
+  std::vector<PeerInfo> table(static_cast<size_t>(*nranks));
+  std::memcpy(table.data(), bytes.data() + 1, std::min(bytes.size() - 1, sizeof(PeerInfo) * table.size()));
+  return table;
+}
+
+TEST(RankTable, FuzzSeedsAreInThisLayout) {
+  for (const char* file : {"peer_table", "peer_table_net_request"}) {
+    int n = 0;
+    std::vector<PeerInfo> table = corpus_table(file, &n);
+    ASSERT_EQ(n, 2) << file;
+    EXPECT_TRUE(check_peer_table(&table, n).ok()) << file << ": " << last_error();
+    EXPECT_STREQ(table[1].transports.have[2].name, "ucx") << file;
+  }
+  int n = 0;
+  std::vector<PeerInfo> table = corpus_table("peer_table_bad_transport", &n);
+  ASSERT_EQ(n, 2);
+  EXPECT_EQ(check_peer_table(&table, n).code(), ncclRemoteError);
+  EXPECT_NE(last_error().find("entry 1: transport 2 is named \"u/x\""), std::string::npos) << last_error();
 }
 
 }  // namespace

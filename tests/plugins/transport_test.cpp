@@ -1,6 +1,7 @@
-// Behaviour every transport must show, run against shm and socket: the
-// handshake, message sizes around the interesting edges, tag matching,
-// truncation, threads, a forked peer, a killed peer, a closed peer, cleanup.
+// Behaviour every transport must show, run against shm, socket, ucx, ofi and
+// the loopback test plugin: the handshake, message sizes around the
+// interesting edges, tag matching, truncation, threads, a forked peer, a
+// killed peer, a closed peer, cleanup.
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <signal.h>
@@ -890,7 +891,9 @@ TEST_P(TransportTest, MisuseIsAnErrorNotACrash) {
 }
 
 // Loadable transports (ucx, ofi) skip with a one-line reason when not built.
-INSTANTIATE_TEST_SUITE_P(All, TransportTest, ::testing::Values("shm", "socket", "ucx", "ofi"),
+// loopback is the test plugin (tests/plugins/loopback), found in its own
+// folder: meson runs it as plugins_transport_loopback.
+INSTANTIATE_TEST_SUITE_P(All, TransportTest, ::testing::Values("shm", "socket", "ucx", "ofi", "loopback"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace
