@@ -31,13 +31,15 @@
 //     finish(r): what storing through a float does to the selected code
 //     (e5m2: infinity saturates, NaN becomes 0x7f | sign)
 //   general2<kOp>, general_n(begin, end): the codec path for the fallbacks
+// Fp8Blocks below supplies all of it but encode (and key, step, finish) at
+// either width, from the ISA policy X of x86_codecs.h.
 //
-// Included inside an ISA file after its policies; shares its namespace.
+// Included inside an ISA file; shares its namespace.
 #pragma once
 
 #include <immintrin.h>
 
-#include "kernels/simd_loops.h"
+#include "kernels/x86_codecs.h"
 
 namespace meshccl::kernels::MESHCCL_KERNEL_NS {
 
@@ -71,6 +73,54 @@ template <class Tr>
 inline constexpr uint32_t kFp8FloatMask = 0x80000000u | (0x7fu << (23 - Fp8Format<Tr>::kMan));
 
 inline bool denormals_kept() { return (_mm_getcsr() & 0x8040u) == 0; }  // neither FTZ nor DAZ
+
+// What a policy is at every width: blocks of X::kBytes codes. Decoding:
+// vpmaddubsw multiplies each code, as a signed byte, by 2^(7-kMan), which
+// puts the magnitude where a float's high half wants it with the sign spread
+// above; a shift and a mask then make four float vectors: lane i of v[k] is
+// code 4i+k of the block. The ISA file derives its policy from this one and
+// adds the encoder (and, for Max/Min, the key, step and finish).
+template <class X, class Tr_>
+struct Fp8Blocks {
+  using Tr = Tr_;
+  using F = Fp8Format<Tr>;
+  using M = typename X::M;
+  using V = typename M::V;
+  using R = typename X::R;
+  using U8 = Vec<uint8_t, X::kBytes>;
+  using U32 = Vec<uint32_t, X::kBytes>;
+  static constexpr size_t kBlock = X::kBytes;
+  static constexpr int kVecs = 4;
+  static constexpr uint16_t kMul = 1u << (7 - F::kMan);
+
+  static R load(const void* p) { return loadu<R>(p); }
+  static void store(void* p, R r) { storeu(p, r); }
+  static R special(R x) { return reinterpret_cast<R>(reinterpret_cast<U8>(x) | static_cast<uint8_t>(F::kSpecialOr)); }
+  static R merge(R a, R b) {
+    const U8 x = reinterpret_cast<U8>(a), y = reinterpret_cast<U8>(b);
+    return reinterpret_cast<R>(x > y ? x : y);
+  }
+  static bool any_special(R acc) { return X::any_ff(acc); }
+
+  static R each16(uint16_t k) { return reinterpret_cast<R>(Vec<uint16_t, X::kBytes>{} + k); }
+  static void decode(R x, V* v) {
+    const U32 even = reinterpret_cast<U32>(X::maddubs(each16(kMul), x));
+    const U32 odd = reinterpret_cast<U32>(X::maddubs(each16(static_cast<uint16_t>(kMul << 8)), x));
+    v[0] = reinterpret_cast<V>((even << 16) & kFp8FloatMask<Tr>);
+    v[1] = reinterpret_cast<V>((odd << 16) & kFp8FloatMask<Tr>);
+    v[2] = reinterpret_cast<V>(even & kFp8FloatMask<Tr>);
+    v[3] = reinterpret_cast<V>(odd & kFp8FloatMask<Tr>);
+  }
+  static V unscale(V v) { return v * F::kUnscale; }
+
+  template <ReduceOp kOp>
+  static void general2(void* dst, const void* a, const void* b, size_t count) {
+    reduce2_vec<M, Fp8Codec<X, Tr>, Tr, kOp>(dst, a, b, count);
+  }
+  static void general_n(void* dst, const void* const* srcs, int nsrc, size_t begin, size_t end) {
+    reduce_n_vec_range<M, Fp8Codec<X, Tr>, Tr, ReduceOp::Sum>(dst, srcs, nsrc, begin, end);
+  }
+};
 
 // The loops run over blocks free of special codes without any call, so the
 // compiler keeps its constants in registers; a special block leaves the
@@ -171,6 +221,19 @@ void fill_fp8_select(KernelTable& t, ncclDataType_t dt) {
   t.reduce2[dt][3] = select2_fp8<P, ReduceOp::Min>;
   t.reduce_n[dt][2] = select_n_fp8<P, ReduceOp::Max>;
   t.reduce_n[dt][3] = select_n_fp8<P, ReduceOp::Min>;
+}
+
+// Both formats, from an ISA file's policy template P<Tr>.
+template <template <class> class P>
+void fill_fp8_arith(KernelTable& t) {
+  fill_fp8_arith<P<E4m3Traits>>(t, ncclFloat8e4m3);
+  fill_fp8_arith<P<E5m2Traits>>(t, ncclFloat8e5m2);
+}
+
+template <template <class> class P>
+void fill_fp8_select(KernelTable& t) {
+  fill_fp8_select<P<E4m3Traits>>(t, ncclFloat8e4m3);
+  fill_fp8_select<P<E5m2Traits>>(t, ncclFloat8e5m2);
 }
 
 }  // namespace meshccl::kernels::MESHCCL_KERNEL_NS

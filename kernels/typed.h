@@ -41,37 +41,21 @@ struct NativeFloatTraits {
   static T store(T v) { return v; }
 };
 
-struct HalfTraits {
-  using Store = uint16_t;
+// Half, bfloat16 and fp8: stored narrow, computed in float, converted by the
+// scalar functions of convert.h.
+template <class S, float (*kLoad)(S), S (*kStore)(float)>
+struct NarrowFloatTraits {
+  using Store = S;
   using Compute = float;
   static constexpr bool kFloat = true;
-  static float load(uint16_t v) { return h2f(v); }
-  static uint16_t store(float v) { return f2h(v); }
+  static float load(S v) { return kLoad(v); }
+  static S store(float v) { return kStore(v); }
 };
 
-struct Bf16Traits {
-  using Store = uint16_t;
-  using Compute = float;
-  static constexpr bool kFloat = true;
-  static float load(uint16_t v) { return b2f(v); }
-  static uint16_t store(float v) { return f2b(v); }
-};
-
-struct E4m3Traits {
-  using Store = uint8_t;
-  using Compute = float;
-  static constexpr bool kFloat = true;
-  static float load(uint8_t v) { return e4m3_2f(v); }
-  static uint8_t store(float v) { return f2e4m3(v); }
-};
-
-struct E5m2Traits {
-  using Store = uint8_t;
-  using Compute = float;
-  static constexpr bool kFloat = true;
-  static float load(uint8_t v) { return e5m2_2f(v); }
-  static uint8_t store(float v) { return f2e5m2(v); }
-};
+using HalfTraits = NarrowFloatTraits<uint16_t, h2f, f2h>;
+using Bf16Traits = NarrowFloatTraits<uint16_t, b2f, f2b>;
+using E4m3Traits = NarrowFloatTraits<uint8_t, e4m3_2f, f2e4m3>;
+using E5m2Traits = NarrowFloatTraits<uint8_t, e5m2_2f, f2e5m2>;
 
 // ---- ops on compute values --------------------------------------------------
 

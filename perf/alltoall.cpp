@@ -1,6 +1,6 @@
 // alltoall_perf: ncclAlltoAll, block p of rank r going to rank p; busbw =
 // algbw * (n-1)/n. In place it is timed but not checked, like nccl-tests
-// (#wrong reads N/A); meshccl does support it (tests/core/direct_test.cpp).
+// (#wrong reads N/A); meshccl does support it (tests/collectives/direct_test.cpp).
 #include "coll.h"
 
 namespace {

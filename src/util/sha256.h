@@ -1,7 +1,7 @@
 // SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104), for the bootstrap's
 // challenge-response: ranks prove they hold a communicator's secret without
 // sending it. Self-contained; checked against the FIPS 180-4 and RFC 4231
-// test vectors in tests/core/util_test.cpp.
+// test vectors in tests/util/util_test.cpp.
 #pragma once
 
 #include <array>

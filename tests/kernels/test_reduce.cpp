@@ -17,6 +17,7 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
 #define KERNEL_TEST_MXCSR 1
+#define KERNEL_TEST_X86 1
 #endif
 
 namespace mk = meshccl::kernels;
@@ -795,5 +796,31 @@ TEST(KernelApi, SelectIsa) {
   EXPECT_STREQ(mk::isa_name(), "portable");
   for (const char* isa : {"avx2", "avx512"}) { EXPECT_EQ(mk::select_isa(isa), mk::isa_supported(isa)); }
 }
+
+#if KERNEL_TEST_X86
+// Which fast fp8 Sum/Prod loops the avx512 tests above ran: those of
+// reduce_avx512_fp8.cpp where the CPU also has AVX512-BF16, VBMI and VBMI2,
+// the AVX2 ones elsewhere, where the AVX-512 loops are built but cannot run.
+TEST(KernelApi, Avx512TableHasTheFp8LoopsThisCpuRuns) {
+  if (!mk::isa_supported("avx512")) GTEST_SKIP() << "avx512 not supported by this CPU";
+  const bool extras = mk::avx512_fp8_extras_supported();
+  mk::KernelTable want{};
+  if (extras) {
+    mk::fill_avx512_fp8_arith(want);
+  } else {
+    mk::fill_avx2_fp8_arith(want);
+  }
+  const mk::KernelTable& t = mk::avx512_table();
+  for (ncclDataType_t dt : {ncclFloat8e4m3, ncclFloat8e5m2}) {
+    EXPECT_EQ(t.reduce2[dt][0], want.reduce2[dt][0]) << meshccl::dtype_name(dt);
+    EXPECT_EQ(t.reduce2[dt][1], want.reduce2[dt][1]) << meshccl::dtype_name(dt);
+    EXPECT_EQ(t.reduce_n[dt][0], want.reduce_n[dt][0]) << meshccl::dtype_name(dt);
+  }
+  if (!extras) {
+    GTEST_SKIP() << "no AVX512-BF16/VBMI/VBMI2 on this CPU: the AVX-512 fp8 Sum/Prod loops were not run (the avx512 "
+                    "table uses the AVX2 ones)";
+  }
+}
+#endif
 
 }  // namespace

@@ -15,8 +15,8 @@
 #include <thread>
 #include <vector>
 
-#include "../core/harness.h"
 #include "meshccl.h"
+#include "tests/common/harness.h"
 
 namespace {
 

@@ -16,7 +16,7 @@
 #include <sstream>
 
 #include "comm/comm.h"
-#include "harness.h"
+#include "tests/common/harness.h"
 #include "topo/exchange.h"
 #include "topo/topo_file.h"
 #include "util/log.h"

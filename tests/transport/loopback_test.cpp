@@ -23,7 +23,7 @@
 #include "comm/comm.h"
 #include "meshccl.h"
 #include "meshccl/transport.h"
-#include "tests/core/procs.h"
+#include "tests/common/procs.h"
 #include "transport/registry.h"
 #include "util/param.h"
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "meshccl.h"
-#include "procs.h"
+#include "tests/common/procs.h"
 
 namespace {
 

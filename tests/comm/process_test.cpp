@@ -34,7 +34,7 @@
 
 #include "bootstrap/unique_id.h"
 #include "meshccl.h"
-#include "procs.h"
+#include "tests/common/procs.h"
 
 namespace {
 

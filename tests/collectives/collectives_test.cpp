@@ -18,8 +18,8 @@
 #include <utility>
 #include <vector>
 
-#include "harness.h"
-#include "typed_values.h"
+#include "tests/common/harness.h"
+#include "tests/common/typed_values.h"
 
 using namespace meshccl_test;
 

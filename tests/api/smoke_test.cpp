@@ -1,6 +1,6 @@
 #include <numeric>
 
-#include "harness.h"
+#include "tests/common/harness.h"
 
 using meshccl_test::run_ranks;
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "harness.h"
+#include "tests/common/harness.h"
 
 using namespace meshccl_test;
 

@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "harness.h"
+#include "tests/common/harness.h"
 
 using meshccl_test::run_ranks;
 using meshccl_test::ScopedEnv;

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "harness.h"
 #include "meshccl.h"
-#include "typed_values.h"
+#include "tests/common/harness.h"
+#include "tests/common/typed_values.h"
 
 using namespace meshccl_test;
 

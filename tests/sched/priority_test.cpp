@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "comm/comm.h"
-#include "harness.h"
-#include "priority_streams.h"
 #include "sched/engine.h"
 #include "sched/links.h"
+#include "tests/common/harness.h"
+#include "tests/common/priority_streams.h"
 
 namespace {
 

@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "harness.h"
+#include "tests/common/harness.h"
 
 using meshccl_test::ScopedEnv;
 

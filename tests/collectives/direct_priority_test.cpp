@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "comm/comm.h"
-#include "harness.h"
-#include "priority_streams.h"
+#include "tests/common/harness.h"
+#include "tests/common/priority_streams.h"
 
 namespace {
 
