@@ -394,12 +394,17 @@ class DirectRun final : public Run {
       MC_TRY(check_unchecked());
       Status failure = peer_failure();
       if (failure.ok()) return kOk;
-      // A rank found a mismatch, which it can only after the ranks it waits
-      // for arrived: p may have arrived since it was looked at. Then compare
-      // here too, so that this rank names the difference rather than who
-      // found it.
-      for (int q = 0; q < n(); ++q)
-        if (waits_for(q) && !arrived(q, round_)) return failure;
+      // A rank found a mismatch, which it can only after arriving here (and,
+      // in a rooted round, with only its root arrived): compare with every
+      // peer already here, so that this rank names the difference it can see
+      // rather than who found it.
+      bool all = true;
+      for (int q = 0; q < n(); ++q) {
+        if (!waits_for(q)) continue;
+        if (arrived(q, round_)) MC_TRY(compare(q, round_, sig_, call_, false));
+        else all = false;
+      }
+      if (!all) return failure;
       break;
     }
     waiting_ = -1;
