@@ -96,8 +96,13 @@ class DirectRun final : public Run {
     if (!active_) {
       // From now on this operation is polled until it ends: with priority
       // scheduling, peers' less urgent operations may wait for its rounds.
+      // (Only less urgent lanes read a lane's announcements: the least
+      // urgent lane's are never read.)
       active_ = true;
-      if (node_->lanes() > 1) node_->activate(lane_, first_, last_);
+      if (lane_ > 0) {
+        node_->urgent_running().fetch_add(1, std::memory_order_relaxed);
+        node_->activate(lane_, first_, last_);
+      }
     }
     for (;;) {
       switch (state_) {
@@ -150,6 +155,7 @@ class DirectRun final : public Run {
       node_->finished(lane_).store(round_, std::memory_order_release);
       if (round_ == last_) {
         state_ = State::Done;
+        if (lane_ > 0) node_->urgent_running().fetch_sub(1, std::memory_order_release);
         return kOk;
       }
       ++round_;
@@ -278,11 +284,17 @@ class DirectRun final : public Run {
   bool yield_to_urgent() {
     const int lanes = node_->lanes();
     if (lane_ + 1 >= lanes) return false;
+    if (!snapped_ && node_->urgent_running().load(std::memory_order_acquire) == 0) return false;
     if (!snapped_) {
       for (int u = lane_ + 1; u < lanes; ++u) {
-        uint64_t all = UINT64_MAX;
-        for (int p = 0; p < n(); ++p)
-          all = std::min(all, node_->control(p, u).announced.value.load(std::memory_order_acquire));
+        // Every rank's announcements include this rank's: when this rank has
+        // finished every round it announced in lane u, it has finished every
+        // round all ranks announced there, and the peers' flags (a cache line
+        // each) need not be read. The common case: nothing more urgent runs.
+        const uint64_t done = node_->finished(u).load(std::memory_order_acquire);
+        uint64_t all = node_->control(me(), u).announced.value.load(std::memory_order_acquire);
+        for (int p = 0; p < n() && all > done; ++p)
+          if (p != me()) all = std::min(all, node_->control(p, u).announced.value.load(std::memory_order_acquire));
         urgent_[u] = all;
       }
       snapped_ = true;

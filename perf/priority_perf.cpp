@@ -23,6 +23,16 @@
 // has the core), or -p spin: busy, as a rank whose CPU computes (on two cores
 // and two ranks that takes half the bulk's CPU). The bulk's loaded time ends
 // when the bulk completes (a thread waits for it), not with the urgent loop.
+//
+// -s: what priority scheduling costs when nothing urgent runs. Both
+// communicators run the same collectives on the NULL stream, with the
+// library's defaults (the direct algorithms as configured), sizes from 8 B
+// to 64 MiB, alternating in blocks so that outside load falls on both alike;
+// one row per collective and size with the median time per call of each and
+// their ratio (target: priority / FIFO <= 1.1 up to 1 MiB, bulk within 5%).
+// -z SIZES (comma-separated bytes, K/M suffixes), -k KINDS (comma-separated:
+// allreduce, broadcast, allgather, reducescatter, alltoall, sendrecv) and
+// -r blocks change the sweep.
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -141,6 +151,91 @@ struct Rank {
   }
 };
 
+// -s: one collective of `bytes` (nccl-tests' size: the larger of the two
+// buffers) on comm, NULL stream; kind "sendrecv" is half a ping-pong
+// between ranks 0 and 1.
+struct Sweep {
+  int rank, n;
+  std::vector<char> a, b;
+
+  void once(ncclComm_t comm, const std::string& kind, size_t bytes) {
+    const size_t elems = std::max<size_t>(bytes / sizeof(float), 1);
+    const size_t piece = std::max<size_t>(elems / static_cast<size_t>(n), 1);
+    float* x = reinterpret_cast<float*>(a.data());
+    float* y = reinterpret_cast<float*>(b.data());
+    if (kind == "allreduce") {
+      CHECK(ncclAllReduce(x, y, elems, ncclFloat, ncclSum, comm, nullptr));
+    } else if (kind == "broadcast") {
+      CHECK(ncclBroadcast(x, y, elems, ncclFloat, 0, comm, nullptr));
+    } else if (kind == "allgather") {
+      CHECK(ncclAllGather(x, y, piece, ncclFloat, comm, nullptr));
+    } else if (kind == "reducescatter") {
+      CHECK(ncclReduceScatter(x, y, piece, ncclFloat, ncclSum, comm, nullptr));
+    } else if (kind == "alltoall") {
+      CHECK(ncclAlltoAll(x, y, piece, ncclFloat, comm, nullptr));
+    } else if (rank < 2) {  // sendrecv
+      const int peer = 1 - rank;
+      for (int leg = 0; leg < 2; ++leg) {
+        if ((leg == 0) == (rank == 0)) CHECK(ncclSend(x, elems, ncclFloat, peer, comm, nullptr));
+        else CHECK(ncclRecv(y, elems, ncclFloat, peer, comm, nullptr));
+      }
+    }
+  }
+  // Microseconds per call over iters calls, after a barrier (rank 0's clock).
+  double block(ncclComm_t comm, const std::string& kind, size_t bytes, int iters) {
+    float z = 0;
+    CHECK(ncclAllReduce(&z, &z, 1, ncclFloat, ncclSum, comm, nullptr));
+    const double t0 = now_us();
+    for (int i = 0; i < iters; ++i) once(comm, kind, bytes);
+    const double per = (now_us() - t0) / iters;
+    return kind == "sendrecv" ? per / 2 : per;
+  }
+};
+
+size_t parse_size(const std::string& w) {
+  char* end = nullptr;
+  double v = std::strtod(w.c_str(), &end);
+  if (end != nullptr && *end != 0) v *= *end == 'K' ? 1024.0 : *end == 'M' ? 1048576.0 : *end == 'G' ? 1073741824.0 : 0;
+  return static_cast<size_t>(v);
+}
+
+// comms[0] priority, comms[1] FIFO; rank 0 prints the table.
+void run_sweep(int rank, int n, ncclComm_t comms[2], const std::string& sizes, const std::string& kinds, int reps) {
+  std::vector<size_t> list;
+  size_t most = 0;
+  for (size_t at = 0; at <= sizes.size();) {
+    const size_t comma = std::min(sizes.find(',', at), sizes.size());
+    list.push_back(parse_size(sizes.substr(at, comma - at)));
+    most = std::max(most, list.back());
+    at = comma + 1;
+  }
+  Sweep sw{rank, n, std::vector<char>(most + 64, 1), std::vector<char>(most * static_cast<size_t>(n) + 64, 1)};
+  if (rank == 0) {
+    std::printf("# priority_perf -s: %d ranks, %s, NULL stream, median of %d alternating blocks per point\n", n,
+                std::getenv("MESHCCL_TRANSPORT") != nullptr ? std::getenv("MESHCCL_TRANSPORT") : "default transport",
+                reps);
+    std::printf("# %-13s %10s %12s %12s %10s\n", "collective", "bytes", "priority_us", "fifo_us", "prio/fifo");
+  }
+  for (const char* kind : {"allreduce", "broadcast", "allgather", "reducescatter", "alltoall", "sendrecv"}) {
+    if (!kinds.empty() && ("," + kinds + ",").find(std::string(",") + kind + ",") == std::string::npos) continue;
+    for (size_t bytes : list) {
+      const int iters = bytes <= (32u << 10) ? 200 : bytes <= (2u << 20) ? 40 : 3;
+      for (ncclComm_t c : {comms[0], comms[1]}) sw.block(c, kind, bytes, iters > 3 ? 10 : 1);  // warm-up
+      std::vector<double> t[2];
+      for (int r = 0; r < reps; ++r)
+        for (int k = 0; k < 2; ++k) {
+          const int m = (r + k) % 2;  // alternate which goes first
+          t[m].push_back(sw.block(comms[m], kind, bytes, iters));
+        }
+      if (rank == 0) {
+        const double p = median(t[0]), f = median(t[1]);
+        std::printf("  %-13s %10zu %12.2f %12.2f %10.2f\n", kind, bytes, p, f, f > 0 ? p / f : 0.0);
+        std::fflush(stdout);
+      }
+    }
+  }
+}
+
 // make(mode, &comm): mode 0 = the priority communicator, 1 = the FIFO one.
 // Returns both results (meaningful on rank 0).
 template <class Make>
@@ -158,7 +253,6 @@ void run_rank(int rank, int n, size_t bytes, int iters, bool direct_bulk, Make m
   CHECK(meshcclStreamCreateWithPriority(&r.lo, least));
   CHECK(meshcclStreamCreateWithPriority(&r.hi, greatest));
   for (int mode = 0; mode < 2; ++mode) {
-    setenv("MESHCCL_PRIORITY", mode == 0 ? "1" : "0", 1);
     // The bulk through a plan (Links' chunks), unless -d 1: then through the
     // direct algorithm (its lanes' chunk-sized rounds).
     if (!direct_bulk && std::getenv("MESHCCL_DIRECT_MAX_BYTES") == nullptr)
@@ -199,61 +293,100 @@ void print_results(int n, size_t bytes, int iters, bool direct_bulk, const Resul
       p.bulk_loaded_us <= p.bulk_alone_us / 0.95 ? "met" : "not met");
 }
 
+// The scheduling of communicator `mode` (0 priority, 1 FIFO), whatever
+// MESHCCL_PRIORITY says.
+meshcclConfig_t config_for(int mode) {
+  meshcclConfig_t cfg;
+  meshcclConfigInit(&cfg);
+  cfg.priority = mode == 0 ? 1 : 0;
+  return cfg;
+}
+
 // Under meshrun (one process per rank, for instance on the hosts of an
 // emulated cluster): the priority communicator from the launcher's
-// environment, the FIFO one split from it.
-int run_launched(size_t bytes, int iters, bool direct_bulk) {
-  ncclComm_t world = nullptr, fifo = nullptr;
-  Result res[2];
+// environment, the FIFO one made from an id rank 0 broadcasts over it (a
+// split child would keep its parent's scheduling).
+int run_launched(size_t bytes, int iters, bool direct_bulk, bool sweep, const std::string& sizes,
+                 const std::string& kinds, int reps) {
+  ncclComm_t comms[2] = {nullptr, nullptr};
   int rank = 0, n = 0;
-  run_rank(
-      std::atoi(std::getenv("MESHCCL_RANK")), std::atoi(std::getenv("MESHCCL_NRANKS")), bytes, iters, direct_bulk,
-      [&](int mode, ncclComm_t* comm) {
-        if (mode == 0) {
-          CHECK(meshcclCommInitFromEnv(&world, nullptr));
-          CHECK(ncclCommUserRank(world, &rank));
-          CHECK(ncclCommCount(world, &n));
-          *comm = world;
-        } else {
-          CHECK(ncclCommSplit(world, 0, rank, &fifo, nullptr));
-          *comm = fifo;
-        }
-      },
-      res);
-  CHECK(ncclCommDestroy(fifo));
-  CHECK(ncclCommDestroy(world));
-  if (rank == 0) print_results(n, bytes, iters, direct_bulk, res);
+  auto make = [&](int mode, ncclComm_t* comm) {
+    meshcclConfig_t cfg = config_for(mode);
+    if (mode == 0) {
+      CHECK(meshcclCommInitFromEnv(&comms[0], &cfg.nccl));
+      CHECK(ncclCommUserRank(comms[0], &rank));
+      CHECK(ncclCommCount(comms[0], &n));
+    } else {
+      ncclUniqueId id{};
+      if (rank == 0) CHECK(ncclGetUniqueId(&id));
+      CHECK(ncclBroadcast(&id, &id, sizeof id, ncclChar, 0, comms[0], nullptr));
+      CHECK(ncclCommInitRankConfig(&comms[1], n, id, rank, &cfg.nccl));
+    }
+    *comm = comms[mode];
+  };
+  Result res[2];
+  if (sweep) {
+    ncclComm_t c = nullptr;
+    make(0, &c);
+    make(1, &c);
+    run_sweep(rank, n, comms, sizes, kinds, reps);
+  } else {
+    run_rank(std::atoi(std::getenv("MESHCCL_RANK")), std::atoi(std::getenv("MESHCCL_NRANKS")), bytes, iters,
+             direct_bulk, make, res);
+  }
+  CHECK(ncclCommDestroy(comms[1]));
+  CHECK(ncclCommDestroy(comms[0]));
+  if (rank == 0 && !sweep) print_results(n, bytes, iters, direct_bulk, res);
   return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int n = 2, iters = 20;
-  bool direct_bulk = false;
+  int n = 2, iters = 20, reps = 7;
+  bool direct_bulk = false, sweep = false;
+  std::string sizes = "8,64,512,4K,32K,256K,1M,64M", kinds;
   size_t bytes = size_t{256} << 20;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "-n")) n = std::atoi(argv[i + 1]);
+  for (int i = 1; i < argc; i += 2) {
+    if (!std::strcmp(argv[i], "-s")) {
+      sweep = true;
+      --i;  // no value
+    } else if (i + 1 >= argc) {
+      std::fprintf(stderr, "priority_perf: %s needs a value\n", argv[i]);
+      return 1;
+    } else if (!std::strcmp(argv[i], "-n")) n = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "-z")) sizes = argv[i + 1];
+    else if (!std::strcmp(argv[i], "-r")) reps = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "-k")) kinds = argv[i + 1];
     else if (!std::strcmp(argv[i], "-b")) bytes = std::strtoull(argv[i + 1], nullptr, 0);
     else if (!std::strcmp(argv[i], "-i")) iters = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "-d")) direct_bulk = std::atoi(argv[i + 1]) != 0;
     else if (!std::strcmp(argv[i], "-p") && (!std::strcmp(argv[i + 1], "spin") || !std::strcmp(argv[i + 1], "sleep")))
       g_spin_pause = !std::strcmp(argv[i + 1], "spin");
     else {
-      std::fprintf(stderr,
-                   "usage: %s [-n ranks] [-b bulk bytes] [-i urgent iterations] [-d 0|1: bulk may go direct] "
-                   "[-p sleep|spin: pause between urgent operations]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [-n ranks] [-b bulk bytes] [-i urgent iterations] [-d 0|1: bulk may go direct] "
+          "[-p sleep|spin: pause between urgent operations] [-s: idle cost sweep [-z sizes] [-k kinds] [-r blocks]]\n",
+          argv[0]);
       return 1;
     }
   }
-  if (n < 2 || n > 64 || iters < 1 || bytes < 4096) {
-    std::fprintf(stderr, "priority_perf: need 2..64 ranks, >= 1 iteration, >= 4096 bulk bytes\n");
+  if (n < 2 || n > 64 || iters < 1 || bytes < 4096 || reps < 1) {
+    std::fprintf(stderr, "priority_perf: need 2..64 ranks, >= 1 iteration, >= 4096 bulk bytes, >= 1 block\n");
     return 1;
+  }
+  for (size_t at = 0; at <= sizes.size();) {
+    const size_t comma = std::min(sizes.find(',', at), sizes.size());
+    if (parse_size(sizes.substr(at, comma - at)) == 0) {
+      std::fprintf(stderr, "priority_perf: -z %s: sizes are positive byte counts (K, M, G suffixes)\n", sizes.c_str());
+      return 1;
+    }
+    at = comma + 1;
   }
   if (std::getenv("MESHCCL_COMM_FILE") != nullptr && std::getenv("MESHCCL_RANK") != nullptr &&
       std::getenv("MESHCCL_NRANKS") != nullptr)
-    return run_launched(bytes, iters, direct_bulk);
+    return run_launched(bytes, iters, direct_bulk, sweep, sizes, kinds, reps);
   ncclUniqueId id_prio, id_fifo;
   CHECK(ncclGetUniqueId(&id_prio));
   CHECK(ncclGetUniqueId(&id_fifo));
@@ -264,15 +397,22 @@ int main(int argc, char** argv) {
     pid_t p = fork();
     if (p == 0) {
       close(fds[0]);
-      Result res[2];
+      Result res[2] = {};
       ncclComm_t comms[2] = {nullptr, nullptr};
-      run_rank(
-          r, n, bytes, iters, direct_bulk,
-          [&](int mode, ncclComm_t* comm) {
-            CHECK(ncclCommInitRank(&comms[mode], n, mode == 0 ? id_prio : id_fifo, r));
-            *comm = comms[mode];
-          },
-          res);
+      auto make = [&](int mode, ncclComm_t* comm) {
+        meshcclConfig_t cfg = config_for(mode);
+        CHECK(ncclCommInitRankConfig(&comms[mode], n, mode == 0 ? id_prio : id_fifo, r, &cfg.nccl));
+        *comm = comms[mode];
+      };
+      if (sweep) {
+        ncclComm_t c = nullptr;
+        make(0, &c);
+        make(1, &c);
+        run_sweep(r, n, comms, sizes, kinds, reps);
+        std::fflush(stdout);
+      } else {
+        run_rank(r, n, bytes, iters, direct_bulk, make, res);
+      }
       for (ncclComm_t c : comms) CHECK(ncclCommDestroy(c));
       if (r == 0 && write(fds[1], res, sizeof res) != static_cast<ssize_t>(sizeof res)) _exit(3);
       _exit(0);
@@ -292,6 +432,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "priority_perf: %d ranks failed\n", failed);
     return 2;
   }
-  print_results(n, bytes, iters, direct_bulk, res);
+  if (!sweep) print_results(n, bytes, iters, direct_bulk, res);
   return 0;
 }

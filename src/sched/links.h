@@ -97,9 +97,8 @@ struct Xfer {
 
 // Priority scheduling settings of one engine, read at communicator creation.
 struct LinkPolicy {
-  bool priority = true;      // false: FIFO, whole transfers
-  size_t credit_chunks = 2;  // chunks in flight per link beyond the exempt ones
-  size_t window = 1;         // exempt transfers per run and link direction (0: every transfer)
+  bool priority = true;  // false: FIFO, whole transfers
+  size_t window = 1;     // exempt transfers per run and link direction (0: every transfer)
 };
 
 class Links {
@@ -117,11 +116,16 @@ class Links {
   void withdraw();
 
   // Per-link configuration (at communicator creation, before any operation):
-  // chunk bytes (0 = transfers go whole) and the process-wide shares of the
+  // chunk bytes (0 = transfers go whole), chunks in flight per direction
+  // beyond the exempt ones (the credit), and the process-wide shares of the
   // link's two directions.
-  void configure(const LinkPolicy& policy, int peer, size_t chunk_bytes, LinkShare* send_share, LinkShare* recv_share);
+  void configure(const LinkPolicy& policy, int peer, size_t chunk_bytes, size_t credit_chunks, LinkShare* send_share,
+                 LinkShare* recv_share);
   const LinkPolicy& policy() const { return policy_; }
   size_t chunk_bytes(int peer) const { return peer < static_cast<int>(q_.size()) ? q_[peer].chunk : 0; }
+  size_t credit_chunks(int peer) const {
+    return peer < static_cast<int>(q_.size()) && q_[peer].chunk > 0 ? q_[peer].credit / q_[peer].chunk : 0;
+  }
 
   // Queues a transfer (x->peer, send, ptr, bytes, tag filled in) at a
   // priority (lower = more urgent). It moves as pump() is called.
@@ -162,10 +166,11 @@ class Links {
   };
   struct Queue {
     size_t chunk = 0;
-    Dir dir[2];  // 0 = receives, 1 = sends
+    size_t credit = 0;  // bytes: credit chunks x chunk
+    Dir dir[2];         // 0 = receives, 1 = sends
   };
   void pump_dir(Queue& q, Dir& d, bool* moved);
-  Status test_chunks(Dir& d, Xfer* x, bool* moved);
+  Status test_chunks(Dir& d, Xfer* x, size_t most, bool* moved);
   Status post_chunks(Queue& q, Dir& d, Xfer* x, bool* moved);
   void leave_waiting(Dir& d, Xfer* x);
   void note_ahead(Dir& d);

@@ -162,6 +162,10 @@ class PlanRun final : public Run, public StepSink {
     windows_set_ = true;
     window_ = links.policy().priority ? links.policy().window : 0;
     if (window_ == 0) return;  // every transfer exempt
+    if (within_window(links)) {
+      window_ = 0;  // no link direction has more transfers than the window: all stay exempt
+      return;
+    }
     const size_t n = plan_->size();
     group_of_.assign(n, kNoGroup);
     xdone_.assign(n, 0);
@@ -183,6 +187,30 @@ class PlanRun final : public Run, public StepSink {
                        [&](uint32_t a, uint32_t b) { return order_key(steps[a].tag) < order_key(steps[b].tag); });
       slide(w);
     }
+  }
+
+  // Whether no link direction of the plan carries more than window_
+  // transfers (small plans: a send/recv, a small collective), found without
+  // allocating; false also when the plan has too many directions to count here.
+  bool within_window(const Links& links) const {
+    constexpr size_t kFew = 16;
+    int keys[kFew];
+    size_t counts[kFew];
+    size_t groups = 0;
+    for (const Step& s : plan_->steps()) {
+      if (s.kind != StepKind::Send && s.kind != StepKind::Recv && s.kind != StepKind::RecvReduce) continue;
+      if (s.peer == links.rank()) continue;
+      const int key = s.peer * 2 + (s.kind == StepKind::Send ? 1 : 0);
+      size_t g = 0;
+      while (g < groups && keys[g] != key) ++g;
+      if (g == groups) {
+        if (groups == kFew) return false;
+        keys[groups] = key;
+        counts[groups++] = 0;
+      }
+      if (++counts[g] > window_) return false;
+    }
+    return true;
   }
 
   // Moves a window past its finished transfers and marks the first window_

@@ -130,6 +130,11 @@ Status NodeRegion::create(Bootstrap& bs, const std::vector<PeerInfo>& peers, siz
 void NodeRegion::activate(int lane, uint64_t first, uint64_t last) {
   Lane& l = lane_[lane];
   std::lock_guard<std::mutex> lock(l.active_mu);
+  if (first == l.active_upto + 1 && l.active_later.empty()) {  // in order: the common case
+    l.active_upto = last;
+    control(rank_, lane).announced.value.store(last, std::memory_order_release);
+    return;
+  }
   l.active_later.emplace_back(first, last);
   // Operations of one lane may start in any order (on different streams);
   // only a gap-free prefix counts.

@@ -144,6 +144,12 @@ class NodeRegion {
   // which every round is in that state: peers may wait for those rounds
   // without waiting for anything that could wait for them.
   void activate(int lane, uint64_t first, uint64_t last);
+  // Operations of lanes above 0 this rank activated and has not finished:
+  // while none runs, this rank has finished every round it announced, so a
+  // less urgent operation has none to let go first (see direct_shm.cpp).
+  // Never too low; an operation abandoned on a failure leaves it high, which
+  // only costs the exact check.
+  std::atomic<int>& urgent_running() { return urgent_running_; }
   // The next direct call's number (every lane), for the header's `call`.
   uint32_t take_call() { return ++calls_; }
   // Last round of the lane this rank finished.
@@ -193,6 +199,7 @@ class NodeRegion {
   std::vector<char*> bases_;  // every rank's region as mapped here
   std::unique_ptr<Lane[]> lane_;
   uint32_t calls_ = 0;
+  std::atomic<int> urgent_running_{0};
 };
 
 }  // namespace meshccl
