@@ -99,7 +99,11 @@ struct SendComm {
   uint64_t eager = 0;
   uint64_t head = 0;        // our write position (published to seg->head)
   uint64_t tail_cache = 0;  // last seen seg->tail
-  bool bad_tail = false;    // seg->tail went backwards or past head: a corrupt segment
+  // seg->slot_changes at the last scan of `active`, and whether that scan
+  // found a transfer to stream: without either, the scan has nothing to do.
+  uint64_t changes_seen = ~uint64_t{0};
+  bool streaming = false;
+  bool bad_tail = false;  // seg->tail went backwards or past head: a corrupt segment
   int32_t peer_pid = 0;
   List<Request> queue;   // posting order, not yet in the ring
   List<Request> active;  // rendezvous in flight

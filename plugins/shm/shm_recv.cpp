@@ -27,6 +27,7 @@ void finish(Request* r, meshccl_tresult_t result) {
 void set_slot(RecvComm* c, uint32_t slot, SlotState st) {
   seg_release(c->seg);
   c->seg->slots[slot].v.store(st, std::memory_order_release);
+  c->seg->slot_changes.v.fetch_add(1, std::memory_order_release);
 }
 
 void release_region(Request* r) {

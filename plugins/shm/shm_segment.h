@@ -26,7 +26,7 @@ namespace meshccl::plugin::shm {
 
 constexpr uint64_t kSegMagic = 0x314d47534c434d53ull;     // "SMCLSGM1"
 constexpr uint64_t kHandleMagic = 0x31444e484d485353ull;  // "SSHMHND1"
-constexpr uint32_t kSegVersion = 1;
+constexpr uint32_t kSegVersion = 2;
 constexpr uint32_t kSlots = 256;  // rendezvous transfers in flight per connection
 constexpr size_t kLine = 64;
 constexpr uint64_t kMinRing = 64u << 10;  // MESHCCL_SHM_BUFFSIZE's range
@@ -95,6 +95,7 @@ struct Segment {
   SegHeader hdr;
   LineU64 head;
   LineU64 tail;
+  LineU64 slot_changes;  // raised by the receiver after each slot it sets
   LineU32 slots[kSlots];
   unsigned char* ring() { return reinterpret_cast<unsigned char*>(this + 1); }
 };

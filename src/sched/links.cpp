@@ -54,11 +54,12 @@ void Links::withdraw() {
   abandon();
 }
 
-void Links::configure(const LinkPolicy& policy, int peer, size_t chunk_bytes, size_t credit_chunks,
+void Links::configure(const LinkPolicy& policy, int peer, size_t chunk_bytes, size_t credit_chunks, bool windowed,
                       LinkShare* send_share, LinkShare* recv_share) {
   policy_ = policy;
   if (peer < 0 || peer >= static_cast<int>(q_.size())) return;
   q_[peer].chunk = policy.priority ? chunk_bytes : 0;
+  q_[peer].windowed = windowed;
   q_[peer].credit = q_[peer].chunk * std::max<size_t>(credit_chunks, 1);
   q_[peer].dir[1].share = send_share != nullptr ? send_share : &q_[peer].dir[1].own;
   q_[peer].dir[0].share = recv_share != nullptr ? recv_share : &q_[peer].dir[0].own;
@@ -109,9 +110,9 @@ void Links::leave_waiting(Dir& d, Xfer* x) {
   d.share->waiting[x->level].fetch_sub(1, std::memory_order_relaxed);
 }
 
-Status Links::test_chunks(Dir& d, Xfer* x, size_t most, bool* moved) {
+Status Links::test_chunks(Dir& d, Xfer* x, size_t* budget, bool* moved) {
   // Chunks of one transfer share a tag, so they complete in order.
-  for (size_t n = 0; n < most && !x->chunks.empty(); ++n) {
+  for (; *budget > 0 && !x->chunks.empty(); --*budget) {
     bool done = false;
     size_t got = 0;
     MC_TRY(Mesh::test(x->chunks.front().req, &done, &got));
@@ -139,8 +140,8 @@ Status Links::post_chunks(Queue& q, Dir& d, Xfer* x, bool* moved) {
   while (!x->finished && (x->nposts == 0 || x->posted < x->bytes)) {
     const size_t left = x->bytes - x->posted;
     size_t n = left;
-    if (q.chunk > 0 && left > q.chunk) n = left >= 2 * q.chunk ? q.chunk : left;  // no runt last chunk
-    if (q.chunk == 0 && !x->chunks.empty()) break;                                // FIFO: whole transfers
+    if (q.chunk > 0 && left > 2 * q.chunk) n = q.chunk;  // up to two chunks go whole: no runt last chunk
+    if (q.chunk == 0 && !x->chunks.empty()) break;       // FIFO: whole transfers
     if (q.chunk > 0 && (!x->chunks.empty() || !x->exempt)) {
       // Beyond the one chunk of an exempt transfer, a chunk needs credit and
       // no more urgent waiter.
@@ -168,17 +169,19 @@ void Links::pump_dir(Queue& q, Dir& d, bool* moved) {
   // Tags with an earlier transfer that has bytes left to post: a later
   // transfer with the same tag waits, so chunks of the two never interleave.
   busy_tags_.clear();
-  // While a more urgent transfer of this engine and direction is unfinished,
-  // a less urgent one completes at most one chunk per test: on shared memory
-  // a receive's test copies the chunk, and the engine's next pass tests the
-  // urgent one first.
+  // A pass completes at most kPassChunks chunks of a chunked link direction,
+  // and while a more urgent transfer of this engine and direction is
+  // unfinished, at most one of less urgent transfers: on shared memory a
+  // receive's test copies its chunk, and the engine's next pass starts and
+  // tests urgent work first.
+  size_t budget = q.chunk > 0 ? kPassChunks : SIZE_MAX;
   int urgent_level = LinkShare::kLevels;
   for (Xfer* x : d.xfers) {
-    const size_t most = urgent_level < x->level ? 1 : SIZE_MAX;
-    Status s = test_chunks(d, x, most, moved);
+    if (urgent_level < x->level) budget = std::min<size_t>(budget, 1);
+    Status s = test_chunks(d, x, &budget, moved);
     const bool blocked = std::find(busy_tags_.begin(), busy_tags_.end(), x->tag) != busy_tags_.end();
     if (s.ok() && !blocked) s = post_chunks(q, d, x, moved);
-    if (s.ok()) s = test_chunks(d, x, most, moved);
+    if (s.ok()) s = test_chunks(d, x, &budget, moved);
     if (!x->finished && (x->posted < x->bytes || !x->chunks.empty())) urgent_level = std::min(urgent_level, x->level);
     if (!s.ok()) {
       x->error = s;

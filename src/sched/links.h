@@ -117,12 +117,14 @@ class Links {
 
   // Per-link configuration (at communicator creation, before any operation):
   // chunk bytes (0 = transfers go whole), chunks in flight per direction
-  // beyond the exempt ones (the credit), and the process-wide shares of the
-  // link's two directions.
-  void configure(const LinkPolicy& policy, int peer, size_t chunk_bytes, size_t credit_chunks, LinkShare* send_share,
-                 LinkShare* recv_share);
+  // beyond the exempt ones (the credit), whether runs keep a window on the
+  // link (policy.window; else every transfer there is exempt), and the
+  // process-wide shares of the link's two directions.
+  void configure(const LinkPolicy& policy, int peer, size_t chunk_bytes, size_t credit_chunks, bool windowed,
+                 LinkShare* send_share, LinkShare* recv_share);
   const LinkPolicy& policy() const { return policy_; }
   size_t chunk_bytes(int peer) const { return peer < static_cast<int>(q_.size()) ? q_[peer].chunk : 0; }
+  bool windowed(int peer) const { return peer < static_cast<int>(q_.size()) && q_[peer].windowed; }
   size_t credit_chunks(int peer) const {
     return peer < static_cast<int>(q_.size()) && q_[peer].chunk > 0 ? q_[peer].credit / q_[peer].chunk : 0;
   }
@@ -166,11 +168,16 @@ class Links {
   };
   struct Queue {
     size_t chunk = 0;
-    size_t credit = 0;  // bytes: credit chunks x chunk
-    Dir dir[2];         // 0 = receives, 1 = sends
+    size_t credit = 0;     // bytes: credit chunks x chunk
+    bool windowed = true;  // runs keep a window on this link
+    Dir dir[2];            // 0 = receives, 1 = sends
   };
+  // Chunks one pass completes per link direction: on shared memory a
+  // receive's test copies its chunk, and the engine starts and tests newly
+  // urgent work only between passes.
+  static constexpr size_t kPassChunks = 4;
   void pump_dir(Queue& q, Dir& d, bool* moved);
-  Status test_chunks(Dir& d, Xfer* x, size_t most, bool* moved);
+  Status test_chunks(Dir& d, Xfer* x, size_t* budget, bool* moved);
   Status post_chunks(Queue& q, Dir& d, Xfer* x, bool* moved);
   void leave_waiting(Dir& d, Xfer* x);
   void note_ahead(Dir& d);

@@ -158,6 +158,13 @@ class PlanRun final : public Run, public StepSink {
   // and link direction go without credit.
   static uint32_t order_key(uint32_t tag) { return tag ^ kControlTag; }
 
+  // Links without a window (Links::windowed: shared memory by default) keep
+  // every transfer exempt.
+  static bool in_window(const Links& links, const Step& s) {
+    return (s.kind == StepKind::Send || s.kind == StepKind::Recv || s.kind == StepKind::RecvReduce) &&
+           s.peer != links.rank() && links.windowed(s.peer);
+  }
+
   void set_windows(const Links& links) {
     windows_set_ = true;
     window_ = links.policy().priority ? links.policy().window : 0;
@@ -172,8 +179,7 @@ class PlanRun final : public Run, public StepSink {
     std::map<int, uint32_t> groups;  // peer * 2 + send -> index in windows_
     for (uint32_t i = 0; i < n; ++i) {
       const Step& s = plan_->steps()[i];
-      if (s.kind != StepKind::Send && s.kind != StepKind::Recv && s.kind != StepKind::RecvReduce) continue;
-      if (s.peer == links.rank()) continue;
+      if (!in_window(links, s)) continue;
       const int key = s.peer * 2 + (s.kind == StepKind::Send ? 1 : 0);
       auto [it, added] = groups.emplace(key, static_cast<uint32_t>(windows_.size()));
       if (added) windows_.emplace_back();
@@ -198,8 +204,7 @@ class PlanRun final : public Run, public StepSink {
     size_t counts[kFew];
     size_t groups = 0;
     for (const Step& s : plan_->steps()) {
-      if (s.kind != StepKind::Send && s.kind != StepKind::Recv && s.kind != StepKind::RecvReduce) continue;
-      if (s.peer == links.rank()) continue;
+      if (!in_window(links, s)) continue;
       const int key = s.peer * 2 + (s.kind == StepKind::Send ? 1 : 0);
       size_t g = 0;
       while (g < groups && keys[g] != key) ++g;
