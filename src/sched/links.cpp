@@ -75,7 +75,9 @@ size_t Links::take_max_ahead(int peer) {
 
 void Links::note_ahead(Dir& d) {
   // The most urgent transfer with bytes left to post: count this engine's
-  // chunks of less urgent transfers in flight ahead of it.
+  // chunks of less urgent transfers in flight ahead of it (none when every
+  // transfer queued has one level: the queue is sorted by level).
+  if (d.xfers.empty() || d.xfers.front()->level == d.xfers.back()->level) return;
   const Xfer* first = nullptr;
   for (const Xfer* x : d.xfers)
     if (!x->finished && x->posted < x->bytes) {
@@ -135,7 +137,7 @@ Status Links::test_chunks(Dir& d, Xfer* x, size_t* budget, bool* moved) {
   return kOk;
 }
 
-Status Links::post_chunks(Queue& q, Dir& d, Xfer* x, bool* moved) {
+Status Links::post_chunks(Queue& q, Dir& d, Xfer* x, int* blocked_level, bool* moved) {
   const size_t credit = q.credit;
   while (!x->finished && (x->nposts == 0 || x->posted < x->bytes)) {
     const size_t left = x->bytes - x->posted;
@@ -145,9 +147,12 @@ Status Links::post_chunks(Queue& q, Dir& d, Xfer* x, bool* moved) {
     if (q.chunk > 0 && (!x->chunks.empty() || !x->exempt)) {
       // Beyond the one chunk of an exempt transfer, a chunk needs credit and
       // no more urgent waiter.
+      if (x->level >= *blocked_level) break;
       const int64_t used = std::max<int64_t>(d.share->inflight_upto(x->level), 0);
-      if (static_cast<size_t>(used) + n > credit) break;
-      if (d.share->urgent_waiting(x->level)) break;
+      if (static_cast<size_t>(used) + n > credit || d.share->urgent_waiting(x->level)) {
+        *blocked_level = x->level;
+        break;
+      }
     }
     Request r;
     if (x->send) MC_TRY(mesh_->isend(x->peer, x->ptr + x->posted, n, x->tag, &r));
@@ -164,11 +169,41 @@ Status Links::post_chunks(Queue& q, Dir& d, Xfer* x, bool* moved) {
   return kOk;
 }
 
+void Links::busy_reset(size_t expect) {
+  size_t cap = 16;
+  while (cap < 2 * expect) cap *= 2;
+  if (busy_keys_.size() < cap) {
+    busy_keys_.assign(cap, 0);
+    busy_stamp_.assign(cap, 0);
+    busy_pass_ = 0;
+  }
+  if (++busy_pass_ == 0) {  // the stamp wrapped: forget every old one
+    std::fill(busy_stamp_.begin(), busy_stamp_.end(), 0);
+    busy_pass_ = 1;
+  }
+}
+
+bool Links::busy_has(uint64_t tag) const {
+  const size_t mask = busy_keys_.size() - 1;
+  for (size_t i = (tag * 0x9E3779B97F4A7C15ull) >> 32 & mask;; i = (i + 1) & mask) {
+    if (busy_stamp_[i] != busy_pass_) return false;
+    if (busy_keys_[i] == tag) return true;
+  }
+}
+
+void Links::busy_add(uint64_t tag) {
+  const size_t mask = busy_keys_.size() - 1;
+  size_t i = (tag * 0x9E3779B97F4A7C15ull) >> 32 & mask;
+  while (busy_stamp_[i] == busy_pass_ && busy_keys_[i] != tag) i = (i + 1) & mask;
+  busy_keys_[i] = tag;
+  busy_stamp_[i] = busy_pass_;
+}
+
 void Links::pump_dir(Queue& q, Dir& d, bool* moved) {
   if (q.chunk > 0 && &d == &q.dir[1]) note_ahead(d);
   // Tags with an earlier transfer that has bytes left to post: a later
   // transfer with the same tag waits, so chunks of the two never interleave.
-  busy_tags_.clear();
+  busy_reset(d.xfers.size());
   // A pass completes at most kPassChunks chunks of a chunked link direction,
   // and while a more urgent transfer of this engine and direction is
   // unfinished, at most one of less urgent transfers: on shared memory a
@@ -176,11 +211,11 @@ void Links::pump_dir(Queue& q, Dir& d, bool* moved) {
   // tests urgent work first.
   size_t budget = q.chunk > 0 ? kPassChunks : SIZE_MAX;
   int urgent_level = LinkShare::kLevels;
+  int blocked_level = LinkShare::kLevels;
   for (Xfer* x : d.xfers) {
     if (urgent_level < x->level) budget = std::min<size_t>(budget, 1);
     Status s = test_chunks(d, x, &budget, moved);
-    const bool blocked = std::find(busy_tags_.begin(), busy_tags_.end(), x->tag) != busy_tags_.end();
-    if (s.ok() && !blocked) s = post_chunks(q, d, x, moved);
+    if (s.ok() && !busy_has(x->tag)) s = post_chunks(q, d, x, &blocked_level, moved);
     if (s.ok()) s = test_chunks(d, x, &budget, moved);
     if (!x->finished && (x->posted < x->bytes || !x->chunks.empty())) urgent_level = std::min(urgent_level, x->level);
     if (!s.ok()) {
@@ -189,7 +224,7 @@ void Links::pump_dir(Queue& q, Dir& d, bool* moved) {
       x->finished = true;
       *moved = true;
     }
-    if (!x->finished && (x->nposts == 0 || x->posted < x->bytes)) busy_tags_.push_back(x->tag);
+    if (!x->finished && (x->nposts == 0 || x->posted < x->bytes)) busy_add(x->tag);
   }
   // Finished transfers leave the queue.
   size_t keep = 0;

@@ -178,7 +178,16 @@ class Links {
   static constexpr size_t kPassChunks = 4;
   void pump_dir(Queue& q, Dir& d, bool* moved);
   Status test_chunks(Dir& d, Xfer* x, size_t* budget, bool* moved);
-  Status post_chunks(Queue& q, Dir& d, Xfer* x, bool* moved);
+  // *blocked_level: the least urgent level whose chunks found no credit in
+  // this pass so far (kLevels: none); chunks of that level and less urgent
+  // ones wait for the next pass without asking again.
+  Status post_chunks(Queue& q, Dir& d, Xfer* x, int* blocked_level, bool* moved);
+  // Tags of the transfers of one pass that have bytes left to post, as an
+  // open-addressed set stamped with the pass (nothing to clear between
+  // passes; a linear list made each pass quadratic in the transfers queued).
+  void busy_reset(size_t expect);
+  bool busy_has(uint64_t tag) const;
+  void busy_add(uint64_t tag);
   void leave_waiting(Dir& d, Xfer* x);
   void note_ahead(Dir& d);
 
@@ -189,7 +198,9 @@ class Links {
   std::vector<Queue> q_;
   uint64_t seq_ = 0;
   size_t queued_ = 0;  // transfers not finished, all links
-  std::vector<uint64_t> busy_tags_;
+  std::vector<uint64_t> busy_keys_;
+  std::vector<uint32_t> busy_stamp_;
+  uint32_t busy_pass_ = 0;
   std::map<uint64_t, std::vector<SelfEntry>> self_sends_, self_recvs_;
 };
 
