@@ -203,19 +203,20 @@ void configure_links(ncclComm* comm, const TuneModel& tune) {
 }
 
 // The shared region of a single-host communicator. With priority scheduling
-// it has a lane per stream priority level and its slots are one shm chunk
-// long (at most MESHCCL_DIRECT_SLOT_BYTES): a direct operation then moves in
-// chunk-sized rounds, between which more urgent lanes go first.
-Status create_node_region(ncclComm* comm, const TuneModel& tune) {
+// it has a lane per stream priority level, each with slots of
+// MESHCCL_DIRECT_SLOT_BYTES (a lane's pages are touched only once an
+// operation of its level runs): between two rounds of an operation, more
+// urgent lanes go first. Rounds one link chunk long (256 KiB here) made 4
+// ranks on 2 cores 1.7-3x slower at 256 KiB-64 MiB ReduceScatter and
+// AlltoAll (perf/ab, priority against FIFO), every round synchronizing the
+// ranks.
+Status create_node_region(ncclComm* comm) {
   // With checks every collective is a plan whose signature exchange comes
   // first: the direct algorithms check too, but a mismatch there fails the
   // communicator, and a rank whose call went to a plan instead is never seen.
   size_t slot_bytes = comm->checks ? 0 : static_cast<size_t>(param_int(Param::DirectSlotBytes));
   int lanes = 1;
-  if (priority_on(comm) && slot_bytes > 0) {
-    lanes = NodeRegion::kPriorityLanes;
-    slot_bytes = std::min(slot_bytes, chunk_bytes_for(tune, true));
-  }
+  if (priority_on(comm) && slot_bytes > 0) lanes = NodeRegion::kPriorityLanes;
   return NodeRegion::create(*comm->bootstrap, comm->peers, slot_bytes, lanes, &comm->node);
 }
 
@@ -261,7 +262,7 @@ Status comm_finish_setup(ncclComm* comm) {
   MC_TRY(tune_init(comm->rank, *comm->bootstrap, *comm->mesh, *comm->engine, comm->peers, comm->topo,
                    comm->parent_tune ? &*comm->parent_tune : nullptr, &tune));
   comm->tune = tune;
-  MC_TRY(create_node_region(comm, tune));
+  MC_TRY(create_node_region(comm));
   comm->algorithms = make_algorithms(comm->rank, tune, comm->node.get(), comm->wait, &comm->settings);
   configure_links(comm, tune);
   comm->sched.engine = comm->engine.get();

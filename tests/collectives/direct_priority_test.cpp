@@ -32,13 +32,17 @@ using meshccl_test::ScopedEnv;
 using meshccl_test::cu;
 using meshccl_test::Streams;
 
-// The smallest chunks (128 KiB on shm): a 4 MiB bulk all-reduce is 32 rounds.
+// Small rounds: with priority 128 KiB slots (a 4 MiB bulk all-reduce is 32
+// rounds), with FIFO the default 1 MiB ones; the smallest link chunks too.
 ScopedEnv direct_env(const std::string& priority) {
-  return ScopedEnv({{"MESHCCL_PRIORITY", priority}, {"MESHCCL_CHUNK_US", "1"}, {"MESHCCL_TIMEOUT", "60"}});
+  return ScopedEnv({{"MESHCCL_PRIORITY", priority},
+                    {"MESHCCL_DIRECT_SLOT_BYTES", priority == "1" ? "131072" : "1048576"},
+                    {"MESHCCL_CHUNK_US", "1"},
+                    {"MESHCCL_TIMEOUT", "60"}});
 }
 
-// The region's shape: with priority one lane per level and 128 KiB slots,
-// with FIFO one lane of MESHCCL_DIRECT_SLOT_BYTES (1 MiB), as before.
+// The region's shape: with priority one lane per level, with FIFO one lane;
+// slots of MESHCCL_DIRECT_SLOT_BYTES either way.
 void expect_shape(ncclComm_t comm, bool priority) {
   ASSERT_NE(comm->node, nullptr);
   EXPECT_EQ(comm->node->lanes(), priority ? meshccl::NodeRegion::kPriorityLanes : 1);
