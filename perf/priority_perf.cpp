@@ -48,6 +48,7 @@
 
 #include "meshccl.h"
 #include "bench_util.h"
+#include "format.h"
 
 namespace {
 
@@ -192,23 +193,24 @@ struct Sweep {
   }
 };
 
-size_t parse_size(const std::string& w) {
-  char* end = nullptr;
-  double v = std::strtod(w.c_str(), &end);
-  if (end != nullptr && *end != 0) v *= *end == 'K' ? 1024.0 : *end == 'M' ? 1048576.0 : *end == 'G' ? 1073741824.0 : 0;
-  return static_cast<size_t>(v);
+// -z: comma-separated sizes (perf::ParseSize: K, M, G suffixes), each
+// positive; false when one is not.
+bool parse_sizes(const std::string& text, std::vector<size_t>* out) {
+  out->clear();
+  for (size_t at = 0; at <= text.size();) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    size_t bytes = 0;
+    if (!perf::ParseSize(text.substr(at, comma - at).c_str(), &bytes) || bytes == 0) return false;
+    out->push_back(bytes);
+    at = comma + 1;
+  }
+  return true;
 }
 
 // comms[0] priority, comms[1] FIFO; rank 0 prints the table.
-void run_sweep(int rank, int n, ncclComm_t comms[2], const std::string& sizes, const std::string& kinds, int reps) {
-  std::vector<size_t> list;
-  size_t most = 0;
-  for (size_t at = 0; at <= sizes.size();) {
-    const size_t comma = std::min(sizes.find(',', at), sizes.size());
-    list.push_back(parse_size(sizes.substr(at, comma - at)));
-    most = std::max(most, list.back());
-    at = comma + 1;
-  }
+void run_sweep(int rank, int n, ncclComm_t comms[2], const std::vector<size_t>& list, const std::string& kinds,
+               int reps) {
+  const size_t most = *std::max_element(list.begin(), list.end());
   Sweep sw{rank, n, std::vector<char>(most + 64, 1), std::vector<char>(most * static_cast<size_t>(n) + 64, 1)};
   if (rank == 0) {
     std::printf("# priority_perf -s: %d ranks, %s, NULL stream, median of %d alternating blocks per point\n", n,
@@ -306,7 +308,7 @@ meshcclConfig_t config_for(int mode) {
 // emulated cluster): the priority communicator from the launcher's
 // environment, the FIFO one made from an id rank 0 broadcasts over it (a
 // split child would keep its parent's scheduling).
-int run_launched(size_t bytes, int iters, bool direct_bulk, bool sweep, const std::string& sizes,
+int run_launched(size_t bytes, int iters, bool direct_bulk, bool sweep, const std::vector<size_t>& sizes,
                  const std::string& kinds, int reps) {
   ncclComm_t comms[2] = {nullptr, nullptr};
   int rank = 0, n = 0;
@@ -376,17 +378,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "priority_perf: need 2..64 ranks, >= 1 iteration, >= 4096 bulk bytes, >= 1 block\n");
     return 1;
   }
-  for (size_t at = 0; at <= sizes.size();) {
-    const size_t comma = std::min(sizes.find(',', at), sizes.size());
-    if (parse_size(sizes.substr(at, comma - at)) == 0) {
-      std::fprintf(stderr, "priority_perf: -z %s: sizes are positive byte counts (K, M, G suffixes)\n", sizes.c_str());
-      return 1;
-    }
-    at = comma + 1;
+  std::vector<size_t> size_list;
+  if (!parse_sizes(sizes, &size_list)) {
+    std::fprintf(stderr, "priority_perf: -z %s: sizes are positive byte counts (K, M, G suffixes)\n", sizes.c_str());
+    return 1;
   }
   if (std::getenv("MESHCCL_COMM_FILE") != nullptr && std::getenv("MESHCCL_RANK") != nullptr &&
       std::getenv("MESHCCL_NRANKS") != nullptr)
-    return run_launched(bytes, iters, direct_bulk, sweep, sizes, kinds, reps);
+    return run_launched(bytes, iters, direct_bulk, sweep, size_list, kinds, reps);
   ncclUniqueId id_prio, id_fifo;
   CHECK(ncclGetUniqueId(&id_prio));
   CHECK(ncclGetUniqueId(&id_fifo));
@@ -408,7 +407,7 @@ int main(int argc, char** argv) {
         ncclComm_t c = nullptr;
         make(0, &c);
         make(1, &c);
-        run_sweep(r, n, comms, sizes, kinds, reps);
+        run_sweep(r, n, comms, size_list, kinds, reps);
         std::fflush(stdout);
       } else {
         run_rank(r, n, bytes, iters, direct_bulk, make, res);
