@@ -7,7 +7,9 @@
 //     dies of it at once;
 //   - libucs reads no ./ucx.conf; libfabric is asked only for the ofi
 //     plugin's providers; an abort after a peer died prints no UCX mpool
-//     warnings.
+//     warnings;
+//   - the settings of libfabric the ofi plugin chooses, and those of the
+//     user it keeps.
 // ucx and ofi pairs run between emulated hosts (MESHCCL_HOSTID per rank,
 // NCCL_NET naming the transport) on loopback. MESHCCL_PLUGIN_PATH names the
 // build's plugins; a case whose plugin was not built is skipped.
@@ -392,6 +394,59 @@ TEST(Ofi, AsksLibfabricOnlyForItsProviders) {
       if (!std::regex_search(line, m, asked)) continue;
       const std::string prov = m[1].matched ? m[1].str() : m[2].str();
       EXPECT_TRUE(prov == "tcp" || prov == "shm" || prov == "ofi_rxm") << "rank " << r << ": " << line;
+    }
+  }
+}
+
+// Over tcp;ofi_rxm the plugin raises rxm's eager limit to its message size
+// unless the user set FI_OFI_RXM_EAGER_LIMIT (docs/transports.md, "ofi"):
+// libfabric's own log states the limits each endpoint got (16384 before:
+// every payload message went by rendezvous), and the variable is gone from
+// the environment again once the communicator is made.
+TEST(Ofi, RxmEagerLimitIsTheMessageSizeUnlessTheUserSetIt) {
+  if (!plugin_built("ofi")) GTEST_SKIP() << "ofi plugin not built";
+  for (const std::string user : {"", "65536"}) {
+    SCOPED_TRACE("FI_OFI_RXM_EAGER_LIMIT=" + user);
+    TempDir dir;
+    ASSERT_FALSE(dir.path.empty());
+    const int n = 2;
+    SharedArray<SharedId> sid(1);
+    SharedSlots slots(n);
+    auto kids = run_procs(n, kDeadline, [&](int rank) {
+      capture_output(dir, rank);
+      for (const char* v : {"FI_PROVIDER", "MESHCCL_OFI_PROVIDER", "MESHCCL_OFI_MAX_MSG", "FI_OFI_RXM_EAGER_LIMIT"})
+        unsetenv(v);
+      if (!user.empty()) setenv("FI_OFI_RXM_EAGER_LIMIT", user.c_str(), 1);
+      setenv("FI_LOG_LEVEL", "info", 1);
+      setenv("MESHCCL_DEBUG", "INFO", 1);
+      setenv("MESHCCL_DEBUG_SUBSYS", "NET", 1);
+      use_transport("ofi", rank);
+      ncclComm_t comm = nullptr;
+      ncclResult_t r = init_and_reduce(sid, n, rank, &comm);
+      if (r != ncclSuccess) return fail(10, rank, "init and AllReduce", r);
+      const char* left = std::getenv("FI_OFI_RXM_EAGER_LIMIT");
+      if (user.empty() && left != nullptr) {
+        note(slots[rank], std::string("FI_OFI_RXM_EAGER_LIMIT was left set to ") + left);
+        return 11;
+      }
+      if (!user.empty() && (left == nullptr || user != left)) {
+        note(slots[rank], "the user's FI_OFI_RXM_EAGER_LIMIT changed");
+        return 12;
+      }
+      ncclCommDestroy(comm);
+      return 0;
+    });
+    expect_all_ok(kids, slots);
+    const std::string limit = user.empty() ? "131072" : user;
+    for (int r = 0; r < n; ++r) {
+      const std::string log = dir.read("rank" + std::to_string(r) + ".log");
+      EXPECT_NE(log.find("Protocol limits: Eager: " + limit + ","), std::string::npos) << "rank " << r << ":\n" << log;
+      EXPECT_EQ(log.find("Protocol limits: Eager: 16384,"), std::string::npos) << "rank " << r;
+      EXPECT_NE(log.find("messages of up to " + limit + " bytes"), std::string::npos) << "rank " << r;
+      EXPECT_NE(log.find(user.empty() ? "FI_OFI_RXM_EAGER_LIMIT=131072 chosen"
+                                      : "FI_OFI_RXM_EAGER_LIMIT=65536 (set by the user)"),
+                std::string::npos)
+          << "rank " << r;
     }
   }
 }
