@@ -8,8 +8,8 @@
 //   - libucs reads no ./ucx.conf; libfabric is asked only for the ofi
 //     plugin's providers; an abort after a peer died prints no UCX mpool
 //     warnings;
-//   - the settings of libfabric the ofi plugin chooses, and those of the
-//     user it keeps.
+//   - the settings of UCX and libfabric the plugins choose, and those of the
+//     user they keep.
 // ucx and ofi pairs run between emulated hosts (MESHCCL_HOSTID per rank,
 // NCCL_NET naming the transport) on loopback. MESHCCL_PLUGIN_PATH names the
 // build's plugins; a case whose plugin was not built is skipped.
@@ -447,6 +447,64 @@ TEST(Ofi, RxmEagerLimitIsTheMessageSizeUnlessTheUserSetIt) {
                                       : "FI_OFI_RXM_EAGER_LIMIT=65536 (set by the user)"),
                 std::string::npos)
           << "rank " << r;
+    }
+  }
+}
+
+// Whether UCX could carry data over RDMA here (the ucx plugin then leaves
+// UCX's choices alone).
+bool has_rdma_device() {
+  std::error_code ec;
+  std::filesystem::directory_iterator it("/sys/class/infiniband", ec);
+  return !ec && it != std::filesystem::directory_iterator();
+}
+
+// Without an RDMA device the ucx plugin chooses UCX's settings for TCP
+// (docs/transports.md, "ucx"), except those the user set, by variable or in
+// a ucx.conf: UCX's log of an endpoint's lanes shows the transports it was
+// allowed (the user's UCX_TLS=tcp: TCP even between ranks of one machine).
+TEST(Ucx, ChoosesSettingsForTcpUnlessTheUserDid) {
+  if (!plugin_built("ucx")) GTEST_SKIP() << "ucx plugin not built";
+  if (has_rdma_device()) GTEST_SKIP() << "an RDMA device is present: the plugin leaves UCX's choices alone";
+  for (const std::string how : {"default", "variable", "ucx.conf"}) {
+    SCOPED_TRACE(how);
+    TempDir dir;
+    ASSERT_FALSE(dir.path.empty());
+    if (how == "ucx.conf") dir.write("ucx.conf", "UCX_TLS=tcp\n");
+    const int n = 2;
+    SharedArray<SharedId> sid(1);
+    SharedSlots slots(n);
+    auto kids = run_procs(n, kDeadline, [&](int rank) {
+      capture_output(dir, rank);
+      for (const char* v : {"UCX_TLS", "UCX_RNDV_THRESH", "UCX_CONFIG_DIR"}) unsetenv(v);
+      if (how == "variable") setenv("UCX_TLS", "tcp", 1);
+      if (how == "ucx.conf") setenv("UCX_CONFIG_DIR", dir.path.c_str(), 1);
+      setenv("UCX_LOG_LEVEL", "info", 1);
+      setenv("MESHCCL_DEBUG", "INFO", 1);
+      setenv("MESHCCL_DEBUG_SUBSYS", "NET", 1);
+      use_transport("ucx", rank);
+      ncclComm_t comm = nullptr;
+      ncclResult_t r = init_and_reduce(sid, n, rank, &comm);
+      if (r != ncclSuccess) return fail(10, rank, "init and AllReduce", r);
+      ncclCommDestroy(comm);
+      return 0;
+    });
+    expect_all_ok(kids, slots);
+    for (int r = 0; r < n; ++r) {
+      const std::string log = dir.read("rank" + std::to_string(r) + ".log");
+      // UCX_NET_DEVICES=lo comes from the test's environment.
+      const std::string want = how == "default"
+                                   ? "chose UCX_TLS=tcp,sm,self UCX_RNDV_THRESH=inf; kept the user's UCX_NET_DEVICES=lo"
+                                   : "chose UCX_RNDV_THRESH=inf; kept the user's UCX_TLS=tcp UCX_NET_DEVICES=lo";
+      EXPECT_NE(log.find("ucx: no RDMA device, so TCP between hosts: " + want), std::string::npos)
+          << "rank " << r << ":\n"
+          << log;
+      std::smatch lanes;
+      ASSERT_TRUE(std::regex_search(log, lanes, std::regex("ep_cfg\\[\\d+\\]: tag\\(([^)]*)\\)")))
+          << "rank " << r << ":\n"
+          << log;
+      if (how == "default") EXPECT_EQ(lanes[1].str().find("tcp/"), std::string::npos) << lanes[0];
+      else EXPECT_EQ(lanes[1].str(), "tcp/lo") << lanes[0];
     }
   }
 }
