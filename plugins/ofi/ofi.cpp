@@ -274,7 +274,8 @@ class EagerLimit {
     }
     const uint64_t v = std::min(ctx->chunk, kRxmEagerMax);
     set_ = setenv(kName, std::to_string(v).c_str(), 0) == 0;
-    *note = set_ ? std::string(", sent eagerly (") + kName + "=" + std::to_string(v) +
+    const std::string how = v == ctx->chunk ? ", sent eagerly (" : ", sent eagerly up to " + std::to_string(v) + " (";
+    *note = set_ ? how + kName + "=" + std::to_string(v) +
                        " chosen: above rxm's default of 16384, messages go by rendezvous)"
                  : std::string(", ") + kName + " could not be set: " + std::strerror(errno);
   }
