@@ -235,6 +235,7 @@ struct RecvComm {
   uint64_t complete_below = UINT64_MAX;
   std::vector<unsigned char> scratch;  // payload chunks of truncated receives
   PeerWatch watch;
+  uint64_t dead_ns = 0;  // when the sender's process was seen gone (0: not seen)
 };
 
 extern ArgCheck g_check;
