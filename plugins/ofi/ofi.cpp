@@ -5,12 +5,15 @@
 // Settings: MESHCCL_OFI_PROVIDER (else libfabric's FI_PROVIDER, else
 // tcp;ofi_rxm, then shm) picks the provider, MESHCCL_SOCKET_IFNAME the domain
 // (network interface) of a network provider, MESHCCL_OFI_MAX_MSG caps the
-// size of one libfabric message (longer payloads are split).
+// size of one libfabric message (longer payloads are split). Over
+// tcp;ofi_rxm the plugin raises rxm's eager limit to that size unless
+// FI_OFI_RXM_EAGER_LIMIT is set (EagerLimit).
 #include <fcntl.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_errno.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
@@ -19,6 +22,8 @@
 #include <cstring>
 #include <iterator>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "plugins/common/entry.h"
@@ -212,24 +217,83 @@ bool close_fabric(Ctx* c) {
   return clean;
 }
 
-// rxm over tcp sends a message above its SAR limit (FI_OFI_RXM_SAR_LIMIT,
-// 128 KiB by default) by rendezvous: the receiver reads the payload once the
-// request arrived, which leaves the link idle between requests. A 16 MiB
-// payload reached 0.49-0.72 of a 200 Mbit/s link that way and 0.91-0.95 cut
-// into messages of the SAR limit, which stream through bounce buffers
-// (docs/transports.md). Other providers (verbs, efa) read with RDMA and keep
-// one message per payload.
-uint64_t default_network_max_msg(const fi_info* info) {
+bool rxm_over_tcp(const fi_info* info) {
   const char* prov = info->fabric_attr->prov_name;
-  if (std::strstr(prov, "ofi_rxm") == nullptr || std::strncmp(prov, "tcp", 3) != 0) return kDefaultMaxMsg;
-  uint64_t sar = kRxmSarLimit;
-  if (const char* env = std::getenv("FI_OFI_RXM_SAR_LIMIT")) {
-    char* end = nullptr;
-    unsigned long long v = std::strtoull(env, &end, 10);
-    if (end != env && *end == 0 && v >= 1024) sar = v;
-  }
-  return sar;
+  return std::strstr(prov, "ofi_rxm") != nullptr && std::strncmp(prov, "tcp", 3) == 0;
 }
+
+// A byte count from libfabric's own variable `name`, or 0 when unset or not
+// a plain number of at least 1 KiB.
+uint64_t fi_env_size(const char* name) {
+  const char* env = std::getenv(name);
+  if (env == nullptr) return 0;
+  char* end = nullptr;
+  unsigned long long v = std::strtoull(env, &end, 10);
+  return end != env && *end == 0 && v >= 1024 ? v : 0;
+}
+
+// Payload messages over tcp;ofi_rxm. libfabric 1.17's rxm over tcp sends
+// a message above its eager limit (FI_OFI_RXM_EAGER_LIMIT, 16 KiB unless
+// set) by rendezvous: a request, the receiver's read, the sender's answer
+// and a completion notice, each moved only while the process that must
+// act polls (rxm's SAR protocol is off over tcp: its dynamic receive
+// buffers set the SAR limit to the eager limit). The link then idles
+// whenever either rank sleeps between polls: 16 MiB send/recv at 1 Gbit/s
+// took 0.14-0.23 s. Sent eagerly (the plugin raises the eager limit to its
+// message size, see EagerLimit), a message streams on the connection like
+// the socket transport's: written as the socket takes it, placed straight
+// into the posted receive (or into a buffer rxm allocates when it arrives
+// first); 0.14-0.145 s. Other providers (verbs, efa) read with RDMA and
+// keep one message per payload.
+constexpr uint64_t kRxmMaxMsg = 128 << 10;
+// Eager messages that arrive before their receive are held in a buffer rxm
+// allocates at their size; larger chunks stay rendezvous.
+constexpr uint64_t kRxmEagerMax = 4 << 20;
+
+uint64_t default_network_max_msg(const fi_info* info) {
+  if (!rxm_over_tcp(info)) return kDefaultMaxMsg;
+  const uint64_t user = fi_env_size("FI_OFI_RXM_EAGER_LIMIT");
+  return user != 0 ? user : kRxmMaxMsg;
+}
+
+// While it lives, FI_OFI_RXM_EAGER_LIMIT is the context's message size
+// (at most kRxmEagerMax) for tcp;ofi_rxm, unless the user set it: libfabric
+// takes its settings only from the environment, and rxm reads this one when
+// an endpoint opens. The variable is put back (removed) right after, so the
+// program and what it starts see their environment as they left it. One
+// context opens at a time for this (mu); a thread of the program that reads
+// the environment in that moment may see the variable.
+class EagerLimit {
+ public:
+  EagerLimit(Ctx* ctx, std::string* note) {
+    if (ctx->host_only || !rxm_over_tcp(ctx->info)) return;
+    lock_ = std::unique_lock<std::mutex>(mu());
+    if (const char* user = std::getenv(kName)) {
+      *note = std::string(", ") + kName + "=" + user + " (set by the user)";
+      return;
+    }
+    const uint64_t v = std::min(ctx->chunk, kRxmEagerMax);
+    set_ = setenv(kName, std::to_string(v).c_str(), 0) == 0;
+    const std::string how = v == ctx->chunk ? ", sent eagerly (" : ", sent eagerly up to " + std::to_string(v) + " (";
+    *note = set_ ? how + kName + "=" + std::to_string(v) +
+                       " chosen: above rxm's default of 16384, messages go by rendezvous)"
+                 : std::string(", ") + kName + " could not be set: " + std::strerror(errno);
+  }
+  ~EagerLimit() {
+    if (set_) unsetenv(kName);
+  }
+  EagerLimit(const EagerLimit&) = delete;
+  EagerLimit& operator=(const EagerLimit&) = delete;
+
+ private:
+  static constexpr const char* kName = "FI_OFI_RXM_EAGER_LIMIT";
+  static std::mutex& mu() {
+    static std::mutex m;
+    return m;
+  }
+  std::unique_lock<std::mutex> lock_;
+  bool set_ = false;
+};
 
 meshccl_tresult_t do_init(const meshccl_transport_host_v1_t* host, void** out) {
   auto ctx = std::make_unique<Ctx>();
@@ -237,22 +301,27 @@ meshccl_tresult_t do_init(const meshccl_transport_host_v1_t* host, void** out) {
   ctx->host_key = host_key();
   ctx->pid = static_cast<int32_t>(::getpid());
   meshccl_tresult_t r = pick_info(ctx.get());
-  if (r == MESHCCL_T_SUCCESS) r = open_endpoint(ctx.get());
-  // shm copies a whole posted receive in one progress call: 1 MiB pieces keep
-  // a poll short. Network providers are fastest with one message per payload,
-  // except rxm over tcp (below).
-  uint64_t limit = r != MESHCCL_T_SUCCESS ? kDefaultMaxMsg
-                   : ctx->host_only       ? kDefaultShmMaxMsg
-                                          : default_network_max_msg(ctx->info);
-  const char* max_msg = param_str(host, "MESHCCL_OFI_MAX_MSG");  // "" = the registry's unset
-  if (r == MESHCCL_T_SUCCESS && max_msg != nullptr && *max_msg != 0)
-    r = param_size(host, "MESHCCL_OFI_MAX_MSG", 1024, 1ull << 40, &limit);
   if (r != MESHCCL_T_SUCCESS) {
     close_fabric(ctx.get());
     return r;
   }
+  // shm copies a whole posted receive in one progress call: 1 MiB pieces keep
+  // a poll short. Network providers are fastest with one message per payload,
+  // except rxm over tcp (above).
+  uint64_t limit = ctx->host_only ? kDefaultShmMaxMsg : default_network_max_msg(ctx->info);
+  const char* max_msg = param_str(host, "MESHCCL_OFI_MAX_MSG");  // "" = the registry's unset
+  if (max_msg != nullptr && *max_msg != 0) r = param_size(host, "MESHCCL_OFI_MAX_MSG", 1024, 1ull << 40, &limit);
   ctx->chunk = std::min<uint64_t>(ctx->info->ep_attr->max_msg_size, limit);
-  MPLUG_INFO(host, "ofi: %s, messages of up to %" PRIu64 " bytes", ctx->dev_name.c_str(), ctx->chunk);
+  std::string note;
+  if (r == MESHCCL_T_SUCCESS) {
+    EagerLimit eager(ctx.get(), &note);
+    r = open_endpoint(ctx.get());
+  }
+  if (r != MESHCCL_T_SUCCESS) {
+    close_fabric(ctx.get());
+    return r;
+  }
+  MPLUG_INFO(host, "ofi: %s, messages of up to %" PRIu64 " bytes%s", ctx->dev_name.c_str(), ctx->chunk, note.c_str());
   *out = ctx.release();
   return MESHCCL_T_SUCCESS;
 }

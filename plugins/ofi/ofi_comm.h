@@ -99,7 +99,6 @@ constexpr int kHdrWindow = 8;                       // header receives kept post
 constexpr uint32_t kChunkWindow = 8;                // payload chunk receives posted per message at a time
 constexpr uint64_t kDefaultMaxMsg = 1ull << 30;     // MESHCCL_OFI_MAX_MSG, network providers
 constexpr uint64_t kDefaultShmMaxMsg = 1ull << 20;  // and shm
-constexpr uint64_t kRxmSarLimit = 128 << 10;        // rxm's FI_OFI_RXM_SAR_LIMIT default: tcp;ofi_rxm's messages
 
 // One or more libfabric operations sharing a completion context.
 struct Op {
@@ -236,6 +235,7 @@ struct RecvComm {
   uint64_t complete_below = UINT64_MAX;
   std::vector<unsigned char> scratch;  // payload chunks of truncated receives
   PeerWatch watch;
+  uint64_t dead_ns = 0;  // when the sender's process was seen gone (0: not seen)
 };
 
 extern ArgCheck g_check;

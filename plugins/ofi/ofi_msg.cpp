@@ -17,6 +17,8 @@ namespace {
 
 constexpr uint64_t kFlushNs = 500'000'000;    // how long a close waits to hand over its notice
 constexpr uint64_t kLetGoNs = 1'000'000'000;  // how long a close waits for its sends to be taken
+// How long what a sender that exited wrote before may take to arrive.
+constexpr uint64_t kDeadGraceNs = 1'000'000'000;
 
 template <class Post>
 meshccl_tresult_t post_retry(Ctx* ctx, const char* what, Op* op, bool wait, Post&& post) {
@@ -210,6 +212,19 @@ namespace {
 // The sender said bye (take_header): nothing more arrives.
 bool sender_closed(const RecvComm* c) { return c->m.gone() != MESHCCL_T_SUCCESS; }
 
+// The sender's process is gone and what it sent before had its time to
+// arrive. An eager send completes once the socket took it, so a sender may
+// finish its sends, close and exit while its last messages are still on
+// their way (in the kernel, or in libfabric's hands here): they are still
+// taken for kDeadGraceNs after the process was seen gone (same host: by pid).
+bool sender_dead(RecvComm* c) {
+  if (c->dead_ns == 0) {
+    if (!peer_dead(c->ctx->host, c->peer_pid, c->watch)) return false;
+    c->dead_ns = now_ns();
+  }
+  return now_ns() - c->dead_ns >= kDeadGraceNs;
+}
+
 // The list r is on: posted while it waits for its message; active once
 // matched, or once the sender closed without sending it (take_header).
 List<Request>& list_of(RecvComm* c, const Request* r) {
@@ -348,7 +363,7 @@ meshccl_tresult_t recv_probe(RecvComm* c, uint64_t tag, int* found) {
   const meshccl_tresult_t gone = c->m.probe(tag, found);
   if (*found != 0 || res != MESHCCL_T_SUCCESS) return *found != 0 ? MESHCCL_T_SUCCESS : res;
   if (gone != MESHCCL_T_SUCCESS) return gone;
-  return peer_dead(c->ctx->host, c->peer_pid, c->watch) ? MESHCCL_T_REMOTE_ERROR : MESHCCL_T_SUCCESS;
+  return sender_dead(c) ? MESHCCL_T_REMOTE_ERROR : MESHCCL_T_SUCCESS;
 }
 
 meshccl_tresult_t recv_test(Request* r, int* done, size_t* size) {
@@ -370,7 +385,7 @@ meshccl_tresult_t recv_test(Request* r, int* done, size_t* size) {
   } else if (sender_closed(c) && (r->state == State::kPosted || r->seq >= c->complete_below)) {
     MPLUG_WARN(ctx->host, "ofi: the sender closed connection %u before sending this message", c->conn);
     res = MESHCCL_T_REMOTE_ERROR;
-  } else if (peer_dead(ctx->host, c->peer_pid, c->watch)) {
+  } else if (sender_dead(c)) {
     res = MESHCCL_T_REMOTE_ERROR;
   } else {
     return MESHCCL_T_SUCCESS;  // in flight

@@ -11,7 +11,8 @@
 //
 // Settings: MESHCCL_SOCKET_IFNAME / MESHCCL_SOCKET_FAMILY pick the control
 // socket's interface (as for socket); UCX's own (UCX_TLS, UCX_NET_DEVICES,
-// ...) pick the data path.
+// ...) pick the data path. Without an RDMA device the plugin chooses some
+// of UCX's settings for TCP when the user did not (choose_defaults).
 #include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -28,7 +29,10 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include <ucs/config/parser.h>
 #include <ucs/debug/log_def.h>
 
 #include "plugins/common/entry.h"
@@ -111,17 +115,108 @@ bool has_rdma_device() {
   return any;
 }
 
-// UCX's settings that the plugin chooses when the user did not set them.
-// Over TCP, UCX 1.13's rendezvous (a request, then the payload as put or get
-// on a second connection) leaves the link idle between its messages and
-// makes two TCP flows compete: a 16 MiB message reached 0.53-1.0 of a
-// 200 Mbit/s link, most runs 0.70, against 0.97-1.0 with the payload sent
-// eagerly on one connection, for the same CPU time (docs/transports.md). With an RDMA
-// device the rendezvous is UCX's zero-copy path and is left alone.
-void choose_defaults(const meshccl_transport_host_v1_t* host, ucp_config_t* cfg) {
-  if (has_rdma_device() || std::getenv("UCX_RNDV_THRESH") != nullptr) return;
-  if (ucp_config_modify(cfg, "RNDV_THRESH", "inf") == UCS_OK)
-    MPLUG_INFO(host, "ucx: no RDMA device: UCX_RNDV_THRESH=inf (payloads go eagerly over TCP; set it to override)");
+// Every setting of UCX (its own and its transports', such as UCX_TCP_*) as
+// the user configured it, through variables and ucx.conf files, the way
+// ucx_info -c prints them: "UCX_TLS" -> "all".
+std::vector<std::pair<std::string, std::string>> user_config() {
+  std::vector<std::pair<std::string, std::string>> out;
+  char* text = nullptr;
+  size_t len = 0;
+  FILE* f = open_memstream(&text, &len);
+  if (f == nullptr) return out;
+  ucs_config_parser_print_all_opts(f, "UCX_", UCS_CONFIG_PRINT_CONFIG, &ucs_config_global_list);
+  std::fclose(f);
+  for (char *line = text, *next = nullptr; line != nullptr && *line != 0; line = next) {
+    next = std::strchr(line, '\n');
+    if (next != nullptr) *next++ = 0;
+    const char* eq = std::strchr(line, '=');
+    if (line[0] != '#' && eq != nullptr) out.emplace_back(std::string(line, static_cast<size_t>(eq - line)), eq + 1);
+  }
+  std::free(text);
+  return out;
+}
+
+// UCX's settings that the plugin chooses when the user did not set them,
+// on a machine with no RDMA device, where UCX's only way between hosts is
+// TCP (with one, UCX's own choices are its zero-copy paths and are left
+// alone). A setting counts as the user's when its variable is set or a
+// ucx.conf gave it a value other than UCX's default.
+//
+// - UCX_TLS=tcp,sm,self: the transports that carry host memory here (the
+//   plugin declares host pointers only). UCX's default (all) also opens
+//   transports for GPU memory where UCX was built with them (cuda_copy,
+//   cuda_ipc, gdr_copy, rocm_*), which load the GPU libraries and probe the
+//   GPUs as each context starts.
+// - UCX_RNDV_THRESH=inf: UCX 1.13's rendezvous over TCP (a request, then the
+//   payload as put or get on a second connection) leaves the link idle
+//   between its messages and makes two TCP flows compete: a 16 MiB message
+//   reached 0.53-1.0 of a 200 Mbit/s link, most runs 0.70, against
+//   0.97-1.0 with the payload sent eagerly on one connection, for the same
+//   CPU time (docs/transports.md).
+// - UCX_NET_DEVICES=<interface>: when MESHCCL_SOCKET_IFNAME (or
+//   NCCL_SOCKET_IFNAME) names the network to use, UCX's TCP traffic goes
+//   over the interface the plugin picked from it for its control socket,
+//   as the socket and ofi transports' traffic does; unset, UCX picks
+//   among the interfaces itself.
+// - UCX_TCP_TX_SEG_SIZE=256K, UCX_TCP_RX_SEG_SIZE=256K: UCX's TCP transport
+//   moves an eager message in pieces of its send segment (8 KiB by
+//   default), one system call each, and receives through segments of the
+//   receive size (64 KiB): where the cores bind (this machine's unshaped
+//   links), 16 MiB send/recv took 13.5-22.1 ms with those and 8.7-13.2 ms
+//   with 256 KiB (socket: 11.1-14.3 ms); at 200 Mbit/s and 1 Gbit/s the
+//   link binds either way. UCX's buffer pools grow by 8 segments at a time.
+void choose_defaults(const Ctx* ctx, ucp_config_t* cfg) {
+  const meshccl_transport_host_v1_t* host = ctx->host;
+  if (has_rdma_device()) {
+    MPLUG_INFO(host, "ucx: an RDMA device is present: UCX chooses its transports and protocols itself");
+    return;
+  }
+  std::string net_dev;
+  const char* spec = param_str(host, "MESHCCL_SOCKET_IFNAME");
+  if (spec != nullptr && *spec != 0) net_dev = ctx->iface.name.substr(0, ctx->iface.name.find(':'));  // no alias
+  // Settings of one group are chosen together or not at all: UCX refuses a
+  // TCP receive segment smaller than the send segment.
+  struct Choice {
+    const char* name;  // without UCX_
+    const char* ucx_default;
+    std::string value;
+    int group;
+    // The name ucp_config_modify takes: a transport's setting goes by its
+    // name in the transport's table (TX_SEG_SIZE, not TCP_TX_SEG_SIZE).
+    const char* key = nullptr;
+  } choices[] = {{"TLS", "all", "tcp,sm,self", 0},
+                 {"RNDV_THRESH", "auto", "inf", 1},
+                 {"NET_DEVICES", "all", net_dev, 2},
+                 {"TCP_TX_SEG_SIZE", "8K", "256K", 3, "TX_SEG_SIZE"},
+                 {"TCP_RX_SEG_SIZE", "64K", "256K", 3, "RX_SEG_SIZE"}};
+  const auto current = user_config();
+  auto users = [&](const Choice& c, std::string* now) {
+    const std::string var = std::string("UCX_") + c.name;
+    *now = c.ucx_default;
+    for (const auto& [k, v] : current)
+      if (k == var) *now = v;
+    return std::getenv(var.c_str()) != nullptr || *now != c.ucx_default;
+  };
+  std::string chosen, kept;
+  for (const Choice& c : choices) {
+    const std::string var = std::string("UCX_") + c.name;
+    std::string now;
+    bool group_set = false;
+    for (const Choice& o : choices) {
+      std::string ignored;
+      if (o.group == c.group && users(o, &ignored)) group_set = true;
+    }
+    if (group_set) {
+      if (users(c, &now)) kept += " " + var + "=" + now;
+      continue;
+    }
+    if (c.value.empty()) continue;
+    ucs_status_t s = ucp_config_modify(cfg, c.key != nullptr ? c.key : c.name, c.value.c_str());
+    if (s == UCS_OK) chosen += " " + var + "=" + c.value;
+    else MPLUG_WARN(host, "ucx: setting %s=%s failed: %s", var.c_str(), c.value.c_str(), ucs_status_string(s));
+  }
+  MPLUG_INFO(host, "ucx: no RDMA device, so TCP between hosts: chose%s%s%s",
+             chosen.empty() ? " nothing" : chosen.c_str(), kept.empty() ? "" : "; kept the user's", kept.c_str());
 }
 
 meshccl_tresult_t make_worker(Ctx* ctx) {
@@ -129,7 +224,7 @@ meshccl_tresult_t make_worker(Ctx* ctx) {
   ucp_config_t* cfg = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &cfg);
   if (s != UCS_OK) return fail(host, "reading the UCX configuration (UCX_* variables)", s);
-  choose_defaults(host, cfg);
+  choose_defaults(ctx, cfg);
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   params.features = UCP_FEATURE_TAG;

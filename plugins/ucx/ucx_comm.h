@@ -48,8 +48,13 @@ constexpr uint64_t kHelloMagic = 0x314f4c4c45584355ull;   // "UCXELLO1"
 constexpr uint64_t kAddrMagic = 0x3152444441584355ull;    // "UCXADDR1"
 constexpr uint64_t kByeMagic = 0x3145594258435555ull;     // "UUCXBYE1"
 
-// Payloads up to this size travel inside their header message.
-constexpr size_t kInline = 1024;
+// Payloads up to this size travel inside their header message: one UCX
+// message instead of two (a header, then the payload once the receive is
+// matched). 2 KiB send/recv between two emulated hosts, best of 10 runs:
+// 22.8 us as two messages, 12.7 us as one at 1 Gbit/s (socket: 10.3 us);
+// unshaped 8 KiB 16.1 and 12.6 us (socket 10.4 us). Larger ones gain
+// nothing from it (64 KiB: no faster at 32 KiB, slower at 64 KiB).
+constexpr size_t kInline = 8192;
 // Largest worker address accepted from a peer.
 constexpr uint32_t kMaxAddr = 64u << 10;
 // After the control socket closed, receives still incomplete this long fail.

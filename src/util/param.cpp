@@ -59,13 +59,15 @@ std::vector<std::unique_ptr<const Snapshot>>& kept() {
 }
 
 // Variables with the MESHCCL_ prefix that are not settings: what launchers
-// set for each rank, and the build, test and cluster scripts' own.
+// set for each rank, and the build, test, perf tool and cluster scripts' own
+// (MESHCCL_PERF_NETDEV, MESHCCL_PERF_MPI: perf/).
 bool known_other(const std::string& name) {
   static const char* const names[] = {"MESHCCL_RANK",       "MESHCCL_NRANKS",    "MESHCCL_LOCAL_RANK",
                                       "MESHCCL_LOCAL_SIZE", "MESHCCL_BUILD_DIR", "MESHCCL_PACKAGES"};
   for (const char* n : names)
     if (name == n) return true;
-  return name.rfind("MESHCCL_TEST_", 0) == 0 || name.rfind("MESHCCL_CLUSTER_", 0) == 0;
+  return name.rfind("MESHCCL_TEST_", 0) == 0 || name.rfind("MESHCCL_CLUSTER_", 0) == 0 ||
+         name.rfind("MESHCCL_PERF_", 0) == 0;
 }
 
 std::string env_name(const char* entry) {

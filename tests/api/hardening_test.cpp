@@ -273,12 +273,18 @@ TEST(Settings, MalformedAndUnknownSettingsWarnOnceOnStderr) {
         ScopedEnv env({{"MESHCCL_TIMEOUTT", "5"}});
         ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
       }
+      {
+        // The perf tools' own variables are not settings, and no typo.
+        ScopedEnv env({{"MESHCCL_PERF_NETDEV", "eth0"}});
+        ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+      }
     }
   });
   EXPECT_EQ(count_of(err, "MESHCCL_TIMEOUT=\"0\" is outside 1..31536000"), 1u) << err;
   EXPECT_EQ(count_of(err, "MESHCCL_TIMEOUT=\"-5\" is outside 1..31536000"), 1u) << err;
   EXPECT_EQ(count_of(err, "MESHCCL_TIMEOUT=\"ten\" is not an integer"), 1u) << err;
   EXPECT_EQ(count_of(err, "MESHCCL_TIMEOUTT is not a meshccl setting"), 1u) << err;
+  EXPECT_EQ(count_of(err, "MESHCCL_PERF_NETDEV"), 0u) << err;
 }
 
 TEST(Errors, LastErrorBelongsToItsCommunicatorAndThread) {

@@ -7,7 +7,9 @@
 //     dies of it at once;
 //   - libucs reads no ./ucx.conf; libfabric is asked only for the ofi
 //     plugin's providers; an abort after a peer died prints no UCX mpool
-//     warnings.
+//     warnings;
+//   - the settings of UCX and libfabric the plugins choose, and those of the
+//     user they keep.
 // ucx and ofi pairs run between emulated hosts (MESHCCL_HOSTID per rank,
 // NCCL_NET naming the transport) on loopback. MESHCCL_PLUGIN_PATH names the
 // build's plugins; a case whose plugin was not built is skipped.
@@ -392,6 +394,126 @@ TEST(Ofi, AsksLibfabricOnlyForItsProviders) {
       if (!std::regex_search(line, m, asked)) continue;
       const std::string prov = m[1].matched ? m[1].str() : m[2].str();
       EXPECT_TRUE(prov == "tcp" || prov == "shm" || prov == "ofi_rxm") << "rank " << r << ": " << line;
+    }
+  }
+}
+
+// Over tcp;ofi_rxm the plugin raises rxm's eager limit to its message size
+// unless the user set FI_OFI_RXM_EAGER_LIMIT (docs/transports.md, "ofi"):
+// libfabric's own log states the limits each endpoint got (16384 before:
+// every payload message went by rendezvous), and the variable is gone from
+// the environment again once the communicator is made.
+TEST(Ofi, RxmEagerLimitIsTheMessageSizeUnlessTheUserSetIt) {
+  if (!plugin_built("ofi")) GTEST_SKIP() << "ofi plugin not built";
+  for (const std::string user : {"", "65536"}) {
+    SCOPED_TRACE("FI_OFI_RXM_EAGER_LIMIT=" + user);
+    TempDir dir;
+    ASSERT_FALSE(dir.path.empty());
+    const int n = 2;
+    SharedArray<SharedId> sid(1);
+    SharedSlots slots(n);
+    auto kids = run_procs(n, kDeadline, [&](int rank) {
+      capture_output(dir, rank);
+      for (const char* v : {"FI_PROVIDER", "MESHCCL_OFI_PROVIDER", "MESHCCL_OFI_MAX_MSG", "FI_OFI_RXM_EAGER_LIMIT"})
+        unsetenv(v);
+      if (!user.empty()) setenv("FI_OFI_RXM_EAGER_LIMIT", user.c_str(), 1);
+      setenv("FI_LOG_LEVEL", "info", 1);
+      setenv("MESHCCL_DEBUG", "INFO", 1);
+      setenv("MESHCCL_DEBUG_SUBSYS", "NET", 1);
+      use_transport("ofi", rank);
+      ncclComm_t comm = nullptr;
+      ncclResult_t r = init_and_reduce(sid, n, rank, &comm);
+      if (r != ncclSuccess) return fail(10, rank, "init and AllReduce", r);
+      const char* left = std::getenv("FI_OFI_RXM_EAGER_LIMIT");
+      if (user.empty() && left != nullptr) {
+        note(slots[rank], std::string("FI_OFI_RXM_EAGER_LIMIT was left set to ") + left);
+        return 11;
+      }
+      if (!user.empty() && (left == nullptr || user != left)) {
+        note(slots[rank], "the user's FI_OFI_RXM_EAGER_LIMIT changed");
+        return 12;
+      }
+      ncclCommDestroy(comm);
+      return 0;
+    });
+    expect_all_ok(kids, slots);
+    const std::string limit = user.empty() ? "131072" : user;
+    for (int r = 0; r < n; ++r) {
+      const std::string log = dir.read("rank" + std::to_string(r) + ".log");
+      EXPECT_NE(log.find("Protocol limits: Eager: " + limit + ","), std::string::npos) << "rank " << r << ":\n" << log;
+      EXPECT_EQ(log.find("Protocol limits: Eager: 16384,"), std::string::npos) << "rank " << r;
+      EXPECT_NE(log.find("messages of up to " + limit + " bytes"), std::string::npos) << "rank " << r;
+      EXPECT_NE(log.find(user.empty() ? "FI_OFI_RXM_EAGER_LIMIT=131072 chosen"
+                                      : "FI_OFI_RXM_EAGER_LIMIT=65536 (set by the user)"),
+                std::string::npos)
+          << "rank " << r;
+    }
+  }
+}
+
+// Whether UCX could carry data over RDMA here (the ucx plugin then leaves
+// UCX's choices alone).
+bool has_rdma_device() {
+  std::error_code ec;
+  std::filesystem::directory_iterator it("/sys/class/infiniband", ec);
+  return !ec && it != std::filesystem::directory_iterator();
+}
+
+// Without an RDMA device the ucx plugin chooses UCX's settings for TCP
+// (docs/transports.md, "ucx"), except those the user set, by variable or in
+// a ucx.conf: UCX's log of an endpoint's lanes shows the transports it was
+// allowed (the user's UCX_TLS=tcp: TCP even between ranks of one machine).
+TEST(Ucx, ChoosesSettingsForTcpUnlessTheUserDid) {
+  if (!plugin_built("ucx")) GTEST_SKIP() << "ucx plugin not built";
+  if (has_rdma_device()) GTEST_SKIP() << "an RDMA device is present: the plugin leaves UCX's choices alone";
+  for (const std::string how : {"default", "variable", "ucx.conf"}) {
+    SCOPED_TRACE(how);
+    TempDir dir;
+    ASSERT_FALSE(dir.path.empty());
+    if (how == "ucx.conf") dir.write("ucx.conf", "UCX_TLS=tcp\nUCX_TCP_RX_SEG_SIZE=128K\n");
+    const int n = 2;
+    SharedArray<SharedId> sid(1);
+    SharedSlots slots(n);
+    auto kids = run_procs(n, kDeadline, [&](int rank) {
+      capture_output(dir, rank);
+      for (const char* v :
+           {"UCX_TLS", "UCX_RNDV_THRESH", "UCX_CONFIG_DIR", "UCX_TCP_TX_SEG_SIZE", "UCX_TCP_RX_SEG_SIZE"})
+        unsetenv(v);
+      if (how == "variable") setenv("UCX_TLS", "tcp", 1);
+      if (how == "ucx.conf") setenv("UCX_CONFIG_DIR", dir.path.c_str(), 1);
+      setenv("UCX_LOG_LEVEL", "info", 1);
+      setenv("MESHCCL_DEBUG", "INFO", 1);
+      setenv("MESHCCL_DEBUG_SUBSYS", "NET", 1);
+      use_transport("ucx", rank);
+      ncclComm_t comm = nullptr;
+      ncclResult_t r = init_and_reduce(sid, n, rank, &comm);
+      if (r != ncclSuccess) return fail(10, rank, "init and AllReduce", r);
+      ncclCommDestroy(comm);
+      return 0;
+    });
+    expect_all_ok(kids, slots);
+    for (int r = 0; r < n; ++r) {
+      const std::string log = dir.read("rank" + std::to_string(r) + ".log");
+      // UCX_NET_DEVICES=lo comes from the test's environment.
+      // A TCP segment size set in ucx.conf keeps the other one as UCX's too.
+      const std::string seg = "UCX_TCP_TX_SEG_SIZE=256K UCX_TCP_RX_SEG_SIZE=256K";
+      const std::string want =
+          how == "default"
+              ? "chose UCX_TLS=tcp,sm,self UCX_RNDV_THRESH=inf " + seg + "; kept the user's UCX_NET_DEVICES=lo"
+          : how == "variable"
+              ? "chose UCX_RNDV_THRESH=inf " + seg + "; kept the user's UCX_TLS=tcp UCX_NET_DEVICES=lo"
+              : "chose UCX_RNDV_THRESH=inf; kept the user's UCX_TLS=tcp UCX_NET_DEVICES=lo UCX_TCP_RX_SEG_SIZE=128K";
+      EXPECT_NE(log.find("ucx: no RDMA device, so TCP between hosts: " + want + "\n"), std::string::npos)
+          << "rank " << r << ":\n"
+          << log;
+      // UCX names every chosen setting it did not apply to any of its parts.
+      EXPECT_EQ(log.find("invalid configuration"), std::string::npos) << "rank " << r << ":\n" << log;
+      std::smatch lanes;
+      ASSERT_TRUE(std::regex_search(log, lanes, std::regex("ep_cfg\\[\\d+\\]: tag\\(([^)]*)\\)")))
+          << "rank " << r << ":\n"
+          << log;
+      if (how == "default") EXPECT_EQ(lanes[1].str().find("tcp/"), std::string::npos) << lanes[0];
+      else EXPECT_EQ(lanes[1].str(), "tcp/lo") << lanes[0];
     }
   }
 }
