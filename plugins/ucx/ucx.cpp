@@ -158,13 +158,13 @@ std::vector<std::pair<std::string, std::string>> user_config() {
 //   over the interface the plugin picked from it for its control socket,
 //   as the socket and ofi transports' traffic does; unset, UCX picks
 //   among the interfaces itself.
-// - UCX_TCP_TX_SEG_SIZE=256K, UCX_TCP_RX_SEG_SIZE=256K: UCX's TCP transport
-//   moves an eager message in pieces of its send segment (8 KiB by
-//   default), one system call each, and receives through segments of the
-//   receive size (64 KiB): where the cores bind (this machine's unshaped
-//   links), 16 MiB send/recv took 13.5-22.1 ms with those and 8.7-13.2 ms
-//   with 256 KiB (socket: 11.1-14.3 ms); at 200 Mbit/s and 1 Gbit/s the
-//   link binds either way. UCX's buffer pools grow by 8 segments at a time.
+//
+// Not chosen: larger TCP segments (UCX_TCP_TX_SEG_SIZE / RX_SEG_SIZE, 8 KiB
+// and 64 KiB by default). 256 KiB made 16 MiB send/recv faster where the
+// cores bind (8.7-13.2 ms against 13.5-22.1 ms unshaped), but with them a
+// 4-rank ring AllReduce between two hosts at 200 Mbit/s stopped for good in
+// 4 of 11 runs of 1-16 MiB: bytes sat unread in a UCX connection's socket
+// while every rank polled (0 of 18 runs with UCX's defaults).
 void choose_defaults(const Ctx* ctx, ucp_config_t* cfg) {
   const meshccl_transport_host_v1_t* host = ctx->host;
   if (has_rdma_device()) {
@@ -174,44 +174,24 @@ void choose_defaults(const Ctx* ctx, ucp_config_t* cfg) {
   std::string net_dev;
   const char* spec = param_str(host, "MESHCCL_SOCKET_IFNAME");
   if (spec != nullptr && *spec != 0) net_dev = ctx->iface.name.substr(0, ctx->iface.name.find(':'));  // no alias
-  // Settings of one group are chosen together or not at all: UCX refuses a
-  // TCP receive segment smaller than the send segment.
   struct Choice {
     const char* name;  // without UCX_
     const char* ucx_default;
     std::string value;
-    int group;
-    // The name ucp_config_modify takes: a transport's setting goes by its
-    // name in the transport's table (TX_SEG_SIZE, not TCP_TX_SEG_SIZE).
-    const char* key = nullptr;
-  } choices[] = {{"TLS", "all", "tcp,sm,self", 0},
-                 {"RNDV_THRESH", "auto", "inf", 1},
-                 {"NET_DEVICES", "all", net_dev, 2},
-                 {"TCP_TX_SEG_SIZE", "8K", "256K", 3, "TX_SEG_SIZE"},
-                 {"TCP_RX_SEG_SIZE", "64K", "256K", 3, "RX_SEG_SIZE"}};
+  } choices[] = {{"TLS", "all", "tcp,sm,self"}, {"RNDV_THRESH", "auto", "inf"}, {"NET_DEVICES", "all", net_dev}};
   const auto current = user_config();
-  auto users = [&](const Choice& c, std::string* now) {
-    const std::string var = std::string("UCX_") + c.name;
-    *now = c.ucx_default;
-    for (const auto& [k, v] : current)
-      if (k == var) *now = v;
-    return std::getenv(var.c_str()) != nullptr || *now != c.ucx_default;
-  };
   std::string chosen, kept;
   for (const Choice& c : choices) {
     const std::string var = std::string("UCX_") + c.name;
-    std::string now;
-    bool group_set = false;
-    for (const Choice& o : choices) {
-      std::string ignored;
-      if (o.group == c.group && users(o, &ignored)) group_set = true;
-    }
-    if (group_set) {
-      if (users(c, &now)) kept += " " + var + "=" + now;
+    std::string now = c.ucx_default;
+    for (const auto& [k, v] : current)
+      if (k == var) now = v;
+    if (std::getenv(var.c_str()) != nullptr || now != c.ucx_default) {
+      kept += " " + var + "=" + now;
       continue;
     }
     if (c.value.empty()) continue;
-    ucs_status_t s = ucp_config_modify(cfg, c.key != nullptr ? c.key : c.name, c.value.c_str());
+    ucs_status_t s = ucp_config_modify(cfg, c.name, c.value.c_str());
     if (s == UCS_OK) chosen += " " + var + "=" + c.value;
     else MPLUG_WARN(host, "ucx: setting %s=%s failed: %s", var.c_str(), c.value.c_str(), ucs_status_string(s));
   }

@@ -470,15 +470,13 @@ TEST(Ucx, ChoosesSettingsForTcpUnlessTheUserDid) {
     SCOPED_TRACE(how);
     TempDir dir;
     ASSERT_FALSE(dir.path.empty());
-    if (how == "ucx.conf") dir.write("ucx.conf", "UCX_TLS=tcp\nUCX_TCP_RX_SEG_SIZE=128K\n");
+    if (how == "ucx.conf") dir.write("ucx.conf", "UCX_TLS=tcp\nUCX_RNDV_THRESH=64K\n");
     const int n = 2;
     SharedArray<SharedId> sid(1);
     SharedSlots slots(n);
     auto kids = run_procs(n, kDeadline, [&](int rank) {
       capture_output(dir, rank);
-      for (const char* v :
-           {"UCX_TLS", "UCX_RNDV_THRESH", "UCX_CONFIG_DIR", "UCX_TCP_TX_SEG_SIZE", "UCX_TCP_RX_SEG_SIZE"})
-        unsetenv(v);
+      for (const char* v : {"UCX_TLS", "UCX_RNDV_THRESH", "UCX_CONFIG_DIR"}) unsetenv(v);
       if (how == "variable") setenv("UCX_TLS", "tcp", 1);
       if (how == "ucx.conf") setenv("UCX_CONFIG_DIR", dir.path.c_str(), 1);
       setenv("UCX_LOG_LEVEL", "info", 1);
@@ -495,14 +493,10 @@ TEST(Ucx, ChoosesSettingsForTcpUnlessTheUserDid) {
     for (int r = 0; r < n; ++r) {
       const std::string log = dir.read("rank" + std::to_string(r) + ".log");
       // UCX_NET_DEVICES=lo comes from the test's environment.
-      // A TCP segment size set in ucx.conf keeps the other one as UCX's too.
-      const std::string seg = "UCX_TCP_TX_SEG_SIZE=256K UCX_TCP_RX_SEG_SIZE=256K";
       const std::string want =
-          how == "default"
-              ? "chose UCX_TLS=tcp,sm,self UCX_RNDV_THRESH=inf " + seg + "; kept the user's UCX_NET_DEVICES=lo"
-          : how == "variable"
-              ? "chose UCX_RNDV_THRESH=inf " + seg + "; kept the user's UCX_TLS=tcp UCX_NET_DEVICES=lo"
-              : "chose UCX_RNDV_THRESH=inf; kept the user's UCX_TLS=tcp UCX_NET_DEVICES=lo UCX_TCP_RX_SEG_SIZE=128K";
+          how == "default"    ? "chose UCX_TLS=tcp,sm,self UCX_RNDV_THRESH=inf; kept the user's UCX_NET_DEVICES=lo"
+          : how == "variable" ? "chose UCX_RNDV_THRESH=inf; kept the user's UCX_TLS=tcp UCX_NET_DEVICES=lo"
+                              : "chose nothing; kept the user's UCX_TLS=tcp UCX_RNDV_THRESH=64K UCX_NET_DEVICES=lo";
       EXPECT_NE(log.find("ucx: no RDMA device, so TCP between hosts: " + want + "\n"), std::string::npos)
           << "rank " << r << ":\n"
           << log;
