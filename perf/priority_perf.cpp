@@ -304,65 +304,76 @@ meshcclConfig_t config_for(int mode) {
   return cfg;
 }
 
+// The command line.
+struct Args {
+  int n = 2, iters = 20, reps = 7;
+  bool direct_bulk = false, sweep = false;
+  size_t bytes = size_t{256} << 20;
+  std::vector<size_t> sizes;
+  std::string kinds;
+};
+
+// One rank's part: the idle-cost sweep over both communicators (-s), or the
+// loaded run. make(mode, &comm) makes communicator `mode` into comms[mode];
+// mode 0 first.
+template <class Make>
+void rank_main(int rank, const Args& a, Make make, ncclComm_t comms[2], Result res[2]) {
+  if (!a.sweep) return run_rank(rank, a.n, a.bytes, a.iters, a.direct_bulk, make, res);
+  ncclComm_t c = nullptr;
+  make(0, &c);
+  make(1, &c);
+  run_sweep(rank, a.n, comms, a.sizes, a.kinds, a.reps);
+  std::fflush(stdout);
+}
+
 // Under meshrun (one process per rank, for instance on the hosts of an
 // emulated cluster): the priority communicator from the launcher's
 // environment, the FIFO one made from an id rank 0 broadcasts over it (a
 // split child would keep its parent's scheduling).
-int run_launched(size_t bytes, int iters, bool direct_bulk, bool sweep, const std::vector<size_t>& sizes,
-                 const std::string& kinds, int reps) {
+int run_launched(const Args& a) {
+  const int rank = std::atoi(std::getenv("MESHCCL_RANK"));
   ncclComm_t comms[2] = {nullptr, nullptr};
-  int rank = 0, n = 0;
   auto make = [&](int mode, ncclComm_t* comm) {
     meshcclConfig_t cfg = config_for(mode);
     if (mode == 0) {
       CHECK(meshcclCommInitFromEnv(&comms[0], &cfg.nccl));
-      CHECK(ncclCommUserRank(comms[0], &rank));
-      CHECK(ncclCommCount(comms[0], &n));
     } else {
       ncclUniqueId id{};
       if (rank == 0) CHECK(ncclGetUniqueId(&id));
       CHECK(ncclBroadcast(&id, &id, sizeof id, ncclChar, 0, comms[0], nullptr));
-      CHECK(ncclCommInitRankConfig(&comms[1], n, id, rank, &cfg.nccl));
+      CHECK(ncclCommInitRankConfig(&comms[1], a.n, id, rank, &cfg.nccl));
     }
     *comm = comms[mode];
   };
   Result res[2];
-  if (sweep) {
-    ncclComm_t c = nullptr;
-    make(0, &c);
-    make(1, &c);
-    run_sweep(rank, n, comms, sizes, kinds, reps);
-  } else {
-    run_rank(std::atoi(std::getenv("MESHCCL_RANK")), std::atoi(std::getenv("MESHCCL_NRANKS")), bytes, iters,
-             direct_bulk, make, res);
-  }
+  rank_main(rank, a, make, comms, res);
   CHECK(ncclCommDestroy(comms[1]));
   CHECK(ncclCommDestroy(comms[0]));
-  if (rank == 0 && !sweep) print_results(n, bytes, iters, direct_bulk, res);
+  if (rank == 0 && !a.sweep) print_results(a.n, a.bytes, a.iters, a.direct_bulk, res);
   return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int n = 2, iters = 20, reps = 7;
-  bool direct_bulk = false, sweep = false;
-  std::string sizes = "8,64,512,4K,32K,256K,1M,64M", kinds;
-  size_t bytes = size_t{256} << 20;
+  Args a;
+  std::string sizes = "8,64,512,4K,32K,256K,1M,64M";
   for (int i = 1; i < argc; i += 2) {
     if (!std::strcmp(argv[i], "-s")) {
-      sweep = true;
+      a.sweep = true;
       --i;  // no value
     } else if (i + 1 >= argc) {
       std::fprintf(stderr, "priority_perf: %s needs a value\n", argv[i]);
       return 1;
-    } else if (!std::strcmp(argv[i], "-n")) n = std::atoi(argv[i + 1]);
+    } else if (!std::strcmp(argv[i], "-n")) a.n = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "-z")) sizes = argv[i + 1];
-    else if (!std::strcmp(argv[i], "-r")) reps = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "-k")) kinds = argv[i + 1];
-    else if (!std::strcmp(argv[i], "-b")) bytes = std::strtoull(argv[i + 1], nullptr, 0);
-    else if (!std::strcmp(argv[i], "-i")) iters = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "-d")) direct_bulk = std::atoi(argv[i + 1]) != 0;
+    else if (!std::strcmp(argv[i], "-r")) a.reps = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "-k")) a.kinds = argv[i + 1];
+    else if (!std::strcmp(argv[i], "-b")) {
+      if (!perf::ParseSize(argv[i + 1], &a.bytes)) a.bytes = 0;  // refused below
+    }
+    else if (!std::strcmp(argv[i], "-i")) a.iters = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "-d")) a.direct_bulk = std::atoi(argv[i + 1]) != 0;
     else if (!std::strcmp(argv[i], "-p") && (!std::strcmp(argv[i + 1], "spin") || !std::strcmp(argv[i + 1], "sleep")))
       g_spin_pause = !std::strcmp(argv[i + 1], "spin");
     else {
@@ -374,25 +385,26 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  if (n < 2 || n > 64 || iters < 1 || bytes < 4096 || reps < 1) {
+  if (a.n < 2 || a.n > 64 || a.iters < 1 || a.bytes < 4096 || a.reps < 1) {
     std::fprintf(stderr, "priority_perf: need 2..64 ranks, >= 1 iteration, >= 4096 bulk bytes, >= 1 block\n");
     return 1;
   }
-  std::vector<size_t> size_list;
-  if (!parse_sizes(sizes, &size_list)) {
+  if (!parse_sizes(sizes, &a.sizes)) {
     std::fprintf(stderr, "priority_perf: -z %s: sizes are positive byte counts (K, M, G suffixes)\n", sizes.c_str());
     return 1;
   }
   if (std::getenv("MESHCCL_COMM_FILE") != nullptr && std::getenv("MESHCCL_RANK") != nullptr &&
-      std::getenv("MESHCCL_NRANKS") != nullptr)
-    return run_launched(bytes, iters, direct_bulk, sweep, size_list, kinds, reps);
+      std::getenv("MESHCCL_NRANKS") != nullptr) {
+    a.n = std::atoi(std::getenv("MESHCCL_NRANKS"));
+    return run_launched(a);
+  }
   ncclUniqueId id_prio, id_fifo;
   CHECK(ncclGetUniqueId(&id_prio));
   CHECK(ncclGetUniqueId(&id_fifo));
   int fds[2];
   if (pipe(fds) != 0) return 1;
   std::vector<pid_t> pids;
-  for (int r = 0; r < n; ++r) {
+  for (int r = 0; r < a.n; ++r) {
     pid_t p = fork();
     if (p == 0) {
       close(fds[0]);
@@ -400,18 +412,10 @@ int main(int argc, char** argv) {
       ncclComm_t comms[2] = {nullptr, nullptr};
       auto make = [&](int mode, ncclComm_t* comm) {
         meshcclConfig_t cfg = config_for(mode);
-        CHECK(ncclCommInitRankConfig(&comms[mode], n, mode == 0 ? id_prio : id_fifo, r, &cfg.nccl));
+        CHECK(ncclCommInitRankConfig(&comms[mode], a.n, mode == 0 ? id_prio : id_fifo, r, &cfg.nccl));
         *comm = comms[mode];
       };
-      if (sweep) {
-        ncclComm_t c = nullptr;
-        make(0, &c);
-        make(1, &c);
-        run_sweep(r, n, comms, size_list, kinds, reps);
-        std::fflush(stdout);
-      } else {
-        run_rank(r, n, bytes, iters, direct_bulk, make, res);
-      }
+      rank_main(r, a, make, comms, res);
       for (ncclComm_t c : comms) CHECK(ncclCommDestroy(c));
       if (r == 0 && write(fds[1], res, sizeof res) != static_cast<ssize_t>(sizeof res)) _exit(3);
       _exit(0);
@@ -431,6 +435,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "priority_perf: %d ranks failed\n", failed);
     return 2;
   }
-  if (!sweep) print_results(n, bytes, iters, direct_bulk, res);
+  if (!a.sweep) print_results(a.n, a.bytes, a.iters, a.direct_bulk, res);
   return 0;
 }

@@ -126,6 +126,34 @@ void fail_all(SendComm* c, meshccl_tresult_t result, const char* why) {
   }
 }
 
+// An active transfer's slot as the receiver left it: finished (done, too
+// short a buffer, or a failed read) ends the request; kSlotStream asks for
+// its payload through the ring. Whether anything moved.
+bool check_slot(SendComm* c, Request* r) {
+  const uint32_t st = c->seg->slots[r->slot].v.load(std::memory_order_acquire);
+  seg_acquire(c->seg);
+  if (st == kSlotStream) {
+    c->streaming = true;
+    return stream(c, r);
+  }
+  if (st != kSlotDone && st != kSlotTrunc && st != kSlotFailed) return false;
+  c->active.remove(r);
+  local_rdv_remove(c->nonce, r->slot);
+  c->free_slots[c->nfree++] = r->slot;
+  meshccl_tresult_t result = MESHCCL_T_SUCCESS;
+  if (st == kSlotTrunc) {
+    MPLUG_INFO(c->ctx->host, "shm: receiver's buffer too small for %" PRIu64 " bytes (tag %" PRIu64 ")", r->size,
+               r->tag);
+    result = MESHCCL_T_INVALID_USAGE;
+  } else if (st == kSlotFailed) {
+    MPLUG_WARN(c->ctx->host, "shm: pid %d could not read %" PRIu64 " bytes (tag %" PRIu64 ") from us", c->peer_pid,
+               r->size, r->tag);
+    result = MESHCCL_T_REMOTE_ERROR;
+  }
+  finish(r, result);
+  return true;
+}
+
 void progress(SendComm* c) {
   if (c->broken != MESHCCL_T_SUCCESS) return;
   // Read before the completion scan: transfers the receiver finished before
@@ -140,31 +168,7 @@ void progress(SendComm* c) {
   const bool scan = changes != c->changes_seen || c->streaming;
   c->changes_seen = changes;
   c->streaming = false;
-  if (scan)
-    c->active.for_each([&](Request* r) {
-      uint32_t st = c->seg->slots[r->slot].v.load(std::memory_order_acquire);
-      seg_acquire(c->seg);
-      if (st == kSlotDone || st == kSlotTrunc || st == kSlotFailed) {
-        c->active.remove(r);
-        local_rdv_remove(c->nonce, r->slot);
-        c->free_slots[c->nfree++] = r->slot;
-        meshccl_tresult_t result = MESHCCL_T_SUCCESS;
-        if (st == kSlotTrunc) {
-          MPLUG_INFO(c->ctx->host, "shm: receiver's buffer too small for %" PRIu64 " bytes (tag %" PRIu64 ")", r->size,
-                     r->tag);
-          result = MESHCCL_T_INVALID_USAGE;
-        } else if (st == kSlotFailed) {
-          MPLUG_WARN(c->ctx->host, "shm: pid %d could not read %" PRIu64 " bytes (tag %" PRIu64 ") from us",
-                     c->peer_pid, r->size, r->tag);
-          result = MESHCCL_T_REMOTE_ERROR;
-        }
-        finish(r, result);
-        moved = true;
-      } else if (st == kSlotStream) {
-        moved |= stream(c, r);
-        c->streaming = true;
-      }
-    });
+  if (scan) c->active.for_each([&](Request* r) { moved |= check_slot(c, r); });
   if (closed) {
     if (!c->queue.empty() || !c->active.empty())
       fail_all(c, MESHCCL_T_REMOTE_ERROR, "the receiver closed the connection");

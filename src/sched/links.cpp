@@ -139,7 +139,7 @@ Status Links::test_chunks(Dir& d, Xfer* x, size_t* budget, bool* moved) {
 
 Status Links::post_chunks(Queue& q, Dir& d, Xfer* x, int* blocked_level, bool* moved) {
   const size_t credit = q.credit;
-  while (!x->finished && (x->nposts == 0 || x->posted < x->bytes)) {
+  while (!x->finished && x->to_post()) {
     const size_t left = x->bytes - x->posted;
     size_t n = left;
     if (q.chunk > 0 && left > 2 * q.chunk) n = q.chunk;  // up to two chunks go whole: no runt last chunk
@@ -217,19 +217,19 @@ void Links::pump_dir(Queue& q, Dir& d, bool* moved) {
     Status s = test_chunks(d, x, &budget, moved);
     if (s.ok() && !busy_has(x->tag)) s = post_chunks(q, d, x, &blocked_level, moved);
     if (s.ok()) s = test_chunks(d, x, &budget, moved);
-    if (!x->finished && (x->posted < x->bytes || !x->chunks.empty())) urgent_level = std::min(urgent_level, x->level);
+    if (!x->finished && !x->drained()) urgent_level = std::min(urgent_level, x->level);
     if (!s.ok()) {
       x->error = s;
       x->reason = transport_warning();
       x->finished = true;
       *moved = true;
     }
-    if (!x->finished && (x->nposts == 0 || x->posted < x->bytes)) busy_add(x->tag);
+    if (!x->finished && x->to_post()) busy_add(x->tag);
   }
   // Finished transfers leave the queue.
   size_t keep = 0;
   for (Xfer* x : d.xfers) {
-    if (x->finished || (x->nposts > 0 && x->posted >= x->bytes && x->chunks.empty())) {
+    if (x->finished || x->drained()) {
       x->finished = true;
       leave_waiting(d, x);
       // Chunks left by a failed transfer no longer count (the communicator fails).

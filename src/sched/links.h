@@ -93,6 +93,11 @@ struct Xfer {
     double posted_us;  // for the trace (0 when off)
   };
   std::deque<Chunk> chunks;  // in flight, oldest first
+
+  // Bytes still to hand to the transport (a 0-byte transfer posts once).
+  bool to_post() const { return nposts == 0 || posted < bytes; }
+  // Every byte handed over and completed.
+  bool drained() const { return !to_post() && chunks.empty(); }
 };
 
 // Priority scheduling settings of one engine, read at communicator creation.
