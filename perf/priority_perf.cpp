@@ -371,8 +371,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "-k")) a.kinds = argv[i + 1];
     else if (!std::strcmp(argv[i], "-b")) {
       if (!perf::ParseSize(argv[i + 1], &a.bytes)) a.bytes = 0;  // refused below
-    }
-    else if (!std::strcmp(argv[i], "-i")) a.iters = std::atoi(argv[i + 1]);
+    } else if (!std::strcmp(argv[i], "-i")) a.iters = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "-d")) a.direct_bulk = std::atoi(argv[i + 1]) != 0;
     else if (!std::strcmp(argv[i], "-p") && (!std::strcmp(argv[i + 1], "spin") || !std::strcmp(argv[i + 1], "sleep")))
       g_spin_pause = !std::strcmp(argv[i + 1], "spin");
