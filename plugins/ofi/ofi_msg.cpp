@@ -470,6 +470,12 @@ bool may_progress(Ctx* ctx) {
   return !frozen && !ctx->sends_abandoned;
 }
 
+// A peer process on this host that is stopped, or that died, may hold a
+// lock of the provider (libfabric's shm takes the receiver's region lock in
+// fi_tsend and spins on it: a peer stopped or killed while holding it left
+// the sender spinning for good). Such a peer gets no close notice.
+bool peer_unreachable(int32_t pid) { return pid > 0 && (pid_stopped(pid) || !pid_alive(pid)); }
+
 void close_send(SendComm* c) {
   Ctx* ctx = c->ctx;
   const bool live_ctx = may_progress(ctx);
@@ -482,10 +488,9 @@ void close_send(SendComm* c) {
       break;
     }
   }
-  // A stopped peer on this host may hold a lock of the provider (libfabric's
-  // shm spins on it in fi_tsend until the peer runs again): no bye to it, and
-  // what it has not taken is abandoned at once.
-  const bool stopped = pid_stopped(c->peer_pid);
+  // No bye to a peer that cannot take it (peer_unreachable), and what it has
+  // not taken is abandoned at once.
+  const bool stopped = peer_unreachable(c->peer_pid);
   bool live = c->broken == MESHCCL_T_SUCCESS && c->back != nullptr && c->back->hdr.posted > 0 &&
               (c->hello == nullptr || c->hello->state == State::kPosted) && !stopped;
   if (live) {
@@ -510,7 +515,7 @@ void close_recv(RecvComm* c) {
   Ctx* ctx = c->ctx;
   if (may_progress(ctx)) (void)progress(ctx);  // every open comm of the context, this one included
   // Tell the sender, whose sends would wait forever (see close_send).
-  if (!sender_closed(c) && !pid_stopped(c->peer_pid)) {
+  if (!sender_closed(c) && !peer_unreachable(c->peer_pid)) {
     uint64_t below = c->seq;
     for (Request* r = c->m.active().front(); r != nullptr; r = r->next)
       if (r->state == State::kActive && (r->chunks_posted < r->nchunks || busy(r->body)))
