@@ -28,6 +28,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <ostream>
 #include <regex>
 #include <set>
@@ -333,6 +334,30 @@ void capture_output(const TempDir& dir, int rank) {
   close(fd);
 }
 
+// Two forked ranks over `transport`, each logging into dir/rank<r>.log:
+// env() sets a rank's environment, then it makes a communicator and runs one
+// AllReduce; check(rank, slot), when given, tests more before the
+// communicator is destroyed (non-zero: the rank's exit code, with a note).
+void logged_allreduce(const TempDir& dir, const std::string& transport, const std::function<void()>& env,
+                      const std::function<int(int, Slot&)>& check = nullptr) {
+  const int n = 2;
+  SharedArray<SharedId> sid(1);
+  SharedSlots slots(n);
+  auto kids = run_procs(n, kDeadline, [&](int rank) {
+    capture_output(dir, rank);
+    env();
+    use_transport(transport, rank);
+    ncclComm_t comm = nullptr;
+    ncclResult_t r = init_and_reduce(sid, n, rank, &comm);
+    if (r != ncclSuccess) return fail(10, rank, "init and AllReduce", r);
+    if (check != nullptr)
+      if (int code = check(rank, slots[rank]); code != 0) return code;
+    ncclCommDestroy(comm);
+    return 0;
+  });
+  expect_all_ok(kids, slots);
+}
+
 // Another user who can write the working directory (/tmp, a shared folder)
 // must not steer UCX: libucs reads ./ucx.conf when it loads.
 TEST(WorkingDirectory, UcxConfThereIsNotRead) {
@@ -369,21 +394,11 @@ TEST(Ofi, AsksLibfabricOnlyForItsProviders) {
   TempDir dir;
   ASSERT_FALSE(dir.path.empty());
   const int n = 2;
-  SharedArray<SharedId> sid(1);
-  SharedSlots slots(n);
-  auto kids = run_procs(n, kDeadline, [&](int rank) {
-    capture_output(dir, rank);
+  logged_allreduce(dir, "ofi", [] {
     unsetenv("FI_PROVIDER");
     unsetenv("MESHCCL_OFI_PROVIDER");
     setenv("FI_LOG_LEVEL", "info", 1);
-    use_transport("ofi", rank);
-    ncclComm_t comm = nullptr;
-    ncclResult_t r = init_and_reduce(sid, n, rank, &comm);
-    if (r != ncclSuccess) return fail(10, rank, "init and AllReduce", r);
-    ncclCommDestroy(comm);
-    return 0;
   });
-  expect_all_ok(kids, slots);
   const std::regex asked("fi_getinfo: provider (\\S+) returned|:(psmx\\w*|verbs\\w*|udp\\w*|sockets\\w*)_getinfo\\(");
   for (int r = 0; r < n; ++r) {
     const std::string log = dir.read("rank" + std::to_string(r) + ".log");
@@ -410,33 +425,28 @@ TEST(Ofi, RxmEagerLimitIsTheMessageSizeUnlessTheUserSetIt) {
     TempDir dir;
     ASSERT_FALSE(dir.path.empty());
     const int n = 2;
-    SharedArray<SharedId> sid(1);
-    SharedSlots slots(n);
-    auto kids = run_procs(n, kDeadline, [&](int rank) {
-      capture_output(dir, rank);
-      for (const char* v : {"FI_PROVIDER", "MESHCCL_OFI_PROVIDER", "MESHCCL_OFI_MAX_MSG", "FI_OFI_RXM_EAGER_LIMIT"})
-        unsetenv(v);
-      if (!user.empty()) setenv("FI_OFI_RXM_EAGER_LIMIT", user.c_str(), 1);
-      setenv("FI_LOG_LEVEL", "info", 1);
-      setenv("MESHCCL_DEBUG", "INFO", 1);
-      setenv("MESHCCL_DEBUG_SUBSYS", "NET", 1);
-      use_transport("ofi", rank);
-      ncclComm_t comm = nullptr;
-      ncclResult_t r = init_and_reduce(sid, n, rank, &comm);
-      if (r != ncclSuccess) return fail(10, rank, "init and AllReduce", r);
-      const char* left = std::getenv("FI_OFI_RXM_EAGER_LIMIT");
-      if (user.empty() && left != nullptr) {
-        note(slots[rank], std::string("FI_OFI_RXM_EAGER_LIMIT was left set to ") + left);
-        return 11;
-      }
-      if (!user.empty() && (left == nullptr || user != left)) {
-        note(slots[rank], "the user's FI_OFI_RXM_EAGER_LIMIT changed");
-        return 12;
-      }
-      ncclCommDestroy(comm);
-      return 0;
-    });
-    expect_all_ok(kids, slots);
+    logged_allreduce(
+        dir, "ofi",
+        [&] {
+          for (const char* v : {"FI_PROVIDER", "MESHCCL_OFI_PROVIDER", "MESHCCL_OFI_MAX_MSG", "FI_OFI_RXM_EAGER_LIMIT"})
+            unsetenv(v);
+          if (!user.empty()) setenv("FI_OFI_RXM_EAGER_LIMIT", user.c_str(), 1);
+          setenv("FI_LOG_LEVEL", "info", 1);
+          setenv("MESHCCL_DEBUG", "INFO", 1);
+          setenv("MESHCCL_DEBUG_SUBSYS", "NET", 1);
+        },
+        [&](int, Slot& slot) {
+          const char* left = std::getenv("FI_OFI_RXM_EAGER_LIMIT");
+          if (user.empty() && left != nullptr) {
+            note(slot, std::string("FI_OFI_RXM_EAGER_LIMIT was left set to ") + left);
+            return 11;
+          }
+          if (!user.empty() && (left == nullptr || user != left)) {
+            note(slot, "the user's FI_OFI_RXM_EAGER_LIMIT changed");
+            return 12;
+          }
+          return 0;
+        });
     const std::string limit = user.empty() ? "131072" : user;
     for (int r = 0; r < n; ++r) {
       const std::string log = dir.read("rank" + std::to_string(r) + ".log");
@@ -472,24 +482,14 @@ TEST(Ucx, ChoosesSettingsForTcpUnlessTheUserDid) {
     ASSERT_FALSE(dir.path.empty());
     if (how == "ucx.conf") dir.write("ucx.conf", "UCX_TLS=tcp\nUCX_RNDV_THRESH=64K\n");
     const int n = 2;
-    SharedArray<SharedId> sid(1);
-    SharedSlots slots(n);
-    auto kids = run_procs(n, kDeadline, [&](int rank) {
-      capture_output(dir, rank);
+    logged_allreduce(dir, "ucx", [&] {
       for (const char* v : {"UCX_TLS", "UCX_RNDV_THRESH", "UCX_CONFIG_DIR"}) unsetenv(v);
       if (how == "variable") setenv("UCX_TLS", "tcp", 1);
       if (how == "ucx.conf") setenv("UCX_CONFIG_DIR", dir.path.c_str(), 1);
       setenv("UCX_LOG_LEVEL", "info", 1);
       setenv("MESHCCL_DEBUG", "INFO", 1);
       setenv("MESHCCL_DEBUG_SUBSYS", "NET", 1);
-      use_transport("ucx", rank);
-      ncclComm_t comm = nullptr;
-      ncclResult_t r = init_and_reduce(sid, n, rank, &comm);
-      if (r != ncclSuccess) return fail(10, rank, "init and AllReduce", r);
-      ncclCommDestroy(comm);
-      return 0;
     });
-    expect_all_ok(kids, slots);
     for (int r = 0; r < n; ++r) {
       const std::string log = dir.read("rank" + std::to_string(r) + ".log");
       // UCX_NET_DEVICES=lo comes from the test's environment.
