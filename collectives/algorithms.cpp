@@ -1,30 +1,32 @@
 #include "collectives/algorithms.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace meshccl {
 
-// The tuner takes the cheapest entry the user allows; on equal estimates the
-// earlier one. A new algorithm adds its builder and its cost function here.
+// The tuner takes the cheapest entry the user allows (across hosts with
+// prefer()'s near ties); on equal estimates the earlier one. A new algorithm
+// adds its builder and its cost function here.
 const std::vector<Algorithm>& algorithm_table() {
   static const std::vector<Algorithm> table = {
-      {"ring", OpKind::AllReduce, build_ring_allreduce, cost_ring_allreduce},
+      {"ring", OpKind::AllReduce, build_ring_allreduce, cost_ring_allreduce, true},
       {"tree", OpKind::AllReduce, build_tree_allreduce, cost_tree_allreduce},
       {"halving_doubling", OpKind::AllReduce, build_halving_doubling_allreduce, cost_halving_doubling_allreduce},
-      {"ring", OpKind::AllGather, build_ring_allgather, cost_ring_allgather},
-      {"ring", OpKind::ReduceScatter, build_ring_reduce_scatter, cost_ring_reduce_scatter},
-      {"chain", OpKind::Broadcast, build_chain_broadcast, cost_chain_broadcast},
+      {"ring", OpKind::AllGather, build_ring_allgather, cost_ring_allgather, true},
+      {"ring", OpKind::ReduceScatter, build_ring_reduce_scatter, cost_ring_reduce_scatter, true},
+      {"chain", OpKind::Broadcast, build_chain_broadcast, cost_chain_broadcast, true},
       {"tree", OpKind::Broadcast, build_tree_broadcast, cost_tree_broadcast},
-      {"chain", OpKind::Reduce, build_chain_reduce, cost_chain_reduce},
+      {"chain", OpKind::Reduce, build_chain_reduce, cost_chain_reduce, true},
       {"tree", OpKind::Reduce, build_tree_reduce, cost_tree_reduce},
       {"pairwise", OpKind::AlltoAll, build_pairwise_alltoall, cost_pairwise_alltoall},
       {"direct", OpKind::Gather, build_direct_gather, cost_direct_gather_scatter},
       {"direct", OpKind::Scatter, build_direct_scatter, cost_direct_gather_scatter},
-      {"hier", OpKind::AllReduce, build_hier_allreduce, cost_hier_allreduce},
-      {"hier", OpKind::AllGather, build_hier_allgather, cost_hier_allgather},
-      {"hier", OpKind::ReduceScatter, build_hier_reduce_scatter, cost_hier_reduce_scatter},
-      {"hier", OpKind::Broadcast, build_hier_broadcast, cost_hier_broadcast},
-      {"hier", OpKind::Reduce, build_hier_reduce, cost_hier_reduce},
+      {"hier", OpKind::AllReduce, build_hier_allreduce, cost_hier_allreduce, true},
+      {"hier", OpKind::AllGather, build_hier_allgather, cost_hier_allgather, true},
+      {"hier", OpKind::ReduceScatter, build_hier_reduce_scatter, cost_hier_reduce_scatter, true},
+      {"hier", OpKind::Broadcast, build_hier_broadcast, cost_hier_broadcast, true},
+      {"hier", OpKind::Reduce, build_hier_reduce, cost_hier_reduce, true},
       {"p2p", OpKind::Send, build_p2p, cost_p2p},
       {"p2p", OpKind::Recv, build_p2p, cost_p2p},
       // Not plans: make_run starts them (direct_shm.cpp).
@@ -38,6 +40,14 @@ const std::vector<Algorithm>& algorithm_table() {
       {kDirectShm, OpKind::Scatter, nullptr, nullptr},
   };
   return table;
+}
+
+bool prefer(const Algorithm& a, double a_us, const Algorithm* b, double b_us, bool network) {
+  if (b == nullptr) return true;
+  if (!network || a.one_flow_per_link == b->one_flow_per_link) return a_us < b_us;
+  const double tie = std::min(a_us, b_us) * kNearTie;
+  if (std::abs(a_us - b_us) <= tie) return a.one_flow_per_link;
+  return a_us < b_us;
 }
 
 namespace detail {

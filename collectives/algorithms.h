@@ -51,7 +51,23 @@ struct Algorithm {
   OpKind kind;
   BuildFn build;
   CostFn cost;
+  // At any moment each rank receives from at most one peer and sends to at
+  // most one (ring, chain; hier, whose network phase has a flow per channel
+  // and picks its own algorithm across hosts by the same rule): across
+  // hosts no two of its TCP flows share a host's link. See prefer().
+  bool one_flow_per_link = false;
 };
+
+// Across hosts, estimates within kNearTie of the cheapest count as equal,
+// and an algorithm with one flow per link wins among them: the model gives
+// flows that share a link their fair part of it, but TCP does worse there
+// (halving-doubling on 4 hosts at 100 Mbit/s, whose overlapping steps put
+// two flows into one downlink: 3-4% of its segments retransmitted, 1.36-1.6x
+// the ring's time at 4 MiB; predicted 0.06% faster).
+constexpr double kNearTie = 0.02;
+// Whether a candidate (estimate a_us) is a better pick than the one so far
+// (b_us; nullptr: none) under a model with or without network links.
+bool prefer(const Algorithm& a, double a_us, const Algorithm* b, double b_us, bool network);
 
 // Every algorithm, one entry per (name, collective).
 const std::vector<Algorithm>& algorithm_table();

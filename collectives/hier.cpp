@@ -80,7 +80,7 @@ Choice cheapest(const TuneModel& model, int nranks, const OpDesc& op, OpKind kin
     if (std::none_of(candidates.begin(), candidates.end(), [&](const char* c) { return std::string(c) == a.name; }))
       continue;
     const double us = a.cost(ctx, o);
-    if (best.algorithm == nullptr || us < best.us) best = Choice{&a, us};
+    if (prefer(a, us, best.algorithm, best.us, model.network)) best = Choice{&a, us};
   }
   return best;
 }

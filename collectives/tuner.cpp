@@ -133,7 +133,8 @@ Status check_algo_setting() {
 
 Status choose_algorithm(const TuneModel& tune, const OpDesc& op, const Algorithm** out, double* cost_us) {
   MC_TRY(check_rule(op.kind, settings_of(op).algo));
-  // The cheapest plan the rule allows (ties: the earlier entry); if it allows
+  // The cheapest plan the rule allows (ties: the earlier entry; across hosts
+  // near ties as prefer() says); if it allows
   // only algorithms that are not plans (direct_shm, which could not take this
   // op), the cheapest plan.
   const Candidate* best = nullptr;
@@ -141,8 +142,11 @@ Status choose_algorithm(const TuneModel& tune, const OpDesc& op, const Algorithm
   const std::vector<Candidate> all = estimate_candidates(tune, op);
   for (const Candidate& c : all) {
     if (!std::isfinite(c.cost_us)) continue;  // does not apply here
-    if (best_any == nullptr || c.cost_us < best_any->cost_us) best_any = &c;
-    if (c.allowed && (best == nullptr || c.cost_us < best->cost_us)) best = &c;
+    const bool net = tune.network;
+    if (best_any == nullptr || prefer(*c.algorithm, c.cost_us, best_any->algorithm, best_any->cost_us, net))
+      best_any = &c;
+    if (c.allowed && (best == nullptr || prefer(*c.algorithm, c.cost_us, best->algorithm, best->cost_us, net)))
+      best = &c;
   }
   if (best == nullptr) {
     if (best_any == nullptr) return MC_ERROR(ncclInternalError, "no algorithm for %s", op_kind_name(op.kind));

@@ -255,6 +255,36 @@ TEST(Tuner, HierarchicalWinsLargeAllReduceOnSharedLinks) {
   }
 }
 
+// Across hosts a near tie (within kNearTie) goes to the algorithm with one
+// flow per link; a clear difference, or one host, still goes to the cheaper.
+TEST(Tuner, NearTiesAcrossHostsGoToOneFlowPerLink) {
+  const Algorithm* ring = nullptr;
+  const Algorithm* hd = nullptr;
+  for (const Algorithm& a : algorithm_table())
+    if (a.kind == OpKind::AllReduce) {
+      if (std::string(a.name) == "ring") ring = &a;
+      if (std::string(a.name) == "halving_doubling") hd = &a;
+    }
+  ASSERT_NE(ring, nullptr);
+  ASSERT_NE(hd, nullptr);
+  EXPECT_TRUE(ring->one_flow_per_link);
+  EXPECT_FALSE(hd->one_flow_per_link);
+  EXPECT_TRUE(prefer(*ring, 101.0, hd, 100.0, true));
+  EXPECT_FALSE(prefer(*hd, 100.0, ring, 101.0, true));
+  EXPECT_FALSE(prefer(*ring, 103.0, hd, 100.0, true));
+  EXPECT_TRUE(prefer(*hd, 100.0, ring, 103.0, true));
+  EXPECT_FALSE(prefer(*ring, 101.0, hd, 100.0, false));
+  EXPECT_TRUE(prefer(*hd, 100.0, ring, 101.0, false));
+  // 4 hosts, a rank each, the constants of 100 Mbit/s links: halving-
+  // doubling's two fewer steps decide small messages, the ring takes large
+  // ones (its estimate 0.06% above at 4 MiB).
+  const TuneModel t = with_hosts(make_tune_model(4, true, {50.0, 1.5}, {150.0, 0.0119}, 15.0), {0, 1, 2, 3});
+  // (hier, a rank per host, is its algorithm between the hosts: halving-doubling.)
+  EXPECT_NE(pick(t, OpKind::AllReduce, 4, 8), "ring");
+  for (size_t bytes = size_t{1} << 20; bytes <= size_t{64} << 20; bytes *= 4)
+    EXPECT_EQ(pick(t, OpKind::AllReduce, 4, bytes), "ring") << bytes;
+}
+
 TEST(Tuner, ReductionsShareTheHostsCpus) {
   SystemGraph g;
   g.hosts.resize(2);
@@ -290,15 +320,17 @@ TEST(Tuner, SendAndRecvIgnoreForcing) {
 
 // The one estimate: what estimate_candidates reports (and meshccl_sim prints)
 // is each algorithm's own cost function, choose_algorithm takes its cheapest
-// allowed entry (the earlier on a tie), and a communicator's estimate (what
-// the scheduler sees) is that pick's cost.
+// allowed entry (the earlier on a tie; across hosts, prefer()'s near ties),
+// and a communicator's estimate (what the scheduler sees) is that pick's cost.
 void expect_choice_agrees(const TuneModel& t, const OpDesc& op) {
   const std::vector<Candidate> all = estimate_candidates(t, op);
   const Candidate* best = nullptr;
   for (const Candidate& c : all) {
     EXPECT_EQ(c.algorithm->kind, op.kind);
     EXPECT_EQ(c.cost_us, c.algorithm->cost(BuildCtx::whole(t, op), op)) << c.algorithm->name;
-    if (c.allowed && std::isfinite(c.cost_us) && (best == nullptr || c.cost_us < best->cost_us)) best = &c;
+    if (c.allowed && std::isfinite(c.cost_us) &&
+        (best == nullptr || prefer(*c.algorithm, c.cost_us, best->algorithm, best->cost_us, t.network)))
+      best = &c;
   }
   ASSERT_NE(best, nullptr) << op_kind_name(op.kind);
   const Algorithm* pick = nullptr;

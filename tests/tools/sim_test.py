@@ -48,8 +48,14 @@ def table(args, tmp, name, env=None):
     return rows
 
 
+# Across hosts, estimates within this share of the cheapest count as equal
+# (collectives/algorithms.h, kNearTie), and one with one flow per link wins.
+NEAR_TIE = 0.02
+
+
 def check_picks(rows, label):
-    """One pick per (collective, ranks, size), the cheapest allowed candidate."""
+    """One pick per (collective, ranks, size), the cheapest allowed candidate
+    (across hosts: within NEAR_TIE of it)."""
     groups = defaultdict(list)
     for r in rows:
         groups[(r["collective"], r["nranks"], r["bytes"])].append(r)
@@ -58,7 +64,9 @@ def check_picks(rows, label):
         check(len(picked) == 1, f"{label} {key}: {len(picked)} picks")
         allowed = [r["time_us"] for r in g if r["allowed"]]
         if picked and allowed:
-            check(picked[0]["time_us"] <= min(allowed), f"{label} {key}: pick {picked[0]['algorithm']} is not the minimum")
+            slack = 1 + NEAR_TIE if picked[0]["nhosts"] > 1 else 1
+            check(picked[0]["time_us"] <= min(allowed) * slack,
+                  f"{label} {key}: pick {picked[0]['algorithm']} is not the minimum")
     return groups
 
 
