@@ -140,9 +140,9 @@ Status choose_algorithm(const TuneModel& tune, const OpDesc& op, const Algorithm
   const Candidate* best = nullptr;
   const Candidate* best_any = nullptr;
   const std::vector<Candidate> all = estimate_candidates(tune, op);
+  const bool net = tune.network;
   for (const Candidate& c : all) {
     if (!std::isfinite(c.cost_us)) continue;  // does not apply here
-    const bool net = tune.network;
     if (best_any == nullptr || prefer(*c.algorithm, c.cost_us, best_any->algorithm, best_any->cost_us, net))
       best_any = &c;
     if (c.allowed && (best == nullptr || prefer(*c.algorithm, c.cost_us, best->algorithm, best->cost_us, net)))

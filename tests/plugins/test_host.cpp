@@ -313,10 +313,10 @@ Child spawn(const std::function<int(int fd)>& body) {
 // libfabric's shm provider names its region /dev/shm/<pid>:<n>:<n> and
 // unlinks it when the endpoint closes; a child killed by a signal cannot,
 // so the test that killed it removes what it left.
-void remove_dead_shm_regions(pid_t pid) {
+void remove_shm_regions(pid_t pid, const std::set<std::string>& keep) {
   const std::string prefix = std::to_string(pid) + ":";
   for (const std::string& name : dev_shm_entries())
-    if (name.compare(0, prefix.size(), prefix) == 0) unlink(("/dev/shm/" + name).c_str());
+    if (name.compare(0, prefix.size(), prefix) == 0 && keep.count(name) == 0) unlink(("/dev/shm/" + name).c_str());
 }
 
 int reap(Child& c, double timeout_s) {
@@ -339,7 +339,7 @@ int reap(Child& c, double timeout_s) {
   const pid_t pid = c.pid;
   c.pid = -1;
   if (WIFEXITED(status)) return WEXITSTATUS(status);
-  remove_dead_shm_regions(pid);
+  remove_shm_regions(pid);
   return 128 + WTERMSIG(status);
 }
 

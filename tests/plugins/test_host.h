@@ -104,9 +104,11 @@ Child spawn(const std::function<int(int fd)>& body);
 // Exit status of the child (128+signal when killed), -1 when it did not exit
 // within the timeout (it is then killed).
 int reap(Child& c, double timeout_s = kTimeoutS);
-// Removes the /dev/shm files a process killed by a signal left (the
-// libfabric shm provider's regions, named after its pid); reap calls it.
-void remove_dead_shm_regions(pid_t pid);
+// Removes the libfabric shm provider's region files of process `pid`
+// (/dev/shm/<pid>:...) but those named in `keep`: what a process killed by a
+// signal left (reap calls it), or a region libfabric keeps with a context
+// the plugin could not close.
+void remove_shm_regions(pid_t pid, const std::set<std::string>& keep = {});
 bool write_all(int fd, const void* buf, size_t n);
 bool read_all(int fd, void* buf, size_t n, double timeout_s = kTimeoutS);
 

@@ -457,10 +457,8 @@ TEST_P(TransportTest, ClosingWritesNoReceiveInFlight) {
   EXPECT_EQ(reap(child), 128 + SIGKILL);
   // ofi keeps a context whose receive it gave up on while libfabric may still
   // write it (finalize), and with it the shm provider's region file of this
-  // process (/dev/shm/<pid>:...), which would outlive the test.
-  const std::string mine = std::to_string(getpid()) + ":";
-  for (const std::string& name : dev_shm_entries())
-    if (name.compare(0, mine.size(), mine) == 0 && shm_before.count(name) == 0) unlink(("/dev/shm/" + name).c_str());
+  // process, which would outlive the test.
+  remove_shm_regions(getpid(), shm_before);
 }
 
 TEST_P(TransportTest, PeerKilledWhileWeSend) {
