@@ -6,7 +6,13 @@
 # link. Prints ms/step of each run and the steps/s ratio priority / fifo
 # (target >= 1.2) from the medians.
 # Usage: perf/train_comm_sched.sh CLUSTER [ROUNDS] [BUILD] [-- meshtrain options]
+#
+# VARY=OPTION VALUES="A B ..." compares the values of another meshtrain option
+# the same way (e.g. VARY=schedule VALUES="gpipe 1f1b eager-1f1b"), printing
+# each value's median ms/step and the activation memory its runs reported.
 set -euo pipefail
+vary=${VARY:-comm-sched}
+values=${VALUES:-fifo priority}
 cluster=$1 rounds=${2:-3} build=${3:-build}
 shift $(($# < 3 ? $# : 3))
 [ "${1:-}" = "--" ] && shift
@@ -23,20 +29,26 @@ done
 "$here/scripts/cluster" bench --name "$cluster" --time 2 | grep -E "^(link_bps|path_bps)=" || true
 echo "# $(uptime)"
 for ((r = 0; r < rounds; ++r)); do
-  for sched in fifo priority; do
+  for value in $values; do
     timeout 600 "$here/$build/tools/meshrun/meshrun" --tag-output --cluster "$cluster" -n "$n" \
-      "$here/$build/train/meshtrain" "${opts[@]}" --comm-sched "$sched" >"$tmp/out" 2>&1 || {
-      echo "run $sched failed"; tail -5 "$tmp/out"; exit 1; }
+      "$here/$build/train/meshtrain" "${opts[@]}" "--$vary" "$value" >"$tmp/out" 2>&1 || {
+      echo "run $value failed"; tail -5 "$tmp/out"; exit 1; }
     ms=$(awk '/summary:/ { for (i = 1; i <= NF; ++i) if ($i == "ms/step,") print $(i - 1) }' "$tmp/out")
     wait_pct=$(awk '/summary:/ { for (i = 1; i <= NF; ++i) if ($i == "wait") print $(i + 1) }' "$tmp/out")
-    echo "$sched $ms $wait_pct" | tee -a "$tmp/all"
+    act=$(awk '/summary:/ { for (i = 1; i <= NF; ++i) if ($i == "activations") print $(i + 1) }' "$tmp/out")
+    echo "$value $ms $wait_pct $act" | tee -a "$tmp/all"
   done
 done
 echo "# $(uptime)"
-awk '{ t[$1] = t[$1] " " $2 }
+awk -v vary="$vary" -v values="$values" '{ t[$1] = t[$1] " " $2; act[$1] = $4 }
   function median(s,   a, n, i, j, x) {
     n = split(s, a, " ")
     for (i = 2; i <= n; ++i) { x = a[i]; for (j = i - 1; j >= 1 && a[j] > x; --j) a[j + 1] = a[j]; a[j + 1] = x }
     return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
-  END { f = median(t["fifo"]); p = median(t["priority"])
-        printf "median ms/step: fifo %.1f, priority %.1f; steps/s priority / fifo = %.3f (target >= 1.2)\n", f, p, f / p }' "$tmp/all"
+  END { if (vary == "comm-sched" && values == "fifo priority") {
+          f = median(t["fifo"]); p = median(t["priority"])
+          printf "median ms/step: fifo %.1f, priority %.1f; steps/s priority / fifo = %.3f (target >= 1.2)\n", f, p, f / p
+        } else {
+          n = split(values, v, " ")
+          for (i = 1; i <= n; ++i) printf "--%s %s: median %.1f ms/step, activations %s MiB\n", vary, v[i], median(t[v[i]]), act[v[i]]
+        } }' "$tmp/all"

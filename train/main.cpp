@@ -71,30 +71,37 @@ std::string corpus_path(const std::string& given) {
   return candidates.front();
 }
 
+// Whether --profile names a saved profile (throws when it cannot be checked).
+bool profile_saved(const std::string& path) {
+  if (path.empty()) return false;
+  // An existing profile is read (refused when it is not a regular file); a
+  // missing one is measured and written there.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) return true;
+  if (errno != ENOENT) throw std::runtime_error("--profile " + path + ": " + std::strerror(errno));
+  return false;
+}
+
 // Profiles this machine (or reads --profile), searches every layout for
 // `world` ranks and prints the best few; returns the best (throws if none fits).
-Candidate plan_layout(const CliOptions& o, int world) {
+// `measured`: links measured on the job's ranks (measure_links_on), used
+// unless a saved profile is read; without them the links are measured with
+// threads of this process.
+Candidate plan_layout(const CliOptions& o, int world, const LinkModel* measured = nullptr) {
   const TrainConfig& cfg = o.train;
   PlanRequest req;
   req.model = cfg.model;
   req.world = world;
+  req.order = cfg.layout.order;
   req.global_batch = o.global_batch > 0 ? o.global_batch : cfg.global_batch();
   req.mem_limit = o.mem_limit_mib * 1048576.0;
   Profile prof;
   LinkModel links;
-  bool loaded = false;
-  if (!o.profile.empty()) {
-    // An existing profile is read (refused when it is not a regular file); a
-    // missing one is measured and written there.
-    struct stat st {};
-    if (::stat(o.profile.c_str(), &st) == 0) {
-      load_profile(o.profile, &prof, &links);
-      loaded = true;
-    } else if (errno != ENOENT) {
-      throw std::runtime_error("--profile " + o.profile + ": " + std::strerror(errno));
-    } else {
-      std::printf("plan: no profile at %s yet: measuring this machine and writing it there\n", o.profile.c_str());
-    }
+  const bool loaded = profile_saved(o.profile);
+  if (loaded) {
+    load_profile(o.profile, &prof, &links);
+  } else if (!o.profile.empty()) {
+    std::printf("plan: no profile at %s yet: measuring this machine and writing it there\n", o.profile.c_str());
   }
   if (!loaded) {
     std::vector<int> mbs;
@@ -104,7 +111,7 @@ Candidate plan_layout(const CliOptions& o, int world) {
     const int cores = static_cast<int>(std::thread::hardware_concurrency());
     openblas_set_num_threads(1);
     prof = profile_compute(cfg.model, mbs, 3, cores);
-    links = world > 1 ? measure_links(world, 7) : LinkModel();
+    links = measured ? *measured : world > 1 ? measure_links(world, 7) : LinkModel();
     if (!o.profile.empty()) save_profile(o.profile, prof, links);
   }
   const std::vector<Candidate> all = search(req, prof, links);
@@ -167,9 +174,28 @@ int run(const CliOptions& opts) {
     if (world_size > 1) check_nccl(meshcclCommInitFromEnv(&world, &world_cfg.nccl), "meshcclCommInitFromEnv");
     int me = 0;
     if (world) check_nccl(ncclCommUserRank(world, &me), "ncclCommUserRank", world);
+    // The links are measured on the job's own ranks (which groups cross
+    // hosts, how many share a link) unless rank 0 reads a saved profile.
+    LinkModel links;
+    bool measured = false;
+    if (world) {
+      float need = me == 0 && !profile_saved(o.profile) ? 1.0f : 0.0f;
+      check_nccl(ncclAllReduce(&need, &need, 1, ncclFloat32, ncclSum, world, nullptr), "ncclAllReduce", world);
+      if (need > 0) {
+        // Besides 1 KiB and 1 MiB, the links are measured at the size of one
+        // micro-batch's activations for every micro-batch the planner may pick.
+        std::vector<size_t> acts;
+        const int gb = o.global_batch > 0 ? o.global_batch : cfg.global_batch();
+        for (int b = 1; b <= std::min(gb, 64); b++) {
+          if (gb % b == 0) acts.push_back(static_cast<size_t>(b) * cfg.model.seq * cfg.model.d_model);
+        }
+        links = measure_links_on(world, 7, acts);
+        measured = true;
+      }
+    }
     std::vector<float> v(kPlanFloats, 0.0f);
     if (me == 0) {
-      const Candidate plan = plan_layout(o, world_size);
+      const Candidate plan = plan_layout(o, world_size, measured ? &links : nullptr);
       predicted_s = plan.step_s;
       encode_plan(plan, v.data());
     }
@@ -326,9 +352,14 @@ int run(const CliOptions& opts) {
   // Communication share averaged over ranks: each rank waits differently
   // (pipeline stages, the stage that holds the loss).
   float share[2] = {static_cast<float>(wait_sum), static_cast<float>(time_sum)};
+  // The most activation memory any rank holds (its schedule's slots).
+  float act_mib = static_cast<float>(engine->stage().activation_bytes() / 1048576.0);
+  float act_slots = static_cast<float>(engine->stage().slots());
   if (rc.world) {
     rc.world->all_reduce(&share[0], 1, ReduceOp::Sum, Urgency::critical()).wait();
     rc.world->all_reduce(&share[1], 1, ReduceOp::Sum, Urgency::critical()).wait();
+    rc.world->all_reduce(&act_mib, 1, ReduceOp::Max, Urgency::critical()).wait();
+    rc.world->all_reduce(&act_slots, 1, ReduceOp::Max, Urgency::critical()).wait();
   }
   if (talk && timed > 0) {
     std::printf(
@@ -336,7 +367,8 @@ int run(const CliOptions& opts) {
         "time (mean over ranks), final loss %.4f",
         timed, 1e3 * time_sum / timed, tokens / time_sum, share[1] > 0 ? 100.0 * share[0] / share[1] : 0.0, last_loss);
     if (val >= 0) std::printf(", val loss %.4f", val);
-    std::printf("\n");
+    std::printf(", activations %.1f MiB (%d micro-batch slot(s); most on any rank)\n", act_mib,
+                static_cast<int>(act_slots));
     if (predicted_s > 0) std::printf("%s\n", plan_check(predicted_s, time_sum / timed).c_str());
   }
   if (o.sample_chars > 0) {

@@ -179,6 +179,14 @@ void Stage::init_params() {
   }
 }
 
+size_t Stage::activation_bytes() const {
+  size_t bytes = 0;
+  for (const Slot& s : slots_) {
+    bytes += s.mem.size() * sizeof(float) + (s.tokens.size() + s.targets.size()) * sizeof(int32_t);
+  }
+  return bytes;
+}
+
 void Stage::build_slot(Slot& s) {
   const TpShapes& sh = tp_->shapes();
   const size_t NC = static_cast<size_t>(Nr_) * Cr_, Nr = Nr_, Ni = Ni_;

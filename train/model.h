@@ -36,6 +36,10 @@ class Stage {
   size_t act_size() const { return static_cast<size_t>(Nr_) * Cr_; }
   const std::vector<ParamSpec>& specs() const { return specs_; }
   const LayerRange& layers() const { return range_; }
+  // Micro-batches whose activations this stage can hold at once (the
+  // schedule's most in flight), and the bytes those activations take.
+  int slots() const { return static_cast<int>(slots_.size()); }
+  size_t activation_bytes() const;
 
   // Where the previous stage's activations are received for a slot.
   float* input_buffer(int slot) { return slots_[slot].input; }

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <sstream>
@@ -85,10 +87,92 @@ void save_profile(const std::string& path, const Profile& p, const LinkModel& li
     f << "micro " << m.micro_batch << " " << m.layer_fwd << " " << m.layer_bwd << " " << m.embed_fb << " " << m.head_fb
       << "\n";
   }
-  for (const auto& c : links.collective) { f << "collective " << c.ranks << " " << c.alpha << " " << c.beta << "\n"; }
-  f << "p2p " << links.p2p.alpha << " " << links.p2p.beta << "\n";
+  // Where a fit was measured: on a job's ranks `stride` apart (none: any
+  // placement), the pairs' phase, and the cores a rank used meanwhile.
+  auto where = [](const LinkModel::Fit& c, bool pair) {
+    std::string out;
+    if (c.stride > 0) out += " stride=" + std::to_string(c.stride);
+    if (c.stride > 0 && pair) out += " phase=" + std::to_string(c.phase);
+    char buf[64];
+    if (c.cpu != 1) {
+      std::snprintf(buf, sizeof buf, " cpu=%.3f", c.cpu);
+      out += buf;
+    }
+    for (size_t i = 0; i < c.at_bytes.size() && i < c.at_seconds.size(); i++) {
+      std::snprintf(buf, sizeof buf, "%s%.0f:%.9g", i ? "," : " at=", c.at_bytes[i], c.at_seconds[i]);
+      out += buf;
+    }
+    return out;
+  };
+  for (const auto& c : links.collective) {
+    f << "collective " << c.ranks << " " << c.alpha << " " << c.beta << where(c, false) << "\n";
+  }
+  f << "p2p " << links.p2p.alpha << " " << links.p2p.beta << where(links.p2p, true) << "\n";
+  for (const auto& c : links.p2p_strided) {
+    if (c.stride != links.p2p.stride || c.phase != links.p2p.phase) {
+      f << "p2p " << c.alpha << " " << c.beta << where(c, true) << "\n";
+    }
+  }
   if (!f) throw std::runtime_error("writing the profile " + path + " failed");
 }
+
+namespace {
+
+// Optional trailing fields: stride=S (>= 1), for pairs phase=P (0 or 1, only
+// with a stride), cpu=X (cores per rank while the transfer ran, 0 to 64),
+// at=B:T,B:T,... (measured points, bytes growing).
+bool read_place(std::istringstream& in, bool pair, LinkModel::Fit* f) {
+  f->stride = f->phase = 0;
+  f->cpu = 1;
+  f->at_bytes.clear();
+  f->at_seconds.clear();
+  bool have_phase = false;
+  std::string word;
+  while (in >> word) {
+    const size_t eq = word.find('=');
+    if (eq == std::string::npos) return false;
+    const std::string key = word.substr(0, eq), value = word.substr(eq + 1);
+    char* end = nullptr;
+    if (key == "cpu") {
+      const double v = std::strtod(value.c_str(), &end);
+      if (value.empty() || *end != '\0' || !(v >= 0 && v <= 64)) return false;
+      f->cpu = v;
+      continue;
+    }
+    if (key == "at") {  // bytes:seconds,... with growing bytes, at most 64 points
+      std::istringstream points(value);
+      std::string point;
+      while (std::getline(points, point, ',')) {
+        const size_t colon = point.find(':');
+        if (colon == std::string::npos || f->at_bytes.size() >= 64) return false;
+        const std::string b = point.substr(0, colon), t = point.substr(colon + 1);
+        char *eb = nullptr, *et = nullptr;
+        const double bytes = std::strtod(b.c_str(), &eb), seconds = std::strtod(t.c_str(), &et);
+        if (b.empty() || t.empty() || *eb != '\0' || *et != '\0' || !(bytes > 0 && bytes < 1e15) ||
+            !(seconds >= 0 && seconds < 1e6) || (!f->at_bytes.empty() && bytes <= f->at_bytes.back())) {
+          return false;
+        }
+        f->at_bytes.push_back(bytes);
+        f->at_seconds.push_back(seconds);
+      }
+      if (f->at_bytes.size() < 2) return false;
+      continue;
+    }
+    const long v = std::strtol(value.c_str(), &end, 10);
+    if (value.empty() || *end != '\0') return false;
+    if (key == "stride" && v >= 1 && v <= (1 << 20)) {
+      f->stride = static_cast<int>(v);
+    } else if (key == "phase" && pair && (v == 0 || v == 1)) {
+      f->phase = static_cast<int>(v);
+      have_phase = true;
+    } else {
+      return false;
+    }
+  }
+  return !have_phase || f->stride > 0;
+}
+
+}  // namespace
 
 void load_profile(const std::string& path, Profile* p, LinkModel* links) {
   const std::vector<uint8_t> bytes = read_input_file(path, size_t{1} << 20, "profile");
@@ -121,15 +205,20 @@ void load_profile(const std::string& path, Profile* p, LinkModel* links) {
     } else if (key == "collective") {
       LinkModel::Fit c;
       in >> c.ranks >> c.alpha >> c.beta;
-      ok = !in.fail() && c.ranks >= 2;
+      ok = !in.fail() && c.ranks >= 2 && read_place(in, false, &c);
       finite(c.alpha);
       finite(c.beta);
       links->collective.push_back(c);
     } else if (key == "p2p") {
-      in >> links->p2p.alpha >> links->p2p.beta;
-      ok = !in.fail();
-      finite(links->p2p.alpha);
-      finite(links->p2p.beta);
+      LinkModel::Fit c;
+      c.ranks = 2;
+      in >> c.alpha >> c.beta;
+      ok = !in.fail() && read_place(in, true, &c);
+      finite(c.alpha);
+      finite(c.beta);
+      // The first p2p line is the default; every strided one is kept by stride.
+      if (!have_p2p) links->p2p = c;
+      if (c.stride > 0) links->p2p_strided.push_back(c);
       have_p2p = true;
     } else {
       ok = false;

@@ -14,7 +14,20 @@ const MicroProfile* Profile::find(int micro_batch) const {
   return nullptr;
 }
 
-const LinkModel::Fit& LinkModel::coll(int n) const {
+double LinkModel::Fit::time(double bytes) const {
+  const size_t n = std::min(at_bytes.size(), at_seconds.size());
+  if (n < 2) return alpha + bytes * beta;
+  size_t i = 1;  // the segment [i - 1, i] that holds bytes, or the end one
+  while (i + 1 < n && at_bytes[i] < bytes) i++;
+  const double x0 = at_bytes[i - 1], x1 = at_bytes[i], y0 = at_seconds[i - 1], y1 = at_seconds[i];
+  const double y = x1 > x0 ? y0 + (bytes - x0) * (y1 - y0) / (x1 - x0) : y1;
+  return std::max(0.0, y);
+}
+
+const LinkModel::Fit& LinkModel::coll(int n, int stride) const {
+  for (const auto& f : collective) {
+    if (stride > 0 && f.ranks == n && f.stride == stride) return f;
+  }
   const Fit* best = nullptr;
   for (const auto& f : collective) {
     if (f.ranks >= n && (!best || f.ranks < best->ranks)) best = &f;
@@ -25,6 +38,15 @@ const LinkModel::Fit& LinkModel::coll(int n) const {
   }
   static const Fit none;
   return best ? *best : none;
+}
+
+const LinkModel::Fit& LinkModel::pair(int stride, int phase) const {
+  const Fit* other = nullptr;
+  for (const auto& f : p2p_strided) {
+    if (stride > 0 && f.stride == stride && f.phase == phase) return f;
+    if (stride > 0 && f.stride == stride && !other) other = &f;
+  }
+  return other ? *other : p2p;
 }
 
 std::string Candidate::describe() const {
@@ -78,6 +100,47 @@ double stage_params(const ModelConfig& m, const Layout& l, int s) {
   return n / l.tp;
 }
 
+// World-rank distance between neighbours along dimension `dim` ("tp", "pp"
+// or "dp") of a layout: the product of the sizes of the dimensions numbered
+// before it in the order.
+int dim_stride(const Layout& l, const std::string& dim) {
+  int stride = 1;
+  size_t pos = 0;
+  while (pos <= l.order.size()) {
+    const size_t dash = l.order.find('-', pos);
+    const std::string d = l.order.substr(pos, dash == std::string::npos ? std::string::npos : dash - pos);
+    if (d == dim) return stride;
+    stride *= d == "tp" ? l.tp : d == "pp" ? l.pp : l.dp;
+    if (dash == std::string::npos) break;
+    pos = dash + 1;
+  }
+  return 0;  // not in the order: any placement
+}
+
+// The mean of fits (3D tensor parallelism runs collectives along three axes
+// of its cube, each with its own stride).
+LinkModel::Fit mean_fit(const std::vector<LinkModel::Fit>& fits) {
+  LinkModel::Fit m;
+  m.cpu = 0;
+  for (const auto& f : fits) {
+    m.alpha += f.alpha / fits.size(), m.beta += f.beta / fits.size(), m.cpu += f.cpu / fits.size();
+  }
+  // The mean curve where every fit has the same measured points.
+  bool same = !fits.empty();
+  for (const auto& f : fits) same = same && f.at_bytes == fits.front().at_bytes;
+  if (same && !fits.front().at_bytes.empty()) {
+    m.at_bytes = fits.front().at_bytes;
+    m.at_seconds.assign(m.at_bytes.size(), 0.0);
+    for (const auto& f : fits) {
+      for (size_t i = 0; i < m.at_seconds.size() && i < f.at_seconds.size(); i++) {
+        m.at_seconds[i] += f.at_seconds[i] / fits.size();
+      }
+    }
+  }
+  m.ranks = fits.empty() ? 0 : fits.front().ranks;
+  return m;
+}
+
 }  // namespace
 
 double memory_bytes(const ModelConfig& m, const Layout& l, int micro_batch, int grad_accum) {
@@ -124,21 +187,26 @@ void predict(const PlanRequest& r, const Profile& p, const LinkModel& links, Can
 
   // Tensor-parallel communication per micro-batch: per layer, and for the
   // embedding and the head.
-  double tp_layer = 0, tp_embed = 0, tp_head = 0;
+  double tp_layer = 0, tp_embed = 0, tp_head = 0, tp_cpu = 1;
+  const int tp_stride = dim_stride(l, "tp"), pp_stride = dim_stride(l, "pp"), dp_stride = dim_stride(l, "dp");
   if (l.tp > 1 && !three) {
-    const LinkModel::Fit& f = links.coll(l.tp);
-    const double ar = f.alpha + 2 * (t - 1) / t * N * C * 4 * f.beta;
+    const LinkModel::Fit& f = links.coll(l.tp, tp_stride);
+    tp_cpu = f.cpu;
+    const double ar = f.time(2 * (t - 1) / t * N * C * 4);
     tp_layer = 4 * ar;
     tp_embed = ar;
-    tp_head = ar + 2 * f.alpha + 2 * (t - 1) / t * 3 * N * 4 * f.beta;
+    tp_head = ar + 2 * f.time(2 * (t - 1) / t * 1.5 * N * 4);  // two all-reduces of 1.5 N floats each
   } else if (three) {
-    const LinkModel::Fit& f = links.coll(q);
+    // The cube's axes o, i, w are tp_stride x 1, q and q^2 apart.
+    const LinkModel::Fit f =
+        mean_fit({links.coll(q, tp_stride), links.coll(q, tp_stride * q), links.coll(q, tp_stride * q * q)});
+    tp_cpu = f.cpu;
     auto lin = [&](double IC, double OC) {
-      return 6 * f.alpha + 2.0 * (q - 1) / (q * q * q) * (N * IC + N * OC + IC * OC) * 4 * f.beta;
+      return 6 * f.time(2.0 * (q - 1) / (q * q * q) * (N * IC + N * OC + IC * OC) * 4 / 6);
     };
     const double ln = 3 * f.alpha;  // statistics: tiny all-reduces
     tp_layer = lin(C, 3 * C) + lin(C, C) + lin(C, 4 * C) + lin(4 * C, C) + 2 * ln;
-    tp_embed = 4 * f.alpha + 2.0 * (q - 1) * (N / q + N / (q * q)) * C / q * 4 * f.beta;
+    tp_embed = 4 * f.time(2.0 * (q - 1) * (N / q + N / (q * q)) * C / q * 4 / 4);
     tp_head = lin(C, Vp) + ln + 4 * f.alpha;
   }
 
@@ -148,7 +216,16 @@ void predict(const PlanRequest& r, const Profile& p, const LinkModel& links, Can
   c->compute_s = c->tp_comm_s = 0;
   double stage_sum = 0, block = 0, work = 0;
   const double act_bytes = N * C * 4 / (three ? t : 1);
-  const double p2p = links.p2p.alpha + act_bytes * links.p2p.beta;
+  // One message across the boundary after stage s (s, s + 1 are pp_stride
+  // world ranks apart; even and odd boundaries pair ranks differently).
+  std::vector<double> p2p(std::max(0, pp - 1)), p2p_cpu(p2p.size());
+  for (int s = 0; s + 1 < pp; s++) {
+    const LinkModel::Fit& pf = links.pair(pp_stride, s % 2);
+    p2p[s] = pf.time(act_bytes);
+    p2p_cpu[s] = p2p[s] * pf.cpu;
+  }
+  double boundaries = 0;
+  for (double x : p2p) boundaries += 2 * x;
   for (int s = 0; s < pp; s++) {
     const LayerRange lr = stage_layers(l, m.layers, s);
     double comp = lr.count() * (mp->layer_fwd + mp->layer_bwd);
@@ -159,22 +236,22 @@ void predict(const PlanRequest& r, const Profile& p, const LinkModel& links, Can
     if (s == pp - 1) comp += mp->head_fb, back += mp->head_fb / 2, comm += tp_head;
     comp = comp / t;
     back = back / t;
-    // Every rank's busy time: its compute, and its communication, which on
-    // shared cores also needs the peers scheduled (the link fits were
-    // measured that way).
-    const int msgs_s = (s > 0 ? 2 : 0) + (s < pp - 1 ? 2 : 0);
-    work += (comp + comm + msgs_s * p2p) * M * t * l.dp;
+    // A forward and a backward message over each of the stage's boundaries.
+    const double msgs = (s > 0 ? 2 * p2p[s - 1] : 0) + (s < pp - 1 ? 2 * p2p[s] : 0);
+    const double msgs_cpu = (s > 0 ? 2 * p2p_cpu[s - 1] : 0) + (s < pp - 1 ? 2 * p2p_cpu[s] : 0);
+    // Every rank's busy time: its compute, and the share of its communication
+    // time its core was busy (all of it on shared memory, where waiting spins
+    // and the peers must be scheduled; little of it across a slow network).
+    work += (comp + comm * tp_cpu + msgs_cpu) * M * t * l.dp;
     T[s] = comp + comm;
     B[s] = back;
-    const int msgs = (s > 0 ? 2 : 0) + (s < pp - 1 ? 2 : 0);
     stage_sum += T[s];
-    block = std::max(block, T[s] + msgs * p2p);
+    block = std::max(block, T[s] + msgs);
     c->compute_s = std::max(c->compute_s, comp * M);
     c->tp_comm_s = std::max(c->tp_comm_s, comm * M);
   }
   // DAPPLE's latency: one micro-batch through every stage and boundary, then
   // M - 1 more at the pace of the slowest stage.
-  const double boundaries = (pp - 1) * 2 * p2p;
   const double latency = stage_sum + boundaries + (M - 1) * block;
   c->pp_comm_s = boundaries + (pp > 1 ? (M - 1) * (block - *std::max_element(T.begin(), T.end())) : 0);
   c->bubble_s = pp > 1 ? latency - M * *std::max_element(T.begin(), T.end()) - c->pp_comm_s : 0;
@@ -185,8 +262,8 @@ void predict(const PlanRequest& r, const Profile& p, const LinkModel& links, Can
   for (int s = 0; s < pp; s++) {
     most_params = std::max(most_params, params[s]);
     if (l.dp > 1) {
-      const LinkModel::Fit& f = links.coll(l.dp);
-      const double ar = f.alpha + 2.0 * (l.dp - 1) / l.dp * params[s] * 4 * f.beta;
+      const LinkModel::Fit& f = links.coll(l.dp, dp_stride);
+      const double ar = f.time(2.0 * (l.dp - 1) / l.dp * params[s] * 4);
       c->dp_exposed_s = std::max(c->dp_exposed_s, ar - B[s]);
     }
   }
@@ -216,6 +293,7 @@ std::vector<Candidate> search(const PlanRequest& r, const Profile& p, const Link
           if ((r.global_batch / dp) % b) continue;
           Candidate c;
           c.layout.dp = dp, c.layout.pp = pp, c.layout.tp = tp, c.layout.tp_mode = mode;
+          c.layout.order = r.order;
           c.micro_batch = b;
           c.grad_accum = r.global_batch / (dp * b);
           if (!check_layout(r.model, c.layout, r.world, b, c.grad_accum).empty()) continue;

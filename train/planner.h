@@ -31,15 +31,42 @@ struct Profile {
 
 // Alpha-beta costs per rank count: t = alpha + bytes * beta, where bytes is
 // what one rank sends (ring volume, as Comm::bytes_sent counts it).
+//
+// A fit with a stride was measured on the job's own ranks for groups of ranks
+// `stride` apart in the world (ranks r, r + stride, ...), every such group at
+// once, as a layout's groups run: across emulated or real hosts, a stride
+// decides which links a group crosses and how many groups share them. A fit
+// with stride 0 was measured with threads of one process and stands for any
+// placement.
 struct LinkModel {
   struct Fit {
     int ranks = 0;
     double alpha = 0, beta = 0;
+    int stride = 0;
+    // Pairs only: 0 for the pairs of ranks r, r + stride with r / stride even,
+    // 1 with r / stride odd (pipeline stages s, s + 1 for even and odd s).
+    int phase = 0;
+    // Cores one rank kept busy while the transfer ran (1: all the time, as
+    // when spinning on shared memory; across a slow network a waiting rank
+    // leaves most of its core to the others).
+    double cpu = 1;
+    // Measured points (bytes one rank sends, seconds), by bytes: between two
+    // of them time() interpolates, since a link's cost is not linear in the
+    // bytes (a shaper's burst, TCP's window opening); none: alpha-beta.
+    std::vector<double> at_bytes, at_seconds;
+    // Seconds for `bytes`: the measured points' curve (extended by its first
+    // and last segments), else alpha + bytes x beta.
+    double time(double bytes) const;
   };
-  std::vector<Fit> collective;  // all-reduce / all-gather / reduce-scatter
-  Fit p2p;                      // one pipeline message
-  // The fit for n ranks (the nearest measured count at or above n, else the largest).
-  const Fit& coll(int n) const;
+  std::vector<Fit> collective;   // all-reduce / all-gather / reduce-scatter
+  Fit p2p;                       // one pipeline message (stride 0, or stride 1 phase 0)
+  std::vector<Fit> p2p_strided;  // one pipeline message between ranks `stride` apart
+  // The fit for n ranks `stride` apart: the one measured for exactly that, else
+  // among the others the nearest measured count at or above n, else the largest.
+  const Fit& coll(int n, int stride = 0) const;
+  // The pipeline message between ranks `stride` apart, in pairs of `phase`
+  // (the other phase's when that one was not measured, p2p when neither was).
+  const Fit& pair(int stride = 0, int phase = 0) const;
 };
 
 struct Candidate {
@@ -56,6 +83,7 @@ struct Candidate {
 struct PlanRequest {
   ModelConfig model;
   int world = 1;
+  std::string order = "tp-pp-dp";  // how ranks are numbered over the grid (Layout::order)
   int global_batch = 1;
   double mem_limit = 0;  // bytes per rank; 0: no limit
   bool allow_3d = true;

@@ -181,6 +181,54 @@ TEST(Planner, LinksMoveTheChoice) {
   EXPECT_EQ(best.layout.tp, 1) << best.describe();
 }
 
+// Fits measured on the job's ranks carry the stride of their groups: with two
+// ranks per host (tp-pp-dp order), groups of ranks 1 apart stay on a host and
+// groups 2 apart cross the network. The planner keeps the heavy tensor-parallel
+// traffic on the host and sends the rest across.
+TEST(Planner, StridedLinksKeepTrafficOnTheHost) {
+  PlanRequest r = request(4);
+  const Profile p = uniform_profile(1e-3, 2e-3, 1e-4, 5e-4);
+  const double fast = 1e-10, slow = 1e-7;  // seconds per byte: shm, 80 Mbit/s
+  LinkModel links;
+  links.collective = {{2, 2e-5, fast, 1}, {2, 2e-3, slow, 2}, {4, 4e-3, slow, 1}};
+  links.p2p = {2, 1e-5, fast, 1, 0};
+  links.p2p_strided = {links.p2p, {2, 1e-3, slow, 1, 1}, {2, 1e-3, slow, 2, 0}};
+  EXPECT_EQ(links.coll(2, 1).beta, fast);
+  EXPECT_EQ(links.coll(2, 2).beta, slow);
+  EXPECT_EQ(links.coll(2).beta, fast);  // no stride: the old rule, nearest count
+  EXPECT_EQ(links.pair(2).beta, slow);
+  EXPECT_EQ(links.pair(2, 1).beta, slow);  // phase 1 not measured at stride 2: phase 0's
+  EXPECT_EQ(links.pair(1, 1).beta, slow);  // ranks 1 and 2 are on two hosts
+  EXPECT_EQ(links.pair(4).beta, fast);     // not measured: the default pair
+  // pp 4 over two hosts: the middle boundary crosses the network.
+  Candidate pp4;
+  pp4.layout = Layout{1, 4, 1};
+  pp4.micro_batch = 2, pp4.grad_accum = 8;
+  LinkModel flat = links;
+  flat.p2p_strided.clear();
+  Candidate pp4_flat = pp4;
+  predict(r, p, links, &pp4);
+  predict(r, p, flat, &pp4_flat);
+  EXPECT_GT(pp4.step_s, pp4_flat.step_s);
+  Candidate tp_dp;  // tp 2 on a host, dp 2 across
+  tp_dp.layout = Layout{2, 1, 2};
+  tp_dp.micro_batch = 2, tp_dp.grad_accum = 4;
+  Candidate dp_tp = tp_dp;  // the same sizes numbered dp first: tp crosses hosts
+  dp_tp.layout.order = "dp-pp-tp";
+  r.order = "tp-pp-dp";
+  predict(r, p, links, &tp_dp);
+  predict(r, p, links, &dp_tp);
+  EXPECT_LT(tp_dp.tp_comm_s * 10, dp_tp.tp_comm_s);
+  const auto all = search(r, p, links);
+  ASSERT_FALSE(all.empty());
+  for (const auto& c : all) EXPECT_EQ(c.layout.order, "tp-pp-dp");
+  // With every group on the fast fit the choice differs from the strided one's
+  // when tensor parallelism crosses the slow link: tp 4 spans both hosts.
+  for (const auto& c : all) {
+    if (c.layout.tp == 4) { EXPECT_GT(c.tp_comm_s, tp_dp.tp_comm_s) << c.describe(); }
+  }
+}
+
 TEST(Planner, ProfileFileRoundTripsAndRejectsJunk) {
   const auto dir = std::filesystem::temp_directory_path();
   const std::string path = (dir / ("meshtrain_profile_" + std::to_string(::getpid()))).string();
@@ -197,6 +245,47 @@ TEST(Planner, ProfileFileRoundTripsAndRejectsJunk) {
   EXPECT_NEAR(q.micro[2].layer_bwd, p.micro[2].layer_bwd, 1e-12);
   EXPECT_EQ(l2.collective.size(), 1u);
   EXPECT_NEAR(l2.p2p.beta, 1e-10, 1e-18);
+  // Strided fits (measured on a job's ranks) keep their strides.
+  links.collective = {{2, 2e-5, 1e-9, 1}, {2, 3e-3, 1e-7, 2, 0, 0.25}};
+  links.p2p = {2, 1e-5, 1e-10, 1, 0};
+  links.p2p_strided = {links.p2p, {2, 2e-3, 1e-7, 1, 1}, {2, 2e-3, 1e-7, 2, 0}};
+  save_profile(path, p, links);
+  load_profile(path, &q, &l2);
+  ASSERT_EQ(l2.collective.size(), 2u);
+  EXPECT_EQ(l2.collective[1].stride, 2);
+  EXPECT_NEAR(l2.coll(2, 2).alpha, 3e-3, 1e-12);
+  EXPECT_NEAR(l2.coll(2, 2).cpu, 0.25, 1e-9);
+  // Measured points: the curve through them, extended by its end segments.
+  LinkModel::Fit curved = {2, 1.0, 1.0, 1, 0, 0.5, {1000, 2000, 4000}, {1e-3, 1.5e-3, 5.5e-3}};
+  EXPECT_NEAR(curved.time(1500), 1.25e-3, 1e-12);
+  EXPECT_NEAR(curved.time(3000), 3.5e-3, 1e-12);
+  EXPECT_NEAR(curved.time(8000), 13.5e-3, 1e-12);
+  EXPECT_NEAR(curved.time(0), 0.5e-3, 1e-12);
+  EXPECT_NEAR(LinkModel::Fit({2, 1e-3, 1e-6}).time(1000), 2e-3, 1e-12);
+  links.collective.push_back(curved);
+  save_profile(path, p, links);
+  load_profile(path, &q, &l2);
+  ASSERT_EQ(l2.collective.size(), 3u);
+  EXPECT_EQ(l2.collective[2].at_bytes, curved.at_bytes);
+  EXPECT_NEAR(l2.collective[2].time(3000), 3.5e-3, 1e-9);
+  EXPECT_EQ(l2.coll(2, 1).cpu, 1.0);
+  ASSERT_EQ(l2.p2p_strided.size(), 3u);
+  EXPECT_NEAR(l2.pair(2).beta, 1e-7, 1e-15);
+  EXPECT_NEAR(l2.pair(1, 1).alpha, 2e-3, 1e-12);
+  EXPECT_EQ(l2.p2p.stride, 1);
+  for (const char* junk : {"collective 2 1e-5 1e-9 stride=0\n", "collective 2 1e-5 1e-9 stride=2x\n",
+                           "collective 2 1e-5 1e-9 phase=1\n", "collective 2 1e-5 1e-9 2\n", "p2p 1e-5 1e-9 phase=1\n",
+                           "p2p 1e-5 1e-9 stride=1 phase=7\n", "p2p 1e-5 1e-9 cpu=-1\n", "p2p 1e-5 1e-9 cpu=nan\n",
+                           "p2p 1e-5 1e-9 cpu=\n", "p2p 1e-5 1e-9 speed=1\n", "p2p 1e-5 1e-9 at=1:1\n",
+                           "p2p 1e-5 1e-9 at=2:1,1:2\n", "p2p 1e-5 1e-9 at=1:1,2:x\n", "p2p 1e-5 1e-9 at=1:1,2:-1\n"}) {
+    save_profile(path, p, links);
+    {
+      std::ofstream f(path, std::ios::app);
+      f << junk;
+    }
+    EXPECT_THROW(load_profile(path, &q, &l2), std::runtime_error) << junk;
+  }
+  save_profile(path, p, links);
   {
     std::ofstream f(path, std::ios::app);
     f << "micro 4 nan 1 1 1\n";
