@@ -236,9 +236,12 @@ void predict(const PlanRequest& r, const Profile& p, const LinkModel& links, Can
     if (s == pp - 1) comp += mp->head_fb, back += mp->head_fb / 2, comm += tp_head;
     comp = comp / t;
     back = back / t;
-    // A forward and a backward message over each of the stage's boundaries.
-    const double msgs = (s > 0 ? 2 * p2p[s - 1] : 0) + (s < pp - 1 ? 2 * p2p[s] : 0);
-    const double msgs_cpu = (s > 0 ? 2 * p2p_cpu[s - 1] : 0) + (s < pp - 1 ? 2 * p2p_cpu[s] : 0);
+    // In the steady state a stage sends one micro-batch's activations and
+    // receives another's gradient over a boundary in one group (1F1B's
+    // send_forward_recv_backward): one two-way exchange per boundary, which
+    // is what the pairs' fit measures.
+    const double msgs = (s > 0 ? p2p[s - 1] : 0) + (s < pp - 1 ? p2p[s] : 0);
+    const double msgs_cpu = (s > 0 ? p2p_cpu[s - 1] : 0) + (s < pp - 1 ? p2p_cpu[s] : 0);
     // Every rank's busy time: its compute, and the share of its communication
     // time its core was busy (all of it on shared memory, where waiting spins
     // and the peers must be scheduled; little of it across a slow network).
