@@ -3,8 +3,9 @@
 # (scripts/cluster, root only), alternating in one run so both see the same
 # load. Every rank on its own host by default (4 hosts for dp 2 x pp 2), so
 # the pipeline's activations and the data-parallel buckets share each host's
-# link. Prints ms/step of each run and the steps/s ratio priority / fifo
-# (target >= 1.2) from the medians.
+# link. Prints ms/step of each run (with its comm wait share, activation MiB
+# and the cores meshrun and its ranks used over the run's wall time) and the
+# steps/s ratio priority / fifo (target >= 1.2) from the medians.
 # Usage: perf/train_comm_sched.sh CLUSTER [ROUNDS] [BUILD] [-- meshtrain options]
 #
 # VARY=OPTION VALUES="A B ..." compares the values of another meshtrain option
@@ -22,21 +23,28 @@ opts=("$@")
 here=$(cd "$(dirname "$0")/.." && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-n=1
+# Ranks: dp x pp x tp, or dp x (A + B + ...) with one tp per stage (--tp A,B,...).
+dp=1 pp=1 tp=1
 for ((i = 0; i < ${#opts[@]}; ++i)); do
-  case ${opts[i]} in --dp | --pp | --tp) n=$((n * ${opts[i + 1]})) ;; esac
+  case ${opts[i]} in --dp) dp=${opts[i + 1]} ;; --pp) pp=${opts[i + 1]} ;; --tp) tp=${opts[i + 1]} ;; esac
 done
+if [[ $tp == *,* ]]; then n=$((dp * (${tp//,/+}))); else n=$((dp * pp * tp)); fi
 "$here/scripts/cluster" bench --name "$cluster" --time 2 | grep -E "^(link_bps|path_bps)=" || true
 echo "# $(uptime)"
 for ((r = 0; r < rounds; ++r)); do
   for value in $values; do
-    timeout 600 "$here/$build/tools/meshrun/meshrun" --tag-output --cluster "$cluster" -n "$n" \
-      "$here/$build/train/meshtrain" "${opts[@]}" "--$vary" "$value" >"$tmp/out" 2>&1 || {
+    t0=$(date +%s.%N)
+    # The subshell's children's CPU time (bash's times) is meshrun's and its ranks'.
+    (timeout 600 "$here/$build/tools/meshrun/meshrun" --tag-output --cluster "$cluster" -n "$n" \
+      "$here/$build/train/meshtrain" "${opts[@]}" "--$vary" "$value" >"$tmp/out" 2>&1 && times >"$tmp/times") || {
       echo "run $value failed"; tail -5 "$tmp/out"; exit 1; }
+    cores=$(awk -v t0="$t0" -v t1="$(date +%s.%N)" 'NR == 2 {
+      split($1, u, /[ms]/); split($2, s, /[ms]/); printf "%.2f", (u[1] * 60 + u[2] + s[1] * 60 + s[2]) / (t1 - t0) }' \
+      "$tmp/times")
     ms=$(awk '/summary:/ { for (i = 1; i <= NF; ++i) if ($i == "ms/step,") print $(i - 1) }' "$tmp/out")
     wait_pct=$(awk '/summary:/ { for (i = 1; i <= NF; ++i) if ($i == "wait") print $(i + 1) }' "$tmp/out")
     act=$(awk '/summary:/ { for (i = 1; i <= NF; ++i) if ($i == "activations") print $(i + 1) }' "$tmp/out")
-    echo "$value $ms $wait_pct $act" | tee -a "$tmp/all"
+    echo "$value $ms $wait_pct $act cores $cores" | tee -a "$tmp/all"
   done
 done
 echo "# $(uptime)"
