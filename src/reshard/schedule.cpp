@@ -57,11 +57,14 @@ int pick_sender(const std::vector<int>& cands, const Placement& pl, int prefer_h
 // reads the sender's buffer), so a hop loads the receiver only, and a source
 // with several receivers on its host is not a bottleneck. A chain forwards
 // chunk by chunk: each hop after the first adds one chunk's time before the
-// last rank has the first bytes.
-void predict(const Layout& dst, const Placement& pl, size_t elem, Schedule* s) {
-  (void)dst;
+// last rank has the first bytes. Each rank also copies on its own CPU: a
+// slice it sends that is not one run of its source tile is packed once (a
+// step per run), one it receives that is not one run of its destination tile
+// is unpacked once, and local copies run run by run; send/recv packs a slice
+// on every replica it sends from, broadcast on one.
+void predict(const Layout& src, const Layout& dst, const Placement& pl, size_t elem, Schedule* s) {
   const int nh = pl.nhosts(), nr = static_cast<int>(pl.host.size());
-  std::vector<double> nic_out(nh, 0), nic_in(nh, 0), rank_in(nr, 0);
+  std::vector<double> nic_out(nh, 0), nic_in(nh, 0), rank_in(nr, 0);  // rank_in: the rank's copies
   std::vector<int> msgs(nr, 0);
   const double bn = us_per_byte(pl.net), bs = us_per_byte(pl.shm);
   double latency = 0;
@@ -79,8 +82,18 @@ void predict(const Layout& dst, const Placement& pl, size_t elem, Schedule* s) {
       rank_in[b] += bytes * bs;
     }
   };
+  std::set<std::pair<int, int>> packed, unpacked;  // (rank, slice)
+  auto repack = [&](int rank, int slice, bool pack) {
+    const Slice& sl = s->slices[slice];
+    if (!(pack ? packed : unpacked).insert({rank, slice}).second) return;
+    const size_t runs = pack ? run_count(sl.box, src.tile_box(sl.src_tile), sl.box)
+                             : run_count(sl.box, sl.box, dst.tile_box(sl.dst_tile));
+    if (runs > 1) rank_in[rank] += (sl.box.elems() * elem + runs * pl.copy_step_bytes) * bs;
+  };
   const double chunk = static_cast<double>(std::max<size_t>(pl.chunk_bytes, 1));
   for (const Xfer& x : s->xfers) {
+    repack(x.chain[0], x.slice, true);
+    for (size_t j = 1; j < x.chain.size(); ++j) repack(x.chain[j], x.slice, false);
     const size_t bytes = (x.hi - x.lo) * elem;
     const double step = std::min(chunk, static_cast<double>(bytes));
     double lat = 0;
@@ -93,10 +106,16 @@ void predict(const Layout& dst, const Placement& pl, size_t elem, Schedule* s) {
     latency = std::max(latency, lat);
   }
   for (const Gather& g : s->gathers)
-    for (size_t i = 0; i < g.group.size(); ++i)
+    for (size_t i = 0; i < g.group.size(); ++i) {
+      repack(g.group[i], g.slice, false);
       for (size_t m = 0; m < g.group.size(); ++m)
         if (m != i) hop(g.group[i], g.group[m], (g.cuts[i + 1] - g.cuts[i]) * elem);
-  for (const LocalCopy& c : s->copies) rank_in[c.rank] += s->slices[c.slice].box.elems() * elem * bs;
+    }
+  for (const LocalCopy& c : s->copies) {
+    const Slice& sl = s->slices[c.slice];
+    const size_t runs = run_count(sl.box, src.tile_box(sl.src_tile), dst.tile_box(sl.dst_tile));
+    rank_in[c.rank] += (sl.box.elems() * elem + runs * pl.copy_step_bytes) * bs;
+  }
   double busiest = 0;
   for (double t : nic_out) busiest = std::max(busiest, t);
   for (double t : nic_in) busiest = std::max(busiest, t);
@@ -221,7 +240,7 @@ Schedule make_schedule(const Layout& src, const Layout& dst, const Placement& pl
       schedule_broadcast(pl, balance, elem, &s);
       break;
   }
-  predict(dst, pl, elem, &s);
+  predict(src, dst, pl, elem, &s);
   return s;
 }
 

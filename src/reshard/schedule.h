@@ -15,12 +15,25 @@ namespace meshccl::reshard {
 enum class Strategy { Auto = 0, SendRecv = 1, LocalAllGather = 2, Broadcast = 3 };
 const char* strategy_name(Strategy s);
 
+// What one copy step of a rank's plan costs beyond its bytes, as bytes copied
+// at the shared-memory rate (so that both scale alike when ranks share
+// cores). A slice that is not one contiguous run of the sender's tile is
+// packed run by run before it is sent (and unpacked run by run after it
+// arrives), each run a step the rank's scheduler instantiates and runs.
+// Measured: case 9 of perf/reshard_perf on one host (10 ranks on 2 cores,
+// 2026-11-29, load 7-8), where send/recv's senders pack 65,536 more runs of
+// 256 B than broadcast's and took 60-180 ms longer (1-2.5 us a run), while
+// the receivers' 64 MiB of large copies each fitted in broadcast's 70-150 ms
+// in all: a run costs as much as several KiB of copying.
+constexpr size_t kCopyStepBytes = 4096;
+
 // What the schedule needs of the communicator: each rank's host and the cost
 // of the two link classes.
 struct Placement {
   std::vector<int> host;  // per communicator rank
   LinkCost shm, net;
-  size_t chunk_bytes = 512 * 1024;  // the pipeline step of a chain (make_program's chunk)
+  size_t chunk_bytes = 512 * 1024;          // the pipeline step of a chain (make_program's chunk)
+  size_t copy_step_bytes = kCopyStepBytes;  // per copy step of a pack, unpack or local copy
   int nhosts() const;
 };
 
