@@ -3,8 +3,9 @@
 # (scripts/cluster, root only), alternating in one run so both see the same
 # load. Every rank on its own host by default (4 hosts for dp 2 x pp 2), so
 # the pipeline's activations and the data-parallel buckets share each host's
-# link. Prints ms/step of each run and the steps/s ratio priority / fifo
-# (target >= 1.2) from the medians.
+# link. Prints ms/step of each run, the ranks' CPU use ((user + sys) / wall,
+# mean and highest rank, from /usr/bin/time around each rank) and the steps/s
+# ratio priority / fifo (target >= 1.2) from the medians.
 # Usage: perf/train_comm_sched.sh CLUSTER [ROUNDS] [BUILD] [-- meshtrain options]
 set -euo pipefail
 cluster=$1 rounds=${2:-3} build=${3:-build}
@@ -25,11 +26,15 @@ echo "# $(uptime)"
 for ((r = 0; r < rounds; ++r)); do
   for sched in fifo priority; do
     timeout 600 "$here/$build/tools/meshrun/meshrun" --tag-output --cluster "$cluster" -n "$n" \
-      "$here/$build/train/meshtrain" "${opts[@]}" --comm-sched "$sched" >"$tmp/out" 2>&1 || {
+      /usr/bin/time -f "rank_cpu %U %S %e" "$here/$build/train/meshtrain" "${opts[@]}" --comm-sched "$sched" \
+      >"$tmp/out" 2>&1 || {
       echo "run $sched failed"; tail -5 "$tmp/out"; exit 1; }
     ms=$(awk '/summary:/ { for (i = 1; i <= NF; ++i) if ($i == "ms/step,") print $(i - 1) }' "$tmp/out")
     wait_pct=$(awk '/summary:/ { for (i = 1; i <= NF; ++i) if ($i == "wait") print $(i + 1) }' "$tmp/out")
-    echo "$sched $ms $wait_pct" | tee -a "$tmp/all"
+    cpu=$(awk '/rank_cpu/ { for (i = 1; i <= NF; ++i) if ($i == "rank_cpu") { c = ($(i + 1) + $(i + 2)) / $(i + 3)
+                                                                   s += c; n++; if (c > m) m = c } }
+               END { if (n) printf "cpu/wall mean %.2f max %.2f", s / n, m }' "$tmp/out")
+    echo "$sched $ms $wait_pct $cpu" | tee -a "$tmp/all"
   done
 done
 echo "# $(uptime)"

@@ -263,10 +263,10 @@ int run(const CliOptions& opts) {
       if (val_now) val = engine->validate();
       if (talk && ((step + 1) % o.log_every == 0 || step + 1 == cfg.steps)) {
         std::printf(
-            "step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %7.0f tok/s | %6.1f ms "
+            "step %5d/%d | loss %.4f | lr %.2e | norm%s %.3f | %7.0f tok/s | %6.1f ms "
             "(compute %.1f, comm wait %.1f = %.1f%%)",
-            step + 1, cfg.steps, s.loss, s.lr, s.grad_norm, s.tokens_per_s, s.seconds * 1e3,
-            (s.seconds - s.comm_wait) * 1e3, s.comm_wait * 1e3, 100.0 * s.comm_wait / s.seconds);
+            step + 1, cfg.steps, s.loss, s.lr, s.norm_step == step ? "" : "(prev)", s.grad_norm, s.tokens_per_s,
+            s.seconds * 1e3, (s.seconds - s.comm_wait) * 1e3, s.comm_wait * 1e3, 100.0 * s.comm_wait / s.seconds);
         if (val_now) std::printf(" | val %.4f", val);
         std::printf("\n");
         std::fflush(stdout);
@@ -322,6 +322,8 @@ int run(const CliOptions& opts) {
       step = start - 1;  // the loop's ++ makes it start
     }
   }
+
+  engine->settle();  // --overlap-update: the last step's update
 
   // Communication share averaged over ranks: each rank waits differently
   // (pipeline stages, the stage that holds the loss).
