@@ -210,7 +210,12 @@ void Engine::run_schedule(PipeSchedule sched, int m, bool train, int step, doubl
 // from the first, so the lower the bucket the more urgent (comm_priority).
 void Engine::launch_bucket(size_t lo) {
   Stage& st = *stage_;
-  const double position = static_cast<double>(lo) / static_cast<double>(std::max<size_t>(st.grads.size(), 1));
+  double position = static_cast<double>(lo) / static_cast<double>(std::max<size_t>(st.grads.size(), 1));
+  // The tied embedding's copy on the last stage, summed with the first
+  // stage's, is what the first stage's next forward needs first.
+  for (const ParamSpec& sp : st.specs()) {
+    if (comms_.embed && sp.name == "wte" && sp.offset < launched_lo_ && lo < sp.offset + sp.size) position = 0.0;
+  }
   buckets_.push_back(Bucket{
       lo, launched_lo_,
       comms_.dp->all_reduce(st.grads.data() + lo, launched_lo_ - lo, ReduceOp::Avg,
