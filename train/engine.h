@@ -107,6 +107,8 @@ class Engine {
   // Collective: every rank calls it; all ranks return the same text.
   std::string sample(const std::string& prompt, int length, float temperature, uint64_t seed);
 
+  // With overlap_update the last step's update may still be pending: call
+  // settle() before reading parameters or moments.
   Stage& stage() { return *stage_; }
   const AdamW& optimizer() const { return opt_; }
   const Coords& coords() const { return me_; }
