@@ -23,6 +23,8 @@ layout:   --dp N --pp N --tp N          dp x pp x tp must equal the number of ra
           --comm-sched fifo|priority    communication order: one priority for all, or by
                                         dependencies (pipeline, tensor, data-parallel
                                         buckets first layer first, embedding; default)
+          --overlap-update              update each tensor as its bucket lands, during the
+                                        next forward (needs --clip 0, 1D)
 model:    --layers N --d-model N --heads N --seq N --vocab N --untied --seed N
 batch:    --micro-batch N --grad-accum N  (global batch = dp x micro-batch x grad-accum)
 optim:    --steps N --lr X --min-lr-ratio X --warmup N --weight-decay X --clip X
@@ -133,6 +135,10 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
       t.model.tied = false;
       continue;
     }
+    if (a == "--overlap-update") {
+      t.overlap_update = true;
+      continue;
+    }
     const bool known = ints.count(a) || floats.count(a) || strings.count(a);
     if (!known) return "unknown option '" + a + "' (see --help)";
     if (i + 1 >= argc) return "option " + a + " needs a value";
@@ -220,6 +226,9 @@ std::string parse_cli(int argc, char** argv, CliOptions* o) {
   if (t.optim.min_lr_ratio < 0 || t.optim.min_lr_ratio > 1) return "--min-lr-ratio must be in [0, 1]";
   if (t.optim.weight_decay < 0) return "--weight-decay must not be negative";
   if (t.optim.clip < 0) return "--clip must not be negative (0 turns clipping off)";
+  if (t.overlap_update && t.optim.clip > 0) {
+    return "--overlap-update needs --clip 0: clipping needs every gradient before the first update";
+  }
   if (t.optim.beta1 < 0 || t.optim.beta1 >= 1 || t.optim.beta2 < 0 || t.optim.beta2 >= 1) {
     return "--beta1 and --beta2 must be in [0, 1)";
   }

@@ -92,6 +92,11 @@ Engine::Engine(const TrainConfig& cfg, int rank, const Comms& comms, const Corpu
       sparse_spec_ = &sp;
     }
   }
+  if (cfg_.overlap_update && (cfg_.optim.clip > 0 || l.tp_mode != TpMode::OneD)) {
+    throw std::invalid_argument(
+        "--overlap-update needs --clip 0 (the clip factor needs every bucket's gradients before any update) and "
+        "--tp-mode 1d (3D sums replicated gradients after the buckets)");
+  }
   const size_t N = static_cast<size_t>(cfg_.micro_batch) * cfg_.model.seq;
   tokens_.assign(N, 0);
   targets_.assign(N, 0);
@@ -154,6 +159,11 @@ void Engine::run_schedule(PipeSchedule sched, int m, bool train, int step, doubl
     }
   };
 
+  // --overlap-update: layer L's forward waits only for layer L's update.
+  auto need = [this](size_t hi) {
+    if (pending_) update_until(hi);
+  };
+
   std::vector<P2POp> p2p;
   std::vector<int> release_after;  // forward-only: slots whose output is being sent
   for (size_t k = 0; k <= ops.size(); k++) {
@@ -179,10 +189,11 @@ void Engine::run_schedule(PipeSchedule sched, int m, bool train, int step, doubl
     if (op.forward) {
       const int slot = take_slot(op.micro);
       load_micro(train, step, op.micro, m, tokens_.data(), targets_.data());
-      const float loss = st.forward(slot, tokens_.data(), targets_.data());
+      const float loss = st.forward(slot, tokens_.data(), targets_.data(), need);
       if (st.last()) *loss_sum += loss;
       if (sched == PipeSchedule::ForwardOnly) release_after.push_back(op.micro);
     } else {
+      update_until(st.params.size());  // backward accumulates into zeroed gradients
       const bool final_pass = static_cast<int>(k) == last_backward;
       st.backward(slot_of[op.micro], 1.0f / m,
                   final_pass ? std::function<void(size_t)>(ready) : std::function<void(size_t)>());
@@ -199,10 +210,80 @@ void Engine::run_schedule(PipeSchedule sched, int m, bool train, int step, doubl
 // from the first, so the lower the bucket the more urgent (comm_priority).
 void Engine::launch_bucket(size_t lo) {
   Stage& st = *stage_;
-  const double position = static_cast<double>(lo) / static_cast<double>(std::max<size_t>(st.grads.size(), 1));
-  buckets_.push_back(
+  double position = static_cast<double>(lo) / static_cast<double>(std::max<size_t>(st.grads.size(), 1));
+  // The tied embedding's copy on the last stage, summed with the first
+  // stage's, is what the first stage's next forward needs first.
+  for (const ParamSpec& sp : st.specs()) {
+    if (comms_.embed && sp.name == "wte" && sp.offset < launched_lo_ && lo < sp.offset + sp.size) position = 0.0;
+  }
+  buckets_.push_back(Bucket{
+      lo, launched_lo_,
       comms_.dp->all_reduce(st.grads.data() + lo, launched_lo_ - lo, ReduceOp::Avg,
-                            Urgency::background(comm_priority(cfg_.comm_sched, CommKind::DataParallel, position))));
+                            Urgency::background(comm_priority(cfg_.comm_sched, CommKind::DataParallel, position)))});
+}
+
+void Engine::wait_range(size_t lo, size_t hi) {
+  for (Bucket& b : buckets_) {
+    if (!b.done && b.lo < hi && lo < b.hi) {
+      b.work.wait();
+      b.done = true;
+    }
+  }
+}
+
+void Engine::update_until(size_t hi) {
+  if (!pending_) return;
+  Stage& st = *stage_;
+  const auto& specs = st.specs();
+  const float lr = lr_at(cfg_.optim, pending_step_);
+  while (next_spec_ < specs.size() && specs[next_spec_].offset < hi) {
+    const ParamSpec& sp = specs[next_spec_];
+    wait_range(sp.offset, sp.offset + sp.size);
+    const float part = spec_grad_sq(st.grads, sp);
+    parts_[next_spec_] = part;
+    // A non-finite gradient stops all updates of this rank; the norm check
+    // at the end of the step then stops every rank.
+    if (!std::isfinite(part)) poisoned_ = true;
+    if (!poisoned_) opt_.update_spec(st.params, st.grads, sp, cfg_.optim, lr, pending_step_ + 1, 1.0f);
+    next_spec_++;
+  }
+  if (next_spec_ == specs.size()) {
+    for (Bucket& b : buckets_) {  // buckets of nothing a spec covers (none today)
+      if (!b.done) b.work.wait();
+    }
+    buckets_.clear();
+    st.zero_grads();
+    pending_ = false;
+  }
+}
+
+double Engine::reduce_pending_norm() {
+  // Summed as local_grad_sq sums: the tensors' parts in spec order, in double.
+  const auto& specs = stage_->specs();
+  double total = 0.0;
+  for (size_t i = 0; i < specs.size(); i++) {
+    if (specs[i].in_norm) total += parts_[i];
+  }
+  float sq = static_cast<float>(total);
+  if (comms_.tp) comms_.tp->all_reduce(&sq, 1, ReduceOp::Sum, Urgency::critical()).wait();
+  if (comms_.pp) comms_.pp->sum(&sq, 1).wait();
+  norm_pending_ = false;
+  const double norm = std::sqrt(static_cast<double>(sq));
+  if (!std::isfinite(norm) || poisoned_) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf,
+                  "step %d: the gradient norm is not finite (%g); training stopped, this rank's tensors from the "
+                  "first non-finite gradient on not updated (try a lower --lr)",
+                  pending_step_ + 1, norm);
+    throw std::runtime_error(buf);
+  }
+  return norm;
+}
+
+double Engine::settle() {
+  if (!norm_pending_) return std::nan("");
+  update_until(stage_->params.size());
+  return reduce_pending_norm();
 }
 
 StepStats Engine::train_step(int step) {
@@ -210,9 +291,11 @@ StepStats Engine::train_step(int step) {
   const double c0 = comm_seconds();
   Stage& st = *stage_;
   const int m = cfg_.grad_accum;
-  st.zero_grads();
+  if (!pending_) {  // else the previous step's buckets are still being applied
+    st.zero_grads();
+    buckets_.clear();
+  }
   launched_lo_ = st.grads.size();
-  buckets_.clear();
 
   double loss_sum = 0.0;
   run_schedule(cfg_.schedule, m, true, step, &loss_sum);
@@ -221,14 +304,19 @@ StepStats Engine::train_step(int step) {
     const size_t lo = dense_lo();
     if (launched_lo_ > lo) launch_bucket(lo);
     if (sparse_spec_ != nullptr) {  // the least urgent kind: on the least urgent stream
-      buckets_.push_back(comms_.dp->sparse_all_reduce(
-          st.grads.data() + sparse_spec_->offset, static_cast<size_t>(sparse_spec_->local_rows),
-          static_cast<size_t>(sparse_spec_->local_cols), ReduceOp::Avg,
-          Urgency::background(comm_priority(cfg_.comm_sched, CommKind::Sparse))));
+      buckets_.push_back(
+          Bucket{sparse_spec_->offset, sparse_spec_->offset + sparse_spec_->size,
+                 comms_.dp->sparse_all_reduce(st.grads.data() + sparse_spec_->offset,
+                                              static_cast<size_t>(sparse_spec_->local_rows),
+                                              static_cast<size_t>(sparse_spec_->local_cols), ReduceOp::Avg,
+                                              Urgency::background(comm_priority(cfg_.comm_sched, CommKind::Sparse)))});
     }
-    for (Work& w : buckets_) w.wait();
-    buckets_.clear();
+    if (!cfg_.overlap_update) {
+      for (Bucket& b : buckets_) b.work.wait();
+      buckets_.clear();
+    }
   }
+  if (cfg_.overlap_update) return finish_overlapped(step, t0, c0, loss_sum);
   st.finish_grads();
   if (comms_.embed) {
     for (const auto& s : st.specs()) {
@@ -265,6 +353,53 @@ StepStats Engine::train_step(int step) {
   r.loss = loss;
   r.lr = lr;
   r.grad_norm = static_cast<float>(norm);
+  r.norm_step = step;
+  r.seconds = now() - t0;
+  r.comm_wait = comm_seconds() - c0;
+  r.tokens_per_s = cfg_.global_batch() * static_cast<double>(cfg_.model.seq) / r.seconds;
+  return r;
+}
+
+// --overlap-update: the buckets stay in flight; the previous step's norm and
+// this step's loss are summed and checked at this same point on every rank, and
+// this step's update runs during the next forward (update_until).
+StepStats Engine::finish_overlapped(int step, double t0, double c0, double loss_sum) {
+  Stage& st = *stage_;
+  const int m = cfg_.grad_accum;
+  if (comms_.embed) {  // both stages reach this point; their forwards could not meet
+    for (const auto& s : st.specs()) {
+      if (s.name == "wte") {
+        wait_range(s.offset, s.offset + s.size);
+        comms_.embed->all_reduce(st.grads.data() + s.offset, s.size, ReduceOp::Sum, Urgency::critical()).wait();
+      }
+    }
+  }
+  StepStats r;
+  r.step = step;
+  r.grad_norm = std::nanf("");
+  r.norm_step = -1;
+  if (norm_pending_) {
+    r.norm_step = pending_step_;
+    r.grad_norm = static_cast<float>(reduce_pending_norm());
+  }
+  float loss = st.last() ? static_cast<float>(loss_sum / m) : 0.0f;
+  if (comms_.pp) comms_.pp->sum(&loss, 1).wait();
+  if (comms_.dp) comms_.dp->all_reduce(&loss, 1, ReduceOp::Avg, Urgency::critical()).wait();
+  if (!std::isfinite(loss)) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf,
+                  "step %d: the loss is not finite (%g); training stopped before the update (try a lower --lr)",
+                  step + 1, loss);
+    throw std::runtime_error(buf);
+  }
+  pending_ = norm_pending_ = true;
+  poisoned_ = false;
+  pending_step_ = step;
+  next_spec_ = 0;
+  parts_.assign(st.specs().size(), 0.0f);
+
+  r.loss = loss;
+  r.lr = lr_at(cfg_.optim, step);
   r.seconds = now() - t0;
   r.comm_wait = comm_seconds() - c0;
   r.tokens_per_s = cfg_.global_batch() * static_cast<double>(cfg_.model.seq) / r.seconds;
@@ -272,6 +407,7 @@ StepStats Engine::train_step(int step) {
 }
 
 float Engine::validate() {
+  settle();
   const int B = cfg_.micro_batch;
   const int m = std::max(1, cfg_.val_sequences / (cfg_.layout.dp * B));
   double loss_sum = 0.0;
@@ -308,6 +444,7 @@ void Engine::prepare_checkpoints() {
 }
 
 void Engine::save_checkpoint(int step) {
+  settle();
   namespace fs = std::filesystem;
   const int done = step + 1;  // named as the progress lines count: after step `done`
   const fs::path dir = fs::path(cfg_.ckpt_dir) / step_dir_name(done);
@@ -385,6 +522,7 @@ void Engine::keep_schedule(const LrSchedule& saved) {
 }
 
 std::string Engine::sample(const std::string& prompt, int length, float temperature, uint64_t seed) {
+  settle();
   const int T = cfg_.model.seq, V = cfg_.model.vocab;
   Stage& st = *stage_;
   const Tokenizer& tk = corpus_.tokenizer();

@@ -29,6 +29,10 @@ struct TrainConfig {
   PipeSchedule schedule = PipeSchedule::OneFOneB;
   size_t bucket_elems = size_t(1) << 18;       // data-parallel all-reduce bucket (floats)
   CommSched comm_sched = CommSched::Priority;  // --comm-sched (comm.h)
+  // --overlap-update: step s's AdamW update runs tensor by tensor as its
+  // data-parallel buckets land, during step s + 1's forward (needs --clip 0
+  // and 1D; see docs/training.md).
+  bool overlap_update = false;
   uint64_t data_seed = 1234;
   int val_every = 0;       // 0: never
   int val_sequences = 16;  // global, split over data-parallel ranks
@@ -55,6 +59,7 @@ struct StepStats {
   float loss = 0;  // mean over the global batch (known on every rank)
   float lr = 0;
   float grad_norm = 0;  // before clipping
+  int norm_step = 0;    // the step grad_norm belongs to (--overlap-update: the previous one, -1: none yet)
   double seconds = 0;
   double comm_wait = 0;  // seconds this rank was blocked on communication
   double tokens_per_s = 0;
@@ -65,7 +70,13 @@ class Engine {
   Engine(const TrainConfig& cfg, int rank, const Comms& comms, const Corpus& corpus);
 
   // Runs 0-based step `step` (its data and learning rate depend only on it).
+  // With overlap_update its update is left pending (see settle()).
   StepStats train_step(int step);
+  // Completes a pending update: waits for every bucket, updates what is left
+  // and checks the step's gradient norm (throws on every rank when it is not
+  // finite). Collective; validate, save_checkpoint and sample call it first.
+  // Returns that norm (NaN when nothing was pending).
+  double settle();
   // Mean validation loss over cfg.val_sequences held-out sequences.
   float validate();
   // Checks that every rank can write to the checkpoint directory (creating
@@ -96,6 +107,8 @@ class Engine {
   // Collective: every rank calls it; all ranks return the same text.
   std::string sample(const std::string& prompt, int length, float temperature, uint64_t seed);
 
+  // With overlap_update the last step's update may still be pending: call
+  // settle() before reading parameters or moments.
   Stage& stage() { return *stage_; }
   const AdamW& optimizer() const { return opt_; }
   const Coords& coords() const { return me_; }
@@ -108,6 +121,14 @@ class Engine {
   double comm_seconds() const;
   void run_schedule(PipeSchedule sched, int m, bool train, int step, double* loss_sum);
   void launch_bucket(size_t lo);
+  StepStats finish_overlapped(int step, double t0, double c0, double loss_sum);
+  // --overlap-update: updates the pending step's tensors below `hi`, waiting
+  // for the buckets they lie in; once all are done, zeroes the gradients.
+  void update_until(size_t hi);
+  void wait_range(size_t lo, size_t hi);
+  // Sums the pending step's squared norm over tp and pp (collective) and
+  // checks it: the norm.
+  double reduce_pending_norm();
   void load_micro(bool train, int step, int micro, int m, int32_t* tokens, int32_t* targets);
   // Throws on every rank if `error` is non-empty on any rank.
   void agree(const std::string& error);
@@ -123,7 +144,19 @@ class Engine {
   int slots_ = 1;
   std::vector<int32_t> tokens_, targets_;
   size_t launched_lo_ = 0;
-  std::vector<Work> buckets_;  // the step's data-parallel reductions in flight
+  struct Bucket {
+    size_t lo, hi;  // gradient range
+    Work work;
+    bool done = false;
+  };
+  std::vector<Bucket> buckets_;  // the step's data-parallel reductions in flight
+  // --overlap-update: the step whose update is pending and how far it got.
+  bool pending_ = false;       // tensors of the step are not all updated yet
+  bool norm_pending_ = false;  // its norm is not reduced yet
+  bool poisoned_ = false;      // a non-finite gradient was seen: no further updates
+  int pending_step_ = -1;
+  size_t next_spec_ = 0;      // specs (arena order) below it are updated
+  std::vector<float> parts_;  // spec_grad_sq of each updated tensor
   // The token embedding when its gradient is reduced row-sparse (words, data
   // parallel, first stage, not shared with the head): it lies at the start of
   // the gradient arena, below the dense buckets.

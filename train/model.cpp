@@ -249,17 +249,23 @@ void Stage::zero_grads() { std::fill(grads.begin(), grads.end(), 0.0f); }
 
 void Stage::finish_grads() { tp_->finish_grads(grads.data(), specs_.data(), specs_.size()); }
 
-float Stage::forward(int slot, const int32_t* tokens, const int32_t* targets) {
+float Stage::forward(int slot, const int32_t* tokens, const int32_t* targets, const std::function<void(size_t)>& need) {
   Slot& s = slots_[slot];
+  const int nl = range_.count();
+  auto need_until = [&](size_t hi) {
+    if (need) need(hi);
+  };
   TpScheme& tp = *tp_;
   const TpShapes& sh = tp.shapes();
   const size_t NC = static_cast<size_t>(Nr_) * Cr_;
   if (first()) {
+    need_until(nl ? layer_offset_[0] : final_offset_);
     std::memcpy(s.tokens.data(), tokens, sizeof(int32_t) * B_ * T_);
     tp.embed_forward(s.input, tokens, wte_, wpe_);
   }
   const float* x = s.input;
-  for (int l = 0; l < range_.count(); l++) {
+  for (int l = 0; l < nl; l++) {
+    need_until(l + 1 < nl ? layer_offset_[l + 1] : final_offset_);
     const LayerParams& p = lp_[l];
     LayerActs& a = s.layers[l];
     tp.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1w, p.ln1b);
@@ -274,6 +280,7 @@ float Stage::forward(int slot, const int32_t* tokens, const int32_t* targets) {
     residual_forward(a.out, a.res2, tmp_.data(), NC);
     x = a.out;
   }
+  need_until(params.size());
   if (!last()) return 0.0f;
 
   std::memcpy(s.targets.data(), targets, sizeof(int32_t) * B_ * T_);

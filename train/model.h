@@ -52,7 +52,9 @@ class Stage {
 
   // Forward of one micro-batch. tokens/targets are B*T ids (targets used on the
   // last stage, tokens on the first). Returns the mean loss on the last stage.
-  float forward(int slot, const int32_t* tokens, const int32_t* targets);
+  // need(hi), when given, is called before params[0, hi) are first read, in
+  // rising hi, ending with params.size().
+  float forward(int slot, const int32_t* tokens, const int32_t* targets, const std::function<void(size_t)>& need = {});
   // Backward of the micro-batch held in slot; accumulates parameter gradients.
   // loss_scale is dLoss/d(mean loss of this micro-batch). ready(lo) is called as
   // soon as grads[lo, end) will not change any more in this backward.

@@ -21,8 +21,11 @@ struct OptimConfig {
 // Learning rate of 0-based step `step`.
 float lr_at(const OptimConfig& c, int step);
 
-// Sum of squared gradients over the tensors that count on this rank.
+// Sum of squared gradients over the tensors that count on this rank: the
+// tensors' spec_grad_sq in spec order, summed in double.
 double local_grad_sq(const std::vector<float>& grads, const std::vector<ParamSpec>& specs);
+// One tensor's part of it (float, in index order).
+float spec_grad_sq(const std::vector<float>& grads, const ParamSpec& s);
 
 // Factor the gradients are multiplied by so that the global norm is at most clip.
 float clip_scale(const OptimConfig& c, double global_norm);
@@ -34,6 +37,10 @@ class AdamW {
   // grad_scale first (clipping).
   void update(std::vector<float>& params, const std::vector<float>& grads, const std::vector<ParamSpec>& specs,
               const OptimConfig& c, float lr, int t, float grad_scale);
+  // The same for one tensor: update() is update_spec() over the specs, so
+  // updating tensor by tensor in any order gives the same bits.
+  void update_spec(std::vector<float>& params, const std::vector<float>& grads, const ParamSpec& s,
+                   const OptimConfig& c, float lr, int t, float grad_scale);
   std::vector<float> m, v;
 };
 

@@ -256,6 +256,98 @@ INSTANTIATE_TEST_SUITE_P(StageMeshes, HeteroEquivalence,
                                                               HeteroCase{2, {1, 2}, PipeSchedule::GPipe, false}),
                                             ::testing::Values(CommSched::Fifo, CommSched::Priority)));
 
+// --overlap-update (per-tensor AdamW as buckets land, during the next
+// forward) gives the bits of the schedule that updates after every bucket:
+// AdamW is elementwise and the norm is summed in the same order. Clipping is
+// off (the mode needs it), so the reference is the same layout with
+// overlap_update off, under the same --comm-sched.
+struct OverlapCase {
+  int dp;
+  std::vector<int> stage_tp;  // one entry per stage
+  PipeSchedule schedule;
+  bool tied = true;
+  bool words = false;
+};
+
+class OverlapUpdate : public ::testing::TestWithParam<std::tuple<OverlapCase, CommSched>> {
+ protected:
+  static void SetUpTestSuite() { openblas_set_num_threads(1); }
+};
+
+void expect_same_bits(const RunResult& got, const RunResult& want, const std::string& what) {
+  ASSERT_EQ(got.error, "") << what;
+  ASSERT_EQ(want.error, "") << what;
+  ASSERT_EQ(got.losses.size(), want.losses.size());
+  for (size_t s = 0; s < want.losses.size(); s++) { EXPECT_EQ(got.losses[s], want.losses[s]) << what << " step " << s; }
+  ASSERT_EQ(got.params.size(), want.params.size()) << what;
+  for (const auto& [name, w] : want.params) {
+    const auto& h = got.params.at(name);
+    ASSERT_EQ(h.size(), w.size()) << what << " " << name;
+    size_t differ = 0;
+    for (size_t i = 0; i < w.size(); i++) differ += h[i] != w[i];
+    EXPECT_EQ(differ, 0u) << what << ": tensor " << name << " differs in " << differ << " element(s)";
+  }
+  EXPECT_EQ(got.val, want.val) << what;
+  EXPECT_EQ(got.sample, want.sample) << what;
+}
+
+TEST_P(OverlapUpdate, SameBitsAsUpdatingAfterEveryBucket) {
+  const auto& [oc, sched] = GetParam();
+  Layout l{oc.dp, static_cast<int>(oc.stage_tp.size()), oc.stage_tp[0]};
+  if (std::any_of(oc.stage_tp.begin(), oc.stage_tp.end(), [&](int t) { return t != oc.stage_tp[0]; })) {
+    l.stage_tp = oc.stage_tp;
+  }
+  TrainConfig c = with_layout(l, oc.schedule);
+  c.model.tied = oc.tied;
+  if (oc.words) c.model.words = true, c.model.vocab = kWordVocab;
+  c.optim.clip = 0.0f;
+  c.comm_sched = sched;
+  CommSchedEnv env(sched);
+  const Corpus& data = oc.words ? word_corpus() : corpus();
+  std::string name = "dp" + std::to_string(oc.dp) + " tp";
+  for (int t : oc.stage_tp) name += std::to_string(t);
+  name += std::string(" ") + schedule_name(oc.schedule) + (oc.tied ? "" : " untied") + (oc.words ? " words" : "") +
+          " " + comm_sched_name(sched);
+
+  const RunResult after_all = run_threads(c, data, l.world() > 1 ? meshccl_comms(c) : nullptr);
+  c.overlap_update = true;
+  const RunResult overlapped = run_threads(c, data, l.world() > 1 ? meshccl_comms(c) : nullptr);
+  expect_same_bits(overlapped, after_all, name);
+  EXPECT_LT(after_all.losses.back(), after_all.losses.front() - 0.5f) << name << " did not learn";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, OverlapUpdate,
+    ::testing::Combine(::testing::Values(OverlapCase{1, {1}, PipeSchedule::OneFOneB},
+                                         OverlapCase{2, {1}, PipeSchedule::OneFOneB},
+                                         OverlapCase{2, {1, 1}, PipeSchedule::OneFOneB},  // tied: embedding sum
+                                         OverlapCase{2, {1, 1}, PipeSchedule::GPipe, false},
+                                         OverlapCase{2, {2}, PipeSchedule::OneFOneB},
+                                         OverlapCase{2, {2, 2}, PipeSchedule::Eager1F1B},
+                                         OverlapCase{2, {1, 2}, PipeSchedule::GPipe, false},        // reshard plans
+                                         OverlapCase{2, {1}, PipeSchedule::OneFOneB, false, true},  // sparse
+                                         OverlapCase{2, {1, 1}, PipeSchedule::OneFOneB, true, true}),
+                       ::testing::Values(CommSched::Fifo, CommSched::Priority)),
+    [](const ::testing::TestParamInfo<std::tuple<OverlapCase, CommSched>>& i) {
+      const OverlapCase& oc = std::get<0>(i.param);
+      std::string n = "dp" + std::to_string(oc.dp) + "_tp";
+      for (int t : oc.stage_tp) n += std::to_string(t);
+      std::string sched = schedule_name(oc.schedule);
+      std::replace(sched.begin(), sched.end(), '-', '_');
+      return n + "_" + sched + (oc.tied ? "" : "_untied") + (oc.words ? "_words" : "") + "_" +
+             comm_sched_name(std::get<1>(i.param));
+    });
+
+TEST(OverlapUpdate, RefusedWithClippingOrThreeD) {
+  TrainConfig c = with_layout({1, 1, 1}, PipeSchedule::OneFOneB);
+  c.overlap_update = true;
+  EXPECT_THROW(Engine(c, 0, Comms{}, corpus()), std::invalid_argument);  // clip 1 by default
+  c.optim.clip = 0.0f;
+  EXPECT_NO_THROW(Engine(c, 0, Comms{}, corpus()));
+  c.layout.tp_mode = TpMode::ThreeD;
+  EXPECT_THROW(Engine(c, 0, Comms{}, corpus()), std::invalid_argument);
+}
+
 TEST(HeteroLayout, RefusedWithTheReason) {
   ModelConfig m = base_config().model;
   Layout l{1, 2, 2};
