@@ -128,6 +128,10 @@ struct Ctx {
   bool peer_failed = false;                           // an endpoint failed: the worker is not destroyed (see finalize)
   bool abandoned = false;  // a send or flush to another host was given up on in flight: kept as well
   Freeze freeze;           // a matched receive was given up on: never progressed again, kept
+  // The worker's event descriptor (wait_fd); -1 until asked, or when the
+  // context was made without UCP_FEATURE_WAKEUP or UCX gives none.
+  int efd = -1;
+  bool wakeup = false;  // the context has UCP_FEATURE_WAKEUP
 };
 
 struct ListenComm {
