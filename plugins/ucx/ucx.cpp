@@ -18,6 +18,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -547,17 +548,33 @@ meshccl_tresult_t wait_fd(Ctx* c, int* fd) {
   // (freeze.frozen(), not may_progress: that check freezes a context whose
   // receives are merely running, which only a closing comm may ask.)
   if (!c->wakeup || c->worker == nullptr || c->freeze.frozen()) return MESHCCL_T_SUCCESS;
-  if (c->efd < 0 && ucp_worker_get_efd(c->worker, &c->efd) != UCS_OK) {
-    c->wakeup = false;
-    c->efd = -1;
-    return MESHCCL_T_SUCCESS;
+  if (c->efd < 0) {
+    if (ucp_worker_get_efd(c->worker, &c->efd) != UCS_OK) c->efd = -1;
+    c->epfd = c->efd >= 0 ? epoll_create1(EPOLL_CLOEXEC) : -1;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = c->efd;
+    if (c->epfd < 0 || epoll_ctl(c->epfd, EPOLL_CTL_ADD, c->efd, &ev) != 0) {
+      c->wakeup = false;
+      return MESHCCL_T_SUCCESS;
+    }
+  }
+  for (RecvComm* r : c->recvs) {
+    if (r->watched || r->fd < 0) continue;
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.fd = r->fd;
+    if (epoll_ctl(c->epfd, EPOLL_CTL_ADD, r->fd, &ev) != 0) return MESHCCL_T_SUCCESS;
+    r->watched = true;
   }
   if (ucp_worker_arm(c->worker) != UCS_OK) return MESHCCL_T_SUCCESS;  // UCS_ERR_BUSY: progress first
-  *fd = c->efd;
+  *fd = c->epfd;
   return MESHCCL_T_SUCCESS;
 }
 
 bool finalize(Ctx* c) {
+  if (c->epfd >= 0) ::close(c->epfd);  // the worker's own efd goes with the worker
+  c->epfd = -1;
   c->connecting.clear();  // connects the host gave up on
   const uint64_t until = now_ns() + kCloseWaitNs;
   while (!c->closing.empty() && may_progress(c) && now_ns() < until) {
