@@ -3,7 +3,7 @@
 #include "plugins/builtin.h"
 
 extern "C" const meshccl_builtin_transport_t meshccl_builtin_transports[] = {
-    {&meshccl_transport_shm, meshccl_transport_shm_probe},
-    {&meshccl_transport_socket, meshccl_transport_socket_probe},
-    {nullptr, nullptr},
+    {&meshccl_transport_shm, meshccl_transport_shm_probe, nullptr},
+    {&meshccl_transport_socket, meshccl_transport_socket_probe, meshccl_transport_socket_wait_fd},
+    {nullptr, nullptr, nullptr},
 };

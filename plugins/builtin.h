@@ -25,10 +25,16 @@ extern const meshccl_transport_v1_t meshccl_transport_socket;
 extern const meshccl_transport_v1_probe_t meshccl_transport_shm_probe;
 extern const meshccl_transport_v1_probe_t meshccl_transport_socket_probe;
 
-/* One built-in transport: its table and its optional probe (NULL if none). */
+/* The socket transport's wait descriptor (meshccl_transport_v1_wait_fd_t);
+ * shm has none: its waits stay on the polling path. */
+extern const meshccl_transport_v1_wait_fd_t meshccl_transport_socket_wait_fd;
+
+/* One built-in transport: its table and its optional probe and wait
+ * descriptor (NULL if none). */
 typedef struct {
   const meshccl_transport_v1_t* transport;
   meshccl_transport_v1_probe_t probe;
+  meshccl_transport_v1_wait_fd_t wait_fd;
 } meshccl_builtin_transport_t;
 
 /* Every built-in transport, in their order of preference among themselves

@@ -35,6 +35,12 @@
  * several peers (meshcclRecvAnySource) needs: without it such a receive over
  * this transport fails with ncclInvalidUsage, and nothing else changes.
  *
+ * Optionally a plugin also exports
+ *   int meshccl_transport_v1_wait_fd(void* ctx, int* fd);
+ * (type meshccl_transport_v1_wait_fd_t below): a file descriptor the host
+ * may block on (poll for POLLIN) instead of polling test() while nothing
+ * moves. Without it the host sleeps in small steps, and nothing else changes.
+ *
  * Life of a connection (A sends to B):
  *   B: listen(ctx, dev, handle, &lcomm)   -> handle travels to A via bootstrap
  *   A: connect(ctx, dev, handle, &scomm)  -> called until *scomm != NULL
@@ -179,6 +185,20 @@ typedef struct meshccl_transport_v1 {
  * nothing else; never blocks. MESHCCL_T_REMOTE_ERROR when no such message is
  * there and the sender has gone (no such message can come any more). */
 typedef int (*meshccl_transport_v1_probe_t)(void* recv_comm, uint64_t tag, int* found);
+
+/* Optional (see above): arms and returns the context's wait descriptor.
+ * Sets *fd to a descriptor that becomes readable (POLLIN, or POLLERR/POLLHUP)
+ * once test() on a request outstanding on any of ctx's connections may make
+ * progress: bytes arrived or a peer closed, room to write for a send that
+ * waits for it, a completion queued. The host calls it each time right
+ * before it blocks (at most a few milliseconds) in poll on that descriptor,
+ * then calls test() on its requests, whatever poll said; it never reads from
+ * or closes the descriptor. *fd = -1: do not block now (progress is possible
+ * already, e.g. UCX's worker arm said busy, or the plugin has no descriptor
+ * for what is outstanding); the host polls test() again. The descriptor
+ * belongs to the context and stays valid until finalize. Never blocks; same
+ * threading rule as every other call on ctx. */
+typedef int (*meshccl_transport_v1_wait_fd_t)(void* ctx, int* fd);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -23,6 +23,7 @@
 //   send_post(SendComm*, data, size, tag, void** req)   recv_post(RecvComm*, data, size, tag, void** req)
 //   send_test(Request*, int* done, size_t* size)        recv_test(Request*, int* done, size_t* size)
 //   recv_probe(RecvComm*, tag, int* found)    (transport.h's optional probe: export Entry<b>::probe)
+//   wait_fd(Ctx*, int* fd)   (transport.h's optional wait descriptor: export Entry<b>::wait_fd)
 //   close_send(SendComm*), close_recv(RecvComm*), close_listen(ListenComm*):
 //     release the network side and cancel requests; the shim frees the comm
 //   finalize(Ctx*) -> bool: false keeps the context's memory (the library
@@ -69,6 +70,7 @@ struct Binding {
   meshccl_tresult_t (*send_test)(Request*, int* done, size_t* size);
   meshccl_tresult_t (*recv_test)(Request*, int* done, size_t* size);
   meshccl_tresult_t (*recv_probe)(RecvComm*, uint64_t tag, int* found);
+  meshccl_tresult_t (*wait_fd)(Ctx*, int* fd) = nullptr;
   void (*close_send)(SendComm*);
   void (*close_recv)(RecvComm*);
   void (*close_listen)(ListenComm*);
@@ -205,6 +207,14 @@ class Entry {
     if (found == nullptr) return chk().misuse(c->ctx->host, "probe", "found is NULL");
     *found = 0;
     return run(c->ctx, "probe", [&] { return B.recv_probe(c, tag, found); });
+  }
+
+  static int wait_fd(void* ctx, int* fd) {
+    Ctx* c = ctx_of(ctx, "wait_fd");
+    if (c == nullptr) return MESHCCL_T_INTERNAL_ERROR;
+    if (fd == nullptr) return chk().misuse(c->host, "wait_fd", "fd is NULL");
+    *fd = -1;
+    return run(c, "wait_fd", [&] { return B.wait_fd(c, fd); });
   }
 
   static int close_send(void* send_comm) {

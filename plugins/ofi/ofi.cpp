@@ -169,8 +169,14 @@ meshccl_tresult_t open_endpoint(Ctx* ctx) {
   if (rc != 0) return fi_fail(h, "opening the address vector (fi_av_open)", rc);
   fi_cq_attr cq{};
   cq.format = FI_CQ_FORMAT_TAGGED;
-  cq.wait_obj = FI_WAIT_NONE;
+  // A descriptor to block on (wait_fd) where the provider has one; else none.
+  cq.wait_obj = FI_WAIT_FD;
   rc = fi_cq_open(ctx->domain, &cq, &ctx->cq, nullptr);
+  ctx->cq_waits = rc == 0;
+  if (rc != 0) {
+    cq.wait_obj = FI_WAIT_NONE;
+    rc = fi_cq_open(ctx->domain, &cq, &ctx->cq, nullptr);
+  }
   if (rc != 0) return fi_fail(h, "opening the completion queue (fi_cq_open)", rc);
   rc = fi_endpoint(ctx->domain, ctx->info, &ctx->ep, nullptr);
   if (rc != 0) return fi_fail(h, "opening the endpoint (fi_endpoint)", rc);
@@ -191,6 +197,22 @@ meshccl_tresult_t open_endpoint(Ctx* ctx) {
   rc = fi_getname(&ctx->ep->fid, ctx->name.data(), &len);
   if (rc != 0) return fi_fail(h, "reading the endpoint name (fi_getname)", rc);
   ctx->name.resize(len);
+  return MESHCCL_T_SUCCESS;
+}
+
+// The completion queue's descriptor, armed: fi_trywait says whether the
+// host may block on it now (FI_EAGAIN: completions or provider work are
+// pending, progress first). Close notices still to post need progress too.
+meshccl_tresult_t wait_fd(Ctx* c, int* fd) {
+  if (!c->cq_waits || c->cq == nullptr || !c->notices.empty()) return MESHCCL_T_SUCCESS;
+  if (c->cq_fd < 0 && fi_control(&c->cq->fid, FI_GETWAIT, &c->cq_fd) != 0) {
+    c->cq_waits = false;
+    c->cq_fd = -1;
+    return MESHCCL_T_SUCCESS;
+  }
+  fid* f = &c->cq->fid;
+  if (fi_trywait(c->fabric, &f, 1) != FI_SUCCESS) return MESHCCL_T_SUCCESS;
+  *fd = c->cq_fd;
   return MESHCCL_T_SUCCESS;
 }
 
@@ -582,6 +604,7 @@ constexpr Binding<Ctx, ListenComm, SendComm, RecvComm, Request> kOfi{
     .send_test = send_test,
     .recv_test = recv_test,
     .recv_probe = recv_probe,
+    .wait_fd = wait_fd,
     .close_send = close_send,
     .close_recv = close_recv,
     .close_listen = close_listen,
@@ -695,6 +718,11 @@ bool peer_dead(const meshccl_transport_host_v1_t* host, int32_t pid, PeerWatch& 
 
 extern "C" __attribute__((visibility("default"))) const meshccl_transport_v1_t meshccl_transport_v1 =
     meshccl::plugin::Entry<meshccl::plugin::ofi::kOfi>::table();
+
+// The optional wait descriptor (see transport.h).
+extern "C" __attribute__((visibility("default"))) int meshccl_transport_v1_wait_fd(void* ctx, int* fd) {
+  return meshccl::plugin::Entry<meshccl::plugin::ofi::kOfi>::wait_fd(ctx, fd);
+}
 
 // The optional probe (see transport.h).
 extern "C" __attribute__((visibility("default"))) int meshccl_transport_v1_probe(void* recv_comm, uint64_t tag,

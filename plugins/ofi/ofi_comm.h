@@ -160,6 +160,10 @@ struct Ctx {
   fid_av* av = nullptr;
   fid_cq* cq = nullptr;
   fid_ep* ep = nullptr;
+  // The completion queue's wait descriptor (wait_fd): the queue is opened
+  // with FI_WAIT_FD where the provider allows; -1 until asked or without.
+  bool cq_waits = false;
+  int cq_fd = -1;
   std::vector<uint8_t> name;  // our endpoint's address
   std::string dev_name;       // "ofi:<provider>:<domain>"
   bool host_only = false;     // the provider reaches only this host (shm)

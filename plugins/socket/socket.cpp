@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -148,6 +149,7 @@ meshccl_tresult_t do_connect(Ctx* ctx, const void* handle, void** send_comm) {
   c->fd = fd;
   c->peer = peer;
   MPLUG_TRACE(host, "socket: connected to %s", peer.c_str());
+  ctx->sends.push_back(c.get());
   *send_comm = c.release();
   return MESHCCL_T_SUCCESS;
 }
@@ -165,6 +167,7 @@ meshccl_tresult_t do_accept(ListenComm* lc, void** recv_comm) {
   c->peer = peer;
   tune_tcp(c->fd);
   lc->accepted = true;
+  lc->ctx->recvs.push_back(c.get());
   MPLUG_TRACE(host, "socket: accepted %s", c->peer.c_str());
   *recv_comm = c.release();
   return MESHCCL_T_SUCCESS;
@@ -181,17 +184,62 @@ void props(Ctx* c, meshccl_transport_props_v1_t* props) {
   };
 }
 
+template <class T>
+void forget(std::vector<T*>* v, T* c) {
+  for (size_t i = 0; i < v->size(); ++i)
+    if ((*v)[i] == c) {
+      (*v)[i] = v->back();
+      v->pop_back();
+      return;
+    }
+}
+
+// Level-triggered: a receiving connection is watched for bytes and for its
+// sender's close always; a sending one for room only while it has frames
+// queued (an error or hang-up is always reported).
+bool watch(int epfd, int fd, uint32_t events, bool added) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.fd = fd;
+  return epoll_ctl(epfd, added ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, fd, &ev) == 0;
+}
+
+meshccl_tresult_t wait_fd(Ctx* ctx, int* fd) {
+  if (ctx->epfd < 0) ctx->epfd = epoll_create1(EPOLL_CLOEXEC);
+  if (ctx->epfd < 0) return MESHCCL_T_SUCCESS;  // *fd = -1: the host keeps polling
+  for (RecvComm* r : ctx->recvs) {
+    if (r->watched || r->fd < 0) continue;
+    if (!watch(ctx->epfd, r->fd, EPOLLIN | EPOLLRDHUP, false)) return MESHCCL_T_SUCCESS;
+    r->watched = true;
+  }
+  for (SendComm* s : ctx->sends) {
+    if (s->fd < 0) continue;
+    const int64_t want = s->queue.empty() || s->broken != MESHCCL_T_SUCCESS ? 0 : int64_t{EPOLLOUT};
+    if (want == s->watched) continue;
+    if (!watch(ctx->epfd, s->fd, static_cast<uint32_t>(want), s->watched >= 0)) return MESHCCL_T_SUCCESS;
+    s->watched = want;
+  }
+  *fd = ctx->epfd;
+  return MESHCCL_T_SUCCESS;
+}
+
 void close_recv(RecvComm* c) {
+  forget(&c->ctx->recvs, c);
   close(c->fd);
   c->m.drain();
 }
 
 void close_listen(ListenComm* lc) { lc->gate.close_all(); }
 
-void close_send(SendComm* c) { close(c->fd); }
+void close_send(SendComm* c) {
+  forget(&c->ctx->sends, c);
+  close(c->fd);
+}
 
 bool finalize(Ctx* c) {
   c->connecting.clear();  // connects the host gave up on
+  if (c->epfd >= 0) close(c->epfd);
+  c->epfd = -1;
   return true;
 }
 
@@ -210,6 +258,7 @@ constexpr Binding<Ctx, ListenComm, SendComm, RecvComm, Request> kSocket{
     .send_test = send_test,
     .recv_test = recv_test,
     .recv_probe = recv_probe,
+    .wait_fd = wait_fd,
     .close_send = close_send,
     .close_recv = close_recv,
     .close_listen = close_listen,
@@ -223,3 +272,5 @@ extern "C" const meshccl_transport_v1_t meshccl_transport_socket =
     meshccl::plugin::Entry<meshccl::plugin::socket::kSocket>::table();
 extern "C" const meshccl_transport_v1_probe_t meshccl_transport_socket_probe =
     meshccl::plugin::Entry<meshccl::plugin::socket::kSocket>::probe;
+extern "C" const meshccl_transport_v1_wait_fd_t meshccl_transport_socket_wait_fd =
+    meshccl::plugin::Entry<meshccl::plugin::socket::kSocket>::wait_fd;

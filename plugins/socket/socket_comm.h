@@ -54,6 +54,9 @@ struct FrameHdr {
 // A connect() in progress, kept between calls of the non-blocking connect.
 using Connecting = Dialing<Handle>;
 
+struct SendComm;
+struct RecvComm;
+
 struct Ctx {
   uint32_t magic = kCtxMagic;
   const meshccl_transport_host_v1_t* host = nullptr;
@@ -61,6 +64,11 @@ struct Ctx {
   double bandwidth_gbs = 0;
   double latency_us = 0;
   std::vector<Connecting> connecting;
+  // The wait descriptor (transport.h): an epoll set over the context's
+  // connections, made at the first wait_fd; the connections it watches.
+  int epfd = -1;
+  std::vector<SendComm*> sends;
+  std::vector<RecvComm*> recvs;
 };
 
 struct ListenComm {
@@ -103,6 +111,7 @@ struct SendComm {
   List<Request> queue;  // posting order; the front may be partly written
   Pool<Request> reqs;
   meshccl_tresult_t broken = MESHCCL_T_SUCCESS;
+  int64_t watched = -1;  // events in the context's epoll set; -1: not in it
 };
 
 struct RecvComm {
@@ -117,6 +126,7 @@ struct RecvComm {
   // Small frames are read many at a time into this buffer and copied out;
   // large payloads are read straight into their destination.
   std::unique_ptr<unsigned char[]> stage{new unsigned char[kStage]};
+  bool watched = false;  // in the context's epoll set
   size_t stage_pos = 0;
   size_t stage_len = 0;
   // The frame being read: its header is consumed, `got` of `size` payload

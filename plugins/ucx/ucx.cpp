@@ -18,6 +18,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -207,8 +208,15 @@ meshccl_tresult_t make_worker(Ctx* ctx) {
   choose_defaults(ctx, cfg);
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_TAG;
+  // WAKEUP for the wait descriptor (wait_fd); a UCX whose transports cannot
+  // wake a sleeper refuses it, and the context goes without.
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
   s = ucp_init(&params, cfg, &ctx->context);
+  ctx->wakeup = s == UCS_OK;
+  if (s != UCS_OK) {
+    params.features = UCP_FEATURE_TAG;
+    s = ucp_init(&params, cfg, &ctx->context);
+  }
   ucp_config_release(cfg);
   if (s != UCS_OK) return fail(host, "ucp_init", s);
   ucp_worker_params_t wp{};
@@ -533,7 +541,40 @@ namespace {
 // communicator that lost a peer, until the process exits. One that gave up
 // on a receive UCX had matched (see may_progress) is not even progressed, so
 // nothing more lands in memory the caller may have freed.
+// The worker's event descriptor, armed: readable once the worker has events
+// to progress. ucp_worker_arm says busy while some are pending already: the
+// host polls test() (which progresses the worker) instead of blocking.
+meshccl_tresult_t wait_fd(Ctx* c, int* fd) {
+  // (freeze.frozen(), not may_progress: that check freezes a context whose
+  // receives are merely running, which only a closing comm may ask.)
+  if (!c->wakeup || c->worker == nullptr || c->freeze.frozen()) return MESHCCL_T_SUCCESS;
+  if (c->efd < 0) {
+    if (ucp_worker_get_efd(c->worker, &c->efd) != UCS_OK) c->efd = -1;
+    c->epfd = c->efd >= 0 ? epoll_create1(EPOLL_CLOEXEC) : -1;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = c->efd;
+    if (c->epfd < 0 || epoll_ctl(c->epfd, EPOLL_CTL_ADD, c->efd, &ev) != 0) {
+      c->wakeup = false;
+      return MESHCCL_T_SUCCESS;
+    }
+  }
+  for (RecvComm* r : c->recvs) {
+    if (r->watched || r->fd < 0) continue;
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.fd = r->fd;
+    if (epoll_ctl(c->epfd, EPOLL_CTL_ADD, r->fd, &ev) != 0) return MESHCCL_T_SUCCESS;
+    r->watched = true;
+  }
+  if (ucp_worker_arm(c->worker) != UCS_OK) return MESHCCL_T_SUCCESS;  // UCS_ERR_BUSY: progress first
+  *fd = c->epfd;
+  return MESHCCL_T_SUCCESS;
+}
+
 bool finalize(Ctx* c) {
+  if (c->epfd >= 0) ::close(c->epfd);  // the worker's own efd goes with the worker
+  c->epfd = -1;
   c->connecting.clear();  // connects the host gave up on
   const uint64_t until = now_ns() + kCloseWaitNs;
   while (!c->closing.empty() && may_progress(c) && now_ns() < until) {
@@ -576,6 +617,7 @@ constexpr Binding<Ctx, ListenComm, SendComm, RecvComm, Request> kUcx{
     .send_test = send_test,
     .recv_test = recv_test,
     .recv_probe = recv_probe,
+    .wait_fd = wait_fd,
     .close_send = close_send,
     .close_recv = close_recv,
     .close_listen = close_listen,
@@ -587,6 +629,11 @@ constexpr Binding<Ctx, ListenComm, SendComm, RecvComm, Request> kUcx{
 
 extern "C" __attribute__((visibility("default"))) const meshccl_transport_v1_t meshccl_transport_v1 =
     meshccl::plugin::Entry<meshccl::plugin::ucx::kUcx>::table();
+
+// The optional wait descriptor (see transport.h).
+extern "C" __attribute__((visibility("default"))) int meshccl_transport_v1_wait_fd(void* ctx, int* fd) {
+  return meshccl::plugin::Entry<meshccl::plugin::ucx::kUcx>::wait_fd(ctx, fd);
+}
 
 // The optional probe (see transport.h).
 extern "C" __attribute__((visibility("default"))) int meshccl_transport_v1_probe(void* recv_comm, uint64_t tag,

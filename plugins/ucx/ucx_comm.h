@@ -128,6 +128,13 @@ struct Ctx {
   bool peer_failed = false;                           // an endpoint failed: the worker is not destroyed (see finalize)
   bool abandoned = false;  // a send or flush to another host was given up on in flight: kept as well
   Freeze freeze;           // a matched receive was given up on: never progressed again, kept
+  // The worker's event descriptor; -1 until asked, or when the context was
+  // made without UCP_FEATURE_WAKEUP or UCX gives none. The wait descriptor
+  // (wait_fd) is an epoll set over it and the receive comms' control sockets,
+  // on which a sender's goodbye or end arrives (UCX itself may not wake).
+  int efd = -1;
+  int epfd = -1;
+  bool wakeup = false;  // the context has UCP_FEATURE_WAKEUP
 };
 
 struct ListenComm {
@@ -191,6 +198,7 @@ struct SendComm {
 
 struct RecvComm {
   uint32_t magic = kRecvMagic;
+  bool watched = false;  // its control socket is in the context's epoll set
   Ctx* ctx = nullptr;
   int fd = -1;  // control socket
   std::string peer;

@@ -1,5 +1,7 @@
 #include "sched/engine.h"
 
+#include <poll.h>
+
 #include <algorithm>
 #include <condition_variable>
 #include <thread>
@@ -264,12 +266,33 @@ void Engine::fail_and_notify(Status s, int first, bool suspect) {
 
 Status Engine::wait(OpHandle& op) {
   Backoff backoff(wait_);
+  FdWaiter fd;
   while (!op.done.load(std::memory_order_acquire)) {
-    if (progress()) backoff.progress();
-    else backoff.idle();
+    if (progress()) {
+      backoff.progress();
+      fd.moved();
+    } else {
+      fd.idle(backoff, wait_, [this](std::vector<pollfd>* fds) { return wait_fds(fds); });
+    }
     check_stalled(op);
   }
   return op.status;
+}
+
+bool Engine::wait_fds(std::vector<pollfd>* out) {
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  std::vector<int> fds;
+  if (!links_.wait_fds(&fds)) return false;
+  for (int f : fds) out->push_back(pollfd{f, POLLIN, 0});
+  return true;
+}
+
+// Without any engine's lock: another thread may drive one meanwhile (its
+// progress wakes nobody here, hence the bound).
+int FdWaiter::block() {
+  timespec ts{0, kMaxNs};
+  return ppoll(fds_.data(), fds_.size(), &ts, nullptr);
 }
 
 void Engine::check_stalled(OpHandle& op) {

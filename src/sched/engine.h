@@ -7,6 +7,8 @@
 // value) are started first.
 #pragma once
 
+#include <poll.h>
+
 #include <atomic>
 #include <functional>
 #include <map>
@@ -92,6 +94,45 @@ class Run {
 // identical on every rank, see api/enqueue) in their upper bits.
 std::unique_ptr<Run> make_plan_run(std::unique_ptr<Plan> plan, uint64_t tag_base);
 
+// The idle step of a wait that drives engines (after a pass that moved
+// nothing): once its backoff would sleep, and MESHCCL_WAIT_FD allows, it
+// blocks in ppoll for at most kMaxNs on the wait descriptors its engines'
+// transfers give (gather fills them; false: some transfer has none, e.g. on
+// shared memory, which stays on the polling path), else backoff.idle().
+// After many wakes that moved nothing (a descriptor ready for something no
+// transfer waits for) the wait goes back to sleeping in steps.
+class FdWaiter {
+ public:
+  static constexpr long kMaxNs = 5000000;
+  void moved() { woke_ = false; }
+  template <class Gather>
+  void idle(Backoff& backoff, const WaitPolicy& policy, Gather&& gather) {
+    if (woke_ && ++fruitless_ >= 64 && 2 * fruitless_ > wakes_) on_ = false;
+    woke_ = false;
+    if (on_ && policy.fd && backoff.sleeps_next()) {
+      fds_.clear();
+      if (gather(&fds_)) {
+        int n = 0;
+        backoff.idle_by([&] { n = block(); });
+        if (n > 0) {
+          woke_ = true;
+          ++wakes_;
+        }
+        return;
+      }
+    }
+    backoff.idle();
+  }
+
+ private:
+  int block();
+  std::vector<pollfd> fds_;
+  bool on_ = true;
+  bool woke_ = false;
+  int wakes_ = 0;
+  int fruitless_ = 0;
+};
+
 class Engine {
  public:
   // liveness: called when an operation makes no progress for a while; returns
@@ -116,6 +157,7 @@ class Engine {
   bool progress();
   // Drives progress until op completes, with timeout and liveness checks.
   Status wait(OpHandle& op);
+
   // For loops that drive several engines: fails op's communicator when it was
   // aborted, a peer is known dead, or nothing moved for MESHCCL_TIMEOUT.
   // Cheap unless nothing has moved for 100 ms.
@@ -141,6 +183,10 @@ class Engine {
   Mesh* mesh() const { return mesh_; }
   int rank() const { return rank_; }
   const WaitPolicy& wait_policy() const { return wait_; }
+  // Appends the armed wait descriptors of the transfers in flight
+  // (Links::wait_fds); false when the engine cannot wait on descriptors now:
+  // a transfer has none (shared memory), or another thread drives it.
+  bool wait_fds(std::vector<pollfd>* out);
 
  private:
   void progress_locked(bool* moved);

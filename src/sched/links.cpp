@@ -67,6 +67,26 @@ void Links::configure(const LinkPolicy& policy, int peer, size_t chunk_bytes, si
 
 size_t Links::inflight(int peer) const { return q_[peer].dir[0].inflight + q_[peer].dir[1].inflight; }
 
+bool Links::wait_fds(std::vector<int>* fds) {
+  fds->clear();
+  if (queued_ == 0) return false;
+  std::vector<Transport*> ts;
+  for (int p = 0; p < static_cast<int>(q_.size()); ++p) {
+    for (const Dir& d : q_[p].dir) {
+      if (d.xfers.empty()) continue;
+      Transport* t = p == rank_ ? nullptr : mesh_->transport(p);
+      if (t == nullptr || !t->has_wait_fd() || d.inflight == 0) return false;
+      if (std::find(ts.begin(), ts.end(), t) == ts.end()) ts.push_back(t);
+    }
+  }
+  for (Transport* t : ts) {
+    const int fd = t->wait_fd();
+    if (fd < 0) return false;
+    fds->push_back(fd);
+  }
+  return !fds->empty();
+}
+
 size_t Links::take_max_ahead(int peer) {
   const size_t n = q_[peer].dir[1].max_ahead;
   q_[peer].dir[1].max_ahead = 0;

@@ -160,6 +160,12 @@ class Links {
   };
   void self_post(bool is_send, uint64_t tag, SelfEntry e);
 
+  // The descriptors to block on (each network transport's wait descriptor,
+  // armed) while every unfinished transfer has a chunk in a transport that
+  // gives one; false (block on nothing) when any waits elsewhere: on a
+  // shared-memory link, for credit, or on a transport that said not now.
+  bool wait_fds(std::vector<int>* fds);
+
   int rank() const { return rank_; }
   Mesh* mesh() const { return mesh_; }
 

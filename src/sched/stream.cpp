@@ -57,6 +57,12 @@ bool Submitted::poll() {
   return moved;
 }
 
+bool Submitted::wait_fds(std::vector<pollfd>* out) {
+  for (CommSched* c : comms_)
+    if (!c->engine->wait_fds(out)) return false;
+  return !out->empty();
+}
+
 bool Submitted::done() const {
   for (const Waiting& w : ops_)
     if (!w.op->done.load(std::memory_order_acquire)) return false;
@@ -81,7 +87,16 @@ Status Submitted::finish() {
 Status run_launches(std::vector<Launch>& launches, int priority) {
   Submitted sub(launches, priority);
   Backoff backoff(sub.wait_policy());
-  while (!sub.done()) sub.poll() ? backoff.progress() : backoff.idle();
+  FdWaiter fd;
+  auto gather = [&sub](std::vector<pollfd>* fds) { return sub.wait_fds(fds); };
+  while (!sub.done()) {
+    if (sub.poll()) {
+      backoff.progress();
+      fd.moved();
+    } else {
+      fd.idle(backoff, sub.wait_policy(), gather);
+    }
+  }
   return sub.finish();
 }
 
@@ -192,8 +207,16 @@ bool meshcclStream::drive(bool* busy) {
   }
 }
 
+bool meshcclStream::wait_fds(std::vector<pollfd>* out) {
+  std::unique_lock<std::mutex> driving(drive_mu_, std::try_to_lock);
+  return driving.owns_lock() && running_ != nullptr && running_->wait_fds(out);
+}
+
 void meshcclStream::worker() {
   meshccl::Backoff backoff;
+  meshccl::FdWaiter fd;
+  auto gather = [this](std::vector<pollfd>* fds) { return wait_fds(fds); };
+  meshccl::WaitPolicy policy;
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -208,8 +231,14 @@ void meshcclStream::worker() {
       }
       if (!has_work_locked()) return;  // shutdown with nothing left
       backoff.set_policy(wait_);
+      policy = wait_;
     }
-    drive() ? backoff.progress() : backoff.idle();
+    if (drive()) {
+      backoff.progress();
+      fd.moved();
+    } else {
+      fd.idle(backoff, policy, gather);
+    }
   }
 }
 
@@ -217,9 +246,17 @@ meshccl::Status meshcclStream::synchronize() {
   const uint64_t target = enqueued_.load();
   ++syncers_;
   meshccl::Backoff backoff(wait_policy());
+  meshccl::FdWaiter fd;
+  auto gather = [this](std::vector<pollfd>* fds) { return wait_fds(fds); };
   while (completed_.load(std::memory_order_acquire) < target) {
-    drive() ? backoff.progress() : backoff.idle();
-    backoff.set_policy(wait_policy());
+    const meshccl::WaitPolicy policy = wait_policy();
+    if (drive()) {
+      backoff.progress();
+      fd.moved();
+    } else {
+      fd.idle(backoff, policy, gather);
+    }
+    backoff.set_policy(policy);
   }
   std::lock_guard<std::mutex> lock(mu_);
   --syncers_;

@@ -2,6 +2,8 @@
 // or through a meshccl host stream whose worker thread runs its work in order.
 #pragma once
 
+#include <poll.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -49,6 +51,9 @@ class Submitted {
   const std::string& error_text() const { return error_text_; }
   // How to wait for these launches: the most yielding of their communicators'.
   const WaitPolicy& wait_policy() const { return wait_; }
+  // The wait descriptors of every engine involved (Engine::wait_fds); false
+  // when one of them cannot wait on descriptors now.
+  bool wait_fds(std::vector<pollfd>* out);
 
  private:
   struct Waiting {
@@ -98,6 +103,9 @@ struct meshcclStream {
   // (then *busy, when given, is set).
   bool drive(bool* busy = nullptr);
   bool has_work_locked() const { return running_ != nullptr || !queue_.empty(); }
+  // The running item's wait descriptors (Submitted::wait_fds); false when
+  // another thread drives or nothing runs.
+  bool wait_fds(std::vector<pollfd>* out);
   meshccl::WaitPolicy wait_policy() {
     std::lock_guard<std::mutex> lock(mu_);
     return wait_;

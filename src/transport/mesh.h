@@ -39,6 +39,8 @@ class Mesh {
   // The transport connect_all uses between ranks a and b: the same on both
   // sides and on every rank, as it depends only on the pair and the settings.
   static std::string transport_for(const std::vector<PeerInfo>& peers, int a, int b);
+  // The transport of the link to peer (nullptr for self).
+  Transport* transport(int peer) const { return links_[peer].transport; }
   int size() const { return static_cast<int>(links_.size()); }  // ranks, this one included
   // Closes one direction of the connection with peer before the mesh goes
   // (its communicator failed): the transport withdraws what it still holds

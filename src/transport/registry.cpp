@@ -216,7 +216,8 @@ size_t build_rank(const std::string& name) {
 
 struct Loaded {
   const meshccl_transport_v1_t* api = nullptr;
-  meshccl_transport_v1_probe_t probe = nullptr;  // optional (transport.h)
+  meshccl_transport_v1_probe_t probe = nullptr;      // optional (transport.h)
+  meshccl_transport_v1_wait_fd_t wait_fd = nullptr;  // optional (transport.h)
   std::string path;
   std::string problem;  // why it did not load ("" when it did)
   int scope = 0;        // its properties' scope, once read
@@ -311,6 +312,7 @@ Loaded open_plugin(const std::string& name, const std::string& path, std::string
     return l;
   }
   l.probe = reinterpret_cast<meshccl_transport_v1_probe_t>(dlsym(h, "meshccl_transport_v1_probe"));
+  l.wait_fd = reinterpret_cast<meshccl_transport_v1_wait_fd_t>(dlsym(h, "meshccl_transport_v1_wait_fd"));
   return l;
 }
 
@@ -323,6 +325,7 @@ const Loaded* load_locked(const std::string& name, std::string* why) {
       Loaded l;
       l.api = b->transport;
       l.probe = b->probe;
+      l.wait_fd = b->wait_fd;
       l.path = "built in";
       it = g_loaded().emplace(name, l).first;
     }
@@ -418,6 +421,15 @@ meshccl_transport_v1_probe_t transport_probe(const meshccl_transport_v1_t* api) 
   return nullptr;
 }
 
+meshccl_transport_v1_wait_fd_t transport_wait_fd(const meshccl_transport_v1_t* api) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  for (const auto& [name, l] : g_loaded())
+    if (l.api == api) return l.wait_fd;
+  for (const meshccl_builtin_transport_t* b = meshccl_builtin_transports; b->transport != nullptr; ++b)
+    if (b->transport == api) return b->wait_fd;
+  return nullptr;
+}
+
 Status find_transport(const std::string& name, const meshccl_transport_v1_t** out) {
   std::string why;
   if (load_transport(name, out, &why)) return kOk;
@@ -475,6 +487,7 @@ Status Transport::open(const meshccl_transport_v1_t* api, int rank, int nranks, 
   }
   std::unique_ptr<Transport> t(new Transport(api, ctx));
   t->probe_ = transport_probe(api);
+  t->wait_fd_ = transport_wait_fd(api);
   t->host_.reset(host);
   rc = api->properties(ctx, 0, &t->props_);
   if (rc != MESHCCL_T_SUCCESS) return t->check(rc, "properties");
@@ -529,6 +542,13 @@ Status Transport::probe(void* rc, uint64_t tag, bool* found) {
   int rc_probe = probe_(rc, tag, &f);
   *found = f != 0;
   return check(rc_probe, "probe");
+}
+int Transport::wait_fd() {
+  if (wait_fd_ == nullptr) return -1;
+  int fd = -1;
+  // A failing arm only means: do not block now; the next test says why.
+  if (wait_fd_(ctx_, &fd) != MESHCCL_T_SUCCESS) return -1;
+  return fd;
 }
 const std::string& transport_warning() { return t_warning; }
 

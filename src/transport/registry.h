@@ -38,6 +38,11 @@ class Transport {
   // Whether a message with tag has arrived on recv_comm, untaken (the
   // plugin's optional probe, transport.h); ncclInvalidUsage without one.
   Status probe(void* recv_comm, uint64_t tag, bool* found);
+  // Whether the plugin exports a wait descriptor (transport.h).
+  bool has_wait_fd() const { return wait_fd_ != nullptr; }
+  // Arms the context's wait descriptor and returns it; -1: do not block now
+  // (or none).
+  int wait_fd();
   void close_send(void* c);
   void close_recv(void* c);
   void close_listen(void* c);
@@ -48,6 +53,7 @@ class Transport {
 
   const meshccl_transport_v1_t* api_;
   meshccl_transport_v1_probe_t probe_ = nullptr;
+  meshccl_transport_v1_wait_fd_t wait_fd_ = nullptr;
   void* ctx_;
   meshccl_transport_props_v1_t props_{};
   std::unique_ptr<meshccl_transport_host_v1_t> host_;
@@ -55,6 +61,8 @@ class Transport {
 
 // The optional probe of a transport (transport.h), or null.
 meshccl_transport_v1_probe_t transport_probe(const meshccl_transport_v1_t* api);
+// Its optional wait descriptor (transport.h), or null.
+meshccl_transport_v1_wait_fd_t transport_wait_fd(const meshccl_transport_v1_t* api);
 
 // The registry: the built-in transports (plugins/builtin.h) and the plugins
 // found on the search path (MESHCCL_PLUGIN_PATH, then relative to this

@@ -33,6 +33,7 @@ int online_cores() {
 WaitPolicy WaitPolicy::for_local_ranks(int local_ranks) {
   WaitPolicy p;
   p.spin = static_cast<uint32_t>(param_int(Param::SpinCount));
+  p.fd = param_int(Param::WaitFd) != 0;
   // A sleep costs tens of microseconds of latency when the peer answers, so
   // waits yield long before sleeping unless the ranks outnumber the cores.
   p.yield = param_env(Param::YieldCount) != nullptr ? static_cast<uint32_t>(param_int(Param::YieldCount))
@@ -41,13 +42,11 @@ WaitPolicy WaitPolicy::for_local_ranks(int local_ranks) {
   return p;
 }
 
-namespace {
-long now_ns() {
+long Backoff::now_ns() {
   timespec t{};
   clock_gettime(CLOCK_MONOTONIC, &t);
   return t.tv_sec * 1000000000L + t.tv_nsec;
 }
-}  // namespace
 
 void Backoff::note_gap() {
   // One long stretch (a peer computing for seconds) counts as a few long

@@ -20,6 +20,9 @@ namespace meshccl {
 struct WaitPolicy {
   uint32_t spin = 32;
   uint32_t yield = 20000;
+  // MESHCCL_WAIT_FD: a wait that would sleep may block on the network
+  // transports' wait descriptors instead (Engine::idle).
+  bool fd = true;
   // For a communicator with local_ranks ranks on this machine's cores.
   static WaitPolicy for_local_ranks(int local_ranks);
   // Waits that belong to no communicator (setup, tools).
@@ -36,6 +39,21 @@ class Backoff {
   }
   // Call after a poll that found nothing to do.
   void idle();
+  // Whether the next idle() would sleep (past spinning and yielding).
+  bool sleeps_next() const { return n_ + 1 > spin_ && (n_ + 1 > spin_ + yield_ || gap_ns_ >= kLongGapNs); }
+  // Instead of idle() when it would sleep: the caller blocked elsewhere (on
+  // descriptors) for up to max_ns, which counts as this wait's sleep.
+  // Returns the nanoseconds actually spent.
+  template <class Block>
+  long idle_by(Block&& block) {
+    if (n_++ == 0) idle_since_ns_ = now_ns();
+    const long t0 = now_ns();
+    block();
+    const long ns = now_ns() - t0;
+    slept_ns_ += ns;
+    return ns;
+  }
+  static long now_ns();
   // Like idle(), but never sleeps: for short bounded waits.
   void yield_only();
   // Call after a poll that made progress.

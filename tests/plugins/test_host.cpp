@@ -402,4 +402,16 @@ meshccl_transport_v1_probe_t load_probe(const std::string& name) {
   return probe;
 }
 
+meshccl_transport_v1_wait_fd_t load_wait_fd(const std::string& name) {
+  if (name == "shm") return nullptr;
+  if (name == "socket") return meshccl_transport_socket_wait_fd;
+  const char* dir = std::getenv("MESHCCL_TEST_PLUGIN_DIR");
+  std::string path = std::string(dir != nullptr ? dir : ".") + "/libmeshccl-transport-" + name + ".so";
+  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+  if (h == nullptr) return nullptr;
+  auto* f = reinterpret_cast<meshccl_transport_v1_wait_fd_t>(dlsym(h, "meshccl_transport_v1_wait_fd"));
+  dlclose(h);  // drops only the NOLOAD reference
+  return f;
+}
+
 }  // namespace meshccl::test

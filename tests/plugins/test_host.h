@@ -61,6 +61,8 @@ constexpr double kTimeoutS = 30.0;
 const meshccl_transport_v1_t* load_transport(const std::string& name, std::string* why);
 // The optional probe (transport.h) of a transport load_transport found, or NULL.
 meshccl_transport_v1_probe_t load_probe(const std::string& name);
+// The transport's optional wait descriptor (transport.h), or nullptr.
+meshccl_transport_v1_wait_fd_t load_wait_fd(const std::string& name);
 
 // Polls test() until done or the deadline. Returns the request's result, or
 // -1 when it did not finish in time.

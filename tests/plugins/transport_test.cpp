@@ -3,6 +3,7 @@
 // interesting edges, tag matching, truncation, threads, a forked peer, a
 // killed peer, a closed peer, cleanup.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -904,6 +905,70 @@ TEST_P(TransportTest, MisuseIsAnErrorNotACrash) {
 // Loadable transports (ucx, ofi) skip with a one-line reason when not built.
 // loopback is the test plugin (tests/plugins/loopback), found in its own
 // folder: meson runs it as plugins_transport_loopback.
+// The wait descriptor (transport.h) of the receiving context becomes
+// readable when a message arrives for a posted receive, and when the sender
+// closes its connection; -1 ("not now") is retried after a test().
+TEST_P(TransportTest, WaitFdWakesOnDataAndOnClose) {
+  meshccl_transport_v1_wait_fd_t wait_fd = load_wait_fd(GetParam());
+  if (wait_fd == nullptr) GTEST_SKIP() << GetParam() << " exports no wait descriptor";
+  Connect();
+  std::vector<unsigned char> src(kMiB), dst(kMiB);
+  fill(src.data(), src.size(), 5);
+  void* r = nullptr;
+  ASSERT_EQ(t_->irecv(rcomm_, dst.data(), dst.size(), 5, nullptr, &r), MESHCCL_T_SUCCESS);
+  ASSERT_NE(r, nullptr);
+  int done = 0;
+  // Blocks on the armed descriptor for up to `ms`, polling *send between
+  // tries (a sender this thread must progress; nulled once done): whether it
+  // woke. A receive that completes while "not now" is answered counts.
+  bool rdone = false;
+  int rresult = MESHCCL_T_SUCCESS;
+  size_t got = 0;
+  auto woke = [&](void** send, int ms) {
+    const auto deadline = Clock::now() + std::chrono::milliseconds(ms);
+    while (Clock::now() < deadline) {
+      int d = 0;
+      if (*send != nullptr) {
+        EXPECT_EQ(t_->test(*send, &d, nullptr), MESHCCL_T_SUCCESS);
+        if (d) *send = nullptr;
+      }
+      int fd = -1;
+      EXPECT_EQ(wait_fd(rctx_, &fd), MESHCCL_T_SUCCESS);
+      if (fd < 0) {
+        rresult = t_->test(r, &d, &got);  // "not now": progress, then arm again
+        if (d || rresult != MESHCCL_T_SUCCESS) {
+          rdone = true;
+          return true;
+        }
+        continue;
+      }
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 10) > 0) return true;
+    }
+    return false;
+  };
+  EXPECT_EQ(t_->test(r, &done, nullptr), MESHCCL_T_SUCCESS);
+  EXPECT_EQ(done, 0);
+  void* s = nullptr;
+  ASSERT_EQ(t_->isend(scomm_, src.data(), src.size(), 5, nullptr, &s), MESHCCL_T_SUCCESS);
+  ASSERT_NE(s, nullptr);
+  EXPECT_TRUE(woke(&s, 10000)) << "no wake for a message that arrived";
+  if (s != nullptr) EXPECT_EQ(wait_request(t_, s), MESHCCL_T_SUCCESS);
+  if (!rdone) EXPECT_EQ(wait_request(t_, r, &got), MESHCCL_T_SUCCESS);
+  EXPECT_EQ(got, src.size());
+  EXPECT_EQ(dst, src);
+  // The sender goes: the receiver waiting on its next message wakes.
+  r = nullptr;
+  rdone = false;
+  ASSERT_EQ(t_->irecv(rcomm_, dst.data(), dst.size(), 6, nullptr, &r), MESHCCL_T_SUCCESS);
+  ASSERT_EQ(t_->close_send(scomm_), MESHCCL_T_SUCCESS);
+  scomm_ = nullptr;
+  void* none = nullptr;
+  EXPECT_TRUE(woke(&none, 10000)) << "no wake when the sender closed";
+  if (rdone) EXPECT_EQ(rresult, MESHCCL_T_REMOTE_ERROR);
+  else EXPECT_EQ(wait_request(t_, r, nullptr, 10), MESHCCL_T_REMOTE_ERROR);
+}
+
 INSTANTIATE_TEST_SUITE_P(All, TransportTest, ::testing::Values("shm", "socket", "ucx", "ofi", "loopback"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
