@@ -953,8 +953,8 @@ TEST_P(TransportTest, WaitFdWakesOnDataAndOnClose) {
   ASSERT_EQ(t_->isend(scomm_, src.data(), src.size(), 5, nullptr, &s), MESHCCL_T_SUCCESS);
   ASSERT_NE(s, nullptr);
   EXPECT_TRUE(woke(&s, 10000)) << "no wake for a message that arrived";
-  if (s != nullptr) EXPECT_EQ(wait_request(t_, s), MESHCCL_T_SUCCESS);
-  if (!rdone) EXPECT_EQ(wait_request(t_, r, &got), MESHCCL_T_SUCCESS);
+  if (s != nullptr) { EXPECT_EQ(wait_request(t_, s), MESHCCL_T_SUCCESS); }
+  if (!rdone) { EXPECT_EQ(wait_request(t_, r, &got), MESHCCL_T_SUCCESS); }
   EXPECT_EQ(got, src.size());
   EXPECT_EQ(dst, src);
   // The sender goes: the receiver waiting on its next message wakes.
@@ -965,8 +965,11 @@ TEST_P(TransportTest, WaitFdWakesOnDataAndOnClose) {
   scomm_ = nullptr;
   void* none = nullptr;
   EXPECT_TRUE(woke(&none, 10000)) << "no wake when the sender closed";
-  if (rdone) EXPECT_EQ(rresult, MESHCCL_T_REMOTE_ERROR);
-  else EXPECT_EQ(wait_request(t_, r, nullptr, 10), MESHCCL_T_REMOTE_ERROR);
+  if (rdone) {
+    EXPECT_EQ(rresult, MESHCCL_T_REMOTE_ERROR);
+  } else {
+    EXPECT_EQ(wait_request(t_, r, nullptr, 10), MESHCCL_T_REMOTE_ERROR);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(All, TransportTest, ::testing::Values("shm", "socket", "ucx", "ofi", "loopback"),
