@@ -134,6 +134,10 @@ class Engine {
   // The background thread lets go of this engine (before its transports
   // close); background runs then move only when a caller drives the engine.
   void stop_background();
+  // Takes in the stall probes peers sent that have arrived (Probes::collect),
+  // before the transports close: a peer's probe is otherwise left unreceived
+  // on its connection. Nothing after a failure. Takes mu_.
+  void collect_probes();
   Status fatal() const { return Status(static_cast<ncclResult_t>(fatal_.load())); }
   ScratchPool& scratch() { return scratch_; }
   Links& links() { return links_; }  // only by the thread driving progress
@@ -185,6 +189,7 @@ class Engine {
   std::vector<std::unique_ptr<Run>> graveyard_;
   std::atomic<double> last_progress_us_{0};
   std::atomic<double> last_check_us_{0};
+  std::atomic<double> last_collect_us_{0};  // Probes::collect outside a stall (check_stalled)
 };
 
 }  // namespace meshccl
