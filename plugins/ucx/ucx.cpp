@@ -79,9 +79,9 @@ const char* status_hint(ucs_status_t s) {
 // UCX also warns about every message that arrived and was never received
 // ("tag_match.c: unexpected tag-receive descriptor ... was not matched").
 // What is left there once the library has received everything it expects
-// is a peer's message that arrived after this side closed the connection:
-// a stall probe a peer sent while this rank was already tearing down
-// (docs/transports.md). Those are counted into the same INFO line.
+// are stall probes a peer sent as this rank finished: after its last look
+// at that connection or after it closed it (docs/transports.md). Those are
+// counted into one INFO line as well.
 thread_local int t_unreturned = -1;  // counting while >= 0
 thread_local int t_unmatched = 0;
 
@@ -112,7 +112,7 @@ void destroy_worker(Ctx* c) {
                t_unreturned);
   if (filtered && t_unmatched > 0)
     MPLUG_INFO(c->host,
-               "ucx: %d message(s) arrived after their connection was closed here (sent by a peer while this side "
+               "ucx: %d message(s) that arrived were never received (sent by a peer as this side finished or "
                "closed); dropped with the worker",
                t_unmatched);
   t_unreturned = -1;

@@ -441,9 +441,6 @@ void comm_free(ncclComm* comm) {
   cuda::release(&comm->sched);  // the device proxy: drained (bounded) before the transports close
 #endif
   if (comm->engine) comm->engine->stop_background();  // before the transports it drives close
-  // Peers' stall probes that arrived, taken in before the connections close
-  // (after an abort the engine is failed and takes nothing).
-  if (comm->engine && !comm->abort_flag.load()) comm->engine->collect_probes();
   comm->mesh.reset();  // closes transports first: nothing can touch our buffers after this
   comm->engine.reset();
   comm->bootstrap.reset();

@@ -272,11 +272,6 @@ Status Engine::wait(OpHandle& op) {
   return op.status;
 }
 
-void Engine::collect_probes() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (fatal().ok()) probes_.collect();
-}
-
 void Engine::check_stalled(OpHandle& op) {
   // Outside a stall, at most this often: the probes peers sent are taken in
   // (one test per peer), so they do not pile up on this rank's connections.

@@ -134,10 +134,6 @@ class Engine {
   // The background thread lets go of this engine (before its transports
   // close); background runs then move only when a caller drives the engine.
   void stop_background();
-  // Takes in the stall probes peers sent that have arrived (Probes::collect),
-  // before the transports close: a peer's probe is otherwise left unreceived
-  // on its connection. Nothing after a failure. Takes mu_.
-  void collect_probes();
   Status fatal() const { return Status(static_cast<ncclResult_t>(fatal_.load())); }
   ScratchPool& scratch() { return scratch_; }
   Links& links() { return links_; }  // only by the thread driving progress

@@ -888,7 +888,7 @@ TEST_P(TransportTest, AMessageAfterTheReceiverClosedIsDropped) {
   EXPECT_EQ(t_->finalize(rctx_), MESHCCL_T_SUCCESS);
   rctx_ = nullptr;
   if (std::strcmp(t_->name, "ucx") == 0 && std::getenv("UCX_LOG_LEVEL") == nullptr) {
-    EXPECT_EQ(count_logged("1 message(s) arrived after their connection was closed here"), 1u);
+    EXPECT_EQ(count_logged("1 message(s) that arrived were never received"), 1u);
   }
 }
 
