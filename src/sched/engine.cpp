@@ -296,6 +296,9 @@ int FdWaiter::block() {
 }
 
 void Engine::check_stalled(OpHandle& op) {
+  // Outside a stall, at most this often: the probes peers sent are taken in
+  // (one test per peer), so they do not pile up on this rank's connections.
+  constexpr double kCollectUs = 1e6;
   if (abort_ != nullptr && abort_->load(std::memory_order_relaxed)) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!op.done.load()) fail_locked(MC_ERROR(ncclInvalidUsage, "operation interrupted: the communicator was aborted"));
@@ -304,6 +307,16 @@ void Engine::check_stalled(OpHandle& op) {
   // Peers are looked at only after 100 ms without progress, then every 100 ms.
   const double now = now_us();
   const double idle = now - last_progress_us_.load(std::memory_order_relaxed);
+  if (idle <= 100000 && now - last_collect_us_.load(std::memory_order_relaxed) > kCollectUs) {
+    // Peers stalled in a collective sent their probes to this rank too, which
+    // reads them only when it stalls itself: a rank that never stalls (the
+    // late one) would keep every probe parked on its connections.
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (lock.owns_lock()) {
+      last_collect_us_.store(now, std::memory_order_relaxed);
+      if (fatal().ok()) probes_.collect();
+    }
+  }
   if (idle <= 100000 || now - last_check_us_.load(std::memory_order_relaxed) <= 100000) return;
   last_check_us_.store(now, std::memory_order_relaxed);
   const double timeout_us = timeout() * 1e6;

@@ -231,6 +231,7 @@ class Engine {
   std::vector<std::unique_ptr<Run>> graveyard_;
   std::atomic<double> last_progress_us_{0};
   std::atomic<double> last_check_us_{0};
+  std::atomic<double> last_collect_us_{0};  // Probes::collect outside a stall (check_stalled)
 };
 
 }  // namespace meshccl

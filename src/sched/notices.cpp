@@ -104,6 +104,7 @@ int Notices::resolve(int start, bool* known) const {
 }
 
 void Probes::poll() {
+  constexpr int kMaxTaken = 64;  // per peer and call: bounded even against a flood
   const int n = mesh_ != nullptr ? mesh_->size() : 0;
   if (peers_.empty()) peers_.resize(static_cast<size_t>(n));
   LastErrorScope keep;  // a peer that is gone is reported by liveness, not here
@@ -111,19 +112,25 @@ void Probes::poll() {
     Peer& q = peers_[static_cast<size_t>(p)];
     if (p == rank_ || q.broken) continue;
     bool done = false;
-    size_t got = 0;
     if (q.send_busy && (!Mesh::test(q.send, &done, nullptr).ok() || done)) q.send_busy = false;
-    if (!q.recv_posted) {
-      if (!mesh_->irecv(p, &q.in, sizeof(Probe), tag::kProbe, &q.recv).ok()) q.broken = true;
-      else q.recv_posted = q.recv.handle != nullptr;
-      continue;
-    }
-    done = false;
-    if (!Mesh::test(q.recv, &done, &got).ok()) {
-      q.broken = true;
-    } else if (done) {
-      q.recv_posted = false;
-      if (got == sizeof(Probe)) q.last = q.in, q.heard = true;
+    // Every probe that has arrived, the last one kept: a receive stays posted
+    // for the next.
+    for (int taken = 0; taken < kMaxTaken && !q.broken; ++taken) {
+      if (!q.recv_posted) {
+        if (!mesh_->irecv(p, &q.in, sizeof(Probe), tag::kProbe, &q.recv).ok()) q.broken = true;
+        else q.recv_posted = q.recv.handle != nullptr;
+        if (!q.recv_posted) break;
+      }
+      done = false;
+      size_t got = 0;
+      if (!Mesh::test(q.recv, &done, &got).ok()) {
+        q.broken = true;
+      } else if (!done) {
+        break;
+      } else {
+        q.recv_posted = false;
+        if (got == sizeof(Probe)) q.last = q.in, q.heard = true;
+      }
     }
   }
 }

@@ -60,6 +60,12 @@ class Probes {
   void announce(uint64_t seq, const OpSignature& sig);
   // Whether a peer announced collective seq under another signature.
   bool differs(uint64_t seq, const OpSignature& sig, int* peer, OpSignature* theirs);
+  // Takes in every probe that has arrived, whether or not this rank is
+  // stalled. A probe goes to every peer, and a peer that never stalls would
+  // otherwise never receive it: it stays parked on the connection (the
+  // plugin's, or UCX's unexpected queue, which warns about each one when
+  // its worker is destroyed), and parked messages slow every later match.
+  void collect() { poll(); }
 
  private:
   struct Probe {
