@@ -16,7 +16,7 @@ namespace meshtrain {
 LinkModel measure_links(int world, int reps);
 
 // Measured on the job's own ranks (every rank of `world` calls it; each fit
-// is the slowest rank's medians, returned on every rank): for every group size n and
+// is the slowest rank's lower quartiles, returned on every rank): for every group size n and
 // stride s with n x s dividing the world, all groups of n ranks s apart reduce
 // at once, as a layout's data- or tensor-parallel groups do; for every stride s
 // with 2s dividing the world, all pairs s apart exchange a message at once (both
