@@ -4,11 +4,11 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
-
-#include <sys/resource.h>
 #include <stdexcept>
 #include <thread>
 #include <vector>
+
+#include <sys/resource.h>
 
 #include "nccl_comm.h"
 
@@ -65,8 +65,8 @@ LinkModel::Fit fit(int ranks, double b0, double t0, double b1, double t1) {
   return f;
 }
 
-// Median seconds per call of `op` on this rank's communicator `comm`, for
-// each of the sizes (floats), and the cores this process kept busy during the
+// The lower quartile of seconds per call of `op` on this rank's communicator
+// `comm`, for each of the sizes (floats), and the cores this process kept busy during the
 // calls of the last size. Every rank of `world` calls it at once, and every
 // call starts after a barrier of the world, so that all groups run together,
 // as a layout's groups do.
