@@ -111,6 +111,8 @@ std::shared_ptr<OpHandle> Engine::submit(std::unique_ptr<Run> run, int priority)
   run->start(scratch_);
   std::lock_guard<std::mutex> lock(incoming_mu_);
   incoming_.push_back(std::move(run));
+  if (priority < incoming_top_.load(std::memory_order_relaxed))
+    incoming_top_.store(priority, std::memory_order_relaxed);
   if (nactive_.fetch_add(1) == 0) last_progress_us_.store(now_us(), std::memory_order_relaxed);
   return h;
 }
@@ -133,20 +135,31 @@ void Engine::retire(Run* run, Status s) {
   nactive_.fetch_sub(1);
 }
 
-void Engine::progress_locked(bool* moved) {
-  {
-    std::lock_guard<std::mutex> lock(incoming_mu_);
-    for (auto& r : incoming_) {
-      auto pos = std::upper_bound(active_.begin(), active_.end(), r,
-                                  [](const auto& a, const auto& b) { return a->priority() < b->priority(); });
-      active_.insert(pos, std::move(r));
-    }
-    incoming_.clear();
+void Engine::take_incoming() {
+  std::lock_guard<std::mutex> lock(incoming_mu_);
+  for (auto& r : incoming_) {
+    auto pos = std::upper_bound(active_.begin(), active_.end(), r,
+                                [](const auto& a, const auto& b) { return a->priority() < b->priority(); });
+    active_.insert(pos, std::move(r));
   }
+  incoming_.clear();
+  incoming_top_.store(kNoRun, std::memory_order_relaxed);
+}
+
+void Engine::progress_locked(bool* moved) {
+  // A run more urgent than the one just polled, submitted during its poll
+  // (by another thread), is taken in and the pass starts over in priority
+  // order, at most kRestarts times per pass: the runs polled already are
+  // polled again, the urgent one first.
+  constexpr int kRestarts = 4;
+  take_incoming();
   if (!fatal().ok()) return;
+  int restarts = 0;
+  active_top_ = kNoRun;
   for (size_t k = 0; k < active_.size(); ++k) {
     Run* run = active_[k].get();
     if (run->finished() || !run->error_.ok()) continue;
+    if (active_top_ == kNoRun) active_top_ = run->priority();
     Status s = run->poll(this, moved);
     if (s.ok()) {
       if (!run->let_go_ && !run->finished() && run->let_go()) {
@@ -155,6 +168,12 @@ void Engine::progress_locked(bool* moved) {
         settle(run, kOk);
         wants_background_ = true;  // handed to the background thread once mu_ is released
         *moved = true;
+      }
+      if (restarts < kRestarts && incoming_top_.load(std::memory_order_relaxed) < run->priority()) {
+        take_incoming();
+        ++restarts;
+        active_top_ = kNoRun;
+        k = static_cast<size_t>(-1);  // ++k: 0
       }
       continue;
     }
@@ -249,6 +268,7 @@ void Engine::end_runs() {
   std::lock_guard<std::mutex> lock(incoming_mu_);
   for (auto& r : incoming_) active_.push_back(std::move(r));
   incoming_.clear();
+  incoming_top_.store(kNoRun, std::memory_order_relaxed);
   for (auto& r : active_) {
     retire(r.get(), fatal());
     graveyard_.push_back(std::move(r));  // their transfer records stay valid for the links

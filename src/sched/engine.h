@@ -177,6 +177,15 @@ class Engine {
   // close); background runs then move only when a caller drives the engine.
   void stop_background();
   Status fatal() const { return Status(static_cast<ncclResult_t>(fatal_.load())); }
+  // For a run's poll that loops (passes of a plan): true when a more urgent
+  // run than `priority` waits for the engine, submitted since the pass began
+  // or active and unfinished. The run then returns after its current pass, so
+  // that the engine polls the urgent one first: one poll of a bulk plan may
+  // otherwise move many chunks and reduce them before an urgent operation
+  // submitted meanwhile posts anything.
+  bool urgent_waiting(int priority) const {
+    return std::min(incoming_top_.load(std::memory_order_relaxed), active_top_) < priority;
+  }
   ScratchPool& scratch() { return scratch_; }
   Links& links() { return links_; }  // only by the thread driving progress
   Executor& executor() { return *exec_; }
@@ -220,6 +229,13 @@ class Engine {
   std::mutex mu_;    // held by the thread driving progress
   std::mutex incoming_mu_;
   std::vector<std::unique_ptr<Run>> incoming_;
+  // The most urgent priority in incoming_ (kNoRun when empty), and of the
+  // unfinished active runs at the start of the pass (with mu_ held).
+  static constexpr int kNoRun = 1 << 30;
+  std::atomic<int> incoming_top_{kNoRun};
+  int active_top_ = kNoRun;
+  // Moves incoming_ into active_, in priority order (with mu_ held).
+  void take_incoming();
   std::vector<std::unique_ptr<Run>> active_;  // sorted by priority, then submission
   std::atomic<size_t> nactive_{0};
   std::atomic<size_t> background_{0};

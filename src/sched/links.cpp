@@ -219,7 +219,7 @@ void Links::busy_add(uint64_t tag) {
   busy_stamp_[i] = busy_pass_;
 }
 
-void Links::pump_dir(Queue& q, Dir& d, bool* moved) {
+void Links::pump_dir(Queue& q, Dir& d, bool brief, bool* moved) {
   if (q.chunk > 0 && &d == &q.dir[1]) note_ahead(d);
   // Tags with an earlier transfer that has bytes left to post: a later
   // transfer with the same tag waits, so chunks of the two never interleave.
@@ -229,7 +229,7 @@ void Links::pump_dir(Queue& q, Dir& d, bool* moved) {
   // unfinished, at most one of less urgent transfers: on shared memory a
   // receive's test copies its chunk, and the engine's next pass starts and
   // tests urgent work first.
-  size_t budget = q.chunk > 0 ? kPassChunks : SIZE_MAX;
+  size_t budget = brief ? 1 : q.chunk > 0 ? kPassChunks : SIZE_MAX;
   int urgent_level = LinkShare::kLevels;
   int blocked_level = LinkShare::kLevels;
   for (Xfer* x : d.xfers) {
@@ -266,11 +266,11 @@ void Links::pump_dir(Queue& q, Dir& d, bool* moved) {
   d.xfers.resize(keep);
 }
 
-void Links::pump(bool* moved) {
+void Links::pump(bool* moved, bool brief) {
   if (queued_ == 0) return;
   for (Queue& q : q_)
     for (Dir& d : q.dir)
-      if (!d.xfers.empty()) pump_dir(q, d, moved);
+      if (!d.xfers.empty()) pump_dir(q, d, brief, moved);
 }
 
 void Links::self_post(bool is_send, uint64_t tag, SelfEntry e) {

@@ -139,8 +139,9 @@ class Links {
   void post(Xfer* x, int priority);
   // Posts chunks by priority and credit, and completes finished chunks;
   // *moved when anything did. A transport error finishes its transfer with
-  // the error, for the run that owns it to report.
-  void pump(bool* moved);
+  // the error, for the run that owns it to report. brief: a more urgent run
+  // waits for the engine; complete at most one chunk per link direction.
+  void pump(bool* moved, bool brief = false);
   // Bytes posted and not yet completed to and from peer by this engine.
   size_t inflight(int peer) const;
   // The most chunks of less urgent levels than `level` that were in flight
@@ -187,7 +188,7 @@ class Links {
   // receive's test copies its chunk, and the engine starts and tests newly
   // urgent work only between passes.
   static constexpr size_t kPassChunks = 4;
-  void pump_dir(Queue& q, Dir& d, bool* moved);
+  void pump_dir(Queue& q, Dir& d, bool brief, bool* moved);
   Status test_chunks(Dir& d, Xfer* x, size_t* budget, bool* moved);
   // *blocked_level: the least urgent level whose chunks found no credit in
   // this pass so far (kLevels: none); chunks of that level and less urgent

@@ -76,13 +76,17 @@ class PlanRun final : public Run, public StepSink {
         else retry.push_back(i);
       }
       ready_.swap(retry);
-      links.pump(moved);
+      // While a more urgent run waits for the engine, this pass tests one
+      // chunk per link direction and reduces one finished transfer: the
+      // rest waits for a later poll, after the urgent run's.
+      bool yield = eng->urgent_waiting(priority());
+      links.pump(moved, yield);
       size_t keep = 0;
       for (size_t k = 0; k < inflight_.size(); ++k) {
         uint32_t i = inflight_[k];
         const Step& s = plan_->steps()[i];
         const Xfer& x = xfers_[i];
-        if (!x.finished) {
+        if (!x.finished || (yield && local)) {
           inflight_[keep++] = i;
           continue;
         }
@@ -100,11 +104,12 @@ class PlanRun final : public Run, public StepSink {
         transfer_done(i);
         complete_step(i);
         local = true;
+        yield = yield || eng->urgent_waiting(priority());
       }
       inflight_.resize(keep);
       if (!local) break;
       *moved = true;
-      if (ready_.empty()) break;
+      if (ready_.empty() || yield) break;
     }
     return kOk;
   }
