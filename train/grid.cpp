@@ -45,6 +45,15 @@ int Grid::find(const std::string& name) const {
   return -1;
 }
 
+int Grid::stride(const std::string& name) const {
+  int s = 1;
+  for (const auto& d : dims_) {
+    if (d.name == name) return s;
+    s *= d.size;
+  }
+  return 0;
+}
+
 int Grid::world() const {
   int w = 1;
   for (const auto& d : dims_) w *= d.size;

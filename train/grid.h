@@ -47,6 +47,9 @@ class Grid {
   std::vector<int> coords(int rank) const;
   int rank(const std::vector<int>& coords) const;
   int coord(int rank, const std::string& name) const;  // 0 for a dimension not in the grid
+  // World-rank distance between neighbours along the dimension: the product
+  // of the sizes of the dimensions before it; 0 for one not in the grid.
+  int stride(const std::string& name) const;
 
   // The group of `rank` over `names` (dimensions not in the grid are ignored):
   // colour numbers the groups (mixed radix over the other dimensions), key is

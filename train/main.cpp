@@ -94,8 +94,10 @@ bool profile_saved(const std::string& path) {
 // `world` ranks and prints the best few; returns the best (throws if none fits).
 // `measured`: links measured on the job's ranks (measure_links_on), used
 // unless a saved profile is read; without them the links are measured with
-// threads of this process.
-Candidate plan_layout(const CliOptions& o, int world, const LinkModel* measured = nullptr) {
+// threads of this process. `saved`: whether --profile names a saved profile,
+// as the caller found it (so that the ranks' choice to measure and this
+// function's choice to read agree even if the file appears or goes meanwhile).
+Candidate plan_layout(const CliOptions& o, int world, bool saved, const LinkModel* measured = nullptr) {
   const TrainConfig& cfg = o.train;
   PlanRequest req;
   req.model = cfg.model;
@@ -105,7 +107,7 @@ Candidate plan_layout(const CliOptions& o, int world, const LinkModel* measured 
   req.mem_limit = o.mem_limit_mib * 1048576.0;
   Profile prof;
   LinkModel links;
-  const bool loaded = profile_saved(o.profile);
+  const bool loaded = saved;
   if (loaded) {
     load_profile(o.profile, &prof, &links);
   } else if (!o.profile.empty()) {
@@ -165,7 +167,7 @@ int run(const CliOptions& opts) {
   CliOptions o = opts;
   TrainConfig& cfg = o.train;
   if (o.plan_only) {
-    plan_layout(o, o.plan_ranks > 0 ? o.plan_ranks : launch_size());
+    plan_layout(o, o.plan_ranks > 0 ? o.plan_ranks : launch_size(), profile_saved(o.profile));
     return 0;
   }
   const int world_size = launch_size();
@@ -186,8 +188,9 @@ int run(const CliOptions& opts) {
     // hosts, how many share a link) unless rank 0 reads a saved profile.
     LinkModel links;
     bool measured = false;
+    const bool saved = me == 0 && profile_saved(o.profile);  // looked at once, by the rank that plans
     if (world) {
-      float need = me == 0 && !profile_saved(o.profile) ? 1.0f : 0.0f;
+      float need = me == 0 && !saved ? 1.0f : 0.0f;
       check_nccl(ncclAllReduce(&need, &need, 1, ncclFloat32, ncclSum, world, nullptr), "ncclAllReduce", world);
       if (need > 0) {
         // Besides 1 KiB and 1 MiB, the links are measured at the size of one
@@ -203,7 +206,7 @@ int run(const CliOptions& opts) {
     }
     std::vector<float> v(kPlanFloats, 0.0f);
     if (me == 0) {
-      const Candidate plan = plan_layout(o, world_size, measured ? &links : nullptr);
+      const Candidate plan = plan_layout(o, world_size, saved, measured ? &links : nullptr);
       predicted_s = plan.step_s;
       encode_plan(plan, v.data());
     }

@@ -101,20 +101,11 @@ double stage_params(const ModelConfig& m, const Layout& l, int s) {
 }
 
 // World-rank distance between neighbours along dimension `dim` ("tp", "pp"
-// or "dp") of a layout: the product of the sizes of the dimensions numbered
-// before it in the order.
+// or "dp") of a layout (Grid::stride); 0 when the order does not parse.
 int dim_stride(const Layout& l, const std::string& dim) {
-  int stride = 1;
-  size_t pos = 0;
-  while (pos <= l.order.size()) {
-    const size_t dash = l.order.find('-', pos);
-    const std::string d = l.order.substr(pos, dash == std::string::npos ? std::string::npos : dash - pos);
-    if (d == dim) return stride;
-    stride *= d == "tp" ? l.tp : d == "pp" ? l.pp : l.dp;
-    if (dash == std::string::npos) break;
-    pos = dash + 1;
-  }
-  return 0;  // not in the order: any placement
+  Grid g;
+  if (!Grid::parse(l.order, {{"tp", l.tp}, {"pp", l.pp}, {"dp", l.dp}}, &g).empty()) return 0;
+  return g.stride(dim);
 }
 
 // The mean of fits (3D tensor parallelism runs collectives along three axes

@@ -279,3 +279,24 @@ TEST(Grid, UnevenStages) {
   l.stages.clear();
   EXPECT_EQ(stage_layers(l, 6, 1).count(), stage_layers(6, 3, 1).count());
 }
+
+// A dimension's stride is the world distance between neighbours along it:
+// the ranks one step apart along it differ by exactly that much.
+TEST(Grid, StrideIsTheDistanceBetweenNeighbours) {
+  for (const std::string order : {"tp-pp-dp", "dp-tp-pp", "pp-dp-tp"}) {
+    Grid g;
+    ASSERT_EQ(Grid::parse(order, {{"tp", 2}, {"pp", 3}, {"dp", 4}}, &g), "");
+    for (const std::string name : {"tp", "pp", "dp"}) {
+      const int s = g.stride(name);
+      std::vector<int> c = g.coords(0);
+      c[g.find(name)] = 1;
+      EXPECT_EQ(g.rank(c), s) << order << " " << name;
+    }
+    EXPECT_EQ(g.stride("ep"), 0);
+  }
+  Grid g;
+  ASSERT_EQ(Grid::parse("pp-tp-dp", {{"tp", 2}, {"pp", 3}, {"dp", 4}}, &g), "");
+  EXPECT_EQ(g.stride("pp"), 1);
+  EXPECT_EQ(g.stride("tp"), 3);
+  EXPECT_EQ(g.stride("dp"), 6);
+}
