@@ -127,16 +127,23 @@ TEST_P(LinkOrder, FifoSendsWhole) {
 
 INSTANTIATE_TEST_SUITE_P(Transports, LinkOrder, ::testing::Values("shm", "socket"));
 
-// A run of the engine that records its polls and calls `on_poll` in each.
+// A run of the engine that records its polls. Each poll loops over passes as
+// a plan's does (up to 8, stopping early while Engine::urgent_waiting), after
+// submitting `submit_during_poll` to the engine as another thread would.
 class ScriptedRun final : public meshccl::Run {
  public:
   ScriptedRun(std::vector<std::string>* log, std::string name) : log_(log), name_(std::move(name)) {}
-  std::function<void(meshccl::Engine*)> on_poll;
+  std::unique_ptr<meshccl::Run> submit_during_poll;
+  int submit_priority = meshccl::kLeastPriority;
+  bool done_after_poll = false;
   bool done = false;
+  int passes = 0;  // of the last poll
   meshccl::Status poll(meshccl::Engine* eng, bool* moved) override {
     log_->push_back(name_);
     *moved = true;
-    if (on_poll) on_poll(eng);
+    if (submit_during_poll) eng->submit(std::move(submit_during_poll), submit_priority);
+    for (passes = 1; passes < 8 && !eng->urgent_waiting(priority()); ++passes) {}
+    done = done || done_after_poll;
     return meshccl::kOk;
   }
   bool finished() const override { return done; }
@@ -148,8 +155,7 @@ class ScriptedRun final : public meshccl::Run {
 
 // An urgent run submitted while a bulk run polls (by another thread, in a
 // real job) is polled within the same engine pass, before the bulk's next
-// poll, and the bulk's poll, which loops over passes of its own while
-// Engine::urgent_waiting says no, stops after the pass it was in. Before, the
+// poll, and the bulk's poll stops after the pass it was in. Before, the
 // urgent run waited for the whole poll (up to 8 plan passes, 20-50 ms of a
 // 64 MiB all-reduce over loopback sockets) and then for the next pass.
 TEST(EngineOrder, UrgentRunSubmittedDuringABulkPollGoesNext) {
@@ -157,44 +163,35 @@ TEST(EngineOrder, UrgentRunSubmittedDuringABulkPollGoesNext) {
   std::vector<std::string> log;
   auto bulk = std::make_unique<ScriptedRun>(&log, "bulk");
   auto urgent = std::make_unique<ScriptedRun>(&log, "urgent");
+  urgent->done_after_poll = true;
   ScriptedRun* b = bulk.get();
-  ScriptedRun* u = urgent.get();
-  u->on_poll = [u](meshccl::Engine*) { u->done = true; };
-  int passes = 0;
-  b->on_poll = [&](meshccl::Engine* e) {
-    if (urgent) e->submit(std::move(urgent), meshccl::kGreatestPriority);
-    for (passes = 1; passes < 8 && !e->urgent_waiting(b->priority()); ++passes) {}
-  };
+  b->submit_during_poll = std::move(urgent);
+  b->submit_priority = meshccl::kGreatestPriority;
   auto hb = eng.submit(std::move(bulk), meshccl::kLeastPriority);
   EXPECT_TRUE(eng.progress());
-  EXPECT_EQ(passes, 1);
   EXPECT_EQ(log, (std::vector<std::string>{"bulk", "urgent", "bulk"}));
+  EXPECT_EQ(b->passes, 1);  // its second poll, in the pass where the urgent run finished
   // The urgent run retired: the bulk polls alone, all its passes.
   log.clear();
   EXPECT_TRUE(eng.progress());
-  EXPECT_EQ(passes, 8);
+  EXPECT_EQ(b->passes, 8);
   EXPECT_EQ(log, (std::vector<std::string>{"bulk"}));
   b->done = true;
   eng.progress();
   EXPECT_TRUE(hb->done.load());
 }
 
-// A run of the same or a lower urgency submitted meanwhile waits for the next
-// pass, and the running poll keeps all its passes.
+// A run of the same urgency submitted meanwhile waits for the next pass, and
+// the running poll keeps all its passes.
 TEST(EngineOrder, EqualPriorityRunWaitsForTheNextPass) {
   meshccl::Engine eng(0, nullptr, nullptr, nullptr);
   std::vector<std::string> log;
   auto first = std::make_unique<ScriptedRun>(&log, "first");
-  auto second = std::make_unique<ScriptedRun>(&log, "second");
   ScriptedRun* f = first.get();
-  int passes = 0;
-  f->on_poll = [&](meshccl::Engine* e) {
-    if (second) e->submit(std::move(second), meshccl::kLeastPriority);
-    for (passes = 1; passes < 8 && !e->urgent_waiting(f->priority()); ++passes) {}
-  };
+  f->submit_during_poll = std::make_unique<ScriptedRun>(&log, "second");
   eng.submit(std::move(first), meshccl::kLeastPriority);
   eng.progress();
-  EXPECT_EQ(passes, 8);
+  EXPECT_EQ(f->passes, 8);
   EXPECT_EQ(log, (std::vector<std::string>{"first"}));
   log.clear();
   eng.progress();
