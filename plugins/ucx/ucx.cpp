@@ -417,8 +417,8 @@ void send_ep_error(void* arg, ucp_ep_h ep, ucs_status_t s) {
   SendComm* c = static_cast<EpLink*>(arg)->comm;
   if (c == nullptr) return;  // closed meanwhile
   if (c->broken == MESHCCL_T_SUCCESS) {
-    MPLUG_WARN(c->ctx->host, "ucx: connection to %s failed: %s (%s)", c->peer.c_str(), ucs_status_string(s),
-               status_hint(s));
+    MPLUG_INFO(c->ctx->host, "ucx: connection to %s failed: %s", c->peer.c_str(), ucs_status_string(s));
+    c->ep_status = s;
     c->broken = MESHCCL_T_REMOTE_ERROR;
   }
   c->ctx->peer_failed = true;
@@ -427,6 +427,7 @@ void send_ep_error(void* arg, ucp_ep_h ep, ucs_status_t s) {
 // Another host: peer error handling, so that UCX reports a dead or
 // unreachable receiver. The same host: none, which lets UCX pick its
 // shared-memory transports; the control socket reports a dead receiver.
+
 meshccl_tresult_t create_ep(SendComm* c) {
   const bool same_host = !to_other_host(c);
   ucp_ep_params_t ep{};
@@ -456,6 +457,15 @@ uint64_t fnv(uint64_t h, const void* p, size_t n) {
 }
 
 }  // namespace
+
+meshccl_tresult_t broken_result(SendComm* c) {
+  if (c->ep_status != UCS_OK && !c->ep_warned) {
+    c->ep_warned = true;
+    MPLUG_WARN(c->ctx->host, "ucx: connection to %s failed: %s (%s)", c->peer.c_str(), ucs_status_string(c->ep_status),
+               status_hint(c->ep_status));
+  }
+  return c->broken;
+}
 
 uint64_t host_key() {
   uint64_t h = 0xcbf29ce484222325ull;
@@ -512,7 +522,7 @@ bool drop(ucp_worker_h w, void*& req) {
 }
 
 meshccl_tresult_t advance_setup(SendComm* c) {
-  if (c->ep != nullptr || c->broken != MESHCCL_T_SUCCESS) return c->broken;
+  if (c->ep != nullptr || c->broken != MESHCCL_T_SUCCESS) return broken_result(c);
   for (;;) {
     bool head = c->agot < sizeof(AddrMsg);
     char* dst = head ? reinterpret_cast<char*>(&c->amsg) + c->agot

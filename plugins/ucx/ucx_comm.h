@@ -183,6 +183,12 @@ struct SendComm {
   uint32_t conn = 0;
   ucp_ep_h ep = nullptr;
   EpLink* link = nullptr;  // the endpoint's error handler's (owned by ctx once closed)
+  // The endpoint's failure as its handler got it (UCS_OK: none), told as a
+  // warning when a send of this comm meets it (broken_result), not when
+  // UCX reports it: at teardown a peer that closes or exits first fails the
+  // endpoints that point at it, and no send needs them any more.
+  ucs_status_t ep_status = UCS_OK;
+  bool ep_warned = false;
   // The receiver's worker address as it arrives on the control socket.
   AddrMsg amsg{};
   uint32_t agot = 0;
@@ -248,6 +254,9 @@ bool may_progress(Ctx* ctx);
 // Creates the UCP endpoint once the receiver's address arrived on the
 // control socket; posts the sends that waited for it.
 meshccl_tresult_t advance_setup(SendComm* c);
+// c->broken, after a warning naming the endpoint's failure the first time a
+// send meets it.
+meshccl_tresult_t broken_result(SendComm* c);
 
 // ucx_io.cpp
 meshccl_tresult_t send_post(SendComm* c, const void* data, size_t size, uint64_t tag, void** request);

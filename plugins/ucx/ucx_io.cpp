@@ -108,7 +108,7 @@ void release_send(SendComm* c, Request* r) {
 // Not finished: is the receiver still there? The control socket carries
 // nothing after the address, so EOF means it closed or exited.
 meshccl_tresult_t send_liveness(SendComm* c) {
-  if (c->broken != MESHCCL_T_SUCCESS) return c->broken;
+  if (c->broken != MESHCCL_T_SUCCESS) return broken_result(c);
   if (!c->watch.due()) return MESHCCL_T_SUCCESS;
   if (!control_closed(c->fd, nullptr, nullptr)) return MESHCCL_T_SUCCESS;
   // UCX may still be finishing what the receiver already has: one grace
@@ -138,7 +138,8 @@ meshccl_tresult_t send_test(Request* r, int* done, size_t* size) {
     ucs_status_t a = check(r->hdr_req), b = check(r->data_req);
     ucs_status_t bad = a != UCS_OK && a != UCS_INPROGRESS ? a : b != UCS_OK && b != UCS_INPROGRESS ? b : UCS_OK;
     if (bad != UCS_OK) {
-      res = c->broken != MESHCCL_T_SUCCESS ? c->broken : fail(c->ctx->host, ("sending to " + c->peer).c_str(), bad);
+      res = c->broken != MESHCCL_T_SUCCESS ? broken_result(c)
+                                           : fail(c->ctx->host, ("sending to " + c->peer).c_str(), bad);
     } else if (a == UCS_INPROGRESS || b == UCS_INPROGRESS) {
       res = send_liveness(c);
       if (res == MESHCCL_T_SUCCESS) return MESHCCL_T_SUCCESS;  // not yet
