@@ -291,6 +291,13 @@ std::set<std::string> dev_shm_entries() {
   return out;
 }
 
+std::set<std::string> dev_shm_added(const std::set<std::string>& before) {
+  std::set<std::string> out;
+  for (const std::string& name : dev_shm_entries())
+    if (before.count(name) == 0) out.insert(name);
+  return out;
+}
+
 Child spawn(const std::function<int(int fd)>& body) {
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) std::abort();

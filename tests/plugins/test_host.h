@@ -94,6 +94,9 @@ size_t check(const void* buf, size_t n, uint64_t seed);
 size_t count_fds();
 size_t count_maps();
 std::set<std::string> dev_shm_entries();
+// Entries of /dev/shm now that `before` did not have. (Other processes on
+// the machine may remove theirs meanwhile: a test compares what appeared.)
+std::set<std::string> dev_shm_added(const std::set<std::string>& before);
 
 // A forked peer with a bidirectional byte pipe to the parent. The child runs
 // body(pipe) and exits with its return value (0 = success), so a failing
