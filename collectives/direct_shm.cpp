@@ -270,11 +270,19 @@ class DirectRun final : public Run {
   // naming the difference, after marking this rank as having found one.
   // earlier: round r belongs to an earlier call of this rank (a root's or an
   // empty one, which returned without waiting).
+  // The match is checked here, inline (every round compares at least one
+  // peer); the rest of the work is done only for a mismatch.
   Status compare(int p, uint64_t r, const OpSignature& sig, uint32_t call, bool earlier) {
     const NodeRegion::SlotHeader& h = node_->header(p, lane_, r);
+    if (h.round.load(std::memory_order_relaxed) == r && h.signature == sig && (node_->lanes() == 1 || h.call == call))
+        [[likely]]
+      return kOk;
+    return mismatch(p, r, sig, call, earlier);
+  }
+
+  [[gnu::noinline]] Status mismatch(int p, uint64_t r, const OpSignature& sig, uint32_t call, bool earlier) {
+    const NodeRegion::SlotHeader& h = node_->header(p, lane_, r);
     const bool same_round = h.round.load(std::memory_order_relaxed) == r;
-    const bool check_call = node_->lanes() > 1;
-    if (same_round && h.signature == sig && (!check_call || h.call == call)) return kOk;
     node_->failed(me()).value.store(r, std::memory_order_release);
     std::string diff = same_round ? signature_difference(sig, me(), h.signature, p)
                                   : "rank " + std::to_string(p) + " is at another call";
@@ -354,7 +362,8 @@ class DirectRun final : public Run {
     NodeRegion::SlotHeader& hdr = header(me());
     MemBlockRef ref;
     if (inline_) {
-      if (op_.count != 0) copy_input(reinterpret_cast<char*>(hdr.inline_data), in);
+      // A rooted round's peers publish no input.
+      if (op_.count != 0 && (!rooted_ || me() == op_.root)) copy_input(reinterpret_cast<char*>(hdr.inline_data), in);
       hdr.input_at = NodeRegion::kInline;
     } else if (zero_copy_input() && mem_find_block(op_.sendbuff, input_bytes(op_), &ref)) {
       hdr.input = NodeRegion::BufferRef{0, ref.pid, ref.fd, 0, ref.ino, ref.dev, ref.offset, ref.file_size};
