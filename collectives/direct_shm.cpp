@@ -183,7 +183,7 @@ class DirectRun final : public Run {
   static constexpr size_t kZeroCopyBytes = 64 * 1024;
   static constexpr size_t kOnePhaseBytes = 16 * 1024;
   // Rounds run without comparing (check_unchecked) that are compared together.
-  static constexpr size_t kCheckBatch = NodeRegion::kRunAhead / 2;
+  static constexpr size_t kCheckBatch = 16;
 
   int me() const { return node_->rank(); }
   NodeRegion::SlotHeader& header(int p) const { return node_->header(p, lane_, round_); }
