@@ -30,10 +30,9 @@ struct GroupState {
 thread_local GroupState g_group;
 // Group nesting depth, read by every call (in_group): a plain int kept apart
 // from g_group, whose constructor makes each access go through a TLS wrapper
-// and __tls_get_addr (about 35 instructions per call); initial-exec, so
-// reading it is one load (4 bytes of the static TLS surplus when the library
-// is loaded by dlopen).
-[[gnu::tls_model("initial-exec")]] thread_local int t_group_depth = 0;
+// function first. (Not initial-exec: a library that Python loads after torch
+// finds no static TLS left, "cannot allocate memory in static TLS block".)
+thread_local int t_group_depth = 0;
 
 Status run_inits(std::vector<PendingInit>& inits) {
   std::vector<std::thread> threads;
