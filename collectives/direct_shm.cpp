@@ -242,8 +242,8 @@ class DirectRun final : public Run {
   // may reuse that header). eager: now, as far as the peers have arrived;
   // otherwise only when a batch or the kRunAhead bound is due, so that a root
   // of back-to-back small Broadcasts reads its peers' header lines, which
-  // they have just written, once per batch instead of once per call (those
-  // reads overlap). Between them, every pair of ranks is compared in every
+  // they have just written, in one pass per batch instead of one line per
+  // call. Between them, every pair of ranks is compared in every
   // round: a peer compares itself with its root, a root with every peer, an
   // empty call's rank with every peer, so a mismatch is found by at least
   // one rank of each pair that differs.
@@ -269,9 +269,8 @@ class DirectRun final : public Run {
   // Rank p's call at round r against this rank's (sig, call): ncclInvalidUsage
   // naming the difference, after marking this rank as having found one.
   // earlier: round r belongs to an earlier call of this rank (a root's or an
-  // empty one, which returned without waiting).
-  // The match is checked here, inline (every round compares at least one
-  // peer); the rest of the work is done only for a mismatch.
+  // empty one, which returned without waiting). The match is tested inline
+  // (most rounds compare at least one peer); mismatch() does the rest.
   Status compare(int p, uint64_t r, const OpSignature& sig, uint32_t call, bool earlier) {
     const NodeRegion::SlotHeader& h = node_->header(p, lane_, r);
     if (h.round.load(std::memory_order_relaxed) == r && h.signature == sig && (node_->lanes() == 1 || h.call == call))
