@@ -20,12 +20,14 @@
 // Every rank waits for every peer's arrival in each round and compares the
 // operation signature in the slot header with its own, so mismatched calls
 // (collective, count, datatype, op, root) are found on every rank and reported
-// as ncclInvalidUsage. The exception is a rooted round (a Broadcast or Scatter
-// whose input fits the header): a peer waits for and compares with its root
-// only, and the root waits for nobody, comparing its peers' headers at its
-// next call or wait (check_unchecked), which lets it run up to
-// NodeRegion::kRunAhead rounds ahead. No thread hand-off, no message, no
-// allocation per call.
+// as ncclInvalidUsage. The exceptions are a rooted round (a Broadcast or
+// Scatter whose input fits the header), where a peer waits for and compares
+// with its root only and the root waits for nobody, and an empty call (count
+// 0), where nobody waits: a rank that waited for nobody compares its peers'
+// headers later (check_unchecked: at its next wait or round that waits for
+// peers, after a batch of such rounds, at the latest kRunAhead rounds on),
+// which lets it run up to NodeRegion::kRunAhead rounds ahead. No thread
+// hand-off, no message, no allocation per call.
 //
 // Rounds run in the operation's lane of the region: one lane in call order
 // (FIFO), or with priority scheduling one per stream priority level, whose
@@ -83,6 +85,10 @@ class DirectRun final : public Run {
     // A Broadcast or Scatter that fits the header reads only its root's
     // input: a peer waits for the root alone, and the root for nobody.
     rooted_ = inline_ && (op.kind == OpKind::Broadcast || op.kind == OpKind::Scatter);
+    // An empty call reads nothing: it publishes its signature and waits for
+    // nobody, and its rank compares every peer's later (check_unchecked).
+    empty_ = op.count == 0;
+    waits_none_ = empty_ || (rooted_ && node->rank() == op.root);
     // Reduce within a round by one rank (small) or split over all ranks.
     two_phase_ = (op.kind == OpKind::AllReduce || op.kind == OpKind::Reduce) &&
                  std::min(op.count, round_elems_) * op.elem() * static_cast<size_t>(op.nranks) > kOnePhaseBytes;
@@ -120,7 +126,8 @@ class DirectRun final : public Run {
           MC_TRY(all_arrived(&ready));
           if (!ready) return kOk;
           peers_read_buffers_ = false;
-          for (int p = 0; p < n() && !rooted_; ++p) peers_read_buffers_ |= header(p).input_at == NodeRegion::kInBuffer;
+          for (int p = 0; p < n() && !rooted_ && !empty_; ++p)
+            peers_read_buffers_ |= header(p).input_at == NodeRegion::kInBuffer;
           MC_TRY(read_inputs());
           *moved = true;
           if (!two_phase_) break;
@@ -175,6 +182,8 @@ class DirectRun final : public Run {
   // Rounds at least this large per rank read ncclMemAlloc inputs in place.
   static constexpr size_t kZeroCopyBytes = 64 * 1024;
   static constexpr size_t kOnePhaseBytes = 16 * 1024;
+  // Rounds run without comparing (check_unchecked) that are compared together.
+  static constexpr size_t kCheckBatch = 16;
 
   int me() const { return node_->rank(); }
   NodeRegion::SlotHeader& header(int p) const { return node_->header(p, lane_, round_); }
@@ -203,14 +212,15 @@ class DirectRun final : public Run {
       if (round_ > back && !arrived(p, round_ - back)) {
         waiting_ = p;
         MC_TRY(unless_left(p, [&] { return arrived(p, round_ - back); }));
-        MC_TRY(check_unchecked());
+        MC_TRY(check_unchecked(true));
         return peer_failure();
       }
     }
     waiting_ = -1;
-    // Rounds this rank ran as a root without comparing: due before this
-    // round lets peers reuse their headers.
-    MC_TRY(check_unchecked());
+    // Rounds this rank ran without comparing (a root's, an empty call's):
+    // those kRunAhead rounds back are due before this round lets peers reuse
+    // their headers; the others wait for a batch.
+    MC_TRY(check_unchecked(false));
     if (yield_to_urgent()) return kOk;
     *ready = true;
     return kOk;
@@ -218,21 +228,29 @@ class DirectRun final : public Run {
 
   // Whether this rank waits for p's arrival at this round and compares p's call
   // with its own: every peer, except in a rooted round (a peer waits for the root,
-  // the root for nobody).
+  // the root for nobody) and an empty call (nobody).
   bool waits_for(int p) const {
-    if (p == me()) return false;
-    return !rooted_ || (me() != op_.root && p == op_.root);
+    if (p == me() || waits_none_) return false;
+    return !rooted_ || p == op_.root;
   }
 
-  // The rounds this rank finished as a root without comparing (node_->unchecked)
-  // are compared with every peer's header as soon as every peer has arrived at
-  // them: at its next call or wait, and at the latest before it arrives
-  // kRunAhead rounds later (after which a peer may reuse that header). Between
-  // them, every pair of ranks is compared in every round: a peer compares
-  // itself with its root, a root with every peer, so a mismatch is found by
-  // at least one rank of each pair that differs.
-  Status check_unchecked() {
+  // The rounds this rank finished without comparing (node_->unchecked: as a
+  // root, or with an empty call) are compared with every peer's header once
+  // every peer has arrived at them: whenever this rank waits, in its next
+  // round that waits for peers, once kCheckBatch of them are due, and at the
+  // latest before it arrives kRunAhead rounds past one (after which a peer
+  // may reuse that header). eager: now, as far as the peers have arrived;
+  // otherwise only when a batch or the kRunAhead bound is due, so that a root
+  // of back-to-back small Broadcasts reads its peers' header lines, which
+  // they have just written, in one pass per batch instead of one line per
+  // call. Between them, every pair of ranks is compared in every
+  // round: a peer compares itself with its root, a root with every peer, an
+  // empty call's rank with every peer, so a mismatch is found by at least
+  // one rank of each pair that differs.
+  Status check_unchecked(bool eager) {
     std::vector<uint64_t>& due = node_->unchecked(lane_);
+    if (due.empty()) return kOk;
+    if (!eager && due.size() < kCheckBatch && due.front() + NodeRegion::kRunAhead > round_) return kOk;
     size_t done = 0;
     Status s = kOk;
     for (; done < due.size() && s.ok(); ++done) {
@@ -250,12 +268,20 @@ class DirectRun final : public Run {
 
   // Rank p's call at round r against this rank's (sig, call): ncclInvalidUsage
   // naming the difference, after marking this rank as having found one.
-  // earlier: round r belongs to an earlier call of this rank (a root's).
+  // earlier: round r belongs to an earlier call of this rank (a root's or an
+  // empty one, which returned without waiting). The match is tested inline
+  // (most rounds compare at least one peer); mismatch() does the rest.
   Status compare(int p, uint64_t r, const OpSignature& sig, uint32_t call, bool earlier) {
     const NodeRegion::SlotHeader& h = node_->header(p, lane_, r);
+    if (h.round.load(std::memory_order_relaxed) == r && h.signature == sig && (node_->lanes() == 1 || h.call == call))
+        [[likely]]
+      return kOk;
+    return mismatch(p, r, sig, call, earlier);
+  }
+
+  [[gnu::noinline]] Status mismatch(int p, uint64_t r, const OpSignature& sig, uint32_t call, bool earlier) {
+    const NodeRegion::SlotHeader& h = node_->header(p, lane_, r);
     const bool same_round = h.round.load(std::memory_order_relaxed) == r;
-    const bool check_call = node_->lanes() > 1;
-    if (same_round && h.signature == sig && (!check_call || h.call == call)) return kOk;
     node_->failed(me()).value.store(r, std::memory_order_release);
     std::string diff = same_round ? signature_difference(sig, me(), h.signature, p)
                                   : "rank " + std::to_string(p) + " is at another call";
@@ -267,9 +293,10 @@ class DirectRun final : public Run {
              "): a collective's stream priority must be the same on every rank";
     if (earlier)
       return MC_ERROR(ncclInvalidUsage,
-                      "%s: mismatched calls across ranks at this rank's earlier %s, which it issued as the root and "
+                      "%s: mismatched calls across ranks at this rank's earlier %s, which it issued %s and "
                       "which returned before the peers arrived: %s",
-                      op_kind_name(op_.kind), op_kind_name(static_cast<OpKind>(sig.kind)), diff.c_str());
+                      op_kind_name(op_.kind), op_kind_name(static_cast<OpKind>(sig.kind)),
+                      sig.count == 0 ? "with count 0" : "as the root", diff.c_str());
     return MC_ERROR(ncclInvalidUsage, "%s: mismatched calls across ranks: %s", op_kind_name(op_.kind), diff.c_str());
   }
 
@@ -334,7 +361,8 @@ class DirectRun final : public Run {
     NodeRegion::SlotHeader& hdr = header(me());
     MemBlockRef ref;
     if (inline_) {
-      if (op_.count != 0) copy_input(reinterpret_cast<char*>(hdr.inline_data), in);
+      // A rooted round's peers publish no input.
+      if (op_.count != 0 && (!rooted_ || me() == op_.root)) copy_input(reinterpret_cast<char*>(hdr.inline_data), in);
       hdr.input_at = NodeRegion::kInline;
     } else if (zero_copy_input() && mem_find_block(op_.sendbuff, input_bytes(op_), &ref)) {
       hdr.input = NodeRegion::BufferRef{0, ref.pid, ref.fd, 0, ref.ino, ref.dev, ref.offset, ref.file_size};
@@ -403,7 +431,7 @@ class DirectRun final : public Run {
       if (!waits_for(p) || arrived(p, round_)) continue;
       waiting_ = p;
       MC_TRY(unless_left(p, [&] { return arrived(p, round_); }));
-      MC_TRY(check_unchecked());
+      MC_TRY(check_unchecked(true));
       Status failure = peer_failure();
       if (failure.ok()) return kOk;
       // A rank found a mismatch, which it can only after arriving here (and,
@@ -422,8 +450,8 @@ class DirectRun final : public Run {
     waiting_ = -1;
     for (int p = 0; p < n(); ++p)
       if (waits_for(p)) MC_TRY(compare(p, round_, sig_, call_, false));
-    if (rooted_ && me() == op_.root) node_->unchecked(lane_).push_back(round_);
-    MC_TRY(check_unchecked());
+    if (waits_none_) node_->unchecked(lane_).push_back(round_);
+    MC_TRY(check_unchecked(!waits_none_));
     *ready = true;
     return kOk;
   }
@@ -571,6 +599,8 @@ class DirectRun final : public Run {
   bool peers_read_buffers_ = false;
   bool inline_ = false;
   bool rooted_ = false;
+  bool empty_ = false;
+  bool waits_none_ = false;  // waits for no peer's arrival in its round (a root's, an empty call)
   int waiting_ = -1;
 };
 

@@ -20,16 +20,35 @@ using namespace meshccl;
 
 namespace {
 
+// Elements a rank reads or writes, in units of the call's count: none, the
+// count, or count x nranks; kAtRoot* only on the root (elsewhere none).
+enum class Elems : uint8_t { kNone, kCount, kCountN, kAtRoot, kAtRootN };
+
 // Common checks and enqueue. `root` is the root of rooted collectives and the
-// peer of Send/Recv (-1 otherwise). `send_elems`/`recv_elems`: elements this
-// rank reads/writes (0 = buffer unused here). dt and op are the raw argument
-// values (op < 0 with has_op false: no reduction), checked before use.
-// `user_tag` >= 0: a tagged Send/Recv (meshcclSendTagged), the tag as uint32.
+// peer of Send/Recv (-1 otherwise). `send`/`recv`: elements this rank
+// reads/writes (none = buffer unused here), worked out once the communicator
+// is known to be live. dt and op are the raw argument values (op < 0 with
+// has_op false: no reduction), checked before use. `user_tag` >= 0: a tagged
+// Send/Recv (meshcclSendTagged), the tag as uint32.
 Status collective(const char* fn, OpKind kind, const void* sendbuff, void* recvbuff, size_t count, int dt_raw,
-                  bool has_op, int op_raw, int root, ncclComm* comm, cudaStream_t stream, size_t send_elems,
-                  size_t recv_elems, size_t mult, int64_t user_tag = -1) {
+                  bool has_op, int op_raw, int root, ncclComm* comm, cudaStream_t stream, Elems send, Elems recv,
+                  int64_t user_tag = -1) {
   MC_TRY(check_comm(fn, comm));
   UseGuard use(comm);
+  const size_t n = static_cast<size_t>(comm->nranks);
+  const bool per_rank =
+      send == Elems::kCountN || send == Elems::kAtRootN || recv == Elems::kCountN || recv == Elems::kAtRootN;
+  const size_t mult = per_rank ? n : 1;
+  auto elems = [&](Elems e) -> size_t {
+    switch (e) {
+      case Elems::kCount: return count;
+      case Elems::kCountN: return count * n;
+      case Elems::kAtRoot: return comm->rank == root ? count : 0;
+      case Elems::kAtRootN: return comm->rank == root ? count * n : 0;
+      default: return 0;
+    }
+  };
+
   ncclDataType_t dt;
   MC_TRY(check_dtype(fn, dt_raw, &dt));
   const size_t es = dtype_size(dt);
@@ -51,8 +70,8 @@ Status collective(const char* fn, OpKind kind, const void* sendbuff, void* recvb
   if (p2p) MC_TRY(check_rank(fn, "peer", root, comm->nranks));
   else if (kind == OpKind::Broadcast || kind == OpKind::Reduce || kind == OpKind::Gather || kind == OpKind::Scatter)
     MC_TRY(check_rank(fn, "root", root, comm->nranks));
-  MC_TRY(check_buffer(fn, "sendbuff", sendbuff, send_elems * es, false));
-  MC_TRY(check_buffer(fn, "recvbuff", recvbuff, recv_elems * es, true));
+  MC_TRY(check_buffer(fn, "sendbuff", sendbuff, elems(send) * es, false));
+  MC_TRY(check_buffer(fn, "recvbuff", recvbuff, elems(recv) * es, true));
   return enqueue(comm, d, stream);
 }
 
@@ -73,17 +92,15 @@ MESHCCL_EXPORT ncclResult_t pncclAllReduce(const void* sendbuff, void* recvbuff,
                                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   return api_call("ncclAllReduce", comm, [&] {
     return collective("ncclAllReduce", OpKind::AllReduce, sendbuff, recvbuff, count, enum_bits(datatype), true,
-                      enum_bits(op), -1, comm, stream, count, count, 1);
+                      enum_bits(op), -1, comm, stream, Elems::kCount, Elems::kCount);
   });
 }
 
 MESHCCL_EXPORT ncclResult_t pncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                                            int root, ncclComm_t comm, cudaStream_t stream) {
-  return api_call("ncclBroadcast", comm, [&]() -> Status {
-    MC_TRY(check_comm_handle("ncclBroadcast", comm));
-    bool is_root = comm->rank == root;
+  return api_call("ncclBroadcast", comm, [&] {
     return collective("ncclBroadcast", OpKind::Broadcast, sendbuff, recvbuff, count, enum_bits(datatype), false, 0,
-                      root, comm, stream, is_root ? count : 0, count, 1);
+                      root, comm, stream, Elems::kAtRoot, Elems::kCount);
   });
 }
 
@@ -91,70 +108,56 @@ MESHCCL_EXPORT ncclResult_t pncclBcast(void* buff, size_t count, ncclDataType_t 
                                        cudaStream_t stream) {
   return api_call("ncclBcast", comm, [&] {
     return collective("ncclBcast", OpKind::Broadcast, buff, buff, count, enum_bits(datatype), false, 0, root, comm,
-                      stream, count, count, 1);
+                      stream, Elems::kCount, Elems::kCount);
   });
 }
 
 MESHCCL_EXPORT ncclResult_t pncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                                         ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
-  return api_call("ncclReduce", comm, [&]() -> Status {
-    MC_TRY(check_comm_handle("ncclReduce", comm));
-    bool is_root = comm->rank == root;
+  return api_call("ncclReduce", comm, [&] {
     return collective("ncclReduce", OpKind::Reduce, sendbuff, recvbuff, count, enum_bits(datatype), true, enum_bits(op),
-                      root, comm, stream, count, is_root ? count : 0, 1);
+                      root, comm, stream, Elems::kCount, Elems::kAtRoot);
   });
 }
 
 MESHCCL_EXPORT ncclResult_t pncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream) {
-  return api_call("ncclAllGather", comm, [&]() -> Status {
-    MC_TRY(check_comm_handle("ncclAllGather", comm));
-    size_t n = static_cast<size_t>(comm->nranks);
+  return api_call("ncclAllGather", comm, [&] {
     return collective("ncclAllGather", OpKind::AllGather, sendbuff, recvbuff, sendcount, enum_bits(datatype), false, 0,
-                      -1, comm, stream, sendcount, sendcount * n, n);
+                      -1, comm, stream, Elems::kCount, Elems::kCountN);
   });
 }
 
 MESHCCL_EXPORT ncclResult_t pncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
                                                ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                                cudaStream_t stream) {
-  return api_call("ncclReduceScatter", comm, [&]() -> Status {
-    MC_TRY(check_comm_handle("ncclReduceScatter", comm));
-    size_t n = static_cast<size_t>(comm->nranks);
+  return api_call("ncclReduceScatter", comm, [&] {
     return collective("ncclReduceScatter", OpKind::ReduceScatter, sendbuff, recvbuff, recvcount, enum_bits(datatype),
-                      true, enum_bits(op), -1, comm, stream, recvcount * n, recvcount, n);
+                      true, enum_bits(op), -1, comm, stream, Elems::kCountN, Elems::kCount);
   });
 }
 
 MESHCCL_EXPORT ncclResult_t pncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                                           ncclComm_t comm, cudaStream_t stream) {
-  return api_call("ncclAlltoAll", comm, [&]() -> Status {
-    MC_TRY(check_comm_handle("ncclAlltoAll", comm));
-    size_t n = static_cast<size_t>(comm->nranks);
+  return api_call("ncclAlltoAll", comm, [&] {
     return collective("ncclAlltoAll", OpKind::AlltoAll, sendbuff, recvbuff, count, enum_bits(datatype), false, 0, -1,
-                      comm, stream, count * n, count * n, n);
+                      comm, stream, Elems::kCountN, Elems::kCountN);
   });
 }
 
 MESHCCL_EXPORT ncclResult_t pncclGather(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                                         int root, ncclComm_t comm, cudaStream_t stream) {
-  return api_call("ncclGather", comm, [&]() -> Status {
-    MC_TRY(check_comm_handle("ncclGather", comm));
-    size_t n = static_cast<size_t>(comm->nranks);
-    bool is_root = comm->rank == root;
+  return api_call("ncclGather", comm, [&] {
     return collective("ncclGather", OpKind::Gather, sendbuff, recvbuff, count, enum_bits(datatype), false, 0, root,
-                      comm, stream, count, is_root ? count * n : 0, n);
+                      comm, stream, Elems::kCount, Elems::kAtRootN);
   });
 }
 
 MESHCCL_EXPORT ncclResult_t pncclScatter(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
                                          int root, ncclComm_t comm, cudaStream_t stream) {
-  return api_call("ncclScatter", comm, [&]() -> Status {
-    MC_TRY(check_comm_handle("ncclScatter", comm));
-    size_t n = static_cast<size_t>(comm->nranks);
-    bool is_root = comm->rank == root;
+  return api_call("ncclScatter", comm, [&] {
     return collective("ncclScatter", OpKind::Scatter, sendbuff, recvbuff, count, enum_bits(datatype), false, 0, root,
-                      comm, stream, is_root ? count * n : 0, count, n);
+                      comm, stream, Elems::kAtRootN, Elems::kCount);
   });
 }
 
@@ -162,7 +165,7 @@ MESHCCL_EXPORT ncclResult_t pncclSend(const void* sendbuff, size_t count, ncclDa
                                       ncclComm_t comm, cudaStream_t stream) {
   return api_call("ncclSend", comm, [&] {
     return collective("ncclSend", OpKind::Send, sendbuff, nullptr, count, enum_bits(datatype), false, 0, peer, comm,
-                      stream, count, 0, 1);
+                      stream, Elems::kCount, Elems::kNone);
   });
 }
 
@@ -170,7 +173,7 @@ MESHCCL_EXPORT ncclResult_t pncclRecv(void* recvbuff, size_t count, ncclDataType
                                       cudaStream_t stream) {
   return api_call("ncclRecv", comm, [&] {
     return collective("ncclRecv", OpKind::Recv, nullptr, recvbuff, count, enum_bits(datatype), false, 0, peer, comm,
-                      stream, 0, count, 1);
+                      stream, Elems::kNone, Elems::kCount);
   });
 }
 
@@ -178,7 +181,7 @@ MESHCCL_EXPORT ncclResult_t meshcclSendTagged(const void* sendbuff, size_t count
                                               int tag, ncclComm_t comm, cudaStream_t stream) {
   return api_call("meshcclSendTagged", comm, [&] {
     return collective("meshcclSendTagged", OpKind::Send, sendbuff, nullptr, count, enum_bits(datatype), false, 0, peer,
-                      comm, stream, count, 0, 1, static_cast<uint32_t>(tag));
+                      comm, stream, Elems::kCount, Elems::kNone, static_cast<uint32_t>(tag));
   });
 }
 
@@ -186,7 +189,7 @@ MESHCCL_EXPORT ncclResult_t meshcclRecvTagged(void* recvbuff, size_t count, nccl
                                               ncclComm_t comm, cudaStream_t stream) {
   return api_call("meshcclRecvTagged", comm, [&] {
     return collective("meshcclRecvTagged", OpKind::Recv, nullptr, recvbuff, count, enum_bits(datatype), false, 0, peer,
-                      comm, stream, 0, count, 1, static_cast<uint32_t>(tag));
+                      comm, stream, Elems::kNone, Elems::kCount, static_cast<uint32_t>(tag));
   });
 }
 

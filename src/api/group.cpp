@@ -19,7 +19,6 @@ struct CommRef {
   uint64_t serial;
 };
 struct GroupState {
-  int depth = 0;
   std::vector<PendingOp> ops;
   std::vector<const void*> cuda_streams;  // per op: its CUDA stream, when it goes the device path
   std::vector<bool> device;               // per op: goes the device path
@@ -29,6 +28,11 @@ struct GroupState {
   std::string message;
 };
 thread_local GroupState g_group;
+// Group nesting depth, read by every call (in_group): a plain int kept apart
+// from g_group, whose constructor makes each access go through a TLS wrapper
+// function first. (Not initial-exec: a library that Python loads after torch
+// finds no static TLS left, "cannot allocate memory in static TLS block".)
+thread_local int t_group_depth = 0;
 
 Status run_inits(std::vector<PendingInit>& inits) {
   std::vector<std::thread> threads;
@@ -60,7 +64,7 @@ Status run_inits(std::vector<PendingInit>& inits) {
 }
 }  // namespace
 
-bool in_group() { return g_group.depth > 0; }
+bool in_group() { return t_group_depth > 0; }
 void group_record(ncclComm* owner, PendingOp op, bool device, const void* cuda_stream) {
   g_group.owners.push_back({owner, owner->serial});
   g_group.ops.push_back(op);
@@ -163,13 +167,13 @@ size_t pin_or_drop(GroupPins& pins, std::vector<PendingOp>& ops, std::vector<Com
 }  // namespace
 
 void group_note_error(ncclResult_t code, const std::string& message) {
-  if (g_group.depth == 0 || g_group.error != ncclSuccess) return;
+  if (t_group_depth == 0 || g_group.error != ncclSuccess) return;
   g_group.error = code;
   g_group.message = message;
 }
 
 size_t group_forget(const ncclComm* comm) {
-  if (g_group.depth == 0) return 0;
+  if (t_group_depth == 0) return 0;
   size_t before = g_group.ops.size() + g_group.inits.size();
   const CommSched* sched = &comm->sched;
   // ops, device and cuda_streams are parallel: erase from all three alike.
@@ -195,13 +199,13 @@ size_t group_forget(const ncclComm* comm) {
 }
 
 Status group_start() {
-  ++g_group.depth;
+  ++t_group_depth;
   return kOk;
 }
 
 Status group_end() {
-  if (g_group.depth == 0) return MC_ERROR(ncclInvalidUsage, "ncclGroupEnd : not in a group call");
-  if (--g_group.depth > 0) return kOk;
+  if (t_group_depth == 0) return MC_ERROR(ncclInvalidUsage, "ncclGroupEnd : not in a group call");
+  if (--t_group_depth > 0) return kOk;
   std::vector<PendingInit> inits = std::move(g_group.inits);
   std::vector<PendingOp> ops = std::move(g_group.ops);
   std::vector<bool> device = std::move(g_group.device);
@@ -240,8 +244,8 @@ Status group_simulate_end(ncclSimInfo_t* info) {
   if (info->magic != 0x74685283)
     return MC_ERROR(ncclInvalidArgument,
                     "ncclGroupSimulateEnd : simInfo was not initialized with NCCL_SIM_INFO_INITIALIZER");
-  if (g_group.depth == 0) return MC_ERROR(ncclInvalidUsage, "ncclGroupSimulateEnd : not in a group call");
-  if (--g_group.depth > 0) return kOk;
+  if (t_group_depth == 0) return MC_ERROR(ncclInvalidUsage, "ncclGroupSimulateEnd : not in a group call");
+  if (--t_group_depth > 0) return kOk;
   // The tuner's estimate for each op, with the algorithm it would pick.
   GroupPins pins;
   Status s = kOk;

@@ -75,8 +75,14 @@ Status launch(std::vector<PendingOp>& ops) {
 }
 
 Status launch_one(PendingOp& op) {
-  std::vector<PendingOp> ops{op};
-  return failing_comms_on_oom(ops, [&] { return launch_one_unguarded(op); });
+  // As failing_comms_on_oom, without building a vector: most calls end here,
+  // and that was an allocation and a free on every call.
+  try {
+    return launch_one_unguarded(op);
+  } catch (const std::bad_alloc&) {
+    op.comm->engine->fail_all(Status(ncclSystemError));
+    throw;
+  }
 }
 
 namespace {

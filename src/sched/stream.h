@@ -88,10 +88,13 @@ struct meshcclStream {
   void enqueue(std::vector<meshccl::Launch> launches);
   meshccl::Status synchronize();
   meshccl::Status query();
-  // Nothing queued or running.
-  bool idle() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return !has_work_locked();
+  // Nothing queued or running. Both counts move under mu_ with the queue
+  // and the running item, each enqueued item counting once as completed when
+  // it retires; read without the lock (every call's express path asks),
+  // completed_ first: equal counts then held at that moment.
+  bool idle() const {
+    const uint64_t done = completed_.load(std::memory_order_acquire);
+    return done == enqueued_.load(std::memory_order_acquire);
   }
 
   const int priority;

@@ -76,8 +76,12 @@ class NodeRegion {
     uint64_t file_size;
   };
   // Headers per lane, and how many rounds a rank may publish beyond the
-  // last round every peer has arrived at (inline rounds, see above).
-  static constexpr uint64_t kRing = 64;
+  // last round every peer has arrived at (inline rounds, see above). With
+  // more ranks than cores a root of small Broadcasts waits for its peers to
+  // be scheduled once per kRunAhead calls: 128 halved the 4-rank time per
+  // call on 2 cores against 32 (docs/performance.md, 2026-11-29); a lane's
+  // headers take 288 KiB.
+  static constexpr uint64_t kRing = 256;
   static constexpr uint64_t kRunAhead = kRing / 2;
   // Bytes of input small enough to travel in the header (the first 32 share
   // the header's first line with the round and signature).

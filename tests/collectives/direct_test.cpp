@@ -17,6 +17,10 @@ namespace {
 
 float in(int r, size_t i) { return static_cast<float>((r * 5 + i * 3) % 7); }
 
+// NodeRegion::kRunAhead (src/transport/node_region.h): how many rounds a
+// rank that waits for nobody may run ahead of its slowest peer.
+constexpr int kRunAhead = 128;
+
 // 4 KiB slots: a 3001-element double buffer takes six rounds.
 TEST(Direct, ManyRoundsEveryCollective) {
   ScopedEnv env({{"MESHCCL_DIRECT_SLOT_BYTES", "4096"}, {"MESHCCL_ALGO", "direct_shm"}});
@@ -314,15 +318,17 @@ TEST(Direct, RootsLearnOfAMismatchAtTheirNextCall) {
 
 // Small Broadcasts and Scatters let their roots run up to kRunAhead rounds
 // ahead of the slowest peer: a long stream of them of varying sizes (the root
-// changing every 100 calls, so that it does run ahead), mixed with AllReduces
+// changing every 300 calls, more than kRunAhead, so that it does run ahead
+// that far), mixed with AllReduces
 // (which wait for everyone) and Broadcasts too large for the header, delivers
 // every value to every rank. (With a bound past kRing it fails.)
 TEST(Direct, RootsRunningAheadDeliverEveryValue) {
   for (int n : {2, 3, 5}) {
     run_ranks(n, [n](ncclComm_t comm, int rank) {
       std::vector<int32_t> buf(4096), piece(64);
-      for (int it = 0; it < 300; ++it) {
-        const int root = (it / 100 + 1) % n;
+      static_assert(kRunAhead < 300);
+      for (int it = 0; it < 900; ++it) {
+        const int root = (it / 300 + 1) % n;
         const size_t count = it % 50 == 49 ? 1000 : 1 + static_cast<size_t>(it * 13) % 240;
         for (size_t i = 0; i < count; ++i) buf[i] = rank == root ? static_cast<int32_t>(it * 1000 + i) : -1;
         ASSERT_EQ(ncclBroadcast(buf.data(), buf.data(), count, ncclInt32, root, comm, nullptr), ncclSuccess);
@@ -340,6 +346,79 @@ TEST(Direct, RootsRunningAheadDeliverEveryValue) {
           ASSERT_EQ(v, n * (n - 1) / 2 + n * it);
         }
       }
+    });
+  }
+}
+
+// An empty call (count 0) waits for nobody: its rank publishes its signature
+// and returns, and compares its peers' later. Long runs of them, of every
+// collective, between calls that move data (more than a header ring's worth
+// in a row, so that ranks run ahead and the headers are reused) leave every
+// result right.
+TEST(Direct, EmptyCallsInterleavedWithDataCalls) {
+  for (int n : {2, 3}) {
+    run_ranks(n, [n](ncclComm_t comm, int rank) {
+      std::vector<int32_t> buf(64 * 8), out(64 * 8);
+      for (int it = 0; it < 6; ++it) {
+        const int empties = it == 3 ? 150 : 1 + it * 7;
+        for (int e = 0; e < empties; ++e) {
+          const int root = e % n;
+          ncclResult_t r = ncclSuccess;
+          switch (e % 7) {
+            case 0: r = ncclAllReduce(buf.data(), out.data(), 0, ncclInt32, ncclSum, comm, nullptr); break;
+            case 1: r = ncclBroadcast(buf.data(), out.data(), 0, ncclInt32, root, comm, nullptr); break;
+            case 2: r = ncclAllGather(buf.data(), out.data(), 0, ncclInt32, comm, nullptr); break;
+            case 3: r = ncclReduceScatter(buf.data(), out.data(), 0, ncclInt32, ncclMax, comm, nullptr); break;
+            case 4: r = ncclAlltoAll(buf.data(), out.data(), 0, ncclInt32, comm, nullptr); break;
+            case 5: r = ncclReduce(buf.data(), out.data(), 0, ncclInt32, ncclSum, root, comm, nullptr); break;
+            default: r = ncclGather(buf.data(), out.data(), 0, ncclInt32, root, comm, nullptr); break;
+          }
+          ASSERT_EQ(r, ncclSuccess) << "empty call " << e << ": " << ncclGetLastError(comm);
+        }
+        int32_t v = rank + it;
+        ASSERT_EQ(ncclAllReduce(&v, &v, 1, ncclInt32, ncclSum, comm, nullptr), ncclSuccess) << ncclGetLastError(comm);
+        ASSERT_EQ(v, n * (n - 1) / 2 + n * it);
+        const int root = it % n;
+        for (size_t i = 0; i < 7; ++i) buf[i] = rank == root ? static_cast<int32_t>(it * 100 + i) : -1;
+        ASSERT_EQ(ncclBroadcast(buf.data(), buf.data(), 7, ncclInt32, root, comm, nullptr), ncclSuccess);
+        for (size_t i = 0; i < 7; ++i) ASSERT_EQ(buf[i], static_cast<int32_t>(it * 100 + i));
+      }
+    });
+  }
+}
+
+// A mismatch that involves an empty call still fails every rank naming the
+// difference: against a call with a count (the ranks with a count fail at
+// that call, the empty one at its next call), and between empty calls alone
+// (each rank compares the others' headers later: at its next call that waits
+// for peers, or within the next kRunAhead rounds when it makes only empty
+// calls).
+TEST(Direct, MismatchedEmptyCallsFailEveryRank) {
+  ScopedEnv env({{"MESHCCL_TIMEOUT", "20"}});
+  const int n = 3;
+  for (int mode = 0; mode < 3; ++mode) {
+    run_ranks(n, [mode](ncclComm_t comm, int rank) {
+      std::vector<float> buf(16, 1.f);
+      const bool odd = rank == 1;
+      ncclResult_t res;
+      if (mode == 0) {  // an empty call against calls with a count
+        res = ncclAllReduce(buf.data(), buf.data(), odd ? 0 : 4, ncclFloat32, ncclSum, comm, nullptr);
+      } else {  // empty calls whose datatypes differ
+        res = ncclAllReduce(buf.data(), buf.data(), 0, odd ? ncclInt32 : ncclFloat32, ncclSum, comm, nullptr);
+      }
+      int calls = 1;
+      // mode 1: then a call that waits for peers; mode 2: only empty calls.
+      const int most = kRunAhead + 1;
+      for (; res == ncclSuccess && calls < most + 10; ++calls)
+        res = mode == 2 ? ncclAllGather(buf.data(), buf.data(), 0, ncclFloat32, comm, nullptr)
+                        : ncclAllReduce(buf.data(), buf.data(), 4, ncclFloat32, ncclSum, comm, nullptr);
+      const std::string msg = ncclGetLastError(comm);
+      EXPECT_EQ(res, ncclInvalidUsage) << "mode " << mode << " rank " << rank << " after " << calls << ": " << msg;
+      EXPECT_NE(msg.find("mismatched calls across ranks"), std::string::npos) << msg;
+      if (mode != 2) EXPECT_LE(calls, 2) << "mode " << mode << " rank " << rank << ": " << msg;
+      else EXPECT_LE(calls, most) << "rank " << rank << ": " << msg;
+      if (msg.find("found them") == std::string::npos)
+        EXPECT_NE(msg.find(mode == 0 ? "count is" : "datatype is"), std::string::npos) << msg;
     });
   }
 }
