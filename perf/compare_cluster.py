@@ -216,7 +216,7 @@ class ClusterRun:
         return point[3] / (f * size)
 
     def one(self, idx, hosts, per, rate):
-        name = f"cmp{os.getpid() % 100000}{idx}"
+        name = f"{self.a.cluster_prefix}{os.getpid() % 100000}{idx}"
         res = {"hosts": hosts, "per": per, "rate": rate, "name": name, "rows": {},
                "load": [loadavg()], "link": [], "started": datetime.datetime.utcnow().strftime("%H:%M")}
         self.results.append(res)
@@ -487,6 +487,9 @@ def main(a, note):
         a.rates = parse_rates(a.rates or (QUICK_RATES if a.quick else RATES))
     except ValueError as e:
         sys.exit(f"perf/compare --cluster: {e}")
+    # scripts/cluster takes names of 1..12 of [a-z0-9]; the pid and index add up to 7.
+    if not (1 <= len(a.cluster_prefix) <= 5 and all(c in "abcdefghijklmnopqrstuvwxyz0123456789" for c in a.cluster_prefix)):
+        sys.exit("perf/compare --cluster: --cluster-prefix must be 1..5 of [a-z0-9]")
     if a.quick:
         a.max = min(a.max, QUICK_MAX)
     os.makedirs(a.out, exist_ok=True)
