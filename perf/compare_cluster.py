@@ -4,7 +4,8 @@ For each shape (hosts x ranks per host) and link rate, brings a cluster up
 under a name of its own (always taken down again, also on failure or Ctrl-C),
 measures each link with iperf3 (scripts/cluster bench) before and after,
 runs AllReduce with the tuner's own pick, forced `hier` and the forced flat
-ring (perf/cluster_allreduce.sh, which also reports the cost model's
+ring (--all-algos: also halving_doubling and tree; perf/cluster_allreduce.sh,
+which also reports the cost model's
 prediction of each plan from rank 0's MESHCCL_DEBUG=INFO line), and Open
 MPI's MPI_Allreduce with its default selection and with coll/han preferred
 (perf/cluster_vs_mpi's mpirun across the same namespaces, TCP on each host's
