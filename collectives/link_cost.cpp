@@ -83,8 +83,20 @@ PathCost tree_cost(const BuildCtx& ctx, const std::vector<std::vector<int>>& par
       for (auto it = path.rbegin(); it != path.rend(); ++it) up[*it] = acc += link_at(ctx, *it, parent[*it]).alpha_us;
       if (r >= 0 && up[r] < 0) up[r] = 0;  // a root
     }
+    // The same walk for the per-byte time of the path, each hop at its link's rate.
+    std::vector<double> up_beta(static_cast<size_t>(n), -1);
+    for (int s = 0; s < n; ++s) {
+      std::vector<int> path;
+      int r = s;
+      while (r >= 0 && up_beta[r] < 0 && parent[r] >= 0) path.push_back(r), r = parent[r];
+      double acc = r >= 0 && up_beta[r] >= 0 ? up_beta[r] : 0;
+      for (auto it = path.rbegin(); it != path.rend(); ++it)
+        up_beta[*it] = acc += 1e-3 / link_at(ctx, *it, parent[*it]).bw_gbs;
+      if (r >= 0 && up_beta[r] < 0) up_beta[r] = 0;
+    }
     for (int r = 0; r < n; ++r) {
       out.depth_alpha_us = std::max(out.depth_alpha_us, up[r]);
+      out.path_beta = std::max(out.path_beta, up_beta[r]);
       if (parent[r] >= 0) edges.emplace_back(r, parent[r]);
     }
   }
@@ -93,26 +105,29 @@ PathCost tree_cost(const BuildCtx& ctx, const std::vector<std::vector<int>>& par
   // carry one piece per edge leaving the host, all at once (children only:
   // one direction per edge, counted at the parent's host).
   std::vector<double> per_rank(static_cast<size_t>(n), 0);
+  double edge_beta = 0;
   std::vector<int> leaving(static_cast<size_t>(host_aware(t) ? t.hosts() : 1), 0);
   for (const auto& [c, p] : edges) {
     const bool net = host_aware(t) && crosses_hosts(ctx, c, p);
     const double beta = 1e-3 / link_at(ctx, c, p).bw_gbs;
     per_rank[p] += beta;
     if (!children_only) per_rank[c] += beta;
+    edge_beta = std::max(edge_beta, beta);
     if (net) {  // down from the parent's host; up from the child's, unless one direction only
       ++leaving[static_cast<size_t>(t.host_of(rank_at(ctx, p)))];
       if (!children_only) ++leaving[static_cast<size_t>(t.host_of(rank_at(ctx, c)))];
     }
-    out.edge_beta = std::max(out.edge_beta, beta);
   }
   out.busiest_beta = *std::max_element(per_rank.begin(), per_rank.end());
   if (host_aware(t))
     for (int x : leaving)
-      if (x > 0) {
-        out.busiest_beta = std::max(out.busiest_beta, 1e-3 * x / t.host_net_gbs(x));
-        out.edge_beta = std::max(out.edge_beta, shared_net_beta(t, x));
-      }
+      if (x > 0) out.busiest_beta = std::max(out.busiest_beta, 1e-3 * x / t.host_net_gbs(x));
+  out.covered_beta = host_aware(t) && t.hosts() > 1 ? out.busiest_beta : edge_beta;
   return out;
+}
+
+double tree_fill(const PathCost& tree, const OpDesc& op, double piece, int legs) {
+  return first_chunk(op, piece) * std::max(0.0, legs * tree.path_beta - tree.covered_beta);
 }
 
 }  // namespace meshccl::detail

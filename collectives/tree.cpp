@@ -221,15 +221,15 @@ const std::vector<std::vector<int>>& parents_of(int n, bool rooted, int root) {
 // depth of the tree (twice for AllReduce: up, then down), each hop at its
 // link's latency; the busiest rank (or host link) moves a half per tree edge
 // it has (AllReduce) or per child (Broadcast, Reduce), per direction, and the
-// first chunk crosses every hop of the longest path at the slowest edge's rate.
+// first chunk crosses the hops of the slowest path (detail::tree_fill).
 double cost_tree_allreduce(const BuildCtx& ctx, const OpDesc& op) {
   const TuneModel& t = ctx.model;
   if (ctx.nranks == 1) return 0;
   const detail::PathCost tree = detail::tree_cost(ctx, parents_of(ctx.nranks, false, 0), false);
-  const double half = static_cast<double>(op.count * op.elem()) / 2, hops = 2 * load_for(ctx.nranks, false).depth;
+  const double half = static_cast<double>(op.count * op.elem()) / 2;
   const int children = load_for(ctx.nranks, false).children;
-  return 2 * tree.depth_alpha_us + tree.busiest_beta * half +
-         (hops - 1) * detail::first_chunk(op, half) * tree.edge_beta + children * half * t.gamma();
+  return 2 * tree.depth_alpha_us + tree.busiest_beta * half + detail::tree_fill(tree, op, half, 2) +
+         children * half * t.gamma();
 }
 
 namespace {
@@ -238,9 +238,9 @@ double rooted_cost(const BuildCtx& ctx, const OpDesc& op, bool reduce) {
   if (ctx.nranks == 1) return 0;
   const int root = op.root >= 0 && op.root < ctx.nranks ? op.root : 0;
   const detail::PathCost tree = detail::tree_cost(ctx, parents_of(ctx.nranks, true, root), true);
-  const double half = static_cast<double>(op.count * op.elem()) / 2, hops = load_for(ctx.nranks, true).depth;
+  const double half = static_cast<double>(op.count * op.elem()) / 2;
   const int children = reduce ? load_for(ctx.nranks, true).children : 0;
-  return tree.depth_alpha_us + tree.busiest_beta * half + (hops - 1) * detail::first_chunk(op, half) * tree.edge_beta +
+  return tree.depth_alpha_us + tree.busiest_beta * half + detail::tree_fill(tree, op, half, 1) +
          children * half * t.gamma();
 }
 }  // namespace

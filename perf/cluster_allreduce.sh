@@ -7,6 +7,10 @@
 # (payload_per_host: TCP bytes each host's eth0 sent per op, mean over the
 # hosts; cores: the ranks' CPU time over the timed loop's wall time; both
 # from the out-of-place loop, MESHCCL_PERF_NETDEV in perf/engine/hostload.h)
+# and before each table one line with the cost model's constants the run
+# agreed on (rank 0's log, the benchmark's communicator: the last created),
+#   #model  algo  shm_alpha_us  shm_gbs  net_alpha_us  net_gbs  reduce_gbs
+# which perf/sim_check --from gives meshccl_sim to predict the same plans.
 # Usage: perf/cluster_allreduce.sh CLUSTER RANKS RANKS_PER_HOST [BUILD] [MIN] [MAX] [ITERS]
 # CLUSTER_BENCH=0 leaves out the iperf3 measurement (perf/compare --cluster
 # takes it once per cluster); CLUSTER_ALGOS picks the runs (default
@@ -29,6 +33,8 @@ for algo in ${CLUSTER_ALGOS:-hier ring default}; do
     "$build/tools/meshrun/meshrun" --tag-output --cluster "$cluster" -n "$n" --ranks-per-host "$per" \
     "$build/perf/all_reduce_perf" -b "$lo" -e "$hi" -f 4 -n "$iters" -w 1 -c 0 >"$tmp/out" 2>&1 || {
     echo "run $algo failed"; tail -5 "$tmp/out"; continue; }
+  grep -E '^\[0\].*cost model on' "$tmp/out" | tail -1 |
+    sed -nE 's/.*shm alpha ([0-9.e+]+) us.*shm bandwidth ([0-9.e+]+) GB\/s.*net alpha ([0-9.e+]+) us.*net bandwidth ([0-9.e+]+) GB\/s.*reduce ([0-9.e+]+) GB\/s.*/#model '"$algo"' \1 \2 \3 \4 \5/p' || true
   # Predictions: rank 0's log line per plan, by element count.
   awk -v algo="$algo" '
     /^\[0\].*AllReduce: [0-9]+ elements of float -> algorithm/ {

@@ -4,7 +4,8 @@ For each shape (hosts x ranks per host) and link rate, brings a cluster up
 under a name of its own (always taken down again, also on failure or Ctrl-C),
 measures each link with iperf3 (scripts/cluster bench) before and after,
 runs AllReduce with the tuner's own pick, forced `hier` and the forced flat
-ring (perf/cluster_allreduce.sh, which also reports the cost model's
+ring (--all-algos: also halving_doubling and tree; perf/cluster_allreduce.sh,
+which also reports the cost model's
 prediction of each plan from rank 0's MESHCCL_DEBUG=INFO line), and Open
 MPI's MPI_Allreduce with its default selection and with coll/han preferred
 (perf/cluster_vs_mpi's mpirun across the same namespaces, TCP on each host's
@@ -28,9 +29,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 CLUSTER = os.path.join(ROOT, "scripts", "cluster")
 ALLREDUCE = os.path.join(HERE, "cluster_allreduce.sh")
-KINDS = ["auto", "hier", "ring", "ompi", "ompi_han"]
+KINDS = ["auto", "hier", "ring", "halving_doubling", "tree", "ompi", "ompi_han"]
 KIND_TITLE = {"auto": "meshccl (tuner)", "hier": "meshccl hier", "ring": "meshccl flat ring",
+              "halving_doubling": "meshccl halving-doubling", "tree": "meshccl tree",
               "ompi": "Open MPI", "ompi_han": "Open MPI han"}
+# meshccl's plans, each with the model's prediction (--all-algos adds the last two).
+MODELLED = ["auto", "hier", "ring", "halving_doubling", "tree"]
 SHAPES = "2x2,2x4,4x2,4x1"
 RATES = "0.1,0.2,1,10,25"
 QUICK_SHAPES, QUICK_RATES, QUICK_MAX = "2x2,4x1", "0.2,1", 16 << 20
@@ -162,7 +166,7 @@ class ClusterRun:
         """cluster_allreduce.sh: auto, hier and ring, each with the model's
         prediction of the plan it ran."""
         env = dict(os.environ, CLUSTER_BENCH="0", CLUSTER_TIMEOUT=str(self.a.timeout),
-                   CLUSTER_ALGOS="default hier ring")
+                   CLUSTER_ALGOS="default hier ring" + (" halving_doubling tree" if self.a.all_algos else ""))
         for lo, hi, iters in self.bands():
             cmd = [ALLREDUCE, name, str(hosts * per), str(per), self.build, str(lo), str(hi), str(iters)]
             status, out = self.sh(cmd, 3 * self.a.timeout + 60, env)
@@ -216,7 +220,7 @@ class ClusterRun:
         return point[3] / (f * size)
 
     def one(self, idx, hosts, per, rate):
-        name = f"cmp{os.getpid() % 100000}{idx}"
+        name = f"{self.a.cluster_prefix}{os.getpid() % 100000}{idx}"
         res = {"hosts": hosts, "per": per, "rate": rate, "name": name, "rows": {},
                "load": [loadavg()], "link": [], "started": datetime.datetime.utcnow().strftime("%H:%M")}
         self.results.append(res)
@@ -280,8 +284,10 @@ class ClusterRun:
                f"link limit B H/(2(H-1)) = {1000 * lim:.1f} MB/s; load average before / after: {load}\n",
                "| size | tuner: pick | time (us) | predicted (us) | pred/meas | hier (us) | ring (us) | "
                "Open MPI (us) | Open MPI han (us) | hier algbw / limit | ring / hier | best Open MPI / tuner | "
-               "hier pred/meas | bytes sent / theory: hier, ring | cores: tuner, hier, ring |",
-               "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+               "hier pred/meas | pred/meas: ring, halving-doubling, tree (us measured) | "
+               "bytes sent / theory: hier, ring | cores: tuner, hier, ring |",
+               "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+               "| ---: |"]
         sizes = sorted(set().union(*[set(v) for v in rows.values()] or [set()]))
         for s in sizes:
             g = {k: rows.get(k, {}).get(s) for k in KINDS}
@@ -295,6 +301,10 @@ class ClusterRun:
             cells.append(f"{ring[0] / hier[0]:.2f}" if hier and ring else "-")
             cells.append(f"{min(mpis) / auto[0]:.2f}" if auto and mpis else "-")
             cells.append(f"{hier[1] / hier[0]:.2f}" if hier and s >= 64 << 10 and hier[1] > 0 else "-")
+            cells.append(", ".join(f"{g[k][1] / g[k][0]:.2f}" + (f" ({g[k][0]:.0f})" if k != "ring" else "")
+                                   + (" CPU-bound" if self.cpu_bound(g[k]) else "")
+                                   if g.get(k) and s >= 64 << 10 and g[k][1] > 0 else "-"
+                                   for k in ("ring", "halving_doubling", "tree")))
             tr = [self.traffic(res, g[k], k, s) for k in ("hier", "ring")]
             cells.append(", ".join(f"{x:.3f}" if x is not None else "-" for x in tr))
             cells.append(", ".join((f"{g[k][4]:.2f}" + (" CPU-bound" if self.cpu_bound(g[k]) else ""))
@@ -340,6 +350,13 @@ class ClusterRun:
             out.append((f"{inside}/{len(pred)} within; {min(pred):.2f}..{max(pred):.2f}", inside == len(pred)))
         else:
             out.append(("-", None))
+        every = [pt[1] / pt[0] for k in MODELLED for sz, pt in rows.get(k, {}).items()
+                 if sz >= 64 << 10 and pt[1] > 0 and not self.cpu_bound(pt)]
+        if every:
+            inside = sum(1 for p in every if 0.85 <= p <= 1.15)
+            out.append((f"{inside}/{len(every)} within; {min(every):.2f}..{max(every):.2f}", inside == len(every)))
+        else:
+            out.append(("-", None))
         tr = [x for k in ("hier", "ring") for sz, pt in rows.get(k, {}).items() if sz >= 64 << 10
               for x in [self.traffic(res, pt, k, sz)] if x is not None]
         if tr:
@@ -353,6 +370,7 @@ class ClusterRun:
                  "ring time / hier time >= 0.9 x (2(n-1)/n)/(2(H-1)/H) where > 1, from 4 MiB (lowest)",
                  "tuner >= 1.5x best Open MPI from 1 MiB, not slower below (lowest time ratio)",
                  "model within 15% of the tuner's plan from 64 KiB (pred/meas)",
+                 "model within 15% of every plan run, not CPU-bound, from 64 KiB (pred/meas)",
                  "TCP bytes each host sent within 5% of theory, hier and ring from 64 KiB"]
         lines = ["### Targets\n", "| cluster | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
         for res in self.results:
@@ -487,6 +505,9 @@ def main(a, note):
         a.rates = parse_rates(a.rates or (QUICK_RATES if a.quick else RATES))
     except ValueError as e:
         sys.exit(f"perf/compare --cluster: {e}")
+    # scripts/cluster takes names of 1..12 of [a-z0-9]; the pid and index add up to 7.
+    if not (1 <= len(a.cluster_prefix) <= 5 and all(c in "abcdefghijklmnopqrstuvwxyz0123456789" for c in a.cluster_prefix)):
+        sys.exit("perf/compare --cluster: --cluster-prefix must be 1..5 of [a-z0-9]")
     if a.quick:
         a.max = min(a.max, QUICK_MAX)
     os.makedirs(a.out, exist_ok=True)

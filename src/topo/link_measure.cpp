@@ -69,16 +69,6 @@ std::vector<int> matching(const std::vector<PeerInfo>& peers, const SystemGraph&
   return match;
 }
 
-// Pairs of a network matching that measure at once through one host's link:
-// the most on any host (so that a pair's figure times this is the link's).
-int pairs_per_host(const std::vector<int>& match, const std::vector<int>& host) {
-  std::vector<int> per(host.size() + 1, 0);
-  int most = 1;
-  for (size_t r = 0; r < match.size(); ++r)
-    if (match[r] >= 0) most = std::max(most, ++per[static_cast<size_t>(host[r])]);
-  return most;
-}
-
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -164,11 +154,10 @@ Status concurrent_exchange(Bootstrap& bs, Engine& engine, int peer, uint64_t* ta
 // Bandwidth (GB/s) of one link of a class, from concurrent_exchange: the
 // slope between a medium and a large exchange (network: 256 KiB and 2 MiB,
 // past the socket buffers and a shaped link's burst), so per-message costs
-// and the barrier's skew do not count. `streams`: the pairs that crossed one
-// link at once (the network: the most pairs on one host, which share its
-// link), so that the figure is the link's, not one pair's share of it.
-Status measure_bandwidth(Bootstrap& bs, Engine& engine, int peer, bool network, int streams, uint64_t* tag_seq,
-                         double* bw_gbs) {
+// and the barrier's skew do not count. On the network one pair per host
+// measures (one_pair_per_host; the others, peer -1, wait in the barriers),
+// so that the slowest pair's figure is one host link's.
+Status measure_bandwidth(Bootstrap& bs, Engine& engine, int peer, bool network, uint64_t* tag_seq, double* bw_gbs) {
   constexpr int kReps = 3;
   const size_t medium = network ? size_t{256} << 10 : size_t{64} << 10;
   const size_t large = network ? size_t{2} << 20 : size_t{1} << 20;  // above every transport's eager limit
@@ -195,13 +184,13 @@ Status measure_bandwidth(Bootstrap& bs, Engine& engine, int peer, bool network, 
   double gbs = transfer_us > 0 ? moved / (transfer_us * 1e3) : 0;
   const double slope_gbs = gbs;
   if (gbs <= 0 || gbs > 2 * plain_gbs || medium_gbs < plain_gbs / 2) gbs = plain_gbs;
-  *bw_gbs = gbs * std::max(streams, 1);
+  *bw_gbs = gbs;
   if (bs.rank() == 0)
     MC_INFO(kTune,
-            "%s bandwidth probe, %d pair(s) per link: %zu B both ways in %.0f us, %zu B in %.0f us (slowest pair, best "
-            "of %d): slope %.3g GB/s, the large exchange alone %.3g GB/s; %.3g GB/s per link",
-            network ? "network" : "shared-memory", std::max(streams, 1), medium, t_medium, large, t_large, kReps,
-            slope_gbs, plain_gbs, *bw_gbs);
+            "%s bandwidth probe, %s: %zu B both ways in %.0f us, %zu B in %.0f us (slowest pair, best of %d): slope "
+            "%.3g GB/s, the large exchange alone %.3g GB/s; %.3g GB/s per link",
+            network ? "network" : "shared-memory", network ? "one pair per host" : "every pair at once", medium,
+            t_medium, large, t_large, kReps, slope_gbs, plain_gbs, *bw_gbs);
   return kOk;
 }
 
@@ -232,9 +221,10 @@ struct Known {
 };
 
 // Measures one link of each class with a partner, all pairs of a class at
-// once: each pair's latency, and the class's bandwidth from all pairs
-// started together (the same figure on every rank). Collective: every rank
-// takes part in every class that has a pair.
+// once: each pair's latency, and the class's bandwidth from the pairs
+// started together (shared memory: all; network: one per host), the same
+// figure on every rank. Collective: every rank takes part in every class
+// that has a pair.
 Status measure_all(Bootstrap& bs, Engine& engine, const std::vector<PeerInfo>& peers, const SystemGraph& graph,
                    const std::vector<int>& host, Known* mine) {
   const int n = static_cast<int>(peers.size()), rank = bs.rank();
@@ -247,7 +237,8 @@ Status measure_all(Bootstrap& bs, Engine& engine, const std::vector<PeerInfo>& p
     double alpha = 0, bw = 0;
     tag_seq = static_cast<uint64_t>(cls) << 12;  // both ends of a pair count alike
     if (peer >= 0) MC_TRY(measure_alpha(engine, rank, peer, &tag_seq, &alpha));
-    MC_TRY(measure_bandwidth(bs, engine, peer, network, network ? pairs_per_host(match, host) : 1, &tag_seq, &bw));
+    const int bw_peer = network ? one_pair_per_host(match, host)[static_cast<size_t>(rank)] : peer;
+    MC_TRY(measure_bandwidth(bs, engine, bw_peer, network, &tag_seq, &bw));
     const int base = kShmAlpha + 2 * cls;
     auto keep = [&](int f, double v) {
       if (v > 0 && std::isfinite(v) && mine->source[f] <= kMeasured) mine->value[f] = v, mine->source[f] = kMeasured;

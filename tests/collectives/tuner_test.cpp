@@ -239,6 +239,42 @@ TEST(Tuner, ChainAndTreePayTheNetworkOnlyWhereTheyCrossIt) {
   EXPECT_DOUBLE_EQ(detail::ring_step(sub).beta, 1e-3 / 10);
 }
 
+// A tree's pipeline fill: the first chunk's hops each at its own link's
+// rate, less what the busiest link's time covers. With all links alike
+// that is (hops - 1) chunks at the link's rate; across hosts the busiest
+// host link's time covers the path's network hops, so a one-chunk tree
+// AllReduce on 2 hosts x 4 ranks costs about that link's bytes (measured:
+// 0.97-1.06 of it), not every hop at the link's shared rate (3.8-5.6x).
+TEST(Tuner, TreeFillCountsEachHopAtItsOwnLink) {
+  const OpDesc op = op_of(OpKind::AllReduce, 8, 64 << 10);  // 32 KiB per tree: one chunk
+  const double half = 32 << 10;
+  std::vector<std::vector<int>> parents(2, std::vector<int>(8, -1));
+  int depth = 0;
+  for (int k = 0; k < 2; ++k)
+    for (int r = 0; r < 8; ++r) {
+      parents[k][r] = double_tree(8, r, k).parent;
+      int d = 0;
+      for (int x = r; x >= 0; x = double_tree(8, x, k).parent) ++d;
+      depth = std::max(depth, d - 1);
+    }
+  // Flat: every hop alike, the fill is 2 depth - 1 chunks.
+  const TuneModel flat = make_tune_model(8, true, {1.0, 10.0}, {20.0, 1.25}, 10.0);
+  const detail::PathCost pf = detail::tree_cost(BuildCtx::whole(flat, op), parents, false);
+  EXPECT_NEAR(detail::tree_fill(pf, op, half, 2), (2 * depth - 1) * half * 1e-3 / 1.25, 1e-9);
+  // 2 hosts x 4 ranks, 100 Mbit/s between them and shared memory inside.
+  const TuneModel t = with_hosts(make_tune_model(8, true, {10.0, 1.5}, {50.0, 0.0119}, 30.0), {0, 0, 0, 0, 1, 1, 1, 1});
+  const detail::PathCost ph = detail::tree_cost(BuildCtx::whole(t, op), parents, false);
+  const double net = 1e-3 / 0.0119, local = 1e-3 / 1.5;
+  EXPECT_GE(ph.busiest_beta, 2 * net);  // a host sends on 2 or more tree edges at once
+  EXPECT_GE(ph.path_beta, net);         // and some path crosses between the hosts
+  EXPECT_LE(ph.path_beta, depth * net);
+  // The path's network hops are within the busiest link's time: only local hops remain.
+  EXPECT_LE(detail::tree_fill(ph, op, half, 2), 2 * depth * half * local);
+  const double est = cost_tree_allreduce(BuildCtx::whole(t, op), op);
+  EXPECT_GT(est, ph.busiest_beta * half);
+  EXPECT_LT(est, 1.1 * ph.busiest_beta * half);
+}
+
 // The defect host-aware costs fix: on 2 hosts x 4 ranks with one shared
 // link (constants an emulated cluster agreed on), the flat model costed
 // halving-doubling as if its steps all had a link to themselves at network

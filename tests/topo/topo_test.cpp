@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "bootstrap/identity.h"
+#include "topo/cost_model.h"
 #include "topo/discover.h"
 #include "topo/exchange.h"
 #include "topo/topo_file.h"
@@ -91,6 +92,35 @@ void expect_sane(const HostTopo& h) {
   EXPECT_TRUE(current_binding().subset_of(all));
   EXPECT_GT(h.numa_gbs, 0);
   EXPECT_GT(h.cross_numa_gbs, 0);
+}
+
+// The network's bandwidth probe: one pair per host, so one flow each way on
+// every host's link, whatever the shape.
+TEST(CostModel, OnePairPerHostMeasuresTheNetwork) {
+  // 2 hosts x 4 ranks, blocked; the greedy matching pairs 0-4, 1-5, 2-6, 3-7.
+  EXPECT_EQ(one_pair_per_host({4, 5, 6, 7, 0, 1, 2, 3}, {0, 0, 0, 0, 1, 1, 1, 1}),
+            (std::vector<int>{4, -1, -1, -1, 0, -1, -1, -1}));
+  // 4 hosts x 2 ranks: 0-2 and 4-6 (hosts 0-1 and 2-3), not 1-3 and 5-7.
+  EXPECT_EQ(one_pair_per_host({2, 3, 0, 1, 6, 7, 4, 5}, {0, 0, 1, 1, 2, 2, 3, 3}),
+            (std::vector<int>{2, -1, 0, -1, 6, -1, 4, -1}));
+  // 4 hosts x 1 rank: both pairs, one per host already.
+  EXPECT_EQ(one_pair_per_host({1, 0, 3, 2}, {0, 1, 2, 3}), (std::vector<int>{1, 0, 3, 2}));
+  // 3 hosts x 1 rank: the odd host has no partner.
+  EXPECT_EQ(one_pair_per_host({1, 0, -1}, {0, 1, 2}), (std::vector<int>{1, 0, -1}));
+  // A pair whose second host is taken waits although its first is free.
+  EXPECT_EQ(one_pair_per_host({1, 0, 3, 2, -1}, {0, 1, 2, 1, 3}), (std::vector<int>{1, 0, -1, -1, -1}));
+  // Every host measures in at most one pair, and a pair is a pair.
+  const std::vector<int> host = {0, 0, 1, 1, 1, 2, 2, 3};
+  const std::vector<int> match = {2, 3, 0, 1, 5, 4, 7, 6};
+  const std::vector<int> got = one_pair_per_host(match, host);
+  std::vector<int> in_pairs(4, 0);
+  for (size_t r = 0; r < got.size(); ++r) {
+    if (got[r] < 0) continue;
+    EXPECT_EQ(got[static_cast<size_t>(got[r])], static_cast<int>(r));
+    EXPECT_EQ(got[r], match[r]);
+    ++in_pairs[static_cast<size_t>(host[r])];
+  }
+  for (int x : in_pairs) EXPECT_LE(x, 1);
 }
 
 TEST(Discover, ThisMachine) {
