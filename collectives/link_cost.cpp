@@ -73,27 +73,23 @@ PathCost tree_cost(const BuildCtx& ctx, const std::vector<std::vector<int>>& par
   PathCost out;
   std::vector<std::pair<int, int>> edges;  // child -> parent, every tree
   for (const std::vector<int>& parent : parents) {
-    // Latency from each position up to its root: memoized walk, each tree is acyclic.
-    std::vector<double> up(static_cast<size_t>(n), -1);
-    for (int s = 0; s < n; ++s) {
-      std::vector<int> path;
-      int r = s;
-      while (r >= 0 && up[r] < 0 && parent[r] >= 0) path.push_back(r), r = parent[r];
-      double acc = r >= 0 && up[r] >= 0 ? up[r] : 0;
-      for (auto it = path.rbegin(); it != path.rend(); ++it) up[*it] = acc += link_at(ctx, *it, parent[*it]).alpha_us;
-      if (r >= 0 && up[r] < 0) up[r] = 0;  // a root
-    }
-    // The same walk for the per-byte time of the path, each hop at its link's rate.
-    std::vector<double> up_beta(static_cast<size_t>(n), -1);
-    for (int s = 0; s < n; ++s) {
-      std::vector<int> path;
-      int r = s;
-      while (r >= 0 && up_beta[r] < 0 && parent[r] >= 0) path.push_back(r), r = parent[r];
-      double acc = r >= 0 && up_beta[r] >= 0 ? up_beta[r] : 0;
-      for (auto it = path.rbegin(); it != path.rend(); ++it)
-        up_beta[*it] = acc += 1e-3 / link_at(ctx, *it, parent[*it]).bw_gbs;
-      if (r >= 0 && up_beta[r] < 0) up_beta[r] = 0;
-    }
+    // The sum of hop(child) over the path from each position up to its root:
+    // memoized walk, each tree is acyclic.
+    auto walk_up = [&](auto hop) {
+      std::vector<double> up(static_cast<size_t>(n), -1);
+      for (int s = 0; s < n; ++s) {
+        std::vector<int> path;
+        int r = s;
+        while (r >= 0 && up[r] < 0 && parent[r] >= 0) path.push_back(r), r = parent[r];
+        double acc = r >= 0 && up[r] >= 0 ? up[r] : 0;
+        for (auto it = path.rbegin(); it != path.rend(); ++it) up[*it] = acc += hop(*it);
+        if (r >= 0 && up[r] < 0) up[r] = 0;  // a root
+      }
+      return up;
+    };
+    // Latency up to the root, and the per-byte time of the path, each hop at its link's rate.
+    const std::vector<double> up = walk_up([&](int c) { return link_at(ctx, c, parent[c]).alpha_us; });
+    const std::vector<double> up_beta = walk_up([&](int c) { return 1e-3 / link_at(ctx, c, parent[c]).bw_gbs; });
     for (int r = 0; r < n; ++r) {
       out.depth_alpha_us = std::max(out.depth_alpha_us, up[r]);
       out.path_beta = std::max(out.path_beta, up_beta[r]);
