@@ -95,31 +95,40 @@ class Run {
 std::unique_ptr<Run> make_plan_run(std::unique_ptr<Plan> plan, uint64_t tag_base);
 
 // The idle step of a wait that drives engines (after a pass that moved
-// nothing): once its backoff would sleep, and MESHCCL_WAIT_FD allows, it
+// nothing): once its backoff would sleep, or it has polled for
+// policy.fd_after_ns since its last progress, and MESHCCL_WAIT_FD allows, it
 // blocks in ppoll for at most kMaxNs on the wait descriptors its engines'
 // transfers give (gather fills them; false: some transfer has none, e.g. on
-// shared memory, which stays on the polling path), else backoff.idle().
-// After many wakes that moved nothing (a descriptor ready for something no
-// transfer waits for) the wait goes back to sleeping in steps.
+// shared memory, which stays on the polling path, or another thread holds
+// the engine; gather is then asked again after another fd_after_ns), else
+// backoff.idle(). After kFruitless wakes in a row that moved nothing (a
+// descriptor ready for something no transfer waits for, or another thread
+// took what woke this one) the wait sleeps in steps until its next progress.
 class FdWaiter {
  public:
   static constexpr long kMaxNs = 5000000;
-  void moved() { woke_ = false; }
+  static constexpr int kFruitless = 8;
+  void moved() {
+    woke_ = false;
+    fruitless_ = 0;
+    retry_ns_ = 0;
+  }
   template <class Gather>
   void idle(Backoff& backoff, const WaitPolicy& policy, Gather&& gather) {
-    if (woke_ && ++fruitless_ >= 64 && 2 * fruitless_ > wakes_) on_ = false;
+    if (woke_) ++fruitless_;
     woke_ = false;
-    if (on_ && policy.fd && backoff.sleeps_next()) {
+    const bool sleeps = backoff.sleeps_next();
+    const long idle_ns = sleeps ? 0 : backoff.idle_ns();
+    if (policy.fd && fruitless_ < kFruitless &&
+        (sleeps || (idle_ns >= policy.fd_after_ns && idle_ns >= retry_ns_))) {
       fds_.clear();
       if (gather(&fds_)) {
         int n = 0;
         backoff.idle_by([&] { n = block(); });
-        if (n > 0) {
-          woke_ = true;
-          ++wakes_;
-        }
+        woke_ = n > 0;
         return;
       }
+      retry_ns_ = idle_ns + policy.fd_after_ns;
     }
     backoff.idle();
   }
@@ -127,10 +136,9 @@ class FdWaiter {
  private:
   int block();
   std::vector<pollfd> fds_;
-  bool on_ = true;
   bool woke_ = false;
-  int wakes_ = 0;
-  int fruitless_ = 0;
+  int fruitless_ = 0;  // wakes in a row that moved nothing
+  long retry_ns_ = 0;  // idle time before gather is asked again (it found no descriptors for all)
 };
 
 class Engine {

@@ -34,6 +34,7 @@ WaitPolicy WaitPolicy::for_local_ranks(int local_ranks) {
   WaitPolicy p;
   p.spin = static_cast<uint32_t>(param_int(Param::SpinCount));
   p.fd = param_int(Param::WaitFd) != 0;
+  p.fd_after_ns = static_cast<long>(param_int(Param::PollUs)) * 1000;
   // A sleep costs tens of microseconds of latency when the peer answers, so
   // waits yield long before sleeping unless the ranks outnumber the cores.
   p.yield = param_env(Param::YieldCount) != nullptr ? static_cast<uint32_t>(param_int(Param::YieldCount))

@@ -23,6 +23,9 @@ struct WaitPolicy {
   // MESHCCL_WAIT_FD: a wait that would sleep may block on the network
   // transports' wait descriptors instead (Engine::idle).
   bool fd = true;
+  // MESHCCL_POLL_US: how long such a wait polls after its last progress
+  // before it blocks on the descriptors, whatever its spin and yield counts.
+  long fd_after_ns = 50000;
   // For a communicator with local_ranks ranks on this machine's cores.
   static WaitPolicy for_local_ranks(int local_ranks);
   // Waits that belong to no communicator (setup, tools).
@@ -39,6 +42,8 @@ class Backoff {
   }
   // Call after a poll that found nothing to do.
   void idle();
+  // Nanoseconds since the current idle stretch began (0 outside one).
+  long idle_ns() const { return n_ == 0 ? 0 : now_ns() - idle_since_ns_; }
   // Whether the next idle() would sleep (past spinning and yielding).
   bool sleeps_next() const { return n_ + 1 > spin_ && (n_ + 1 > spin_ + yield_ || gap_ns_ >= kLongGapNs); }
   // Instead of idle() when it would sleep: the caller blocked elsewhere (on
