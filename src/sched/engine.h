@@ -119,8 +119,7 @@ class FdWaiter {
     woke_ = false;
     const bool sleeps = backoff.sleeps_next();
     const long idle_ns = sleeps ? 0 : backoff.idle_ns();
-    if (policy.fd && fruitless_ < kFruitless &&
-        (sleeps || (idle_ns >= policy.fd_after_ns && idle_ns >= retry_ns_))) {
+    if (policy.fd && fruitless_ < kFruitless && (sleeps || (idle_ns >= policy.fd_after_ns && idle_ns >= retry_ns_))) {
       fds_.clear();
       if (gather(&fds_)) {
         int n = 0;

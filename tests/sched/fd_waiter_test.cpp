@@ -72,8 +72,7 @@ TEST(FdWaiter, WithoutWaitFdItNeverBlocks) {
   Backoff backoff(policy);
   FdWaiter fd;
   int gathers = 0;
-  for (int i = 0; i < 200; ++i)
-    fd.idle(backoff, policy, [&](std::vector<pollfd>*) { return ++gathers > 0; });
+  for (int i = 0; i < 200; ++i) fd.idle(backoff, policy, [&](std::vector<pollfd>*) { return ++gathers > 0; });
   EXPECT_EQ(gathers, 0);
 }
 
