@@ -211,9 +211,11 @@ class DirectRun final : public Run {
     for (int p = 0; p < n(); ++p) {
       if (round_ > back && !arrived(p, round_ - back)) {
         waiting_ = p;
-        MC_TRY(unless_left(p, [&] { return arrived(p, round_ - back); }));
+        // A mismatch this rank can see, or one a peer found, comes before
+        // a peer's leaving: that peer may have left because of it.
         MC_TRY(check_unchecked(true));
-        return peer_failure();
+        MC_TRY(peer_failure());
+        return unless_left(p, [&] { return arrived(p, round_ - back); });
       }
     }
     waiting_ = -1;
@@ -430,10 +432,12 @@ class DirectRun final : public Run {
     for (int p = 0; p < n(); ++p) {
       if (!waits_for(p) || arrived(p, round_)) continue;
       waiting_ = p;
-      MC_TRY(unless_left(p, [&] { return arrived(p, round_); }));
+      // As in my_turn: a mismatch comes before a peer's leaving (a root,
+      // which waits for nobody, learns of its call's mismatch here, at its
+      // next call, after the peers that found it may have left).
       MC_TRY(check_unchecked(true));
       Status failure = peer_failure();
-      if (failure.ok()) return kOk;
+      if (failure.ok()) return unless_left(p, [&] { return arrived(p, round_); });
       // A rank found a mismatch, which it can only after arriving here (and,
       // in a rooted round, with only its root arrived): compare with every
       // peer already here, so that this rank names the difference it can see
