@@ -107,13 +107,12 @@ Candidate plan_layout(const CliOptions& o, int world, bool saved, const LinkMode
   req.mem_limit = o.mem_limit_mib * 1048576.0;
   Profile prof;
   LinkModel links;
-  const bool loaded = saved;
-  if (loaded) {
+  if (saved) {
     load_profile(o.profile, &prof, &links);
   } else if (!o.profile.empty()) {
     std::printf("plan: no profile at %s yet: measuring this machine and writing it there\n", o.profile.c_str());
   }
-  if (!loaded) {
+  if (!saved) {
     std::vector<int> mbs;
     for (int b = 1; b <= std::min(req.global_batch, 64); b++) {
       if (req.global_batch % b == 0) mbs.push_back(b);
@@ -130,7 +129,7 @@ Candidate plan_layout(const CliOptions& o, int world, bool saved, const LinkMode
                              std::to_string(req.global_batch) + (req.mem_limit > 0 ? " and --mem-limit" : ""));
   }
   std::printf("plan: %d rank(s), global batch %d, %zu feasible plans (%s profile; %d core(s))\n", world,
-              req.global_batch, all.size(), loaded ? "saved" : "measured", prof.cores);
+              req.global_batch, all.size(), saved ? "saved" : "measured", prof.cores);
   std::printf("  %-52s %9s %9s %8s %8s %8s %8s\n", "layout", "step ms", "compute", "tp comm", "pp+bubl", "dp exp",
               "MiB");
   for (size_t i = 0; i < all.size() && i < static_cast<size_t>(o.plan_top); i++) {

@@ -427,7 +427,6 @@ void send_ep_error(void* arg, ucp_ep_h ep, ucs_status_t s) {
 // Another host: peer error handling, so that UCX reports a dead or
 // unreachable receiver. The same host: none, which lets UCX pick its
 // shared-memory transports; the control socket reports a dead receiver.
-
 meshccl_tresult_t create_ep(SendComm* c) {
   const bool same_host = !to_other_host(c);
   ucp_ep_params_t ep{};

@@ -3,6 +3,7 @@
 #include <iterator>
 #include <map>
 #include <new>
+#include <span>
 
 #include "sched/engine.h"
 #include "sched/stream.h"
@@ -50,7 +51,7 @@ Status dispatch(std::vector<PendingOp>& ops, std::vector<std::unique_ptr<Run>>& 
 // or handed on fails its communicator (ncclCommAbort and ncclCommDestroy
 // then return at once; the caller's call returns ncclSystemError).
 template <typename F>
-Status failing_comms_on_oom(std::vector<PendingOp>& ops, F&& body) {
+Status failing_comms_on_oom(std::span<PendingOp> ops, F&& body) {
   try {
     return body();
   } catch (const std::bad_alloc&) {
@@ -75,14 +76,8 @@ Status launch(std::vector<PendingOp>& ops) {
 }
 
 Status launch_one(PendingOp& op) {
-  // As failing_comms_on_oom, without building a vector: most calls end here,
-  // and that was an allocation and a free on every call.
-  try {
-    return launch_one_unguarded(op);
-  } catch (const std::bad_alloc&) {
-    op.comm->engine->fail_all(Status(ncclSystemError));
-    throw;
-  }
+  // A span over the one op, not a vector: most calls end here.
+  return failing_comms_on_oom(std::span<PendingOp>(&op, 1), [&] { return launch_one_unguarded(op); });
 }
 
 namespace {
