@@ -640,6 +640,9 @@ Status run_direct_now(NodeRegion* node, const OpDesc& op, size_t max_bytes, doub
   *taken = true;
   MC_INFO(kTune, "%s: %zu elements of %s -> algorithm %s, on the calling thread", op_kind_name(op.kind), op.count,
           dtype_name(op.dtype), kDirectShm);
+  // An operation of one round may wait longer here when the policy says so
+  // (oversubscribed cores: WaitPolicy::express_one_round_us).
+  if (rounds == 1) budget_us = std::max(budget_us, wait.express_one_round_us);
   DirectRun run(node, op, lane, rounds);
   // Poll the flags (yielding to a peer that may share this core); look at
   // the clock only every so often.

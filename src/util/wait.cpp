@@ -40,6 +40,9 @@ WaitPolicy WaitPolicy::for_local_ranks(int local_ranks) {
   p.yield = param_env(Param::YieldCount) != nullptr ? static_cast<uint32_t>(param_int(Param::YieldCount))
             : local_ranks > online_cores()          ? 200
                                                     : 20000;
+  p.express_one_round_us = static_cast<double>(param_int(Param::InlineUs));
+  if (param_env(Param::InlineUs) == nullptr && local_ranks > online_cores())
+    p.express_one_round_us = std::max(p.express_one_round_us, kOversubscribedExpressUs);
   return p;
 }
 

@@ -26,6 +26,18 @@ struct WaitPolicy {
   // MESHCCL_POLL_US: how long such a wait polls after its last progress
   // before it blocks on the descriptors, whatever its spin and yield counts.
   long fd_after_ns = 50000;
+  // How long the calling thread may drive an operation of one direct round
+  // itself before handing the rest to the engine (the express path,
+  // run_direct_now). MESHCCL_INLINE_US when set; otherwise its default, or
+  // kOversubscribedExpressUs while the ranks outnumber the cores.
+  double express_one_round_us = 20;
+  // There a peer's arrival waits for the scheduler to run it, often longer
+  // than 20 us, and each hand-off woke the stream's thread, one more thread
+  // on the shared cores: 4 ranks on 2 cores took 3.5 us per 256-byte
+  // AllReduce with the kernel's 2+2 placement and 7 us with 3+1, and
+  // unpinned ranks drifted between the two while the stream threads woke
+  // (5.3-9.5 us in 3 runs with 20 us; 3.5-4.6 us with 0.2-20 ms).
+  static constexpr double kOversubscribedExpressUs = 1000;
   // For a communicator with local_ranks ranks on this machine's cores.
   static WaitPolicy for_local_ranks(int local_ranks);
   // Waits that belong to no communicator (setup, tools).
