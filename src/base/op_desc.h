@@ -54,7 +54,10 @@ struct OpDesc {
   void read_scalar() {
     if (scalar_src != nullptr) std::memcpy(scalar, scalar_src, elem());
   }
-  OpSignature signature() const;
+  OpSignature signature() const {
+    const uint8_t redop = premul ? kRedOpPreMulSum : avg ? static_cast<uint8_t>(ncclAvg) : static_cast<uint8_t>(op);
+    return make_signature(kind, count, dtype, redop, root);
+  }
 };
 
 }  // namespace meshccl

@@ -6,21 +6,6 @@
 
 namespace meshccl {
 
-OpSignature OpDesc::signature() const {
-  uint8_t redop = premul ? kRedOpPreMulSum : avg ? static_cast<uint8_t>(ncclAvg) : static_cast<uint8_t>(op);
-  return make_signature(kind, count, dtype, redop, root);
-}
-
-OpSignature make_signature(OpKind kind, size_t count, ncclDataType_t dtype, uint8_t redop, int root) {
-  OpSignature s;
-  s.count = count;
-  s.kind = static_cast<uint8_t>(kind);
-  s.dtype = static_cast<uint8_t>(dtype);
-  s.redop = is_reduction(kind) ? redop : kNoRedOp;
-  s.root = is_rooted(kind) ? root : -1;
-  return s;
-}
-
 namespace {
 
 std::string kind_str(uint8_t k) {

@@ -38,7 +38,16 @@ static_assert(sizeof(OpSignature) == 16, "OpSignature travels as 16 bytes");
 
 // op: ncclSum..ncclAvg, or kRedOpPreMulSum; ignored unless the kind reduces.
 // root: ignored unless the kind has one.
-OpSignature make_signature(OpKind kind, size_t count, ncclDataType_t dtype, uint8_t redop, int root);
+// (Inline: every call makes one.)
+inline OpSignature make_signature(OpKind kind, size_t count, ncclDataType_t dtype, uint8_t redop, int root) {
+  OpSignature s;
+  s.count = count;
+  s.kind = static_cast<uint8_t>(kind);
+  s.dtype = static_cast<uint8_t>(dtype);
+  s.redop = is_reduction(kind) ? redop : kNoRedOp;
+  s.root = is_rooted(kind) ? root : -1;
+  return s;
+}
 
 // "" when the signatures agree; otherwise every field that differs with
 // both values, e.g. "count is 100 on rank 0 (this rank) but 50 on rank 2".

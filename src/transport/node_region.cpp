@@ -52,6 +52,8 @@ Status NodeRegion::create(Bootstrap& bs, const std::vector<PeerInfo>& peers, siz
   out->reset();
   const int n = bs.nranks(), me = bs.rank();
   if (n < 2 || slot_bytes == 0 || lanes < 1) return kOk;
+  if (lanes > kPriorityLanes)
+    return MC_ERROR(ncclInternalError, "a node region has at most %d lanes, not %d", kPriorityLanes, lanes);
   // The topology test gives the same answer on every rank; what depends on
   // this process (transport settings, memory) is agreed below.
   for (const PeerInfo& p : peers)
@@ -66,6 +68,8 @@ Status NodeRegion::create(Bootstrap& bs, const std::vector<PeerInfo>& peers, siz
   region->map_bytes_ =
       (region->control_bytes() + static_cast<size_t>(lanes) * region->lane_bytes() + page - 1) / page * page;
   region->bases_.assign(n, nullptr);
+  region->nranks_ = n;
+  for (int l = 0; l < lanes; ++l) region->lane_offsets_[l] = region->lane_offset(l);
 
   Desc mine{};
   bool usable = true;

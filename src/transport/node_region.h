@@ -113,7 +113,7 @@ class NodeRegion {
                        std::unique_ptr<NodeRegion>* out);
 
   int rank() const { return rank_; }
-  int nranks() const { return static_cast<int>(bases_.size()); }
+  int nranks() const { return nranks_; }
   size_t slot_bytes() const { return slot_bytes_; }
   int lanes() const { return lanes_; }
   // The lane of an operation at a stream priority (0 least urgent, negative
@@ -187,12 +187,13 @@ class NodeRegion {
   NodeRegion() = default;
   size_t control_bytes() const { return kLine + static_cast<size_t>(lanes_) * sizeof(Control); }
   size_t lane_bytes() const { return kRing * sizeof(SlotHeader) + 2 * slot_bytes_; }
+  size_t lane_offset(int lane) const { return control_bytes() + static_cast<size_t>(lane) * lane_bytes(); }
+  // Every call reads headers: lane offsets are worked out once (lane_offsets_).
   size_t header_offset(int lane, uint64_t round) const {
-    return control_bytes() + static_cast<size_t>(lane) * lane_bytes() + (round % kRing) * sizeof(SlotHeader);
+    return lane_offsets_[lane] + (round % kRing) * sizeof(SlotHeader);
   }
   size_t data_offset(int lane, uint64_t round) const {
-    return control_bytes() + static_cast<size_t>(lane) * lane_bytes() + kRing * sizeof(SlotHeader) +
-           (round & 1) * slot_bytes_;
+    return lane_offsets_[lane] + kRing * sizeof(SlotHeader) + (round & 1) * slot_bytes_;
   }
 
   int rank_ = 0;
@@ -201,6 +202,8 @@ class NodeRegion {
   size_t map_bytes_ = 0;
   int fd_ = -1;               // own region, kept open so peers can attach
   std::vector<char*> bases_;  // every rank's region as mapped here
+  int nranks_ = 0;            // bases_.size()
+  size_t lane_offsets_[kPriorityLanes] = {};
   std::unique_ptr<Lane[]> lane_;
   uint32_t calls_ = 0;
   std::atomic<int> urgent_running_{0};

@@ -22,6 +22,10 @@
 
 namespace meshccl {
 
+namespace detail {
+std::atomic<int> g_log_level{-1};  // cached level; -1 = not initialized
+}  // namespace detail
+
 namespace {
 
 struct LogState {
@@ -54,7 +58,6 @@ struct ThreadError {
 };
 thread_local ThreadError t_last_error;
 thread_local bool t_in_log = false;  // this thread holds the log lock (settings are read under it)
-std::atomic<int> g_level{-1};        // cached level; -1 = not initialized
 std::atomic<uint32_t> g_subsys{0};
 
 struct SubsysName {
@@ -132,13 +135,13 @@ void init_locked(LogState& s) {
     }
   }
   g_subsys.store(s.subsys);
-  g_level.store(static_cast<int>(s.level));
+  detail::g_log_level.store(static_cast<int>(s.level));
 }
 
 }  // namespace
 
 LogLevel log_level() {
-  int l = g_level.load(std::memory_order_relaxed);
+  int l = detail::g_log_level.load(std::memory_order_relaxed);
   if (l < 0) {
     LogState& s = state();
     std::lock_guard<std::mutex> lock(s.mu);
@@ -150,7 +153,7 @@ LogLevel log_level() {
   return static_cast<LogLevel>(l);
 }
 
-bool log_enabled(LogLevel level, uint32_t subsys) {
+bool detail::log_enabled_slow(LogLevel level, uint32_t subsys) {
   if (log_level() < level) return false;
   return level <= LogLevel::Warn || (g_subsys.load(std::memory_order_relaxed) & subsys) != 0;
 }
@@ -161,7 +164,7 @@ void log_reset() {
   if (s.out != stdout && s.out != nullptr) std::fclose(s.out);
   s.out = stdout;
   s.initialized = false;
-  g_level.store(-1);
+  detail::g_log_level.store(-1);
 }
 
 void log_msg(LogLevel level, uint32_t subsys, const char* file, int line, const char* fmt, ...) {

@@ -4,6 +4,7 @@
 // Every WARN also becomes the process's "last error" (ncclGetLastError).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -30,7 +31,18 @@ enum LogSubsys : uint32_t {
 };
 
 LogLevel log_level();
-bool log_enabled(LogLevel level, uint32_t subsys);
+namespace detail {
+// The level in force once the settings were read, -1 before: the common
+// answer of log_enabled (nothing at this level) without a call.
+extern std::atomic<int> g_log_level;
+bool log_enabled_slow(LogLevel level, uint32_t subsys);
+}  // namespace detail
+// Every MC_INFO and MC_TRACE asks, on paths that run per call.
+inline bool log_enabled(LogLevel level, uint32_t subsys) {
+  const int l = detail::g_log_level.load(std::memory_order_relaxed);
+  if (l >= 0 && l < static_cast<int>(level)) return false;
+  return detail::log_enabled_slow(level, subsys);
+}
 void log_msg(LogLevel level, uint32_t subsys, const char* file, int line, const char* fmt, ...)
     __attribute__((format(printf, 5, 6)));
 // Re-read the debug settings at the next log line (ncclResetDebugInit).
