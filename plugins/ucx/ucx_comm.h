@@ -25,6 +25,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -134,7 +135,8 @@ struct Ctx {
   // on which a sender's goodbye or end arrives (UCX itself may not wake).
   int efd = -1;
   int epfd = -1;
-  bool wakeup = false;  // the context has UCP_FEATURE_WAKEUP
+  bool wakeup = false;                     // the context has UCP_FEATURE_WAKEUP
+  std::atomic<uint64_t> progressed_ns{0};  // the last progress call from a test (progress())
 };
 
 struct ListenComm {

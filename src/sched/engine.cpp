@@ -292,18 +292,19 @@ Status Engine::wait(OpHandle& op) {
       backoff.progress();
       fd.moved();
     } else {
-      fd.idle(backoff, wait_, [this](std::vector<pollfd>* fds) { return wait_fds(fds); });
+      fd.idle(backoff, wait_, [this](std::vector<pollfd>* fds, FdClaims* claims) { return wait_fds(fds, claims); });
     }
     check_stalled(op);
   }
   return op.status;
 }
 
-bool Engine::wait_fds(std::vector<pollfd>* out) {
+bool Engine::wait_fds(std::vector<pollfd>* out, FdClaims* claims) {
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock()) return false;
   std::vector<int> fds;
   if (!links_.wait_fds(&fds)) return false;
+  if (!claims->take(&fd_claimed_)) return false;
   for (int f : fds) out->push_back(pollfd{f, POLLIN, 0});
   return true;
 }

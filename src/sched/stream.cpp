@@ -57,9 +57,9 @@ bool Submitted::poll() {
   return moved;
 }
 
-bool Submitted::wait_fds(std::vector<pollfd>* out) {
+bool Submitted::wait_fds(std::vector<pollfd>* out, FdClaims* claims) {
   for (CommSched* c : comms_)
-    if (!c->engine->wait_fds(out)) return false;
+    if (!c->engine->wait_fds(out, claims)) return false;
   return !out->empty();
 }
 
@@ -88,7 +88,7 @@ Status run_launches(std::vector<Launch>& launches, int priority) {
   Submitted sub(launches, priority);
   Backoff backoff(sub.wait_policy());
   FdWaiter fd;
-  auto gather = [&sub](std::vector<pollfd>* fds) { return sub.wait_fds(fds); };
+  auto gather = [&sub](std::vector<pollfd>* fds, FdClaims* claims) { return sub.wait_fds(fds, claims); };
   while (!sub.done()) {
     if (sub.poll()) {
       backoff.progress();
@@ -207,15 +207,15 @@ bool meshcclStream::drive(bool* busy) {
   }
 }
 
-bool meshcclStream::wait_fds(std::vector<pollfd>* out) {
+bool meshcclStream::wait_fds(std::vector<pollfd>* out, meshccl::FdClaims* claims) {
   std::unique_lock<std::mutex> driving(drive_mu_, std::try_to_lock);
-  return driving.owns_lock() && running_ != nullptr && running_->wait_fds(out);
+  return driving.owns_lock() && running_ != nullptr && running_->wait_fds(out, claims);
 }
 
 void meshcclStream::worker() {
   meshccl::Backoff backoff;
   meshccl::FdWaiter fd;
-  auto gather = [this](std::vector<pollfd>* fds) { return wait_fds(fds); };
+  auto gather = [this](std::vector<pollfd>* fds, meshccl::FdClaims* claims) { return wait_fds(fds, claims); };
   meshccl::WaitPolicy policy;
   for (;;) {
     {
@@ -247,7 +247,7 @@ meshccl::Status meshcclStream::synchronize() {
   ++syncers_;
   meshccl::Backoff backoff(wait_policy());
   meshccl::FdWaiter fd;
-  auto gather = [this](std::vector<pollfd>* fds) { return wait_fds(fds); };
+  auto gather = [this](std::vector<pollfd>* fds, meshccl::FdClaims* claims) { return wait_fds(fds, claims); };
   while (completed_.load(std::memory_order_acquire) < target) {
     const meshccl::WaitPolicy policy = wait_policy();
     if (drive()) {

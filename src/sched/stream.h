@@ -20,6 +20,7 @@
 namespace meshccl {
 
 struct OpHandle;
+class FdClaims;
 
 class Run;
 
@@ -53,7 +54,7 @@ class Submitted {
   const WaitPolicy& wait_policy() const { return wait_; }
   // The wait descriptors of every engine involved (Engine::wait_fds); false
   // when one of them cannot wait on descriptors now.
-  bool wait_fds(std::vector<pollfd>* out);
+  bool wait_fds(std::vector<pollfd>* out, FdClaims* claims);
 
  private:
   struct Waiting {
@@ -108,7 +109,7 @@ struct meshcclStream {
   bool has_work_locked() const { return running_ != nullptr || !queue_.empty(); }
   // The running item's wait descriptors (Submitted::wait_fds); false when
   // another thread drives or nothing runs.
-  bool wait_fds(std::vector<pollfd>* out);
+  bool wait_fds(std::vector<pollfd>* out, meshccl::FdClaims* claims);
   meshccl::WaitPolicy wait_policy() {
     std::lock_guard<std::mutex> lock(mu_);
     return wait_;

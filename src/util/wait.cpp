@@ -69,6 +69,15 @@ void Backoff::idle() {
     sched_yield();
     return;
   }
+  sleep_step();
+}
+
+void Backoff::idle_sleeping() {
+  if (n_++ == 0) idle_since_ns_ = now_ns();
+  sleep_step();
+}
+
+void Backoff::sleep_step() {
   // Each sleep a quarter of the time asleep so far (measured: a sleep lasts
   // longer than asked), from 10 us up to 1 ms: a peer that became ready
   // meanwhile waits at most about a quarter of this wait longer (doubling

@@ -71,6 +71,9 @@ class Backoff {
     return ns;
   }
   static long now_ns();
+  // Like idle() in its sleeping phase, whatever the counts: for a wait that
+  // another thread's wait covers (FdWaiter).
+  void idle_sleeping();
   // Like idle(), but never sleeps: for short bounded waits.
   void yield_only();
   // Call after a poll that made progress.
@@ -96,6 +99,7 @@ class Backoff {
 
  private:
   void note_gap();
+  void sleep_step();
   uint32_t n_ = 0;
   long slept_ns_ = 0;       // slept since the last progress
   long idle_since_ns_ = 0;  // when the current idle stretch began

@@ -1,11 +1,13 @@
 // The idle step of waits on network transfers (sched/engine.h, FdWaiter):
 // when it starts blocking on the transports' descriptors, and that wakes
-// that move nothing send it back to sleeping only until the next progress.
+// that move nothing send it back to sleeping only until the next progress,
+// and that one waiter per engine polls and blocks while the others sleep.
 // A pipe stands in for a transport's wait descriptor.
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <thread>
 #include <vector>
 
@@ -15,6 +17,7 @@
 namespace {
 
 using meshccl::Backoff;
+using meshccl::FdClaims;
 using meshccl::FdWaiter;
 using meshccl::WaitPolicy;
 
@@ -48,22 +51,22 @@ TEST(FdWaiter, BlocksOnTheDescriptorsOncePolledForThePollTime) {
   Pipe p;
   Backoff backoff(policy);
   FdWaiter fd;
-  int gathers = 0;
-  long idle_at_gather = -1;
+  std::vector<long> gathered_at;
   std::thread writer;
-  for (int i = 0; i < 100000000 && gathers == 0; ++i) {
-    fd.idle(backoff, policy, [&](std::vector<pollfd>* fds) {
-      if (gathers++ == 0) {
-        idle_at_gather = backoff.idle_ns();
-        writer = std::thread([&p] { p.put(); });  // wakes the block that follows
-      }
+  // The first ask claims the engines at the start of the idle stretch; the
+  // second, after the poll time, is the one that blocks.
+  for (int i = 0; i < 100000000 && gathered_at.size() < 2; ++i) {
+    fd.idle(backoff, policy, [&](std::vector<pollfd>* fds, FdClaims*) {
+      gathered_at.push_back(backoff.idle_ns());
+      if (gathered_at.size() == 2) writer = std::thread([&p] { p.put(); });  // wakes the block that follows
       fds->push_back(pollfd{p.read_end(), POLLIN, 0});
       return true;
     });
   }
   writer.join();
-  ASSERT_EQ(gathers, 1);
-  EXPECT_GE(idle_at_gather, policy.fd_after_ns) << "asked for descriptors before the poll time";
+  ASSERT_EQ(gathered_at.size(), 2u);
+  EXPECT_LT(gathered_at[0], policy.fd_after_ns) << "the claim comes first, at the start of the stretch";
+  EXPECT_GE(gathered_at[1], policy.fd_after_ns) << "blocked on descriptors before the poll time";
 }
 
 TEST(FdWaiter, WithoutWaitFdItNeverBlocks) {
@@ -72,7 +75,8 @@ TEST(FdWaiter, WithoutWaitFdItNeverBlocks) {
   Backoff backoff(policy);
   FdWaiter fd;
   int gathers = 0;
-  for (int i = 0; i < 200; ++i) fd.idle(backoff, policy, [&](std::vector<pollfd>*) { return ++gathers > 0; });
+  for (int i = 0; i < 200; ++i)
+    fd.idle(backoff, policy, [&](std::vector<pollfd>*, FdClaims*) { return ++gathers > 0; });
   EXPECT_EQ(gathers, 0);
 }
 
@@ -83,7 +87,7 @@ TEST(FdWaiter, FruitlessWakesSendItBackToPollingOnlyUntilTheNextProgress) {
   Backoff backoff(policy);
   FdWaiter fd;
   int gathers = 0;
-  auto gather = [&](std::vector<pollfd>* fds) {
+  auto gather = [&](std::vector<pollfd>* fds, FdClaims*) {
     ++gathers;
     fds->push_back(pollfd{p.read_end(), POLLIN, 0});
     return true;
@@ -91,7 +95,8 @@ TEST(FdWaiter, FruitlessWakesSendItBackToPollingOnlyUntilTheNextProgress) {
   for (int stretch = 0; stretch < 5; ++stretch) {
     gathers = 0;
     for (int i = 0; i < 40; ++i) fd.idle(backoff, policy, gather);
-    EXPECT_EQ(gathers, FdWaiter::kFruitless) << "stretch " << stretch;
+    // The claim at the start of the stretch, then one per fruitless block.
+    EXPECT_EQ(gathers, FdWaiter::kFruitless + 1) << "stretch " << stretch;
     // A pass moved something: the descriptors are worth waiting on again.
     backoff.progress();
     fd.moved();
@@ -103,14 +108,68 @@ TEST(FdWaiter, AGatherWithoutDescriptorsIsAskedAgainOnlyAfterThePollTime) {
   Backoff backoff(policy);
   FdWaiter fd;
   std::vector<long> asked;
-  for (int i = 0; i < 100000000 && asked.size() < 3; ++i)
-    fd.idle(backoff, policy, [&](std::vector<pollfd>*) {
+  for (int i = 0; i < 100000000 && asked.size() < 4; ++i)
+    fd.idle(backoff, policy, [&](std::vector<pollfd>*, FdClaims*) {
       asked.push_back(backoff.idle_ns());
       return false;  // some transfer has no descriptor (shared memory)
     });
-  ASSERT_EQ(asked.size(), 3u);
-  for (size_t k = 0; k < asked.size(); ++k)
-    EXPECT_GE(asked[k], static_cast<long>(k + 1) * policy.fd_after_ns) << "ask " << k;
+  ASSERT_EQ(asked.size(), 4u);
+  // asked[0]: the claim at the start of the stretch.
+  for (size_t k = 1; k < asked.size(); ++k)
+    EXPECT_GE(asked[k], static_cast<long>(k) * policy.fd_after_ns) << "ask " << k;
+}
+
+TEST(FdWaiter, OneWaiterPerEngineWhileTheOthersSleepAndAskAgain) {
+  const WaitPolicy policy = long_yields(0);  // block at once
+  Pipe p;
+  p.put();                                 // readable: a block returns at once
+  std::atomic<bool> engine_claimed{true};  // another thread's wait holds this engine
+  Backoff backoff(policy);
+  FdWaiter fd;
+  int gathers = 0, blocks = 0;
+  auto gather = [&](std::vector<pollfd>* fds, FdClaims* claims) {
+    ++gathers;
+    if (!claims->take(&engine_claimed)) {
+      EXPECT_TRUE(claims->other());
+      return false;
+    }
+    fds->push_back(pollfd{p.read_end(), POLLIN, 0});
+    return true;
+  };
+  for (int i = 0; i < 5; ++i)
+    fd.idle(backoff, policy, [&](std::vector<pollfd>* fds, FdClaims* claims) {
+      const bool ok = gather(fds, claims);
+      blocks += ok;
+      return ok;
+    });
+  // Never blocked, and asked at every step: the other thread may be done.
+  EXPECT_EQ(gathers, 5);
+  EXPECT_EQ(blocks, 0);
+  EXPECT_TRUE(engine_claimed.load()) << "a claim it never took was let go";
+  engine_claimed = false;  // the other thread's wait ended
+  fd.idle(backoff, policy, gather);
+  EXPECT_TRUE(engine_claimed.load()) << "this wait holds the claim through its idle stretch";
+  fd.moved();
+  EXPECT_FALSE(engine_claimed.load()) << "the claim outlived the idle stretch";
+}
+
+TEST(FdWaiter, ClaimsOnSeveralEnginesAreLetGoTogether) {
+  std::atomic<bool> a{false}, b{true};
+  {
+    FdClaims claims;
+    EXPECT_TRUE(claims.take(&a));
+    EXPECT_TRUE(claims.take(&a)) << "a claim this wait holds already";
+    EXPECT_FALSE(claims.take(&b));
+    EXPECT_TRUE(claims.other());
+    claims.release();
+    EXPECT_FALSE(a.load());
+    EXPECT_TRUE(b.load()) << "let go of a claim another thread holds";
+    EXPECT_TRUE(claims.other()) << "release() keeps what it learned";
+    claims.reset();
+    EXPECT_FALSE(claims.other());
+    EXPECT_TRUE(claims.take(&a));
+  }
+  EXPECT_FALSE(a.load()) << "a claim outlived its FdClaims";
 }
 
 }  // namespace
