@@ -222,6 +222,10 @@ void meshcclStream::worker() {
       std::unique_lock<std::mutex> lock(mu_);
       auto ready = [&] { return syncers_.load() == 0 && (shutdown_ || has_work_locked()); };
       if (!ready()) {
+        // Its claims on the engines go before it sleeps here: a thread that
+        // synchronizes (the worker stands aside) or another stream's thread
+        // would otherwise find them held and sleep in steps meanwhile.
+        fd.moved();
         cv_work_.wait(lock, ready);
         // Work handed over afresh: the polls before the wait (often while
         // another thread drove the stream to its end) say nothing about this
