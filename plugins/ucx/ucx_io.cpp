@@ -5,7 +5,6 @@
 
 #include <cerrno>
 #include <cinttypes>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -121,9 +120,6 @@ meshccl_tresult_t send_liveness(SendComm* c) {
   return c->broken = MESHCCL_T_REMOTE_ERROR;
 }
 
-}  // namespace
-
-namespace {
 // A test's progress call. With UCX's TCP transport ucp_worker_progress is a
 // system call (epoll_wait over its sockets), and an engine's pass tests
 // every transfer in flight, each test asking for progress: with priority
@@ -137,6 +133,7 @@ void progress(Ctx* ctx) {
   ucp_worker_progress(ctx->worker);
   ctx->progressed_ns.store(now_ns(), std::memory_order_relaxed);
 }
+
 }  // namespace
 
 meshccl_tresult_t send_test(Request* r, int* done, size_t* size) {
