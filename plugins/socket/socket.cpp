@@ -207,6 +207,10 @@ bool watch(int epfd, int fd, uint32_t events, bool added) {
 meshccl_tresult_t wait_fd(Ctx* ctx, int* fd) {
   if (ctx->epfd < 0) ctx->epfd = epoll_create1(EPOLL_CLOEXEC);
   if (ctx->epfd < 0) return MESHCCL_T_SUCCESS;  // *fd = -1: the host keeps polling
+  // The host blocks on the set next and tests at once when it wakes: the
+  // connections' calls are due again.
+  for (RecvComm* r : ctx->recvs) r->calls.wake();
+  for (SendComm* s : ctx->sends) s->calls.wake();
   for (RecvComm* r : ctx->recvs) {
     if (r->watched || r->fd < 0) continue;
     if (!watch(ctx->epfd, r->fd, EPOLLIN | EPOLLRDHUP, false)) return MESHCCL_T_SUCCESS;

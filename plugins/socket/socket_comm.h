@@ -112,6 +112,7 @@ struct SendComm {
   Pool<Request> reqs;
   meshccl_tresult_t broken = MESHCCL_T_SUCCESS;
   int64_t watched = -1;  // events in the context's epoll set; -1: not in it
+  EmptyCalls calls;      // sendmsg finding the socket buffer full
 };
 
 struct RecvComm {
@@ -127,6 +128,7 @@ struct RecvComm {
   // large payloads are read straight into their destination.
   std::unique_ptr<unsigned char[]> stage{new unsigned char[kStage]};
   bool watched = false;  // in the context's epoll set
+  EmptyCalls calls;      // recv finding nothing
   size_t stage_pos = 0;
   size_t stage_len = 0;
   // The frame being read: its header is consumed, `got` of `size` payload

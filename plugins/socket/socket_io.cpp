@@ -52,6 +52,7 @@ void send_fail_all(SendComm* c, meshccl_tresult_t result, const char* why) {
 }
 
 void send_progress(SendComm* c) {
+  if (c->queue.empty() || !c->calls.due(now_ns())) return;
   uint64_t sent = 0;
   while (c->broken == MESHCCL_T_SUCCESS && !c->queue.empty() && sent < kBudget) {
     iovec iov[kMaxIov];
@@ -79,11 +80,15 @@ void send_progress(SendComm* c) {
     if (w < 0) {
       int err = errno;
       if (err == EINTR) continue;
-      if (err == EAGAIN || err == EWOULDBLOCK) return;
+      if (err == EAGAIN || err == EWOULDBLOCK) {
+        c->calls.empty(now_ns());
+        return;
+      }
       send_fail_all(c, peer_vanished(err) ? MESHCCL_T_REMOTE_ERROR : MESHCCL_T_SYSTEM_ERROR, std::strerror(err));
       return;
     }
     uint64_t left = static_cast<uint64_t>(w);
+    c->calls.moved(0);
     sent += left;
     while (!c->queue.empty()) {
       Request* r = c->queue.front();
@@ -188,7 +193,10 @@ void recv_gone(RecvComm* c, meshccl_tresult_t result, const char* why) {
 ssize_t read_some(RecvComm* c, void* buf, size_t len) {
   for (;;) {
     ssize_t n = recv(c->fd, buf, len, MSG_DONTWAIT);
-    if (n > 0) return n;
+    if (n > 0) {
+      c->calls.moved(0);
+      return n;
+    }
     if (n == 0) {
       recv_gone(c, MESHCCL_T_REMOTE_ERROR,
                 c->in_frame ? "the sender closed the connection in the middle of a message"
@@ -197,7 +205,10 @@ ssize_t read_some(RecvComm* c, void* buf, size_t len) {
     }
     int err = errno;
     if (err == EINTR) continue;
-    if (err == EAGAIN || err == EWOULDBLOCK) return 0;
+    if (err == EAGAIN || err == EWOULDBLOCK) {
+      c->calls.empty(now_ns());
+      return 0;
+    }
     recv_gone(c, peer_vanished(err) ? MESHCCL_T_REMOTE_ERROR : MESHCCL_T_SYSTEM_ERROR, std::strerror(err));
     return -1;
   }
@@ -206,8 +217,9 @@ ssize_t read_some(RecvComm* c, void* buf, size_t len) {
 void recv_progress(RecvComm* c) {
   uint64_t budget = kBudget;
   // A read that returns less than it asked for drained the socket: parse
-  // what came and stop, rather than pay for a recv() that says EAGAIN.
-  bool may_read = true;
+  // what came and stop, rather than pay for a recv() that says EAGAIN. So
+  // does a connection whose recent reads found nothing (EmptyCalls).
+  bool may_read = c->calls.due(now_ns());
   while (c->m.gone() == MESHCCL_T_SUCCESS && budget > 0) {
     size_t avail = c->stage_len - c->stage_pos;
     if (!c->in_frame) {

@@ -591,6 +591,7 @@ meshccl_tresult_t wait_fd(Ctx* c, int* fd) {
     if (epoll_ctl(c->epfd, EPOLL_CTL_ADD, r->fd, &ev) != 0) return MESHCCL_T_SUCCESS;
     r->watched = true;
   }
+  c->progress_calls.wake();                                           // the host tests at once after it blocked
   if (ucp_worker_arm(c->worker) != UCS_OK) return MESHCCL_T_SUCCESS;  // UCS_ERR_BUSY: progress first
   *fd = c->epfd;
   return MESHCCL_T_SUCCESS;

@@ -135,8 +135,8 @@ struct Ctx {
   // on which a sender's goodbye or end arrives (UCX itself may not wake).
   int efd = -1;
   int epfd = -1;
-  bool wakeup = false;                     // the context has UCP_FEATURE_WAKEUP
-  std::atomic<uint64_t> progressed_ns{0};  // the last progress call from a test (progress())
+  bool wakeup = false;                    // the context has UCP_FEATURE_WAKEUP
+  EmptyCalls progress_calls{2000, 2000};  // a test's progress calls (progress() in ucx_io.cpp)
 };
 
 struct ListenComm {
