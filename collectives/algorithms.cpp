@@ -13,6 +13,7 @@ const std::vector<Algorithm>& algorithm_table() {
       {"ring", OpKind::AllReduce, build_ring_allreduce, cost_ring_allreduce, true},
       {"tree", OpKind::AllReduce, build_tree_allreduce, cost_tree_allreduce},
       {"halving_doubling", OpKind::AllReduce, build_halving_doubling_allreduce, cost_halving_doubling_allreduce},
+      {"recursive_doubling", OpKind::AllReduce, build_recursive_doubling_allreduce, cost_recursive_doubling_allreduce},
       {"ring", OpKind::AllGather, build_ring_allgather, cost_ring_allgather, true},
       {"ring", OpKind::ReduceScatter, build_ring_reduce_scatter, cost_ring_reduce_scatter, true},
       {"chain", OpKind::Broadcast, build_chain_broadcast, cost_chain_broadcast, true},

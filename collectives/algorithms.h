@@ -92,6 +92,9 @@ Status choose_algorithm(const TuneModel& tune, const OpDesc& op, const Algorithm
 Status build_in(const BuildCtx& ctx, BuildFn build, const OpDesc& op, Plan* plan);
 // Chooses and builds the plan.
 Status make_plan(const TuneModel& tune, const OpDesc& op, std::unique_ptr<Plan>* out);
+// Builds the plan of an algorithm chosen already (pick, estimated cost_us).
+Status make_plan_with(const TuneModel& tune, const OpDesc& op, const Algorithm* pick, double cost_us,
+                      std::unique_ptr<Plan>* out);
 // A communicator's algorithms as the scheduler sees them: its make_run picks
 // between the direct shared-memory algorithm (node: the communicator's shared
 // region, or null) and a plan; wait: how the communicator's waits poll.
@@ -157,6 +160,7 @@ Status build_tree_allreduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
 Status build_tree_broadcast(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
 Status build_tree_reduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
 Status build_halving_doubling_allreduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
+Status build_recursive_doubling_allreduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
 // Hierarchical algorithms for groups spanning hosts (hier_*.cpp).
 Status build_hier_allreduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
 Status build_hier_allgather(const BuildCtx& ctx, const OpDesc& op, Plan* plan);
@@ -177,6 +181,7 @@ double cost_tree_allreduce(const BuildCtx& ctx, const OpDesc& op);
 double cost_tree_broadcast(const BuildCtx& ctx, const OpDesc& op);
 double cost_tree_reduce(const BuildCtx& ctx, const OpDesc& op);
 double cost_halving_doubling_allreduce(const BuildCtx& ctx, const OpDesc& op);
+double cost_recursive_doubling_allreduce(const BuildCtx& ctx, const OpDesc& op);
 // +infinity on a group within one host.
 double cost_hier_allreduce(const BuildCtx& ctx, const OpDesc& op);
 double cost_hier_allgather(const BuildCtx& ctx, const OpDesc& op);

@@ -15,95 +15,15 @@
 #include <vector>
 
 #include "collectives/algorithms.h"
+#include "collectives/exchanges.h"
 #include "collectives/rank_math.h"
 
 namespace meshccl {
 
 using detail::at;
-
-namespace {
-
-// Steps that wrote or read [lo, hi) of the output, sorted and disjoint.
-struct Piece {
-  size_t lo, hi;
-  Plan::StepId id;
-};
-using Pieces = std::vector<Piece>;
-
-// Makes s wait for every piece overlapping [lo, hi).
-void depend(Plan* plan, Plan::StepId s, const Pieces& ps, size_t lo, size_t hi) {
-  auto it = std::lower_bound(ps.begin(), ps.end(), lo, [](const Piece& p, size_t v) { return p.hi <= v; });
-  for (; it != ps.end() && it->lo < hi; ++it) plan->add_dep(s, it->id);
-}
-
-// Chunked transfers of ranges of the data, each chunk tagged by (phase,
-// chunk) and started after the pieces it overlaps in `after`.
-class Exchanges {
- public:
-  Exchanges(const OpDesc& op, Plan* plan, Plan::StepId ready, int phases)
-      : op_(op),
-        plan_(plan),
-        es_(op.elem()),
-        ready_(ready),
-        ce_(detail::chunk_elems(op, op.count, phases)),
-        per_((op.count + ce_ - 1) / ce_) {}
-
-  // Sends base[lo, hi) to peer.
-  Pieces send(int peer, int phase, const void* base, size_t lo, size_t hi, const std::vector<const Pieces*>& after) {
-    return each(phase, lo, hi, [&](uint32_t tag, size_t a, size_t b) {
-      Plan::StepId s = plan_->send(peer, tag, at(base, a, es_), (b - a) * es_);
-      for (const Pieces* p : after) depend(plan_, s, *p, a, b);
-      return s;
-    });
-  }
-  // Receives peer's [lo, hi) into the output.
-  Pieces recv(int peer, int phase, size_t lo, size_t hi, const Pieces& after) {
-    return each(phase, lo, hi, [&](uint32_t tag, size_t a, size_t b) {
-      Plan::StepId s = plan_->recv(peer, tag, at(op_.recvbuff, a, es_), (b - a) * es_);
-      depend(plan_, s, after, a, b);
-      return s;
-    });
-  }
-  // output[lo, hi) = src[lo, hi) op peer's [lo, hi), through a ring of slots.
-  Pieces recv_reduce(int peer, int phase, const void* src, size_t lo, size_t hi, const Pieces& after) {
-    if (slots_ == nullptr) slots_ = plan_->scratch(kSlots * ce_ * es_);
-    return each(phase, lo, hi, [&](uint32_t tag, size_t a, size_t b) {
-      const size_t slot = used_++ % kSlots;
-      Plan::StepId s = plan_->recv_reduce(peer, tag, static_cast<char*>(slots_) + slot * ce_ * es_,
-                                          at(op_.recvbuff, a, es_), at(src, a, es_), b - a);
-      depend(plan_, s, after, a, b);
-      plan_->add_dep(s, last_[slot]);
-      last_[slot] = s;
-      return s;
-    });
-  }
-
- private:
-  static constexpr int kSlots = 8;
-  template <typename Fn>
-  Pieces each(int phase, size_t lo, size_t hi, Fn&& fn) {
-    Pieces out;
-    uint32_t c = 0;
-    for (size_t a = lo; a < hi; a += ce_, ++c) {
-      const size_t b = std::min(hi, a + ce_);
-      Plan::StepId s = fn(static_cast<uint32_t>(static_cast<size_t>(phase) * per_) + c, a, b);
-      plan_->add_dep(s, ready_);
-      out.push_back({a, b, s});
-    }
-    return out;
-  }
-
-  const OpDesc& op_;
-  Plan* plan_;
-  size_t es_;
-  Plan::StepId ready_;
-  size_t ce_, per_;
-  void* slots_ = nullptr;
-  size_t used_ = 0;
-  std::vector<Plan::StepId> last_ = std::vector<Plan::StepId>(kSlots, Plan::kNoStep);
-};
-
-}  // namespace
+using detail::Exchanges;
+using detail::Piece;
+using detail::Pieces;
 
 Status build_halving_doubling_allreduce(const BuildCtx& ctx, const OpDesc& op, Plan* plan) {
   const int n = ctx.nranks, r = ctx.rank;
@@ -142,7 +62,7 @@ Status build_halving_doubling_allreduce(const BuildCtx& ctx, const OpDesc& op, P
     const int keep_lo = upper ? lo + half : lo, give_lo = upper ? lo : lo + half;
     const void* src = k == 0 ? base : op.recvbuff;
     given[k] = x.send(peer, 1 + k, src, edge(give_lo), edge(give_lo + half), {&partial});
-    partial = x.recv_reduce(peer, 1 + k, src, edge(keep_lo), edge(keep_lo + half), partial);
+    partial = x.recv_reduce(peer, 1 + k, src, edge(keep_lo), edge(keep_lo + half), {&partial});
     lo = keep_lo;
     hi = keep_lo + half;
   }

@@ -7,8 +7,9 @@
 //   1. reduce inside the host: the other local ranks send their piece to the
 //      owner, which reduces them into its output;
 //   2. all-reduce across hosts among the owners of the share, one per host
-//      (ring, tree or halving-doubling, whichever the model prefers for H
-//      ranks on links shared by K channels), built with build_in;
+//      (ring, tree, halving-doubling or recursive doubling, whichever the
+//      model prefers for H ranks on links shared by K channels), built with
+//      build_in;
 //   3. the owner sends the result to the other local ranks.
 // Every byte crosses the network once per direction of the inter-host
 // all-reduce, one flow per channel, and the phases of successive segments
@@ -18,6 +19,7 @@
 // (docs/algorithms.md).
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <vector>
 
@@ -29,6 +31,9 @@ using detail::at;
 using detail::block_begin;
 
 namespace {
+
+// The AllReduces the hosts' owners of a share may run among themselves.
+constexpr std::initializer_list<const char*> kInter = {"ring", "tree", "halving_doubling", "recursive_doubling"};
 
 struct Layout {
   HostGroups g;
@@ -47,8 +52,7 @@ Layout make_layout(const BuildCtx& ctx, const OpDesc& op) {
   l.tags = hier::tag_ranges(1 + l.segs * l.shares);
   OpDesc channel = op;
   channel.count = op.count / static_cast<size_t>(l.shares);
-  l.inter = hier::cheapest(hier::net_model(ctx.model, l.hosts, l.shares), l.hosts, channel, OpKind::AllReduce,
-                           {"ring", "tree", "halving_doubling"})
+  l.inter = hier::cheapest(hier::net_model(ctx.model, l.hosts, l.shares), l.hosts, channel, OpKind::AllReduce, kInter)
                 .algorithm;
   return l;
 }
@@ -110,8 +114,7 @@ double cost_hier_allreduce(const BuildCtx& ctx, const OpDesc& op) {
   const double bytes = static_cast<double>(op.count * op.elem());
   OpDesc channel = op;
   channel.count = op.count / static_cast<size_t>(k);
-  const hier::Choice inter = hier::cheapest(hier::net_model(t, hosts, k), hosts, channel, OpKind::AllReduce,
-                                            {"ring", "tree", "halving_doubling"});
+  const hier::Choice inter = hier::cheapest(hier::net_model(t, hosts, k), hosts, channel, OpKind::AllReduce, kInter);
   const LinkCost& local = t.local();
   // The host's reductions cost the same in all whatever the channels: fewer
   // channels put more of them on each owner, but the host's other ranks run

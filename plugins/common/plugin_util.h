@@ -78,25 +78,31 @@ class PeerWatch {
 // every transfer in flight, each test asking its connection, and on a link
 // that binds those calls come back empty almost every time (2 hosts x 2 ranks
 // at 200 Mbit/s over socket: 150,000 sendmsg and 165,000 recv a second, most
-// of them EAGAIN). After an empty call the next waits an eighth of the time
-// the calls have come up empty so far, from min_ns to kMaxNs, so that bytes
-// arriving meanwhile wait at most about an eighth of that time longer (a
-// quarter cost 1 MiB AllReduces over loopback sockets 10%). A call that moved
-// something ends the stretch; so does the host's blocking on the wait
-// descriptor (wake), after which it tests at once. A call that moved
-// something may space the next by a fixed moved_ns. Relaxed atomics: threads
-// that test transfers of one worker at once may share one; a lost update
-// costs one call too many or too few.
+// of them EAGAIN). Once the calls have come up empty for kFreeNs, the next
+// waits an eighth of that time, up to kMaxNs (at least min_ns always), so
+// that bytes arriving meanwhile wait at most about an eighth of the wait
+// longer (a quarter cost 1 MiB AllReduces over loopback sockets 10%). A call
+// that moved something ends the stretch, and may space the next by a fixed
+// moved_ns; so does the host's blocking on the wait descriptor (wake), after
+// which it tests at once. Relaxed atomics: threads that test transfers of
+// one worker at once may share one; a lost update costs one call too many or
+// too few.
 class EmptyCalls {
  public:
   static constexpr uint64_t kMaxNs = 50000;
-  explicit EmptyCalls(uint64_t min_ns = 1000, uint64_t moved_ns = 0) : min_ns_(min_ns), moved_ns_(moved_ns) {}
+  // An empty stretch shorter than this is not spaced beyond min_ns: the
+  // bytes of a transfer over loopback, or a small message's answer, come
+  // within it, and spacing there cost bulk transfers over loopback sockets
+  // 7-13% (sendrecv_perf, 256 KiB-4 MiB).
+  static constexpr uint64_t kFreeNs = 20000;
+  explicit EmptyCalls(uint64_t min_ns = 0, uint64_t moved_ns = 0) : min_ns_(min_ns), moved_ns_(moved_ns) {}
   // Whether a call is due at `now`.
   bool due(uint64_t now) const { return now >= next_ns_.load(std::memory_order_relaxed); }
   void empty(uint64_t now) {
     uint64_t since = since_ns_.load(std::memory_order_relaxed);
     if (since == 0) since_ns_.store(since = now, std::memory_order_relaxed);
-    uint64_t gap = (now - since) / 8;
+    const uint64_t empty_ns = now - since;
+    uint64_t gap = empty_ns < kFreeNs ? 0 : empty_ns / 8;
     gap = gap < min_ns_ ? min_ns_ : gap > kMaxNs ? kMaxNs : gap;
     next_ns_.store(now + gap, std::memory_order_relaxed);
   }

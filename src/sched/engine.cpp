@@ -296,6 +296,10 @@ Status Engine::wait(OpHandle& op) {
     }
     check_stalled(op);
   }
+  // An operation done without waiting (its peers were all there first, as
+  // for the late rank of a recursive-doubling AllReduce) still takes in the
+  // probes those peers sent while they waited.
+  collect_probes(now_us());
   return op.status;
 }
 
@@ -316,17 +320,10 @@ int FdWaiter::block() {
   return ppoll(fds_.data(), fds_.size(), &ts, nullptr);
 }
 
-void Engine::check_stalled(OpHandle& op) {
+void Engine::collect_probes(double now) {
   // Outside a stall, at most this often: the probes peers sent are taken in
   // (one test per peer), so they do not pile up on this rank's connections.
   constexpr double kCollectUs = 1e6;
-  if (abort_ != nullptr && abort_->load(std::memory_order_relaxed)) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!op.done.load()) fail_locked(MC_ERROR(ncclInvalidUsage, "operation interrupted: the communicator was aborted"));
-    return;
-  }
-  // Peers are looked at only after 100 ms without progress, then every 100 ms.
-  const double now = now_us();
   const double idle = now - last_progress_us_.load(std::memory_order_relaxed);
   if (idle <= 100000 && now - last_collect_us_.load(std::memory_order_relaxed) > kCollectUs) {
     // Peers stalled in a collective sent their probes to this rank too, which
@@ -338,6 +335,18 @@ void Engine::check_stalled(OpHandle& op) {
       if (fatal().ok()) probes_.collect();
     }
   }
+}
+
+void Engine::check_stalled(OpHandle& op) {
+  if (abort_ != nullptr && abort_->load(std::memory_order_relaxed)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!op.done.load()) fail_locked(MC_ERROR(ncclInvalidUsage, "operation interrupted: the communicator was aborted"));
+    return;
+  }
+  // Peers are looked at only after 100 ms without progress, then every 100 ms.
+  const double now = now_us();
+  const double idle = now - last_progress_us_.load(std::memory_order_relaxed);
+  collect_probes(now);
   if (idle <= 100000 || now - last_check_us_.load(std::memory_order_relaxed) <= 100000) return;
   last_check_us_.store(now, std::memory_order_relaxed);
   const double timeout_us = timeout() * 1e6;

@@ -235,6 +235,10 @@ class Engine {
   // aborted, a peer is known dead, or nothing moved for MESHCCL_TIMEOUT.
   // Cheap unless nothing has moved for 100 ms.
   void check_stalled(OpHandle& op);
+  // Takes in the stall probes peers sent (Probes::collect), at most once a
+  // second and not during a stall (check_stalled does it then): also for a
+  // rank whose operations complete without waiting. now: now_us().
+  void collect_probes(double now);
   // Marks the communicator failed: every active and later operation ends with
   // `s`. first: the rank whose failure came first (-1: this one); a peer's
   // failure is named in the message ("rank F failed first"). Takes mu_.

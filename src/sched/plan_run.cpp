@@ -34,10 +34,12 @@ class PlanRun final : public Run, public StepSink {
       ++remaining_[i];
     });
     for (size_t i = 0; i < n; ++i) counts[i + 1] += counts[i];
-    dep_offsets_ = counts;
     dependents_.assign(counts[n], 0);
     std::vector<uint32_t> fill(counts.begin(), counts.end() - 1);
+    dep_offsets_ = std::move(counts);
     each_dep([&](uint32_t dep, uint32_t i) { dependents_[fill[dep]++] = i; });
+    ready_.reserve(n);
+    retry_.reserve(n);
     for (uint32_t i = 0; i < n; ++i)
       if (remaining_[i] == 0) ready_.push_back(i);
     if (plan_->scratch_bytes() > 0) {
@@ -67,15 +69,15 @@ class PlanRun final : public Run, public StepSink {
     // A few passes: local steps and completions make more steps ready.
     for (int pass = 0; pass < 8; ++pass) {
       bool local = false;
-      std::vector<uint32_t> retry;
+      retry_.clear();
       for (size_t r = 0; r < ready_.size(); ++r) {  // grows while local steps complete
         uint32_t i = ready_[r];
         bool started = false;
         MC_TRY(start_step(links, exec, i, &started));
         if (started) local = true;
-        else retry.push_back(i);
+        else retry_.push_back(i);
       }
-      ready_.swap(retry);
+      ready_.swap(retry_);
       // While a more urgent run waits for the engine, this pass tests one
       // chunk per link direction and reduces one finished transfer: the
       // rest waits for a later poll, after the urgent run's.
@@ -341,6 +343,7 @@ class PlanRun final : public Run, public StepSink {
   std::vector<uint32_t> group_of_;  // per step: its window, or kNoGroup
   std::vector<uint8_t> xdone_;      // per step: transfer finished
   std::vector<uint32_t> ready_;
+  std::vector<uint32_t> retry_;  // poll's steps that did not start, kept for its capacity
   std::vector<uint32_t> inflight_;
   size_t completed_ = 0;
   std::vector<unsigned char>* scratch_ = nullptr;

@@ -52,8 +52,15 @@ bool Submitted::poll() {
   // move (one thread driving several ranks).
   bool moved = false;
   for (CommSched* c : comms_) moved |= c->engine->progress();
+  bool waiting = false;
   for (Waiting& w : ops_)
-    if (!w.op->done.load(std::memory_order_acquire)) w.comm->engine->check_stalled(*w.op);
+    if (!w.op->done.load(std::memory_order_acquire)) {
+      w.comm->engine->check_stalled(*w.op);
+      waiting = true;
+    }
+  // Done at once (check_stalled never ran): the probes peers sent meanwhile.
+  if (!waiting)
+    for (CommSched* c : comms_) c->engine->collect_probes(now_us());
   return moved;
 }
 

@@ -155,7 +155,7 @@ unset MESHCCL_ALGO
 export MESHCCL_DEBUG=INFO MESHCCL_DEBUG_SUBSYS=TUNE
 check "2x2 tuned: every candidate's prediction is logged" job "$a" 4 --ranks-per-host 2
 unset MESHCCL_DEBUG MESHCCL_DEBUG_SUBSYS
-check "  hier among the AllReduce candidates" has "AllReduce: .* -> algorithm [a-z_]+, estimated .*\(ring [0-9.]+, tree [0-9.]+, halving_doubling [0-9.]+, hier [0-9.]+"
+check "  hier among the AllReduce candidates" has "AllReduce: .* -> algorithm [a-z_]+, estimated .*\(ring [0-9.]+, tree [0-9.]+, halving_doubling [0-9.]+, recursive_doubling [0-9.]+, hier [0-9.]+"
 check "  the cost model knows the 2 hosts" has "cost model on 4 ranks, 2 host\(s\), network links"
 
 check "ranks see their namespace's devices in /sys" run "$meshrun" --tag-output --cluster "$a" -n 2 sh -c 'echo net: $(ls /sys/class/net)'

@@ -259,7 +259,8 @@ TEST_P(AllReduceAlgos, Matrix) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, AllReduceAlgos,
                          ::testing::Combine(::testing::ValuesIn(kRankCounts),
-                                            ::testing::Values("ring", "tree", "halving_doubling", "direct_shm")),
+                                            ::testing::Values("ring", "tree", "halving_doubling", "recursive_doubling",
+                                                              "direct_shm")),
                          case_name);
 
 // Reduce and Broadcast share their algorithm names.
@@ -450,7 +451,8 @@ TEST_P(LargeAlgos, Over16MiB) {
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, LargeAlgos,
                          ::testing::Values(LargeCase{"allreduce", "ring"}, LargeCase{"allreduce", "tree"},
-                                           LargeCase{"allreduce", "halving_doubling"}, LargeCase{"reduce", "chain"},
+                                           LargeCase{"allreduce", "halving_doubling"},
+                                           LargeCase{"allreduce", "recursive_doubling"}, LargeCase{"reduce", "chain"},
                                            LargeCase{"reduce", "tree"}, LargeCase{"broadcast", "chain"},
                                            LargeCase{"broadcast", "tree"}, LargeCase{"allreduce", "direct_shm"},
                                            LargeCase{"reduce", "direct_shm"}, LargeCase{"broadcast", "direct_shm"}),

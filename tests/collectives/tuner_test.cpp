@@ -100,6 +100,37 @@ TEST(Tuner, FewStepsWinSmallMessages) {
   EXPECT_EQ(pick(fast(8), OpKind::AllReduce, 8, 64 << 20), "halving_doubling");
 }
 
+// Recursive doubling's log2(p) exchanges of the whole data win where the
+// steps' latency decides: on 2 ranks one exchange against the ring's two for
+// the same bytes, on more the fewest steps of all for small messages. Large
+// messages go to algorithms that send each rank's share, not the whole data
+// log2(p) times.
+TEST(Tuner, RecursiveDoublingWinsLatencyBoundAllReduce) {
+  for (int n : {2, 4, 8}) {
+    EXPECT_EQ(pick(fast(n), OpKind::AllReduce, n, 8), "recursive_doubling") << n;
+    // A rank per host: the cheapest flat plan (hier runs it between the hosts).
+    const TuneModel t = across_hosts(n, n, true);
+    const OpDesc op = op_of(OpKind::AllReduce, n, 8);
+    const BuildCtx ctx = BuildCtx::whole(t, op);
+    const double rd = cost_recursive_doubling_allreduce(ctx, op);
+    EXPECT_LT(rd, cost_ring_allreduce(ctx, op)) << n;
+    EXPECT_LT(rd, cost_tree_allreduce(ctx, op)) << n;
+    EXPECT_LT(rd, cost_halving_doubling_allreduce(ctx, op)) << n;
+    EXPECT_NEAR(cost_hier_allreduce(ctx, op), rd, 0.05 * rd) << n;
+  }
+  EXPECT_NE(pick(fast(8), OpKind::AllReduce, 8, 64 << 20), "recursive_doubling");
+  EXPECT_NE(pick(across_hosts(4, 4, true), OpKind::AllReduce, 4, 64 << 20), "recursive_doubling");
+  // 2 ranks, one exchange of 8 bytes against the ring's two.
+  const TuneModel t = fast(2);
+  const OpDesc op = op_of(OpKind::AllReduce, 2, 8);
+  EXPECT_LT(cost_recursive_doubling_allreduce(BuildCtx::whole(t, op), op),
+            0.6 * cost_ring_allreduce(BuildCtx::whole(t, op), op));
+  // Not a power of two: the fold and its return are two more steps.
+  const OpDesc op5 = op_of(OpKind::AllReduce, 5, 8), op4 = op_of(OpKind::AllReduce, 4, 8);
+  EXPECT_GT(cost_recursive_doubling_allreduce(BuildCtx::whole(fast(5), op5), op5),
+            cost_recursive_doubling_allreduce(BuildCtx::whole(fast(4), op4), op4));
+}
+
 TEST(Tuner, BandwidthWinsLargeMessages) {
   // Not a power of two: halving-doubling's fold moves the data once more, and
   // the tree moves about twice what the ring does.
@@ -141,7 +172,7 @@ TEST(Tuner, ForcedByEnvironment) {
     EXPECT_EQ(pick(t, OpKind::AllReduce, 8, 64 << 20), "halving_doubling");
   }
   {
-    ScopedEnv e("MESHCCL_ALGO", "^halving_doubling,tree");
+    ScopedEnv e("MESHCCL_ALGO", "^halving_doubling,recursive_doubling,tree");
     EXPECT_EQ(pick(t, OpKind::AllReduce, 8, 8), "ring");
     EXPECT_EQ(pick(t, OpKind::Broadcast, 8, 8), "chain");
   }

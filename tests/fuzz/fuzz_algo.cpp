@@ -11,11 +11,21 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace meshccl;
   static const std::vector<AlgoName> table = {
-      {"ring", OpKind::AllReduce},       {"tree", OpKind::AllReduce},       {"halving_doubling", OpKind::AllReduce},
-      {"ring", OpKind::AllGather},       {"ring", OpKind::ReduceScatter},   {"chain", OpKind::Broadcast},
-      {"tree", OpKind::Broadcast},       {"chain", OpKind::Reduce},         {"tree", OpKind::Reduce},
-      {"pairwise", OpKind::AlltoAll},    {"direct", OpKind::Gather},        {"direct", OpKind::Scatter},
-      {"direct_shm", OpKind::AllReduce}, {"direct_shm", OpKind::Broadcast},
+      {"ring", OpKind::AllReduce},
+      {"tree", OpKind::AllReduce},
+      {"halving_doubling", OpKind::AllReduce},
+      {"recursive_doubling", OpKind::AllReduce},
+      {"ring", OpKind::AllGather},
+      {"ring", OpKind::ReduceScatter},
+      {"chain", OpKind::Broadcast},
+      {"tree", OpKind::Broadcast},
+      {"chain", OpKind::Reduce},
+      {"tree", OpKind::Reduce},
+      {"pairwise", OpKind::AlltoAll},
+      {"direct", OpKind::Gather},
+      {"direct", OpKind::Scatter},
+      {"direct_shm", OpKind::AllReduce},
+      {"direct_shm", OpKind::Broadcast},
   };
   if (size < 1) return 0;
   const OpKind kind = static_cast<OpKind>(data[0] % (static_cast<int>(OpKind::Recv) + 1));

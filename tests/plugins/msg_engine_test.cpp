@@ -130,15 +130,17 @@ TEST(MsgEngine, ParseSize) {
   EXPECT_FALSE(parse_size(nullptr, &v));
 }
 
-// Calls that find nothing are spaced by an eighth of the empty stretch,
-// within bounds; a call that moved something, or a wake, makes the next due.
+// Calls that find nothing are spaced by an eighth of the empty stretch once
+// it is kFreeNs long, within bounds; a call that moved something, or a wake,
+// makes the next due.
 TEST(EmptyCalls, SpacingGrowsWithTheEmptyStretchAndResets) {
-  EmptyCalls c;  // min 1 us
+  EmptyCalls c;
   const uint64_t t = 1'000'000'000;
   EXPECT_TRUE(c.due(t));
   c.empty(t);
-  EXPECT_FALSE(c.due(t + 999));
-  EXPECT_TRUE(c.due(t + 1000));
+  EXPECT_TRUE(c.due(t));  // a short stretch is polled freely
+  c.empty(t + EmptyCalls::kFreeNs - 1);
+  EXPECT_TRUE(c.due(t + EmptyCalls::kFreeNs - 1));
   c.empty(t + 80'000);  // 80 us empty: an eighth is 10 us
   EXPECT_FALSE(c.due(t + 89'999));
   EXPECT_TRUE(c.due(t + 90'000));
@@ -147,15 +149,14 @@ TEST(EmptyCalls, SpacingGrowsWithTheEmptyStretchAndResets) {
   EXPECT_TRUE(c.due(t + 10'000'000 + EmptyCalls::kMaxNs));
   c.moved(t + 10'000'001);
   EXPECT_TRUE(c.due(t + 10'000'001));
-  c.empty(t + 20'000'000);  // a new stretch starts at the minimum
-  EXPECT_FALSE(c.due(t + 20'000'000));
-  EXPECT_TRUE(c.due(t + 20'001'000));
-  c.empty(t + 30'000'000);
-  EXPECT_FALSE(c.due(t + 30'000'001));
+  c.empty(t + 20'000'000);  // a new stretch
+  EXPECT_TRUE(c.due(t + 20'000'000));
+  c.empty(t + 20'400'000);
+  EXPECT_FALSE(c.due(t + 20'400'001));
   c.wake();
-  EXPECT_TRUE(c.due(t + 30'000'001));
+  EXPECT_TRUE(c.due(t + 20'400'001));
 
-  EmptyCalls spaced(2000, 2000);  // every call at least 2 us after a productive one
+  EmptyCalls spaced(2000, 2000);  // every call at least 2 us after the previous one
   spaced.moved(t);
   EXPECT_FALSE(spaced.due(t + 1999));
   EXPECT_TRUE(spaced.due(t + 2000));

@@ -346,6 +346,8 @@ INSTANTIATE_TEST_SUITE_P(Algorithms, Preemption,
                                            std::make_tuple(4, "socket", "1", "ring;broadcast:chain;reduce:chain"),
                                            std::make_tuple(4, "shm", "1", "halving_doubling"),
                                            std::make_tuple(3, "shm", "1", "halving_doubling"),
+                                           std::make_tuple(3, "socket", "1", "recursive_doubling"),
+                                           std::make_tuple(4, "shm", "1", "recursive_doubling"),
                                            std::make_tuple(4, "shm", "1", "hier"),
                                            std::make_tuple(5, "socket", "1", "hier")));
 

@@ -88,7 +88,7 @@ TEST(Settings, RefusedValuesFailCreationNamingTheVariableSet) {
       {"MESHCCL_TIMEOUT", "0"},
       {"MESHCCL_TUNE_NET_BW_GBS", "fast"},
       {"NCCL_ALGO", "bogus"},
-      {"NCCL_ALGO", "allreduce:^ring,tree,halving_doubling,hier,direct_shm"},
+      {"NCCL_ALGO", "allreduce:^ring,tree,halving_doubling,recursive_doubling,hier,direct_shm"},
   };
   for (const Refused& c : cases) {
     SCOPED_TRACE(std::string(c.var) + "=" + c.value);
