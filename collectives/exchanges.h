@@ -122,4 +122,32 @@ class Exchanges {
   std::vector<Plan::StepId> last_ = std::vector<Plan::StepId>(kSlots, Plan::kNoStep);
 };
 
+// The fold of the pairwise-exchange AllReduces when p is not a power of two
+// (p2 = the largest power of two below it, rem = p - p2): of the first 2 rem
+// ranks each even one sends its input to the next and receives the result in
+// the last phase, which completes its plan (true); each odd one reduces that
+// input into its output (*partial; *base becomes the output). Other ranks:
+// nothing.
+inline bool fold_in(Exchanges& x, const OpDesc& op, int r, int rem, const void* input, int fold_phase, int last_phase,
+                    Pieces* partial, const void** base) {
+  if (r >= 2 * rem) return false;
+  if (r % 2 == 0) {
+    Pieces sent = x.send(r + 1, fold_phase, input, 0, op.count, {});
+    x.recv(r + 1, last_phase, 0, op.count, sent);
+    return true;
+  }
+  *partial = x.recv_reduce(r - 1, fold_phase, input, 0, op.count, {});
+  *base = op.recvbuff;
+  return false;
+}
+
+// The fold and its return, one after the other: the whole data each way
+// between the pairs of the first 2 rem ranks.
+inline double fold_cost(const BuildCtx& ctx, int rem, double bytes) {
+  if (rem == 0) return 0;
+  std::vector<std::pair<int, int>> pairs;
+  for (int r = 0; r < 2 * rem; r += 2) pairs.emplace_back(r, r + 1);
+  return 2 * step_cost(ctx, pairs).us(bytes);
+}
+
 }  // namespace meshccl::detail

@@ -40,15 +40,7 @@ Status build_halving_doubling_allreduce(const BuildCtx& ctx, const OpDesc& op, P
   Exchanges x(op, plan, own.scaled, last_phase + 1);
   const void* base = own.data;  // where this rank's partial sums are before step 0
   Pieces folded;
-  if (r < 2 * rem) {
-    if (r % 2 == 0) {  // fold into r+1, then wait for the result
-      Pieces sent = x.send(r + 1, fold_phase, own.data, 0, count, {});
-      x.recv(r + 1, last_phase, 0, count, sent);
-      return kOk;
-    }
-    folded = x.recv_reduce(r - 1, fold_phase, own.data, 0, count, {});
-    base = op.recvbuff;
-  }
+  if (detail::fold_in(x, op, r, rem, own.data, fold_phase, last_phase, &folded, &base)) return kOk;
   const int nr = hd_newrank(n, r);
   auto edge = [&](int b) { return detail::block_begin(count, p2, b); };
 
@@ -98,12 +90,8 @@ double cost_halving_doubling_allreduce(const BuildCtx& ctx, const OpDesc& op) {
   if (n == 1) return 0;
   const int p2 = hd_pof2(n), rem = n - p2;
   const double bytes = static_cast<double>(op.count * op.elem()), share = (p2 - 1.0) / p2;
-  double us = 0;
+  double us = detail::fold_cost(ctx, rem, bytes);
   std::vector<std::pair<int, int>> pairs;
-  if (rem > 0) {  // fold in and send back: the whole data each way, one after the other
-    for (int r = 0; r < 2 * rem; r += 2) pairs.emplace_back(r, r + 1);
-    us += 2 * detail::step_cost(ctx, pairs).us(bytes);
-  }
   for (int bit = p2 / 2; bit >= 1; bit /= 2) {
     pairs.clear();
     for (int nr = 0; nr < p2; ++nr) pairs.emplace_back(hd_rank_of(n, nr), hd_rank_of(n, nr ^ bit));

@@ -44,15 +44,7 @@ Status build_recursive_doubling_allreduce(const BuildCtx& ctx, const OpDesc& op,
   Exchanges x(op, plan, own.scaled, last_phase + 1);
   const void* base = own.data;  // this rank's partial sums before step 0
   Pieces partial;               // the latest sums written to the output
-  if (r < 2 * rem) {
-    if (r % 2 == 0) {  // fold into r+1, then wait for the result
-      Pieces sent = x.send(r + 1, fold_phase, own.data, 0, count, {});
-      x.recv(r + 1, last_phase, 0, count, sent);
-      return kOk;
-    }
-    partial = x.recv_reduce(r - 1, fold_phase, own.data, 0, count, {});
-    base = op.recvbuff;
-  }
+  if (detail::fold_in(x, op, r, rem, own.data, fold_phase, last_phase, &partial, &base)) return kOk;
   const int nr = hd_newrank(n, r);
   for (int j = 0; j < steps; ++j) {
     const int peer = hd_rank_of(n, nr ^ (1 << j));
@@ -81,14 +73,9 @@ double cost_recursive_doubling_allreduce(const BuildCtx& ctx, const OpDesc& op) 
   if (n == 1) return 0;
   const int p2 = hd_pof2(n), rem = n - p2;
   const double bytes = static_cast<double>(op.count * op.elem());
-  double us = 0;
-  int reductions = 0;
+  double us = detail::fold_cost(ctx, rem, bytes);
+  int reductions = rem > 0 ? 1 : 0;
   std::vector<std::pair<int, int>> pairs;
-  if (rem > 0) {  // fold in and send back: the whole data each way, one after the other
-    for (int r = 0; r < 2 * rem; r += 2) pairs.emplace_back(r, r + 1);
-    us += 2 * detail::step_cost(ctx, pairs).us(bytes);
-    ++reductions;
-  }
   for (int bit = 1; bit < p2; bit *= 2) {
     pairs.clear();
     for (int nr = 0; nr < p2; ++nr) pairs.emplace_back(hd_rank_of(n, nr), hd_rank_of(n, nr ^ bit));

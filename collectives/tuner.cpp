@@ -13,6 +13,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <string>
 
@@ -298,11 +299,8 @@ class CommAlgorithms final : public RunMaker {
         return kOk;
       }
     }
-    const Algorithm* pick = nullptr;
-    double cost = 0;
-    MC_TRY(choose(op, &pick, &cost));
     std::unique_ptr<Plan> plan;
-    MC_TRY(make_plan_with(tune_, op, pick, cost, &plan));
+    MC_TRY(plan_for(op, &plan));
     *out = make_plan_run(std::move(plan), tag_base);
     return kOk;
   }
@@ -366,6 +364,64 @@ class CommAlgorithms final : public RunMaker {
   static constexpr int kPickBits = 6;
   std::mutex picks_mu_;
   std::array<Pick, size_t{1} << kPickBits> picks_{};
+
+  // The plans of the latest calls, each run on a copy: a call that repeats
+  // one of them (same shape, same buffers, as a training step's or a
+  // benchmark's do) copies the plan instead of building it. Building an
+  // 8-byte AllReduce's plan (steps, dependencies, the signature check) took
+  // more instructions than copying it. Collectives only; a plan depends on
+  // nothing of the call outside this key.
+  struct PlanKey {
+    Shape shape;
+    const void* sendbuff;
+    void* recvbuff;
+    const void* scalar_src;
+    uint64_t scalar;
+    bool checks;
+    bool operator==(const PlanKey&) const = default;
+  };
+  struct CachedPlan {
+    PlanKey key{};
+    std::unique_ptr<Plan> plan;
+  };
+  static PlanKey key_of(const OpDesc& op) {
+    PlanKey k{shape_of(op), op.sendbuff, op.recvbuff, op.scalar_src, 0, op.checks};
+    std::memcpy(&k.scalar, op.scalar, sizeof(k.scalar));
+    return k;
+  }
+  // A plan is kept from the second call with its key on (a loop over ever
+  // new buffers pays no copies), and not while TUNE logging is on (each
+  // plan then logs its pick).
+  Status plan_for(const OpDesc& op, std::unique_ptr<Plan>* out) {
+    const bool cacheable = !is_p2p(op.kind) && !log_enabled(LogLevel::Info, kTune);
+    const PlanKey key = key_of(op);
+    const size_t slot =
+        (reinterpret_cast<uintptr_t>(op.recvbuff) / 64 + op.count * 31 + static_cast<size_t>(op.kind)) % kPlans;
+    bool seen = false;
+    if (cacheable) {
+      std::lock_guard<std::mutex> lk(picks_mu_);
+      const CachedPlan& c = plans_[slot];
+      if (c.key == key) {
+        if (c.plan != nullptr) {
+          *out = c.plan->clone();
+          return kOk;
+        }
+        seen = true;
+      }
+    }
+    const Algorithm* pick = nullptr;
+    double cost = 0;
+    MC_TRY(choose(op, &pick, &cost));
+    MC_TRY(make_plan_with(tune_, op, pick, cost, out));
+    if (cacheable) {
+      std::unique_ptr<Plan> copy = seen ? (*out)->clone() : nullptr;
+      std::lock_guard<std::mutex> lk(picks_mu_);
+      plans_[slot] = CachedPlan{key, std::move(copy)};
+    }
+    return kOk;
+  }
+  static constexpr size_t kPlans = 16;
+  std::array<CachedPlan, kPlans> plans_{};
 
   // direct_max_bytes for the communicator's frozen settings, worked out once.
   size_t direct_limit(OpKind kind) const {

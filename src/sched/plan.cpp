@@ -1,6 +1,27 @@
 #include "sched/plan.h"
 
+#include <type_traits>
+
 namespace meshccl {
+
+std::unique_ptr<Plan> Plan::clone() const {
+  std::unique_ptr<Plan> p(new Plan(*this));
+  const auto* lo = reinterpret_cast<const unsigned char*>(signatures.data());
+  const auto* hi = lo + signatures.size() * sizeof(OpSignature);
+  auto* to = reinterpret_cast<unsigned char*>(p->signatures.data());
+  auto rebase = [&](auto*& ptr) {
+    const auto* c = reinterpret_cast<const unsigned char*>(ptr);
+    if (c >= lo && c < hi) ptr = reinterpret_cast<std::remove_reference_t<decltype(ptr)>>(to + (c - lo));
+  };
+  if (lo != hi)
+    for (Step& s : p->steps_) {
+      rebase(s.dst);
+      rebase(s.src);
+      rebase(s.src2);
+      rebase(s.tmp);
+    }
+  return p;
+}
 
 Plan::StepId Plan::add(Step s, std::initializer_list<StepId> deps) {
   s.dep_begin = static_cast<uint32_t>(deps_.size());

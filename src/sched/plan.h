@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,11 @@ class Plan {
     steps_.reserve(16);
     deps_.reserve(32);
   }
+  Plan(Plan&&) = default;
+  Plan& operator=(const Plan&) = delete;
+  // A copy to run (a communicator keeps the plans of repeated calls): steps
+  // that point into this plan's own signatures point into the copy's.
+  std::unique_ptr<Plan> clone() const;
 
   // Step builders; deps are earlier step ids (kNoStep among them adds nothing).
   StepId send(int peer, uint32_t tag, const void* src, size_t bytes, std::initializer_list<StepId> deps = {});
@@ -152,6 +158,7 @@ class Plan {
   // pointers never reach on Linux.
   static constexpr uintptr_t kScratchBase = uintptr_t{1} << 63;
   size_t scratch_bytes_ = 0;
+  Plan(const Plan&) = default;  // clone()
   friend class PlanRun;
 };
 
