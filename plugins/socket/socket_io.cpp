@@ -88,7 +88,7 @@ void send_progress(SendComm* c) {
       return;
     }
     uint64_t left = static_cast<uint64_t>(w);
-    c->calls.moved(0);
+    c->calls.moved(now_ns());
     sent += left;
     while (!c->queue.empty()) {
       Request* r = c->queue.front();
@@ -194,7 +194,7 @@ ssize_t read_some(RecvComm* c, void* buf, size_t len) {
   for (;;) {
     ssize_t n = recv(c->fd, buf, len, MSG_DONTWAIT);
     if (n > 0) {
-      c->calls.moved(0);
+      c->calls.moved(now_ns());
       return n;
     }
     if (n == 0) {

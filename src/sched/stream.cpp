@@ -59,8 +59,10 @@ bool Submitted::poll() {
       waiting = true;
     }
   // Done at once (check_stalled never ran): the probes peers sent meanwhile.
-  if (!waiting)
-    for (CommSched* c : comms_) c->engine->collect_probes(now_us());
+  if (!waiting) {
+    const double now = now_us();
+    for (CommSched* c : comms_) c->engine->collect_probes(now);
+  }
   return moved;
 }
 
