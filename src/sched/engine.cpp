@@ -307,7 +307,11 @@ bool Engine::wait_fds(std::vector<pollfd>* out, FdClaims* claims) {
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock()) return false;
   std::vector<int> fds;
-  if (!links_.wait_fds(&fds)) return false;
+  bool not_now = false;
+  if (!links_.wait_fds(&fds, &not_now)) {
+    if (not_now) claims->not_now();
+    return false;
+  }
   if (!claims->take(&fd_claimed_)) return false;
   for (int f : fds) out->push_back(pollfd{f, POLLIN, 0});
   return true;

@@ -133,10 +133,17 @@ class FdClaims {
   }
   bool held() const { return !held_.empty(); }
   bool other() const { return other_; }
+  // A transport answered "not now" to the last gather: it has events that
+  // its next test takes in (UCX's ucp_worker_arm says busy), after which it
+  // can be armed.
+  void not_now() { not_now_ = true; }
+  bool said_not_now() const { return not_now_; }
+  void clear_not_now() { not_now_ = false; }
 
  private:
   std::vector<std::atomic<bool>*> held_;
   bool other_ = false;
+  bool not_now_ = false;
 };
 
 // The idle step of a wait that drives engines (after a pass that moved
@@ -151,14 +158,22 @@ class FdClaims {
 // another fd_after_ns), else backoff.idle(). After kFruitless wakes in a row
 // that moved nothing (a descriptor ready for something no transfer waits for,
 // or another thread took what woke this one) the wait sleeps in steps until
-// its next progress. Claims last until moved() or the waiter's end.
+// its next progress. A transport that answers "not now" (events pending that
+// its next test takes in) gets that test at once and is asked again, without
+// a sleep, up to kNotNow times in a row; a sleep step there made every
+// transfer of a rank whose UCX worker had events pending wait up to 1 ms
+// (ucx between all ranks, hierarchical AllReduce on a stream, 2 hosts x 2
+// ranks: 7.7 ms per 32 KiB AllReduce against 1.55 ms over sockets).
+// Claims last until moved() or the waiter's end.
 class FdWaiter {
  public:
   static constexpr long kMaxNs = 5000000;
   static constexpr int kFruitless = 8;
+  static constexpr int kNotNow = 64;
   void moved() {
     woke_ = false;
     fruitless_ = 0;
+    not_now_ = 0;
     retry_ns_ = 0;
     asked_ = false;
     claims_.reset();
@@ -181,7 +196,9 @@ class FdWaiter {
     const long idle_ns = sleeps ? 0 : backoff.idle_ns();
     if (policy.fd && fruitless_ < kFruitless && (sleeps || (idle_ns >= policy.fd_after_ns && idle_ns >= retry_ns_))) {
       fds_.clear();
+      claims_.clear_not_now();
       if (gather(&fds_, &claims_)) {
+        not_now_ = 0;
         int n = 0;
         backoff.idle_by([&] { n = block(); });
         woke_ = n > 0;
@@ -189,6 +206,11 @@ class FdWaiter {
       }
       if (claims_.other()) {
         backoff.idle_sleeping();
+        return;
+      }
+      if (claims_.said_not_now() && not_now_ < kNotNow) {
+        ++not_now_;
+        backoff.yield_only();  // the next poll tests, then this asks again
         return;
       }
       retry_ns_ = idle_ns + policy.fd_after_ns;
@@ -203,6 +225,7 @@ class FdWaiter {
   bool asked_ = false;  // claims_ asked for in this idle stretch
   bool woke_ = false;
   int fruitless_ = 0;  // wakes in a row that moved nothing
+  int not_now_ = 0;    // "not now" answers in a row
   long retry_ns_ = 0;  // idle time before gather is asked again (it found no descriptors for all)
 };
 

@@ -67,8 +67,9 @@ void Links::configure(const LinkPolicy& policy, int peer, size_t chunk_bytes, si
 
 size_t Links::inflight(int peer) const { return q_[peer].dir[0].inflight + q_[peer].dir[1].inflight; }
 
-bool Links::wait_fds(std::vector<int>* fds) {
+bool Links::wait_fds(std::vector<int>* fds, bool* not_now) {
   fds->clear();
+  *not_now = false;
   if (queued_ == 0) return false;
   std::vector<Transport*> ts;
   for (int p = 0; p < static_cast<int>(q_.size()); ++p) {
@@ -81,7 +82,10 @@ bool Links::wait_fds(std::vector<int>* fds) {
   }
   for (Transport* t : ts) {
     const int fd = t->wait_fd();
-    if (fd < 0) return false;
+    if (fd < 0) {
+      *not_now = true;
+      return false;
+    }
     fds->push_back(fd);
   }
   return !fds->empty();

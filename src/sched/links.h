@@ -193,8 +193,10 @@ class Links {
   // The descriptors to block on (each network transport's wait descriptor,
   // armed) while every unfinished transfer has a chunk in a transport that
   // gives one; false (block on nothing) when any waits elsewhere: on a
-  // shared-memory link, for credit, or on a transport that said not now.
-  bool wait_fds(std::vector<int>* fds);
+  // shared-memory link, for credit, or on a transport that said not now
+  // (*not_now set: it has events a test() takes in first, so the caller
+  // polls again at once rather than sleeping).
+  bool wait_fds(std::vector<int>* fds, bool* not_now);
 
   int rank() const { return rank_; }
   Mesh* mesh() const { return mesh_; }

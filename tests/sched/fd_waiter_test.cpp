@@ -119,6 +119,39 @@ TEST(FdWaiter, AGatherWithoutDescriptorsIsAskedAgainOnlyAfterThePollTime) {
     EXPECT_GE(asked[k], static_cast<long>(k) * policy.fd_after_ns) << "ask " << k;
 }
 
+// A transport that says "not now" (UCX: events pending, which its next test
+// takes in) is asked again after the next poll, without a sleep in between,
+// up to FdWaiter::kNotNow times in a row; then the wait sleeps in steps, and
+// progress starts the count again.
+TEST(FdWaiter, NotNowIsAskedAgainAfterAPollNotASleep) {
+  WaitPolicy policy = long_yields(0);
+  policy.spin = 0;
+  policy.yield = 0;  // past polling at once: every idle step would sleep
+  Backoff backoff(policy);
+  FdWaiter fd;
+  int gathers = 0;
+  auto not_now = [&](std::vector<pollfd>*, FdClaims* claims) {
+    ++gathers;
+    claims->not_now();
+    return false;
+  };
+  for (int stretch = 0; stretch < 3; ++stretch) {
+    gathers = 0;
+    for (int i = 0; i < FdWaiter::kNotNow; ++i) fd.idle(backoff, policy, not_now);
+    EXPECT_EQ(backoff.slept_ns(), 0) << "slept while the transport asked for a poll, stretch " << stretch;
+    EXPECT_GE(gathers, FdWaiter::kNotNow) << "not asked again at every step, stretch " << stretch;
+    for (int i = 0; i < 4; ++i) fd.idle(backoff, policy, not_now);
+    EXPECT_GT(backoff.slept_ns(), 0) << "a transport that never lets itself be armed kept the wait from sleeping";
+    backoff.progress();
+    fd.moved();
+  }
+  // A gather that has no descriptor for some transfer (shared memory) is
+  // not a "not now": the wait sleeps.
+  auto none = [](std::vector<pollfd>*, FdClaims*) { return false; };
+  for (int i = 0; i < 4; ++i) fd.idle(backoff, policy, none);
+  EXPECT_GT(backoff.slept_ns(), 0);
+}
+
 TEST(FdWaiter, OneWaiterPerEngineWhileTheOthersSleepAndAskAgain) {
   const WaitPolicy policy = long_yields(0);  // block at once
   Pipe p;
