@@ -58,6 +58,8 @@ class Backoff {
   long idle_ns() const { return n_ == 0 ? 0 : now_ns() - idle_since_ns_; }
   // Nanoseconds slept (or blocked, idle_by) since the last progress.
   long slept_ns() const { return slept_ns_; }
+  // The recent idle stretches' length, smoothed (0 before the first).
+  long gap_ns() const { return gap_ns_; }
   // Whether the next idle() would sleep (past spinning and yielding).
   bool sleeps_next() const { return n_ + 1 > spin_ && (n_ + 1 > spin_ + yield_ || gap_ns_ >= kLongGapNs); }
   // Instead of idle() when it would sleep: the caller blocked elsewhere (on

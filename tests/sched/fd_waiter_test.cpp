@@ -5,6 +5,7 @@
 // A pipe stands in for a transport's wait descriptor.
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -150,6 +151,33 @@ TEST(FdWaiter, NotNowIsAskedAgainAfterAPollNotASleep) {
   auto none = [](std::vector<pollfd>*, FdClaims*) { return false; };
   for (int i = 0; i < 4; ++i) fd.idle(backoff, policy, none);
   EXPECT_GT(backoff.slept_ns(), 0);
+}
+
+// A wait whose recent idle stretches lasted far longer than the poll time
+// (a network link paces its progress) blocks at its first idle step, after
+// the claim, without polling for the poll time first.
+TEST(FdWaiter, PacedWaitsBlockAtOnce) {
+  const WaitPolicy policy = long_yields(50000);  // 50 us
+  Pipe p;
+  p.put();  // readable: a block returns at once
+  Backoff backoff(policy);
+  // Stretches of about 700 us: at least kPacedPolls x the poll time.
+  for (int k = 0; k < 8; ++k) {
+    backoff.idle();
+    timespec ts{0, 700000};
+    nanosleep(&ts, nullptr);
+    backoff.progress();
+  }
+  ASSERT_GE(backoff.gap_ns(), FdWaiter::kPacedPolls * policy.fd_after_ns);
+  FdWaiter fd;
+  int gathers = 0;
+  auto gather = [&](std::vector<pollfd>* fds, FdClaims*) {
+    ++gathers;
+    fds->push_back(pollfd{p.read_end(), POLLIN, 0});
+    return true;
+  };
+  fd.idle(backoff, policy, gather);  // claims, then blocks (and returns: the pipe is readable)
+  EXPECT_EQ(gathers, 2) << "polled before blocking although the recent stretches were long";
 }
 
 TEST(FdWaiter, OneWaiterPerEngineWhileTheOthersSleepAndAskAgain) {
