@@ -124,13 +124,14 @@ meshccl_tresult_t send_liveness(SendComm* c) {
 // system call (epoll_wait over its sockets), and an engine's pass tests
 // every transfer in flight, each test asking for progress: with priority
 // scheduling's chunks a stream's thread made some 300,000 such calls a
-// second (meshtrain, 2 hosts at 100 Mbit/s). A call comes at least 2 us
-// after the previous one, and later after a stretch of calls that found
-// nothing (EmptyCalls).
+// second (meshtrain, 2 hosts at 100 Mbit/s). A call begins at least 2 us
+// after the previous one began, and later after a stretch of calls that
+// found nothing (EmptyCalls). One clock read per test: the clock was 1-2%
+// of a rank's samples there, two or three reads per test.
 void progress(Ctx* ctx) {
-  if (!ctx->progress_calls.due(now_ns())) return;
-  const unsigned events = ucp_worker_progress(ctx->worker);
   const uint64_t now = now_ns();
+  if (!ctx->progress_calls.due(now)) return;
+  const unsigned events = ucp_worker_progress(ctx->worker);
   if (events != 0) ctx->progress_calls.moved(now);
   else ctx->progress_calls.empty(now);
 }
