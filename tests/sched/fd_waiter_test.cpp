@@ -36,6 +36,15 @@ class Pipe {
   int fd_[2] = {-1, -1};
 };
 
+// A gather that gives the pipe's read end and counts how often it was asked.
+auto counting_gather(const Pipe& p, int* gathers) {
+  return [&p, gathers](std::vector<pollfd>* fds, FdClaims*) {
+    ++*gathers;
+    fds->push_back(pollfd{p.read_end(), POLLIN, 0});
+    return true;
+  };
+}
+
 // Polls that would yield for a long time before sleeping: only the poll time
 // sends such a wait to its descriptors.
 WaitPolicy long_yields(long fd_after_ns) {
@@ -88,11 +97,7 @@ TEST(FdWaiter, FruitlessWakesSendItBackToPollingOnlyUntilTheNextProgress) {
   Backoff backoff(policy);
   FdWaiter fd;
   int gathers = 0;
-  auto gather = [&](std::vector<pollfd>* fds, FdClaims*) {
-    ++gathers;
-    fds->push_back(pollfd{p.read_end(), POLLIN, 0});
-    return true;
-  };
+  auto gather = counting_gather(p, &gathers);
   for (int stretch = 0; stretch < 5; ++stretch) {
     gathers = 0;
     for (int i = 0; i < 40; ++i) fd.idle(backoff, policy, gather);
@@ -171,11 +176,7 @@ TEST(FdWaiter, PacedWaitsBlockAtOnce) {
   ASSERT_GE(backoff.gap_ns(), FdWaiter::kPacedPolls * policy.fd_after_ns);
   FdWaiter fd;
   int gathers = 0;
-  auto gather = [&](std::vector<pollfd>* fds, FdClaims*) {
-    ++gathers;
-    fds->push_back(pollfd{p.read_end(), POLLIN, 0});
-    return true;
-  };
+  auto gather = counting_gather(p, &gathers);
   fd.idle(backoff, policy, gather);  // claims, then blocks (and returns: the pipe is readable)
   EXPECT_EQ(gathers, 2) << "polled before blocking although the recent stretches were long";
 }
