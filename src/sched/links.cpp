@@ -35,8 +35,9 @@ void Links::abandon() {
     for (Dir& d : q.dir) {
       for (Xfer* x : d.xfers) {
         leave_waiting(d, x);
-        for (const Xfer::Chunk& c : x->chunks)
+        x->chunks.for_each([&](const Xfer::Chunk& c) {
           d.share->inflight[x->level].fetch_sub(static_cast<int64_t>(c.bytes), std::memory_order_relaxed);
+        });
         x->chunks.clear();
       }
       d.xfers.clear();
@@ -257,10 +258,10 @@ void Links::pump_dir(Queue& q, Dir& d, bool brief, bool* moved) {
       x->finished = true;
       leave_waiting(d, x);
       // Chunks left by a failed transfer no longer count (the communicator fails).
-      for (const Xfer::Chunk& c : x->chunks) {
+      x->chunks.for_each([&](const Xfer::Chunk& c) {
         d.inflight -= c.bytes;
         d.share->inflight[x->level].fetch_sub(static_cast<int64_t>(c.bytes), std::memory_order_relaxed);
-      }
+      });
       x->chunks.clear();
       --queued_;
       continue;
