@@ -85,17 +85,17 @@ meshccl_tresult_t param_size(const meshccl_transport_host_v1_t* host, const char
   return MESHCCL_T_SUCCESS;
 }
 
-uint64_t now_ns() {
+namespace {
+uint64_t clock_ns(clockid_t clock) {
   timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
+  clock_gettime(clock, &ts);
   return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
+}  // namespace
 
-uint64_t coarse_now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<uint64_t>(ts.tv_nsec);
-}
+uint64_t now_ns() { return clock_ns(CLOCK_MONOTONIC); }
+
+uint64_t coarse_now_ns() { return clock_ns(CLOCK_MONOTONIC_COARSE); }
 
 uint64_t random_u64() {
   uint64_t v = 0;

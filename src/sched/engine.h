@@ -167,8 +167,8 @@ class FdClaims {
 // A wait whose recent idle stretches (Backoff::gap_ns, smoothed) lasted at
 // least kPacedPolls x the poll time blocks at its first idle step: polling
 // would rarely see the next progress, which a network link paces (2 hosts at
-// 100 Mbit/s, meshtrain's gradient buckets under priority scheduling: 0.66
-// of a core per rank before, 0.60 after, at the same ms/step).
+// 100 Mbit/s, meshtrain's gradient buckets under priority scheduling:
+// 0.64-0.66 of a core per rank before, 0.56-0.59 after, same ms/step).
 // Claims last until moved() or the waiter's end.
 class FdWaiter {
  public:
@@ -200,11 +200,11 @@ class FdWaiter {
     }
     const bool sleeps = backoff.sleeps_next();
     const long idle_ns = sleeps ? 0 : backoff.idle_ns();
-    // Recent stretches far longer than the poll time: a poll would not see
-    // the next progress, so the wait blocks at once.
-    const bool paced = backoff.gap_ns() >= kPacedPolls * policy.fd_after_ns && idle_ns >= retry_ns_;
-    if (policy.fd && fruitless_ < kFruitless &&
-        (sleeps || paced || (idle_ns >= policy.fd_after_ns && idle_ns >= retry_ns_))) {
+    // Polled long enough: for the poll time, or not at all when the recent
+    // stretches were far longer than it (a poll would not see the next
+    // progress).
+    const bool polled = idle_ns >= policy.fd_after_ns || backoff.gap_ns() >= kPacedPolls * policy.fd_after_ns;
+    if (policy.fd && fruitless_ < kFruitless && (sleeps || (polled && idle_ns >= retry_ns_))) {
       fds_.clear();
       claims_.clear_not_now();
       if (gather(&fds_, &claims_)) {

@@ -104,11 +104,9 @@ struct Xfer {
     size_t size() const { return (has_one_ ? 1 : 0) + v_.size() - head_; }
     Chunk& front() { return has_one_ ? one_ : v_[head_]; }
     void push_back(const Chunk& c) {
-      if (!has_one_ && head_ == v_.size()) {  // empty: the inline slot
+      if (empty()) {  // the inline slot (an empty vector is always cleared, pop_front)
         one_ = c;
         has_one_ = true;
-        v_.clear();
-        head_ = 0;
         return;
       }
       if (head_ > 0 && head_ * 2 >= v_.size()) {  // reuse the space of those done
